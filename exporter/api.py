@@ -1,0 +1,62 @@
+"""The public entry points: export_model and load."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from . import capture as _capture
+from .errors import ExportError
+from .program import OperatorInfo, Pt2bProgram
+from .serialize import reader, writer
+from .serialize.generated import pt2b_generated as G
+
+_KIND_NAMES = {v: k.lower() for k, v in vars(G.OperatorKind).items() if not k.startswith("_")}
+
+
+def export_model(m, args=None, path=None, *, kwargs=None, dynamic_shapes=None, metadata=None,
+                 strict: bool = False) -> torch.export.ExportedProgram:
+    """Capture ``m`` with torch.export (undecomposed, unfunctionalized) and write ``path``.
+
+    ``m`` may also be an ExportedProgram: it is written as given and its IR level recorded
+    (``export_model(ep, path=...)`` or ``export_model(ep, None, path)``).
+    Returns the ExportedProgram that was written.
+    """
+    provenance = {}
+    if isinstance(m, torch.export.ExportedProgram):
+        if path is None and isinstance(args, (str, os.PathLike)):
+            args, path = None, args
+        if args is not None or kwargs is not None or dynamic_shapes is not None:
+            raise ExportError("an ExportedProgram is written as captured: do not pass args, kwargs or dynamic_shapes.")
+        ep = m
+        ir_level = _capture.ir_level_of(ep)
+        provenance["captured_by"] = "user (ExportedProgram given to export_model)"
+    else:
+        if path is None:
+            raise ExportError("export_model needs a destination path, e.g. export_model(model, (x,), 'model.pt2b').")
+        ep = _capture.capture(m, args, kwargs, dynamic_shapes=dynamic_shapes, strict=strict)
+        ir_level = _capture.ir_level_of(ep)
+        provenance["captured_by"] = f"pt2b torch.export.export(strict={strict})"
+    if path is None:
+        raise ExportError("export_model needs a destination path, e.g. export_model(ep, path='model.pt2b').")
+    writer.write_artifact(ep, path, ir_level=ir_level, metadata=metadata, provenance=provenance)
+    return ep
+
+
+def load(path, *, verify: bool = False) -> Pt2bProgram:
+    """Read a .pt2b artifact at its recorded (undecomposed) level; weights are mmap'd.
+
+    ``verify=True`` also checks every weight segment's checksum (reads all weights).
+    """
+    art = reader.open_artifact(path)
+    ep = reader.rebuild(art, verify=verify)
+    prog = art.program
+    ops = [OperatorInfo(q, o, s, _KIND_NAMES.get(k, "?"), int(r.count))
+           for (q, o, s, k), r in zip(reader.operator_records(art), prog.operators or [])]
+    provenance = {reader._text(e.key): reader._text(e.value) for e in prog.provenance or []}
+    return Pt2bProgram(
+        ep, path=art.path, format_version=art.version, torch_version=reader._text(prog.torchVersion),
+        producer=reader._text(prog.producer), ir_level=reader._text(prog.irLevel), operators=ops,
+        metadata=reader.read_metadata(art), provenance=provenance,
+    )

@@ -1,0 +1,117 @@
+"""The `pt2b` command line: export, inspect, convert, verify, demo."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .errors import ArtifactError, ExportError, Pt2bError
+
+
+def _load_factory(spec: str):
+    mod_name, sep, attr = spec.partition(":")
+    if not sep or not mod_name or not attr:
+        raise ExportError(f"expected MODULE:CALLABLE (e.g. mypkg.models:make_model), got {spec!r}.")
+    try:
+        mod = importlib.import_module(mod_name)
+    except ImportError as e:
+        raise ExportError(f"cannot import {mod_name!r}: {e}") from e
+    try:
+        return getattr(mod, attr)
+    except AttributeError:
+        raise ExportError(f"module {mod_name!r} has no attribute {attr!r}.") from None
+
+
+def _unpack_factory_result(res):
+    """(model, args, kwargs, dynamic_shapes, strict) from what a factory returned."""
+    if hasattr(res, "model") and hasattr(res, "args"):
+        return (res.model, res.args, getattr(res, "kwargs", None), getattr(res, "dynamic_shapes", None),
+                getattr(res, "strict", False))
+    if isinstance(res, tuple) and 2 <= len(res) <= 4:
+        model, args, *rest = res
+        kwargs = rest[0] if rest else None
+        dyn = rest[1] if len(rest) > 1 else None
+        return model, args, kwargs, dyn, False
+    raise ExportError(
+        "the factory must return (model, args[, kwargs[, dynamic_shapes]]) or an object with "
+        f".model and .args; got {type(res).__name__}."
+    )
+
+
+def cmd_export(ns) -> int:
+    from .api import export_model
+
+    model, args, kwargs, dyn, strict = _unpack_factory_result(_load_factory(ns.factory)())
+    export_model(model, args, ns.output, kwargs=kwargs, dynamic_shapes=dyn, strict=strict or ns.strict)
+    print(f"wrote {ns.output}")
+    return 0
+
+
+def cmd_inspect(ns) -> int:
+    from .inspect_artifact import summarize
+
+    print(summarize(ns.artifact))
+    return 0
+
+
+def cmd_convert(ns) -> int:
+    from .convert import convert
+
+    direction = convert(ns.source, ns.dest)
+    print(f"converted {ns.source} -> {ns.dest} ({direction})")
+    return 0
+
+
+def cmd_verify(ns) -> int:
+    from .serialize import reader
+
+    art = reader.open_artifact(ns.artifact)
+    n = reader.verify_weights(art)
+    print(f"{ns.artifact}: OK (program and {n} bytes of weights verified)")
+    return 0
+
+
+def cmd_demo(ns) -> int:
+    from .demo import run_demo
+
+    run_demo(ns.output)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pt2b", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    e = sub.add_parser("export", help="capture a model from MODULE:CALLABLE and write a .pt2b")
+    e.add_argument("factory", help="MODULE:CALLABLE returning (model, args[, kwargs[, dynamic_shapes]])")
+    e.add_argument("output")
+    e.add_argument("--strict", action="store_true", help="use torch.export's strict (dynamo) mode")
+    e.set_defaults(func=cmd_export)
+    i = sub.add_parser("inspect", help="summarize an artifact: versions, ops, signature, symbols, weights")
+    i.add_argument("artifact")
+    i.set_defaults(func=cmd_inspect)
+    c = sub.add_parser("convert", help="convert between torch.export.save's .pt2 and .pt2b (direction from the source file)")
+    c.add_argument("source")
+    c.add_argument("dest")
+    c.set_defaults(func=cmd_convert)
+    v = sub.add_parser("verify", help="check every checksum of an artifact, weights included")
+    v.add_argument("artifact")
+    v.set_defaults(func=cmd_verify)
+    d = sub.add_parser("demo", help="export a small transformer, load it, run it")
+    d.add_argument("-o", "--output", default="demo_transformer.pt2b")
+    d.set_defaults(func=cmd_demo)
+    return p
+
+
+def main(argv=None) -> int:
+    ns = build_parser().parse_args(argv)
+    try:
+        return ns.func(ns)
+    except Pt2bError as e:
+        kind = "artifact error" if isinstance(e, ArtifactError) else "error"
+        print(f"pt2b: {kind} ({type(e).__name__}): {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

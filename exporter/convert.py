@@ -1,0 +1,48 @@
+"""Conversion between torch.export.save's .pt2 archives and .pt2b artifacts, both ways."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .errors import ArtifactError, ExportError
+from .serialize.container import MAGIC
+
+
+def _kind(path) -> str:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as e:
+        raise ArtifactError(f"{path}: cannot open ({e.strerror or e}).") from None
+    if head == MAGIC:
+        return "pt2b"
+    if head[:2] == b"PK":
+        return "pt2"
+    raise ArtifactError(f"{path}: neither a .pt2b artifact nor a torch.export .pt2 archive.")
+
+
+def convert(source, dest) -> str:
+    """Convert ``source`` to the other format at ``dest``; returns "pt2->pt2b" or "pt2b->pt2".
+
+    Reading a .pt2 uses torch.export.load, which unpickles: convert only files you trust.
+    """
+    from .api import export_model, load
+    from .serialize.atomic import atomic_write
+
+    kind = _kind(os.fspath(source))
+    if kind == "pt2":
+        try:
+            ep = torch.export.load(source)
+        except Exception as e:
+            raise ArtifactError(f"{source}: torch.export.load failed: {type(e).__name__}: {e}") from e
+        export_model(ep, path=dest)
+        return "pt2->pt2b"
+    ep = load(source).exported_program()
+    with atomic_write(dest) as f:
+        try:
+            torch.export.save(ep, f)
+        except Exception as e:
+            raise ExportError(f"torch.export.save failed: {type(e).__name__}: {e}") from e
+    return "pt2b->pt2"

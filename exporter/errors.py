@@ -1,0 +1,63 @@
+"""Every error pt2b raises on purpose, in one hierarchy.
+
+Each message says what is wrong, where (file, section, node, op) and what to do about it.
+"""
+
+from __future__ import annotations
+
+
+class Pt2bError(Exception):
+    """Base class of all pt2b errors."""
+
+
+# ---- export side ----
+class ExportError(Pt2bError):
+    """A model, its inputs or the destination cannot be exported/written."""
+
+
+class UnsupportedValueError(ExportError):
+    """The program holds a value the .pt2b format cannot store (e.g. a torchbind object)."""
+
+
+# ---- reading artifacts ----
+class ArtifactError(Pt2bError):
+    """A .pt2b file cannot be read. Subclasses say why."""
+
+
+class NotAnArtifactError(ArtifactError):
+    """The file is not a .pt2b artifact at all (wrong magic, empty, a directory...)."""
+
+
+class CorruptArtifactError(ArtifactError):
+    """The file is a .pt2b artifact but its bytes are damaged or inconsistent."""
+
+
+class UnsupportedVersionError(ArtifactError):
+    """The artifact's format version cannot be read by this pt2b."""
+
+
+class MissingOperatorError(ArtifactError):
+    """The artifact calls operators that the running torch does not have registered."""
+
+
+# ---- lowering and running ----
+class LoweringError(Pt2bError):
+    """A program cannot be lowered to what the backend asked for."""
+
+
+class RuntimeInputError(Pt2bError):
+    """Inputs given to a loaded program do not match its recorded signature."""
+
+
+__all__ = [
+    "Pt2bError",
+    "ExportError",
+    "UnsupportedValueError",
+    "ArtifactError",
+    "NotAnArtifactError",
+    "CorruptArtifactError",
+    "UnsupportedVersionError",
+    "MissingOperatorError",
+    "LoweringError",
+    "RuntimeInputError",
+]

@@ -1,0 +1,65 @@
+"""Pt2bProgram: what `load` returns; a callable program plus everything the artifact recorded."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class OperatorInfo:
+    qualified_name: str
+    overload: str
+    schema: str
+    kind: str
+    count: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.qualified_name}.{self.overload}" if self.overload else self.qualified_name
+
+
+class Pt2bProgram:
+    """An undecomposed program loaded from a .pt2b artifact.
+
+    Call it like the model; ``exported_program()`` hands the torch.export form to existing tools.
+    """
+
+    def __init__(self, ep, *, path: str, format_version: tuple[int, int], torch_version: str,
+                 producer: str, ir_level: str, operators: list[OperatorInfo], metadata: dict,
+                 provenance: dict[str, str]):
+        self._ep = ep
+        self._module = None
+        self.path = path
+        self.format_version = format_version
+        self.torch_version = torch_version
+        self.producer = producer
+        self.ir_level = ir_level
+        self.operators = operators
+        self.metadata = metadata
+        self.provenance = provenance
+
+    def exported_program(self) -> torch.export.ExportedProgram:
+        return self._ep
+
+    def module(self) -> torch.nn.Module:
+        """The program as an nn.Module (torch's ep.module()), built once."""
+        if self._module is None:
+            self._module = self._ep.module()
+        return self._module
+
+    def __call__(self, *args, **kwargs):
+        return self.module()(*args, **kwargs)
+
+    def ops(self) -> dict[str, int]:
+        """Operator (qualified name.overload) -> number of call sites, over all subgraphs."""
+        return {op.name: op.count for op in self.operators}
+
+    @property
+    def graph_signature(self):
+        return self._ep.graph_signature
+
+    def __repr__(self) -> str:
+        return (f"Pt2bProgram({self.path!r}, format {self.format_version[0]}.{self.format_version[1]}, "
+                f"ir={self.ir_level}, {len(self.operators)} ops, torch {self.torch_version})")

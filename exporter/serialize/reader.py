@@ -1,0 +1,189 @@
+""".pt2b file -> verified header and program table -> mmap'd tensors -> ExportedProgram.
+
+Nothing in the file is unpickled, evaluated or imported; the program section's checksum is
+verified on every open, weight checksums on request (``verify=True``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import mmap
+import os
+import threading
+import zlib
+
+import msgpack
+import torch
+import torch.utils._pytree as pytree
+from torch._export.serde import schema as S
+from torch._export.serde.serialize import ExportedProgramDeserializer
+
+from ..errors import ArtifactError, CorruptArtifactError, NotAnArtifactError, UnsupportedVersionError
+from ..versioning import op_table
+from ..versioning.formats import FORMAT_MAJOR, FORMAT_MINOR, version_str
+from . import program_codec, weights
+from .container import FILE_IDENTIFIER, HEADER_SIZE, Header, read_preamble, unpack_header
+from .generated import pt2b_generated as G
+
+# torch's GraphModuleDeserializer keeps the active deserializer in a module global, so two
+# threads deserializing at once corrupt each other; pt2b serializes that one step.
+_DESERIALIZE_LOCK = threading.Lock()
+
+
+@dataclasses.dataclass
+class Artifact:
+    """An opened, verified .pt2b file: header, decoded program table and the file mapping."""
+
+    path: str
+    header: Header
+    program: object  # G.ProgramT
+    mm: mmap.mmap
+
+    @property
+    def version(self) -> tuple[int, int]:
+        return (self.header.major, self.header.minor)
+
+
+def _where(path) -> str:
+    return f"{os.fspath(path)!s}"
+
+
+def open_artifact(path) -> Artifact:
+    """Open and verify ``path``: preamble, version, header, program checksum, program table."""
+    try:
+        path = os.fspath(path)
+    except TypeError:
+        raise ArtifactError(f"path must be str or os.PathLike, got {type(path).__name__}.") from None
+    where = _where(path)
+    if os.path.isdir(path):
+        raise NotAnArtifactError(f"{where} is a directory, not a .pt2b file.")
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        raise ArtifactError(f"{where}: no such file.") from None
+    except OSError as e:
+        raise ArtifactError(f"{where}: cannot open ({e.strerror or e}).") from None
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        head = f.read(HEADER_SIZE)
+        major, minor = read_preamble(head, where)
+        check_version(major, minor, where)
+        header = unpack_header(head, where, size)
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    program_bytes = mm[header.program_offset : header.program_offset + header.program_size]
+    if zlib.crc32(program_bytes) != header.program_crc32:
+        raise CorruptArtifactError(
+            f"{where}: program section checksum mismatch; the file is damaged (re-export or re-copy it)."
+        )
+    if len(program_bytes) < 8 or not G.Program.ProgramBufferHasIdentifier(program_bytes, 0):
+        raise CorruptArtifactError(f"{where}: program section lacks the file identifier {FILE_IDENTIFIER!r}.")
+    try:
+        program = G.ProgramT.InitFromPackedBuf(program_bytes, 0)
+    except Exception as e:  # the flatbuffers runtime has no verifier: any failure means damage
+        raise CorruptArtifactError(f"{where}: program section is malformed ({type(e).__name__}: {e}).") from None
+    return Artifact(path, header, program, mm)
+
+
+def check_version(major: int, minor: int, where: str) -> None:
+    if major > FORMAT_MAJOR:
+        raise UnsupportedVersionError(
+            f"{where}: format {version_str((major, minor))} is newer than this pt2b reads "
+            f"({version_str((FORMAT_MAJOR, FORMAT_MINOR))}); upgrade pt2b."
+        )
+    if major < FORMAT_MAJOR:
+        raise UnsupportedVersionError(
+            f"{where}: format {version_str((major, minor))} is older than this pt2b reads "
+            f"({version_str((FORMAT_MAJOR, FORMAT_MINOR))}) and no upgrader exists for it."
+        )
+
+
+def _text(b) -> str:
+    return b.decode("utf-8", "replace") if isinstance(b, bytes) else (b or "")
+
+
+def load_tensors(art: Artifact, *, verify: bool = False) -> dict[str, tuple[int, torch.Tensor, bool]]:
+    """name -> (TensorKind, tensor, requires_grad); tensors are views into the mapped file."""
+    where = _where(art.path)
+    segments = art.program.segments or []
+    views = []
+    for i, seg in enumerate(segments):
+        v = weights.segment_view(art.mm, art.header.data_offset, art.header.data_size, seg, i, where)
+        if verify:
+            weights.verify_segment(v, seg, i, where)
+        views.append(v)
+    out = {}
+    for rec in art.program.tensors or []:
+        if rec.kind not in weights.KIND_NAMES:
+            raise CorruptArtifactError(f"{where}: tensor {_text(rec.name)!r} has unknown kind {rec.kind}.")
+        out[_text(rec.name)] = (rec.kind, weights.materialize(rec, views, where), bool(rec.requiresGrad))
+    return out
+
+
+def verify_weights(art: Artifact) -> int:
+    """Check every weight segment's checksum; returns the number of bytes verified."""
+    load_tensors(art, verify=True)
+    return sum(int(s.nbytes) for s in art.program.segments or [])
+
+
+def operator_records(art: Artifact) -> list[tuple[str, str, str, int]]:
+    return [(_text(r.qualifiedName), _text(r.overload), _text(r.schema), r.kind)
+            for r in art.program.operators or []]
+
+
+def decode_graph(art: Artifact) -> S.ExportedProgram:
+    return program_codec.decode(S.ExportedProgram, art.program.exportedProgram, _where(art.path))
+
+
+def _example_inputs(art: Artifact, tensors) -> object:
+    spec = _text(art.program.exampleInputsSpec)
+    if not spec:
+        return None
+    where = _where(art.path)
+    try:
+        treespec = pytree.treespec_loads(spec)
+        raw = art.program.exampleInputsLeaves
+        leaves_meta = msgpack.unpackb(bytes(raw if raw is not None else b""), strict_map_key=True)
+        example = [t for _, (k, t, _) in tensors.items() if k == G.TensorKind.EXAMPLE_INPUT]
+        leaves = [example[x["t"]] if "t" in x else x["v"] for x in leaves_meta]
+        return pytree.tree_unflatten(leaves, treespec)
+    except Exception as e:
+        raise CorruptArtifactError(f"{where}: example inputs are malformed ({type(e).__name__}: {e}).") from None
+
+
+def rebuild(art: Artifact, *, verify: bool = False) -> torch.export.ExportedProgram:
+    """The ExportedProgram the artifact holds, weights mapped from the file."""
+    where = _where(art.path)
+    op_table.check_registered(operator_records(art), where)
+    serialized = decode_graph(art)
+    tensors = load_tensors(art, verify=verify)
+    state_dict, constants = {}, {}
+    for name, (kind, t, requires_grad) in tensors.items():
+        if kind == G.TensorKind.PARAMETER:
+            state_dict[name] = torch.nn.Parameter(t, requires_grad=requires_grad)
+        elif kind == G.TensorKind.BUFFER:
+            state_dict[name] = t
+        elif kind == G.TensorKind.CONSTANT:
+            constants[name] = t
+    example_inputs = _example_inputs(art, tensors)
+    try:
+        with _DESERIALIZE_LOCK:
+            return ExportedProgramDeserializer().deserialize(serialized, state_dict, constants, example_inputs)
+    except ArtifactError:
+        raise
+    except Exception as e:
+        raise CorruptArtifactError(
+            f"{where}: the program could not be rebuilt by torch ({type(e).__name__}: {e})."
+        ) from e
+
+
+def read_metadata(art: Artifact) -> dict:
+    raw = art.program.metadata
+    if raw is None or len(raw) == 0:
+        return {}
+    try:
+        value = msgpack.unpackb(bytes(raw), strict_map_key=True)
+    except Exception as e:
+        raise CorruptArtifactError(f"{_where(art.path)}: metadata is malformed ({e}).") from None
+    if not isinstance(value, dict):
+        raise CorruptArtifactError(f"{_where(art.path)}: metadata is not a map.")
+    return value

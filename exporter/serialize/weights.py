@@ -1,0 +1,139 @@
+"""Tensor data of a program: planned into aligned segments on write, mapped back with mmap.
+
+Tensors that share a storage (tied weights, views) share one segment and stay tied on load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+
+import torch
+
+from ..errors import CorruptArtifactError
+from .container import align
+from .dtypes import dtype_to_enum, enum_to_dtype
+from .generated import pt2b_generated as G
+
+KIND_NAMES = {G.TensorKind.PARAMETER: "parameter", G.TensorKind.BUFFER: "buffer",
+              G.TensorKind.CONSTANT: "constant", G.TensorKind.EXAMPLE_INPUT: "example input"}
+
+
+@dataclasses.dataclass
+class SegmentPlan:
+    storage: torch.UntypedStorage
+    offset: int  # relative to the data section
+    nbytes: int
+    checksum: int = 0
+
+
+@dataclasses.dataclass
+class WeightPlan:
+    records: list  # G.TensorRecordT
+    segments: list[SegmentPlan]
+    data_size: int
+
+
+def plan(tensors: list[tuple[str, int, torch.Tensor]], alignment: int) -> WeightPlan:
+    """Assign every (name, kind, tensor) a segment; one segment per distinct storage."""
+    by_storage: dict[tuple[int, int], int] = {}
+    segments: list[SegmentPlan] = []
+    records = []
+    offset = 0
+    for name, kind, t in tensors:
+        if t.device.type != "cpu":
+            t = t.detach().cpu()
+        requires_grad = t.requires_grad
+        t = t.detach()
+        storage = t.untyped_storage()
+        key = (storage.data_ptr(), storage.nbytes())
+        if key not in by_storage or storage.nbytes() == 0:
+            by_storage[key] = len(segments)
+            segments.append(SegmentPlan(storage, offset, storage.nbytes()))
+            offset = align(offset + storage.nbytes(), alignment)
+        r = G.TensorRecordT()
+        r.name = name
+        r.kind = kind
+        r.dtype = dtype_to_enum(t.dtype, f"tensor {name!r}")
+        r.sizes = list(t.shape)
+        r.strides = list(t.stride())
+        r.storageOffset = t.storage_offset()
+        r.segment = by_storage[key]
+        r.requiresGrad = requires_grad
+        records.append(r)
+    return WeightPlan(records, segments, offset)
+
+
+def storage_bytes(storage: torch.UntypedStorage) -> memoryview:
+    """A zero-copy byte view of a CPU storage."""
+    if storage.nbytes() == 0:
+        return memoryview(b"")
+    t = torch.empty(0, dtype=torch.uint8).set_(storage)
+    return memoryview(t.numpy()).cast("B")
+
+
+def write_segments(f, wp: WeightPlan, data_start: int) -> None:
+    """Write every segment at data_start + its offset, filling checksums in the plan."""
+    pos = data_start
+    for seg in wp.segments:
+        target = data_start + seg.offset
+        if target > pos:
+            f.write(b"\0" * (target - pos))
+        mv = storage_bytes(seg.storage)
+        f.write(mv)
+        seg.checksum = zlib.crc32(mv)
+        pos = target + seg.nbytes
+    end = data_start + wp.data_size
+    if end > pos:
+        f.write(b"\0" * (end - pos))
+
+
+def segment_view(mm, data_offset: int, data_size: int, seg, index: int, where: str) -> torch.Tensor:
+    """A uint8 tensor over one segment of the mapped file (no copy)."""
+    off, n = int(seg.offset), int(seg.nbytes)
+    if off + n > data_size:
+        raise CorruptArtifactError(
+            f"{where}: segment {index} [{off}, {off + n}) lies outside the data section "
+            f"({data_size} bytes); the file is truncated or damaged."
+        )
+    if n == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.frombuffer(mm, dtype=torch.uint8, count=n, offset=data_offset + off)
+
+
+def verify_segment(view: torch.Tensor, seg, index: int, where: str) -> None:
+    if view.numel() and zlib.crc32(memoryview(view.numpy())) != int(seg.checksum):
+        raise CorruptArtifactError(
+            f"{where}: checksum mismatch in weight segment {index}; the weights are damaged "
+            f"(re-export or re-copy the file)."
+        )
+
+
+def materialize(record, views: list[torch.Tensor], where: str) -> torch.Tensor:
+    """The tensor a record describes, as a strided view into its segment."""
+    name = record.name.decode("utf-8", "replace") if isinstance(record.name, bytes) else record.name
+    here = f"{where}: tensor {name!r}"
+    if not 0 <= record.segment < len(views):
+        raise CorruptArtifactError(f"{here}: segment index {record.segment} out of range.")
+    dtype = enum_to_dtype(record.dtype, here)
+    sizes = [int(s) for s in (record.sizes if record.sizes is not None else [])]
+    strides = [int(s) for s in (record.strides if record.strides is not None else [])]
+    offset = int(record.storageOffset)
+    if len(sizes) != len(strides) or any(s < 0 for s in sizes) or any(s < 0 for s in strides) or offset < 0:
+        raise CorruptArtifactError(f"{here}: invalid shape {sizes} / strides {strides} / offset {offset}.")
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    view = views[record.segment]
+    extent = 0 if 0 in sizes else offset + 1 + sum((s - 1) * st for s, st in zip(sizes, strides))
+    if 0 not in sizes and extent * itemsize > view.numel():
+        raise CorruptArtifactError(
+            f"{here}: needs {extent * itemsize} bytes but its segment holds {view.numel()}."
+        )
+    if view.numel() % itemsize:
+        view = view[: view.numel() - view.numel() % itemsize]
+    storage = view.untyped_storage()
+    byte_offset = view.storage_offset()
+    if byte_offset % itemsize:
+        raise CorruptArtifactError(f"{here}: segment is not aligned for {dtype}.")
+    out = torch.empty(0, dtype=dtype)
+    out.set_(storage, byte_offset // itemsize + offset, sizes, strides)
+    return out

@@ -1,0 +1,141 @@
+"""ExportedProgram -> .pt2b file (header, weight segments, FlatBuffers program), atomically."""
+
+from __future__ import annotations
+
+import zlib
+
+import flatbuffers
+import msgpack
+import numpy as np
+import torch
+import torch.utils._pytree as pytree
+from torch._export.serde.serialize import ExportedProgramSerializer
+
+from .. import __version__
+from ..errors import ExportError, UnsupportedValueError
+from ..versioning import op_table
+from ..versioning.formats import FORMAT_MAJOR, FORMAT_MINOR
+from . import program_codec, weights
+from .atomic import atomic_write, check_destination
+from .container import ALIGNMENT, FILE_IDENTIFIER, HEADER_SIZE, Header, align
+from .generated import pt2b_generated as G
+
+MAX_METADATA_BYTES = 16 << 20
+_SCALAR_LEAVES = (bool, int, float, str, type(None))
+
+
+def serialize_graph(ep: torch.export.ExportedProgram):
+    """torch's own export schema for the program, without any pickled payload."""
+    for name, value in ep.constants.items():
+        if not isinstance(value, torch.Tensor):
+            raise UnsupportedValueError(
+                f"constant {name!r} is a {type(value).__name__} (a torchbind/script object); "
+                f".pt2b stores only tensors and never pickles. Make it a tensor or a buffer."
+            )
+    try:
+        return ExportedProgramSerializer().serialize(
+            ep, serialize_state_dict=False, serialize_constants=False, serialize_example_inputs=False
+        ).exported_program
+    except Exception as e:
+        raise ExportError(f"torch's export serializer rejected the program: {type(e).__name__}: {e}") from e
+
+
+def collect_tensors(ep) -> list[tuple[str, int, torch.Tensor]]:
+    params = set(ep.graph_signature.parameters)
+    out = []
+    for name, t in ep.state_dict.items():
+        kind = G.TensorKind.PARAMETER if name in params else G.TensorKind.BUFFER
+        out.append((name, kind, t))
+    for name, t in ep.constants.items():
+        out.append((name, G.TensorKind.CONSTANT, t))
+    return out
+
+
+def example_inputs_payload(ep) -> tuple[str, bytes, list]:
+    """(treespec json, msgpack leaves, tensors) for ep.example_inputs, or empty if unstorable."""
+    if ep.example_inputs is None:
+        return "", b"", []
+    leaves, spec = pytree.tree_flatten(ep.example_inputs)
+    if not all(isinstance(x, (torch.Tensor, *_SCALAR_LEAVES)) for x in leaves):
+        return "", b"", []
+    try:
+        spec_str = pytree.treespec_dumps(spec)
+    except Exception:
+        return "", b"", []
+    tensors, encoded = [], []
+    for x in leaves:
+        if isinstance(x, torch.Tensor):
+            encoded.append({"t": len(tensors)})
+            tensors.append((f"example_inputs.{len(tensors)}", G.TensorKind.EXAMPLE_INPUT, x))
+        else:
+            encoded.append({"v": x})
+    return spec_str, msgpack.packb(encoded), tensors
+
+
+def pack_metadata(metadata) -> bytes:
+    if metadata is None:
+        return b""
+    if not isinstance(metadata, dict) or not all(isinstance(k, str) for k in metadata):
+        raise ExportError("metadata must be a dict with str keys (values: str, numbers, bools, lists, dicts).")
+    try:
+        raw = msgpack.packb(metadata, strict_types=False)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise ExportError(f"metadata cannot be stored: {e}. Use str, numbers, bools, None, lists and dicts.") from None
+    if len(raw) > MAX_METADATA_BYTES:
+        raise ExportError(f"metadata is {len(raw)} bytes; the limit is {MAX_METADATA_BYTES}.")
+    return raw
+
+
+def _string_entries(d: dict[str, str]) -> list:
+    out = []
+    for k, v in d.items():
+        e = G.StringEntryT()
+        e.key, e.value = k, v
+        out.append(e)
+    return out
+
+
+def write_artifact(ep, path, *, ir_level: str, metadata=None, provenance=None) -> str:
+    """Write ``ep`` to ``path``; returns the absolute path written."""
+    dest = check_destination(path)
+    serialized = serialize_graph(ep)
+    meta_bytes = pack_metadata(metadata)
+    spec_str, leaves_bytes, example_tensors = example_inputs_payload(ep)
+    wp = weights.plan(collect_tensors(ep) + example_tensors, ALIGNMENT)
+
+    prog = G.ProgramT()
+    prog.producer = f"pt2b {__version__}"
+    prog.torchVersion = torch.__version__
+    prog.irLevel = ir_level
+    prog.exportedProgram = program_codec.encode(serialized)
+    prog.tensors = wp.records
+    prog.checksumKind = G.ChecksumKind.CRC32
+    prog.operators = op_table.collect(ep.graph_module)
+    prog.exampleInputsSpec = spec_str
+    prog.exampleInputsLeaves = np.frombuffer(leaves_bytes, dtype=np.uint8)
+    prog.metadata = np.frombuffer(meta_bytes, dtype=np.uint8)
+    prog.provenance = _string_entries(provenance or {})
+
+    data_offset = align(HEADER_SIZE)
+    with atomic_write(dest) as f:
+        f.write(b"\0" * data_offset)
+        weights.write_segments(f, wp, data_offset)
+        segs = []
+        for s in wp.segments:
+            t = G.SegmentT()
+            t.offset, t.nbytes, t.checksum = s.offset, s.nbytes, s.checksum
+            segs.append(t)
+        prog.segments = segs
+        builder = flatbuffers.Builder(1 << 16)
+        builder.Finish(prog.Pack(builder), file_identifier=FILE_IDENTIFIER)
+        program = builder.Output()
+        program_offset = align(data_offset + wp.data_size, 8)
+        f.write(b"\0" * (program_offset - data_offset - wp.data_size))
+        f.write(program)
+        header = Header(
+            FORMAT_MAJOR, FORMAT_MINOR, data_offset, wp.data_size, program_offset,
+            len(program), zlib.crc32(program),
+        )
+        f.seek(0)
+        f.write(header.pack())
+    return dest

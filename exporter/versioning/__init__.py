@@ -1,0 +1,1 @@
+"""Format versions and the operator schema table of pt2b artifacts."""

@@ -1,0 +1,81 @@
+"""The operator table of an artifact: every op it calls with its full schema, and the check
+on load that the running torch has each of them registered."""
+
+from __future__ import annotations
+
+import collections
+
+import torch
+import torch.fx
+
+from ..errors import MissingOperatorError
+from ..serialize.generated import pt2b_generated as G
+
+ATEN_NAMESPACES = {"aten", "prims", "_quantized", "quantized"}
+
+
+def iter_graphs(gm: torch.fx.GraphModule):
+    """The graph of ``gm`` and of every submodule graph (higher-order op branches)."""
+    for _, mod in gm.named_modules():
+        if isinstance(mod, torch.fx.GraphModule):
+            yield mod.graph
+
+
+def describe_target(target) -> tuple[str, str, str, int]:
+    """(qualified name, overload, schema string, OperatorKind) of a call_function target."""
+    if isinstance(target, torch._ops.OpOverload):
+        ns = target.namespace
+        kind = G.OperatorKind.ATEN if ns in ATEN_NAMESPACES else G.OperatorKind.CUSTOM
+        return target._schema.name, target._overloadname, str(target._schema), kind
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return f"higher_order::{target.name()}", "", "", G.OperatorKind.HIGHER_ORDER
+    name = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', repr(target))}"
+    return name, "", "", G.OperatorKind.PYTHON
+
+
+def collect(gm: torch.fx.GraphModule) -> list:
+    """OperatorRecordT for every distinct op called anywhere in ``gm``, sorted by name."""
+    counts: collections.Counter = collections.Counter()
+    for graph in iter_graphs(gm):
+        for node in graph.nodes:
+            if node.op == "call_function":
+                counts[describe_target(node.target)] += 1
+    out = []
+    for (qname, overload, schema, kind), n in sorted(counts.items()):
+        r = G.OperatorRecordT()
+        r.qualifiedName, r.overload, r.schema, r.kind, r.count = qname, overload, schema, kind, n
+        out.append(r)
+    return out
+
+
+def resolve(qualified_name: str, overload: str):
+    """The running torch's OpOverload for an aten/custom op record, or None if unregistered."""
+    ns, _, name = qualified_name.partition("::")
+    try:
+        packet = getattr(getattr(torch.ops, ns), name)
+        return getattr(packet, overload or "default")
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def check_registered(records: list[tuple[str, str, str, int]], where: str) -> None:
+    """Raise one MissingOperatorError listing every recorded op the running torch lacks."""
+    missing = []
+    for qname, overload, schema, kind in records:
+        if kind in (G.OperatorKind.ATEN, G.OperatorKind.CUSTOM) and resolve(qname, overload) is None:
+            missing.append((qname, overload, schema, kind))
+    if not missing:
+        return
+    lines = []
+    for qname, overload, schema, kind in missing:
+        ns = qname.partition("::")[0]
+        if kind == G.OperatorKind.CUSTOM:
+            hint = (f"import the Python module that defines the '{ns}' library with "
+                    f"torch.library before loading")
+        else:
+            hint = f"this torch ({torch.__version__}) has no such overload"
+        lines.append(f"  {qname}.{overload or 'default'}  schema: {schema or '?'}  -> {hint}")
+    raise MissingOperatorError(
+        f"{where}: {len(missing)} operator(s) used by the program are not registered:\n"
+        + "\n".join(lines)
+    )

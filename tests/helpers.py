@@ -1,0 +1,114 @@
+"""Comparison helpers shared by the round-trip tests: graphs node by node, outputs bitwise."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+
+
+def _norm_arg(a):
+    """An fx argument with nodes replaced by their names, so two graphs can be compared."""
+    if isinstance(a, torch.fx.Node):
+        return ("node", a.name)
+    if isinstance(a, (list, tuple)):
+        return (type(a).__name__, tuple(_norm_arg(x) for x in a))
+    if isinstance(a, dict):
+        return ("dict", tuple((k, _norm_arg(v)) for k, v in a.items()))
+    if isinstance(a, float):
+        return ("float", math.copysign(1.0, a) if a == 0 else a) if not math.isnan(a) else ("float", "nan")
+    if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return ("sym", str(a))
+    return (type(a).__name__, a if isinstance(a, (int, bool, str, type(None))) else str(a))
+
+
+def _meta_val(v):
+    if isinstance(v, torch.Tensor):
+        return ("tensor", tuple(str(s) for s in v.shape), v.dtype, tuple(str(s) for s in v.stride()), v.device.type)
+    if isinstance(v, (list, tuple)):
+        return tuple(_meta_val(x) for x in v)
+    if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return ("sym", str(v))
+    return ("other", type(v).__name__)
+
+
+def _module_stack(node):
+    stack = node.meta.get("nn_module_stack") or {}
+    return tuple((k, v[0]) for k, v in stack.items())
+
+
+def assert_graphs_equal(gm_a: torch.fx.GraphModule, gm_b: torch.fx.GraphModule, where: str = "graph") -> None:
+    nodes_a, nodes_b = list(gm_a.graph.nodes), list(gm_b.graph.nodes)
+    assert [n.name for n in nodes_a] == [n.name for n in nodes_b], f"{where}: node names differ"
+    for a, b in zip(nodes_a, nodes_b):
+        here = f"{where}:{a.name}"
+        assert a.op == b.op, f"{here}: op {a.op} != {b.op}"
+        assert str(a.target) == str(b.target), f"{here}: target {a.target} != {b.target}"
+        assert _norm_arg(a.args) == _norm_arg(b.args), f"{here}: args {a.args} != {b.args}"
+        assert _norm_arg(a.kwargs) == _norm_arg(b.kwargs), f"{here}: kwargs {a.kwargs} != {b.kwargs}"
+        if a.op not in ("output",):
+            assert _meta_val(a.meta.get("val")) == _meta_val(b.meta.get("val")), f"{here}: meta['val'] differs"
+        if a.op == "call_function":
+            assert _module_stack(a) == _module_stack(b), f"{here}: nn_module_stack differs"
+            assert a.meta.get("stack_trace") == b.meta.get("stack_trace"), f"{here}: stack_trace differs"
+        if a.op == "get_attr":
+            sub_a, sub_b = getattr(gm_a, a.target), getattr(gm_b, b.target)
+            if isinstance(sub_a, torch.fx.GraphModule):
+                assert_graphs_equal(sub_a, sub_b, f"{here}")
+
+
+def assert_programs_equal(ep_a, ep_b) -> None:
+    """Two ExportedPrograms hold the same graph, signature, state, ranges and call graph."""
+    assert_graphs_equal(ep_a.graph_module, ep_b.graph_module)
+    assert str(ep_a.graph_signature) == str(ep_b.graph_signature)
+    assert ep_a.graph_signature.input_specs == ep_b.graph_signature.input_specs
+    assert ep_a.graph_signature.output_specs == ep_b.graph_signature.output_specs
+    assert {str(k): str(v) for k, v in ep_a.range_constraints.items()} == {
+        str(k): str(v) for k, v in ep_b.range_constraints.items()
+    }
+    assert [e.fqn for e in ep_a.module_call_graph] == [e.fqn for e in ep_b.module_call_graph]
+    for ea, eb in zip(ep_a.module_call_graph, ep_b.module_call_graph):
+        if ea.signature is not None:
+            assert ea.signature.in_spec == eb.signature.in_spec
+            assert ea.signature.out_spec == eb.signature.out_spec
+    assert ep_a.state_dict.keys() == ep_b.state_dict.keys()
+    for k in ep_a.state_dict:
+        assert_bitwise(ep_a.state_dict[k], ep_b.state_dict[k])
+        assert isinstance(ep_b.state_dict[k], torch.nn.Parameter) == isinstance(ep_a.state_dict[k], torch.nn.Parameter)
+    assert ep_a.constants.keys() == ep_b.constants.keys()
+    for k in ep_a.constants:
+        assert_bitwise(ep_a.constants[k], ep_b.constants[k])
+    assert [v.dialect for v in ep_a.verifiers] == [v.dialect for v in ep_b.verifiers]
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach().contiguous().reshape(-1)
+    return t.view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
+
+
+def assert_bitwise(a, b) -> None:
+    """Same pytree structure; tensor leaves of equal dtype, shape, stride and identical bits."""
+    la, sa = pytree.tree_flatten(a)
+    lb, sb = pytree.tree_flatten(b)
+    assert sa == sb, f"output structure differs: {sa} != {sb}"
+    for x, y in zip(la, lb):
+        if isinstance(x, torch.Tensor):
+            assert isinstance(y, torch.Tensor)
+            assert x.dtype == y.dtype and x.shape == y.shape, f"{x.dtype}{list(x.shape)} != {y.dtype}{list(y.shape)}"
+            assert x.stride() == y.stride(), f"strides {x.stride()} != {y.stride()}"
+            assert torch.equal(_bytes(x), _bytes(y)), "tensor bits differ"
+        else:
+            assert x == y or (isinstance(x, float) and math.isnan(x) and math.isnan(y))
+
+
+def assert_close_to_eager(out, eager, rtol: float, atol: float) -> None:
+    lo, so = pytree.tree_flatten(out)
+    le, se = pytree.tree_flatten(eager)
+    assert so == se, f"output structure differs from eager: {so} != {se}"
+    for x, y in zip(lo, le):
+        if isinstance(x, torch.Tensor):
+            torch.testing.assert_close(x, y, rtol=rtol, atol=atol, equal_nan=True)
+        else:
+            assert x == y
