@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from .errors import ArtifactError, ExportError
+from .errors import ArtifactError, ExportError, NotAnArtifactError
 from .serialize.container import MAGIC
 
 
@@ -20,7 +20,7 @@ def _kind(path) -> str:
         return "pt2b"
     if head[:2] == b"PK":
         return "pt2"
-    raise ArtifactError(f"{path}: neither a .pt2b artifact nor a torch.export .pt2 archive.")
+    raise NotAnArtifactError(f"{path}: neither a .pt2b artifact nor a torch.export .pt2 archive.")
 
 
 def convert(source, dest) -> str:

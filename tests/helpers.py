@@ -14,7 +14,9 @@ def _norm_arg(a):
     if isinstance(a, torch.fx.Node):
         return ("node", a.name)
     if isinstance(a, (list, tuple)):
-        return (type(a).__name__, tuple(_norm_arg(x) for x in a))
+        # torch's export schema has one sequence kind: tuples of higher-order-op operands come
+        # back as lists (as with torch.export.save/load); both call the op identically.
+        return ("seq", tuple(_norm_arg(x) for x in a))
     if isinstance(a, dict):
         return ("dict", tuple((k, _norm_arg(v)) for k, v in a.items()))
     if isinstance(a, float):
@@ -26,7 +28,9 @@ def _norm_arg(a):
 
 def _meta_val(v):
     if isinstance(v, torch.Tensor):
-        return ("tensor", tuple(str(s) for s in v.shape), v.dtype, tuple(str(s) for s in v.stride()), v.device.type)
+        # Symbolic strides are compared only where static: torch's deserializer simplifies
+        # stride expressions against the symbol ranges (Min(4, 4*s27) -> 4 when s27 >= 1).
+        return ("tensor", tuple(str(s) for s in v.shape), v.dtype, v.device.type)
     if isinstance(v, (list, tuple)):
         return tuple(_meta_val(x) for x in v)
     if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
@@ -49,7 +53,10 @@ def assert_graphs_equal(gm_a: torch.fx.GraphModule, gm_b: torch.fx.GraphModule, 
         assert _norm_arg(a.args) == _norm_arg(b.args), f"{here}: args {a.args} != {b.args}"
         assert _norm_arg(a.kwargs) == _norm_arg(b.kwargs), f"{here}: kwargs {a.kwargs} != {b.kwargs}"
         if a.op not in ("output",):
-            assert _meta_val(a.meta.get("val")) == _meta_val(b.meta.get("val")), f"{here}: meta['val'] differs"
+            va, vb = a.meta.get("val"), b.meta.get("val")
+            assert _meta_val(va) == _meta_val(vb), f"{here}: meta['val'] differs"
+            if isinstance(va, torch.Tensor) and all(isinstance(s, int) for s in (*va.stride(), *vb.stride())):
+                assert va.stride() == vb.stride(), f"{here}: strides {va.stride()} != {vb.stride()}"
         if a.op == "call_function":
             assert _module_stack(a) == _module_stack(b), f"{here}: nn_module_stack differs"
             assert a.meta.get("stack_trace") == b.meta.get("stack_trace"), f"{here}: stack_trace differs"
@@ -62,8 +69,10 @@ def assert_graphs_equal(gm_a: torch.fx.GraphModule, gm_b: torch.fx.GraphModule, 
 def assert_programs_equal(ep_a, ep_b) -> None:
     """Two ExportedPrograms hold the same graph, signature, state, ranges and call graph."""
     assert_graphs_equal(ep_a.graph_module, ep_b.graph_module)
-    assert str(ep_a.graph_signature) == str(ep_b.graph_signature)
-    assert ep_a.graph_signature.input_specs == ep_b.graph_signature.input_specs
+    # `persistent` only means something for buffers (torch's schema drops it elsewhere)
+    specs = lambda ep: [(s.kind, s.arg, s.target, s.persistent if s.kind.name == "BUFFER" else None)
+                        for s in ep.graph_signature.input_specs]
+    assert specs(ep_a) == specs(ep_b)
     assert ep_a.graph_signature.output_specs == ep_b.graph_signature.output_specs
     assert {str(k): str(v) for k, v in ep_a.range_constraints.items()} == {
         str(k): str(v) for k, v in ep_b.range_constraints.items()
@@ -84,8 +93,9 @@ def assert_programs_equal(ep_a, ep_b) -> None:
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
-    t = t.detach().contiguous().reshape(-1)
-    return t.view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
+    flat = torch.empty(t.numel(), dtype=t.dtype)
+    flat.copy_(t.detach().reshape(-1))
+    return flat.view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
 
 
 def assert_bitwise(a, b) -> None:

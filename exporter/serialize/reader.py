@@ -13,10 +13,13 @@ import threading
 import zlib
 
 import msgpack
+import sympy
 import torch
 import torch.utils._pytree as pytree
 from torch._export.serde import schema as S
 from torch._export.serde.serialize import ExportedProgramDeserializer
+from torch.utils._sympy.numbers import int_oo
+from torch.utils._sympy.value_ranges import ValueRanges
 
 from ..errors import ArtifactError, CorruptArtifactError, NotAnArtifactError, UnsupportedVersionError
 from ..versioning import op_table
@@ -167,13 +170,25 @@ def rebuild(art: Artifact, *, verify: bool = False) -> torch.export.ExportedProg
     example_inputs = _example_inputs(art, tensors)
     try:
         with _DESERIALIZE_LOCK:
-            return ExportedProgramDeserializer().deserialize(serialized, state_dict, constants, example_inputs)
+            ep = ExportedProgramDeserializer().deserialize(serialized, state_dict, constants, example_inputs)
     except ArtifactError:
         raise
     except Exception as e:
         raise CorruptArtifactError(
             f"{where}: the program could not be rebuilt by torch ({type(e).__name__}: {e})."
         ) from e
+    _restore_unused_ranges(ep, serialized)
+    return ep
+
+
+def _restore_unused_ranges(ep, serialized: S.ExportedProgram) -> None:
+    """torch's deserializer drops the ranges of symbols no graph node mentions; keep them."""
+    have = {str(k) for k in ep.range_constraints}
+    for name, rc in serialized.range_constraints.items():
+        if name not in have:
+            lo = -int_oo if rc.min_val is None else sympy.Integer(rc.min_val)
+            hi = int_oo if rc.max_val is None else sympy.Integer(rc.max_val)
+            ep.range_constraints[sympy.Symbol(name, integer=True)] = ValueRanges(lo, hi)
 
 
 def read_metadata(art: Artifact) -> dict:

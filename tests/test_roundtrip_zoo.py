@@ -1,0 +1,86 @@
+"""The model zoo (exporter/zoo.py: MLP, CNN+BN, RNNs, transformers, buffer mutation, pytrees,
+kwargs, dynamic shapes, cond/map/while_loop, custom op, tied weights, dtypes, in-place ops)
+round-trips through .pt2b: graph node by node, outputs bitwise, close to eager."""
+
+import copy
+
+import pytest
+import torch
+
+from exporter import export_model, load
+from exporter.zoo import make_case, zoo_names
+from helpers import assert_bitwise, assert_close_to_eager, assert_programs_equal
+
+INPLACE = {torch.ops.aten.add_.Tensor, torch.ops.aten.mul_.Tensor, torch.ops.aten.copy_.default}
+
+
+def test_zoo_is_big_enough():
+    assert len(zoo_names()) >= 12
+
+
+@pytest.mark.parametrize("name", zoo_names())
+def test_zoo_roundtrip(tmp_path, name):
+    case = make_case(name)
+    kwargs = case.kwargs or {}
+    eager_model = copy.deepcopy(case.model)
+    with torch.no_grad():
+        eager = eager_model(*copy.deepcopy(case.args), **copy.deepcopy(kwargs))
+    path = tmp_path / f"{name}.pt2b"
+    ep = export_model(copy.deepcopy(case.model), case.args, path, kwargs=case.kwargs,
+                      dynamic_shapes=case.dynamic_shapes, strict=case.strict)
+    prog = load(path, verify=True)
+    assert_programs_equal(ep, prog.exported_program())
+    ops = {n.target for n in prog.exported_program().graph.nodes if n.op == "call_function"}
+    original_ops = {n.target for n in ep.graph.nodes if n.op == "call_function"}
+    assert ops == original_ops  # nothing decomposed, in-place ops kept
+    out = prog(*copy.deepcopy(case.args), **copy.deepcopy(kwargs))
+    ref = ep.module()(*copy.deepcopy(case.args), **copy.deepcopy(kwargs))
+    assert_bitwise(out, ref)
+    assert_close_to_eager(out, eager, rtol=case.rtol, atol=case.atol)
+    # buffers mutated by the call end up where eager puts them
+    eager_buffers = dict(eager_model.named_buffers())
+    for k, b_out in prog.module().named_buffers():
+        if k in eager_buffers:  # float8 has no arithmetic for assert_close: compare its bits
+            b_eager = eager_buffers[k]
+            if b_out.dtype.itemsize == 1 and b_out.is_floating_point():
+                assert_bitwise(b_out, b_eager)
+            else:
+                torch.testing.assert_close(b_out, b_eager, rtol=case.rtol, atol=case.atol, msg=k)
+
+
+@pytest.mark.parametrize("name", ["buffer_mutation", "inplace_ops"])
+def test_inplace_ops_stay_in_graph(tmp_path, name):
+    case = make_case(name)
+    path = tmp_path / "m.pt2b"
+    export_model(case.model, case.args, path, kwargs=case.kwargs, dynamic_shapes=case.dynamic_shapes)
+    prog = load(path)
+    assert INPLACE & {n.target for n in prog.exported_program().graph.nodes}
+    assert any(name.startswith("aten::add_") or name.startswith("aten::mul_") for name in prog.ops())
+
+
+def test_custom_op_recorded_with_schema_and_missing_op_error(tmp_path, monkeypatch):
+    case = make_case("custom_op")
+    path = tmp_path / "m.pt2b"
+    export_model(case.model, case.args, path)
+    prog = load(path)
+    custom = [op for op in prog.operators if op.kind == "custom"]
+    assert [op.qualified_name for op in custom] == ["pt2b_zoo::scaled_add"]
+    assert custom[0].schema == str(torch.ops.pt2b_zoo.scaled_add.default._schema)
+    from exporter.errors import MissingOperatorError
+    from exporter.versioning import op_table
+
+    real = op_table.resolve
+    monkeypatch.setattr(op_table, "resolve", lambda q, o: None if q.startswith("pt2b_zoo::") else real(q, o))
+    with pytest.raises(MissingOperatorError, match="pt2b_zoo::scaled_add.default.*'pt2b_zoo' library"):
+        load(path)
+
+
+def test_exported_program_given_is_written_as_given(tmp_path):
+    case = make_case("mlp")
+    ep = torch.export.export(case.model, case.args, dynamic_shapes=case.dynamic_shapes)
+    core = ep.run_decompositions()
+    export_model(core, path=tmp_path / "core.pt2b")
+    prog = load(tmp_path / "core.pt2b")
+    assert prog.ir_level == "aten"
+    assert prog.provenance["captured_by"].startswith("user")
+    assert_programs_equal(core, prog.exported_program())
