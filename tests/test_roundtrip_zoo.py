@@ -84,3 +84,31 @@ def test_exported_program_given_is_written_as_given(tmp_path):
     assert prog.ir_level == "aten"
     assert prog.provenance["captured_by"].startswith("user")
     assert_programs_equal(core, prog.exported_program())
+
+
+def test_example_inputs_metadata_and_op_table(tmp_path):
+    case = make_case("pytree_io")
+    path = tmp_path / "m.pt2b"
+    ep = export_model(case.model, case.args, path, kwargs=case.kwargs, metadata={"owner": "team-a", "rev": 3,
+                                                                                 "tags": ["x", 1.5, None]})
+    prog = load(path)
+    assert_bitwise(prog.exported_program().example_inputs, ep.example_inputs)
+    assert prog.metadata == {"owner": "team-a", "rev": 3, "tags": ["x", 1.5, None]}
+    counts = {}
+    for n in ep.graph.nodes:
+        if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
+            key = f"{n.target._schema.name}.{n.target._overloadname}"
+            counts[key] = counts.get(key, 0) + 1
+    assert {k: v for k, v in prog.ops().items() if k.startswith("aten::")} == counts
+    assert prog.torch_version == torch.__version__ and prog.format_version == (1, 0)
+
+
+def test_bad_metadata_is_a_clear_error(tmp_path):
+    from exporter.errors import ExportError
+
+    case = make_case("mlp")
+    with pytest.raises(ExportError, match="metadata cannot be stored"):
+        export_model(case.model, case.args, tmp_path / "m.pt2b", metadata={"obj": object()})
+    with pytest.raises(ExportError, match="metadata must be a dict with str keys"):
+        export_model(case.model, case.args, tmp_path / "m.pt2b", metadata={1: "a"})
+    assert not (tmp_path / "m.pt2b").exists()
