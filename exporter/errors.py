@@ -45,6 +45,10 @@ class LoweringError(Pt2bError):
     """A program cannot be lowered to what the backend asked for."""
 
 
+class OpsetError(LoweringError):
+    """A program holds operators outside the set a backend or runtime accepts; lists all of them."""
+
+
 class RuntimeInputError(Pt2bError):
     """Inputs given to a loaded program do not match its recorded signature."""
 
@@ -59,5 +63,6 @@ __all__ = [
     "UnsupportedVersionError",
     "MissingOperatorError",
     "LoweringError",
+    "OpsetError",
     "RuntimeInputError",
 ]
