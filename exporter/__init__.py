@@ -1,12 +1,12 @@
 """pt2b: export a PyTorch model once at its highest level, lower it per backend after load.
 
-Public API: export_model, load (and, from later issues, load_for_backend), plus errors.
+Public API: export_model, load, load_for_backend, plus errors.
 """
 
 __version__ = "0.1.0"
 
 from . import errors  # noqa: E402
-from .api import export_model, load  # noqa: E402
+from .api import export_model, load, load_for_backend  # noqa: E402
 from .program import Pt2bProgram  # noqa: E402
 
-__all__ = ["__version__", "errors", "export_model", "load", "Pt2bProgram"]
+__all__ = ["__version__", "errors", "export_model", "load", "load_for_backend", "Pt2bProgram"]

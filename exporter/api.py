@@ -60,3 +60,21 @@ def load(path, *, verify: bool = False) -> Pt2bProgram:
         producer=reader._text(prog.producer), ir_level=reader._text(prog.irLevel), operators=ops,
         metadata=reader.read_metadata(art), provenance=provenance,
     )
+
+
+def load_for_backend(path, preset: str = "core", *, supported_ops=None, decompositions=None, keep=None,
+                     device: str = "cpu", verify: bool = False):
+    """Load ``path`` and lower it for a backend: functionalize, then decompose with a preset
+    ("none", "core", "core-tag", "max", optionally "@<torch version>") or until only
+    ``supported_ops`` remain; ``keep`` protects ops; ``decompositions`` adds/overrides entries.
+    Returns a LoweredProgram (``.exported_program()``, ``.ops()``, ``.explain(op)``, callable).
+    """
+    from .lowering.lower import lower
+
+    prog = load(path, verify=verify)
+    ep = prog.exported_program()
+    if device != "cpu":
+        from torch.export.passes import move_to_device_pass
+
+        ep = move_to_device_pass(ep, device)
+    return lower(ep, preset, supported_ops=supported_ops, decompositions=decompositions, keep=keep, source=prog)

@@ -1,4 +1,4 @@
-"""The `pt2b` command line: export, inspect, convert, verify, demo."""
+"""The `pt2b` command line: export, inspect, convert, verify, lower, run, demo."""
 
 from __future__ import annotations
 
@@ -72,6 +72,65 @@ def cmd_verify(ns) -> int:
     return 0
 
 
+def _read_ops_file(path: str) -> list[str]:
+    try:
+        with open(path) as f:
+            return [ln.split("#")[0].strip() for ln in f if ln.split("#")[0].strip()]
+    except OSError as e:
+        raise ExportError(f"cannot read supported ops from {path!r}: {e.strerror or e}") from None
+
+
+def _lower_from_args(ns):
+    from .api import load_for_backend
+
+    supported = _read_ops_file(ns.supported) if ns.supported else None
+    return load_for_backend(ns.artifact, ns.preset, supported_ops=supported, keep=ns.keep or None)
+
+
+def cmd_lower(ns) -> int:
+    from .api import export_model
+
+    lowered = _lower_from_args(ns)
+    print(lowered.report())
+    if ns.output:
+        export_model(lowered.exported_program(), path=ns.output)
+        print(f"wrote {ns.output}")
+    return 0
+
+
+def _read_inputs(paths, lowered):
+    import numpy as np
+    import torch
+
+    if not paths:
+        example = lowered.exported_program().example_inputs
+        if example is None:
+            raise ExportError("the artifact stores no example inputs; pass --inputs a.npy b.npy ...")
+        return example
+    args = []
+    for p in paths:
+        try:
+            args.append(torch.from_numpy(np.load(p, allow_pickle=False)))
+        except (OSError, ValueError) as e:
+            raise ExportError(f"cannot read input {p!r} (a .npy file is expected): {e}") from None
+    return tuple(args), {}
+
+
+def cmd_run(ns) -> int:
+    import torch.utils._pytree as pytree
+
+    from runtime_ref import Runtime
+
+    lowered = _lower_from_args(ns)
+    rt = Runtime(lowered, device=ns.device)
+    args, kwargs = _read_inputs(ns.inputs, lowered)
+    out = rt(*args, **kwargs)
+    for i, leaf in enumerate(pytree.tree_leaves(out)):
+        desc = f"{str(leaf.dtype).removeprefix('torch.')}{list(leaf.shape)}" if hasattr(leaf, "dtype") else repr(leaf)
+        print(f"output {i}: {desc}")
+    return 0
+
+
 def cmd_demo(ns) -> int:
     from .demo import run_demo
 
@@ -97,6 +156,19 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("verify", help="check every checksum of an artifact, weights included")
     v.add_argument("artifact")
     v.set_defaults(func=cmd_verify)
+    for name, helptext, func in (("lower", "lower an artifact for a backend and print the resulting opset", cmd_lower),
+                                 ("run", "lower an artifact and run it with the reference runtime", cmd_run)):
+        lo = sub.add_parser(name, help=helptext)
+        lo.add_argument("artifact")
+        lo.add_argument("--preset", default="core", help="none, core, core-tag, max (optionally @<torch version>)")
+        lo.add_argument("--supported", metavar="OPS.txt", help="file with one supported op per line (overrides --preset)")
+        lo.add_argument("--keep", nargs="*", metavar="OP", help="ops never to decompose")
+        if name == "lower":
+            lo.add_argument("-o", "--output", help="write the lowered program as a .pt2b")
+        else:
+            lo.add_argument("--inputs", nargs="*", metavar="X.npy", help="positional inputs (default: the stored example inputs)")
+            lo.add_argument("--device", default="cpu")
+        lo.set_defaults(func=func)
     d = sub.add_parser("demo", help="export a small transformer, load it, run it")
     d.add_argument("-o", "--output", default="demo_transformer.pt2b")
     d.set_defaults(func=cmd_demo)

@@ -1,0 +1,92 @@
+"""LoweredProgram: what load_for_backend returns; the lowered ExportedProgram plus the answers
+a backend author needs (ops to implement, why each op is there, what fell outside the opset)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..ops import _normalize_text, op_name
+from . import routes, tables
+from .graph_ops import op_counts, op_nodes
+from .verify import route_lines
+
+
+class LoweredProgram:
+    def __init__(self, ep, *, source_ep, preset: str, table: dict, keep, supported, accepts,
+                 outside: dict[str, int], description: str, source=None):
+        self._ep = ep
+        self._source_ep = source_ep
+        self._module = None
+        self.preset = preset
+        self.table = table
+        self.keep = keep
+        self.supported = supported
+        self._accepts = accepts
+        self.outside_opset = outside  # op -> count of ops outside the declared opset (reported)
+        self.description = description
+        self.source = source  # the Pt2bProgram it was lowered from, when loaded from a file
+
+    def exported_program(self) -> torch.export.ExportedProgram:
+        return self._ep
+
+    def module(self) -> torch.nn.Module:
+        if self._module is None:
+            self._module = self._ep.module()
+        return self._module
+
+    def __call__(self, *args, **kwargs):
+        return self.module()(*args, **kwargs)
+
+    def ops(self) -> dict[str, int]:
+        """The op overloads the backend must implement, with their number of call sites."""
+        return op_counts(self._ep.graph_module)
+
+    def report(self) -> str:
+        lines = [f"preset {self.preset}: {self.description}",
+                 f"{len(self.ops())} distinct ops, {sum(self.ops().values())} call sites:"]
+        lines += [f"  {n:5d}  {name}" for name, n in self.ops().items()]
+        if self.outside_opset:
+            lines.append(f"outside the declared opset ({len(self.outside_opset)}):")
+            lines += [f"  {n:5d}  {name}  -- {self.explain(name).splitlines()[0]}"
+                      for name, n in self.outside_opset.items()]
+        return "\n".join(lines)
+
+    def explain(self, op) -> str:
+        """Why ``op`` is in the result (supported, kept, no decomposition, ...) or how it was decomposed."""
+        name = op if not isinstance(op, str) else _normalize_text(op)
+        name = name if isinstance(name, str) else op_name(name)
+        if "." not in name.partition("::")[2]:
+            name += ".default"
+        result, source = self.ops(), op_counts(self._source_ep.graph_module)
+        available = tables.available_names()
+        if name in result:
+            if self.keep is not None and name in self.keep:
+                why = "kept: protected from decomposition by keep=[...]"
+            elif self.supported is not None and name in self.supported:
+                why = "supported by the backend (listed in supported_ops)"
+            elif name in self.outside_opset:
+                why = (f"outside preset {self.preset}'s declared opset: "
+                       + ("its table does not decompose it" if name in available else
+                          "no decomposition exists for it"))
+            elif name not in available:
+                why = "no decomposition exists for it in this torch, so it stays"
+            else:
+                why = f"in preset {self.preset}'s opset: not decomposed"
+            lines = [f"{name}: {why}"]
+            if name not in source or source.get(name, 0) < result[name]:
+                lines += ["  reached by:"] + ["    " + r for r in route_lines(
+                    name, self._ep.graph_module, self._source_ep.graph_module, self.table, self._stop)]
+            return "\n".join(lines)
+        if name in source:
+            node = next(n for n in op_nodes(self._source_ep.graph_module) if op_name(n.target) == name)
+            tree = routes.tree_for_node(node, self.table, self._stop)
+            return "\n".join([f"{name}: decomposed (route traced at node {node.name}):"]
+                             + ["  " + line for line in routes.render(tree)])
+        return f"{name}: not used by this program"
+
+    def _stop(self, op) -> bool:
+        return op not in self.table
+
+    def __repr__(self) -> str:
+        extra = f", {len(self.outside_opset)} ops outside the opset" if self.outside_opset else ""
+        return f"LoweredProgram(preset={self.preset}, {len(self.ops())} ops{extra})"

@@ -1,0 +1,124 @@
+"""Lowering presets as data: schemas/opsets/<preset>@<torch major.minor>.json, each a named
+opset (ops a result may hold) and the list of ops to decompose to reach it."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import pathlib
+
+import torch
+
+from ..errors import LoweringError
+from ..ops import op_name
+from . import tables
+
+OPSETS_DIR = pathlib.Path(__file__).resolve().parents[2] / "schemas" / "opsets"
+PRESETS = ("none", "core", "core-tag", "max")
+DESCRIPTIONS = {
+    "none": "functionalize only: no decomposition, every op stays at the level it was exported",
+    "core": "torch's own table (torch.export.default_decompositions()), exactly what "
+            "ep.run_decompositions() does; it lets non-core functional ops through",
+    "core-tag": "only torch.Tag.core ops: keeps the core-tagged ops torch's table decomposes and "
+                "decomposes every non-core op that has a registered decomposition",
+    "max": "every registered decomposition, down to the ops that have none (the PrimTorch end)",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    name: str
+    torch_version: str  # major.minor the lists were computed for
+    description: str
+    decompose: tuple[str, ...]  # op names to decompose
+    opset: tuple[str, ...] | None  # ops a result may hold; None: any functional op
+    strict: bool  # an op outside `opset` in the result is an error (else only reported)
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}@{self.torch_version}"
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=1, sort_keys=True) + "\n"
+
+
+def torch_minor() -> str:
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return f"{major}.{minor}"
+
+
+def _core_names() -> tuple[str, ...]:
+    """Every registered aten/prims overload tagged torch.Tag.core (from the dispatcher's full list,
+    not torch.ops' lazily filled attributes)."""
+    ops = set()
+    for qualified in torch._C._dispatch_get_all_op_names():
+        ns, _, rest = qualified.partition("::")
+        if ns not in ("aten", "prims"):
+            continue
+        name, _, overload = rest.partition(".")
+        try:
+            op = getattr(getattr(getattr(torch.ops, ns), name), overload or "default")
+        except (AttributeError, RuntimeError):
+            continue
+        if tables.is_core(op):
+            ops.add(op_name(op))
+    return tuple(sorted(ops))
+
+
+def compute(name: str) -> Preset:
+    """The preset ``name`` computed from the running torch."""
+    if name == "none":
+        decompose, opset, strict = (), None, False
+    elif name == "core":
+        decompose = tuple(sorted(op_name(op) for op in tables.torch_default_table()))
+        opset, strict = _core_names(), False
+    elif name == "core-tag":
+        decompose = tuple(sorted(op_name(op) for op in tables.available_decompositions() if not tables.is_core(op)))
+        opset, strict = _core_names(), True
+    elif name == "max":
+        decompose = tuple(sorted(op_name(op) for op in tables.available_decompositions()))
+        opset, strict = None, False
+    else:
+        raise LoweringError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)} (optionally @<torch version>).")
+    return Preset(name, torch_minor(), DESCRIPTIONS[name], decompose, opset, strict)
+
+
+def frozen_path(name: str, version: str) -> pathlib.Path:
+    return OPSETS_DIR / f"{name}@{version}.json"
+
+
+@functools.cache
+def load(spec: str) -> Preset:
+    """"core" (this torch's frozen list, else computed) or "core@2.13" (that frozen list)."""
+    if not isinstance(spec, str):
+        raise LoweringError(f"preset must be a string such as 'core', got {type(spec).__name__}.")
+    name, _, version = spec.partition("@")
+    if name not in PRESETS:
+        raise LoweringError(f"unknown preset {spec!r}; choose one of {', '.join(PRESETS)} (optionally @<torch version>).")
+    path = frozen_path(name, version or torch_minor())
+    if path.exists():
+        data = json.loads(path.read_text())
+        return Preset(data["name"], data["torch_version"], data["description"], tuple(data["decompose"]),
+                      None if data["opset"] is None else tuple(data["opset"]), data["strict"])
+    if version and version != torch_minor():
+        frozen = sorted(p.stem for p in OPSETS_DIR.glob(f"{name}@*.json"))
+        raise LoweringError(f"no frozen opset {spec!r}; available: {', '.join(frozen) or 'none'}.")
+    return compute(name)
+
+
+def freeze(names=PRESETS) -> list[pathlib.Path]:
+    """Write the running torch's presets to schemas/opsets/ (python -m exporter.lowering.presets)."""
+    OPSETS_DIR.mkdir(parents=True, exist_ok=True)
+    out = []
+    for name in names:
+        p = compute(name)
+        path = frozen_path(name, p.torch_version)
+        path.write_text(p.to_json())
+        out.append(path)
+    return out
+
+
+if __name__ == "__main__":
+    for written in freeze():
+        print(f"wrote {written}")

@@ -1,0 +1,66 @@
+"""The decompositions the running torch offers, gathered once per process from
+torch.export's default table, torch._decomp's registry and CompositeImplicitAutograd kernels."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch._decomp import decomposition_table as _REGISTRY
+from torch._export.utils import _collect_all_valid_cia_ops_for_aten_namespace, _get_decomp_for_cia
+
+from ..ops import op_name
+
+
+# Registered decompositions that produce a non-functional graph (prims.copy_to, in-place batch
+# norm) which torch's functionalizing tracer rejects; the default table's choice is kept instead.
+NON_FUNCTIONAL = {
+    "aten::_native_batch_norm_legit_no_training.default",
+    "aten::_native_batch_norm_legit.default",
+    "aten::_native_batch_norm_legit.no_stats",
+    "aten::native_batch_norm.default",
+    "aten::constant_pad_nd.default",  # torch._refs.constant_pad_nd writes into a view (copy_to)
+}
+
+
+def is_mutating(op) -> bool:
+    """In-place, out= and other ops that write an argument: functionalization removes them."""
+    return any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
+
+
+@functools.cache
+def _default_table() -> dict:
+    return dict(torch.export.default_decompositions().items())
+
+
+@functools.cache
+def _all_available() -> dict:
+    table = dict(_default_table())
+    for op, fn in _REGISTRY.items():  # in-place/out= entries beyond torch's table emit prims.copy_to
+        if isinstance(op, torch._ops.OpOverload) and op not in table and not is_mutating(op):
+            table[op] = fn
+    for op in _collect_all_valid_cia_ops_for_aten_namespace():
+        if op not in table and not is_mutating(op):
+            table[op] = _get_decomp_for_cia(op)
+    # torch's own in-place/out= entries stay: decompositions emit in-place ops whose own
+    # decomposition makes them functional again
+    return {op: fn for op, fn in table.items() if isinstance(op, torch._ops.OpOverload)
+            and not (op_name(op) in NON_FUNCTIONAL and op not in _default_table())}
+
+
+def torch_default_table() -> dict:
+    """torch.export.default_decompositions() as a plain dict (what run_decompositions() uses)."""
+    return dict(_default_table())
+
+
+def available_decompositions() -> dict:
+    """Every op the running torch can decompose -> its decomposition (a fresh dict)."""
+    return dict(_all_available())
+
+
+def available_names() -> dict[str, object]:
+    return {op_name(op): op for op in _all_available()}
+
+
+def is_core(op) -> bool:
+    return isinstance(op, torch._ops.OpOverload) and torch.Tag.core in op.tags

@@ -1,0 +1,68 @@
+"""Check a lowered program against an opset: which ops fall outside, and each one's route."""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+
+from ..ops import op_name
+from . import routes
+from .graph_ops import op_nodes
+
+# Graph plumbing every opset accepts: shape queries, runtime assertions, control flow.
+INFRASTRUCTURE = {
+    "aten::_assert_scalar.default", "aten::_assert_tensor_metadata.default",
+    "aten::sym_size.int", "aten::sym_stride.int", "aten::sym_numel.default",
+    "aten::sym_storage_offset.default", "aten::sym_constrain_range_for_size.default",
+    "aten::sym_constrain_range.default", "aten::_assert_async.msg",
+}
+
+
+def is_infrastructure(op) -> bool:
+    return (op is operator.getitem or isinstance(op, torch._ops.HigherOrderOperator)
+            or op_name(op) in INFRASTRUCTURE)
+
+
+def outside(gm: torch.fx.GraphModule, accepts) -> dict[str, int]:
+    """op name -> number of call sites, for ops ``accepts(op)`` rejects (plumbing excluded)."""
+    out: dict[str, int] = {}
+    for node in op_nodes(gm):
+        if not is_infrastructure(node.target) and not accepts(node.target):
+            name = op_name(node.target)
+            out[name] = out.get(name, 0) + 1
+    return dict(sorted(out.items()))
+
+
+def origin_node(node: torch.fx.Node, source_nodes: dict[str, torch.fx.Node]):
+    """The node of the undecomposed program that ``node`` was created from, if recorded."""
+    for src in node.meta.get("from_node") or []:
+        while getattr(src, "from_node", None):
+            src = src.from_node[0]
+        found = source_nodes.get(getattr(src, "name", None))
+        if found is not None:
+            return found
+    return None
+
+
+def route_lines(name: str, lowered_gm, source_gm, table: dict, stop) -> list[str]:
+    """How op ``name`` ended up in the lowered program: the decomposition paths that emit it."""
+    source_nodes = {n.name: n for n in op_nodes(source_gm)}
+    lines, seen = [], set()
+    for node in op_nodes(lowered_gm):
+        if op_name(node.target) != name:
+            continue
+        origin = origin_node(node, source_nodes) or source_nodes.get(node.name)
+        if origin is None or origin.target in seen:
+            continue
+        seen.add(origin.target)
+        if op_name(origin.target) == name:
+            lines.append(f"{name} is called by the program itself (node {origin.name})")
+            continue
+        tree = routes.tree_for_node(origin, table, stop)
+        paths = routes.paths_to(tree, name)
+        for path in paths[:3]:
+            lines.append(" -> ".join(path) + f"  (from node {origin.name})")
+        if not paths:
+            lines.append(f"{op_name(origin.target)} -> ... -> {name}  (from node {origin.name})")
+    return lines

@@ -1,0 +1,83 @@
+"""One home for operator names: "aten::add.Tensor" <-> OpOverload, and matching ops against
+user-given entries (overloads, packets, globs, namespaces)."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+
+import torch
+
+_OVERLOAD = torch._ops.OpOverload
+_PACKET = torch._ops.OpOverloadPacket
+
+
+def op_name(op) -> str:
+    """Canonical name: "aten::add.Tensor" for overloads, "higher_order::cond" for HOPs."""
+    if isinstance(op, _OVERLOAD):
+        return f"{op._schema.name}.{op._overloadname}"
+    if isinstance(op, torch._ops.HigherOrderOperator):
+        return f"higher_order::{op.name()}"
+    if isinstance(op, _PACKET):
+        return op._qualified_op_name
+    return f"{getattr(op, '__module__', '?')}.{getattr(op, '__qualname__', repr(op))}"
+
+
+def _normalize_text(entry: str) -> str:
+    """"torch.ops.aten.add.Tensor" / "aten.add.Tensor" / "aten::add.Tensor" -> "aten::add.Tensor"."""
+    s = entry.strip()
+    s = s.removeprefix("torch.ops.")
+    if "::" not in s:
+        ns, _, rest = s.partition(".")
+        s = f"{ns}::{rest}" if rest else f"{ns}::*"
+    return s
+
+
+def resolve_op(name: str):
+    """The OpOverload for "aten::add.Tensor" (overload "default" if omitted), or None."""
+    ns, _, rest = _normalize_text(name).partition("::")
+    op, _, overload = rest.partition(".")
+    try:
+        packet = getattr(getattr(torch.ops, ns), op)
+        return getattr(packet, overload or "default")
+    except (AttributeError, RuntimeError):
+        return None
+
+
+class OpMatcher:
+    """Matches ops against entries: OpOverload, OpOverloadPacket, "aten::add.Tensor",
+    "aten.add" (every overload), "aten.add.*" / "aten::*pool*" (globs), "mylib::*" (namespace)."""
+
+    def __init__(self, entries=()):
+        self.exact: set[str] = set()
+        self.patterns: list[re.Pattern] = []
+        self.entries = list(entries)
+        for e in self.entries:
+            self.add(e)
+
+    def add(self, entry) -> None:
+        if isinstance(entry, _OVERLOAD):
+            self.exact.add(op_name(entry))
+        elif isinstance(entry, _PACKET):
+            self.patterns.append(re.compile(re.escape(entry._qualified_op_name) + r"\..*"))
+        elif isinstance(entry, str):
+            text = _normalize_text(entry)
+            ns, _, rest = text.partition("::")
+            if any(c in text for c in "*?["):
+                self.patterns.append(re.compile(fnmatch.translate(text)))
+            elif "." in rest:
+                self.exact.add(text)
+            else:  # a packet: every overload
+                self.patterns.append(re.compile(re.escape(text) + r"\..*"))
+        elif isinstance(entry, torch._ops.HigherOrderOperator):
+            self.exact.add(op_name(entry))
+        else:
+            raise TypeError(f"cannot match ops against {entry!r} ({type(entry).__name__})")
+
+    def __contains__(self, op) -> bool:
+        name = op if isinstance(op, str) else op_name(op)
+        return name in self.exact or any(p.fullmatch(name) for p in self.patterns)
+
+    def unknown_entries(self) -> list[str]:
+        """Exact string entries that name no registered op (likely typos)."""
+        return sorted(n for n in self.exact if not n.startswith("higher_order::") and resolve_op(n) is None)
