@@ -1,4 +1,5 @@
-"""The built-in demo behind `pt2b demo`: export a small transformer, load it, run it, report."""
+"""The built-in demo behind `pt2b demo`: export a small transformer, load it, lower it with two
+presets, run each with the reference runtime, and report what happened."""
 
 from __future__ import annotations
 
@@ -9,25 +10,36 @@ import torch
 
 
 def run_demo(path: str = "demo_transformer.pt2b") -> None:
-    from . import export_model, load
+    from runtime_ref import Runtime
+
+    from . import export_model, load, load_for_backend
     from .zoo import small_transformer
 
     case = small_transformer()
+    args, kwargs = case.args, case.kwargs or {}
+    with torch.no_grad():
+        eager = case.model(*args, **kwargs)
     t0 = time.perf_counter()
-    ep = export_model(case.model, case.args, path, kwargs=case.kwargs, dynamic_shapes=case.dynamic_shapes)
+    ep = export_model(case.model, args, path, kwargs=case.kwargs, dynamic_shapes=case.dynamic_shapes)
     t1 = time.perf_counter()
     prog = load(path)
     t2 = time.perf_counter()
-    out = prog(*case.args, **(case.kwargs or {}))
-    ref = ep.module()(*case.args, **(case.kwargs or {}))
-    with torch.no_grad():
-        eager = case.model(*case.args, **(case.kwargs or {}))
+    out = prog(*args, **kwargs)
     n_params = sum(p.numel() for p in case.model.parameters())
-    print(f"exported {type(case.model).__name__} ({n_params} parameters) to {path}: "
+    print(f"1. exported {type(case.model).__name__} ({n_params} parameters) to {path}: "
           f"{os.path.getsize(path)} bytes in {t1 - t0:.2f} s")
-    print(f"loaded in {(t2 - t1) * 1000:.1f} ms: {prog}")
-    print("operators (undecomposed, in-place ops kept):")
-    for name, count in sorted(prog.ops().items()):
-        print(f"  {count:4d}  {name}")
-    print(f"output {tuple(out.shape)}; bitwise equal to torch.export's ep.module(): {torch.equal(out, ref)}; "
-          f"max |diff| vs eager: {(out - eager).abs().max().item():.3g}")
+    print(f"2. loaded in {(t2 - t1) * 1000:.1f} ms: {prog}")
+    print(f"   undecomposed ops: {', '.join(f'{k} x{v}' for k, v in prog.ops().items())}")
+    print(f"   output bitwise equal to torch.export's ep.module(): {torch.equal(out, ep.module()(*args, **kwargs))}")
+    for step, preset in enumerate(("none", "core"), start=3):
+        t = time.perf_counter()
+        lowered = load_for_backend(path, preset)
+        dt = time.perf_counter() - t
+        rt = Runtime(lowered, device="cpu")
+        res = rt(*args, **kwargs)
+        print(f"{step}. load_for_backend(preset={preset!r}) in {dt:.2f} s -> {len(lowered.ops())} ops to implement:")
+        print(f"   {', '.join(sorted(lowered.ops()))}")
+        if lowered.outside_opset:
+            print(f"   outside the core opset (torch's table lets them through): {', '.join(lowered.outside_opset)}")
+        print(f"   runtime_ref output {tuple(res.shape)}, max |diff| vs eager: {(res - eager).abs().max().item():.3g}")
+    print(f"   why is aten::addmm.default there? {load_for_backend(path, 'core').explain('aten::addmm.default').splitlines()[-1].strip()}")

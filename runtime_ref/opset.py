@@ -1,0 +1,219 @@
+"""The reference runtime's opset: which call targets it accepts, how they are named.
+Owns op naming, the default "functional ATen" predicate, opset normalization and OpsetError reporting."""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Iterable
+
+import torch
+from torch._ops import HigherOrderOperator, OpOverload, OpOverloadPacket
+
+from exporter.errors import OpsetError
+
+from .graphs import walk_graphs
+
+__all__ = [
+    "op_name",
+    "default_opset_accepts",
+    "normalize_ops",
+    "Acceptor",
+    "check_program_ops",
+    "count_ops",
+]
+
+DEFAULT_NAMESPACES = frozenset({"aten", "prims"})
+
+# Python-level SymInt/SymFloat/SymBool arithmetic as it appears in dynamic-shape graphs.
+_SYM_PYTHON = frozenset({
+    operator.add, operator.sub, operator.mul, operator.floordiv, operator.truediv, operator.mod,
+    operator.pow, operator.neg, operator.pos, operator.abs, operator.eq, operator.ne, operator.lt,
+    operator.le, operator.gt, operator.ge, operator.and_, operator.or_, operator.xor, operator.not_,
+    operator.invert, operator.lshift, operator.rshift,
+    math.ceil, math.floor, math.trunc, math.sqrt,
+    torch.sym_float, torch.sym_int, torch.sym_max, torch.sym_min, torch.sym_not, torch.sym_ite,
+    torch.sym_sum, torch._sym_sqrt,
+})
+
+# Accepted whatever opset is chosen: tuple unpacking, shape queries, runtime assertions.
+_ALWAYS_NAMES = frozenset({
+    "aten::sym_size.int", "aten::sym_size.default", "aten::sym_stride.int", "aten::sym_stride.default",
+    "aten::sym_numel.default", "aten::sym_storage_offset.default",
+    "aten::_assert_scalar.default", "aten::_assert_async.default", "aten::_assert_async.msg",
+    "aten::_assert_tensor_metadata.default", "aten::sym_constrain_range.default",
+    "aten::sym_constrain_range_for_size.default", "aten::_functional_assert_async.msg",
+    "aten::_functional_assert_scalar.default", "aten::_functional_sym_constrain_range.default",
+    "aten::_functional_sym_constrain_range_for_size.default",
+})
+
+HOP_NAMES = frozenset({"cond", "while_loop", "map_impl"})
+
+
+def op_name(target) -> str:
+    """'aten::add.Tensor' for an OpOverload, 'higher_order::cond' for a HOP, 'operator.getitem'..."""
+    if isinstance(target, OpOverload):
+        return f"{target._schema.name}.{target._overloadname}"
+    if isinstance(target, HigherOrderOperator):
+        return f"higher_order::{target.name()}"
+    module = getattr(target, "__module__", None) or "?"
+    module = "operator" if module == "_operator" else module
+    return f"{module}.{getattr(target, '__qualname__', None) or getattr(target, '__name__', repr(target))}"
+
+
+def is_mutating(target) -> bool:
+    """An OpOverload whose schema writes to an argument (in-place and out= overloads)."""
+    return isinstance(target, OpOverload) and target._schema.is_mutable
+
+
+def _always_accepted(target) -> bool:
+    if target is operator.getitem or (getattr(target, "__hash__", None) is not None and target in _SYM_PYTHON):
+        return True
+    if isinstance(target, HigherOrderOperator):
+        return target.name() in HOP_NAMES
+    return isinstance(target, OpOverload) and op_name(target) in _ALWAYS_NAMES
+
+
+def _resolve(op) -> object:
+    """A string op name resolved to its OpOverload (or the object itself)."""
+    if not isinstance(op, str):
+        return op
+    name = _normalize_name(op)
+    ns, rest = name.split("::", 1)
+    packet, overload = rest.rsplit(".", 1)
+    try:
+        return getattr(getattr(getattr(torch.ops, ns), packet), overload)
+    except (AttributeError, RuntimeError):
+        raise ValueError(f"unknown operator {op!r} (looked up torch.ops.{ns}.{packet}.{overload})") from None
+
+
+def default_opset_accepts(op) -> bool:
+    """Whether the default "functional ATen" opset accepts `op` (an OpOverload, a HOP, a Python
+    callable, or a name like "aten::add.Tensor"): functional aten/prims overloads, getitem, SymInt
+    arithmetic, runtime assertions and the cond/while_loop/map_impl higher-order ops."""
+    op = _resolve(op)
+    if _always_accepted(op):
+        return True
+    return isinstance(op, OpOverload) and op.namespace in DEFAULT_NAMESPACES and not is_mutating(op)
+
+
+def _normalize_name(name: str) -> str:
+    """'aten.add.Tensor' / 'aten::add.Tensor' -> 'aten::add.Tensor'; 'aten::relu' -> 'aten::relu.default'."""
+    if "::" not in name:
+        ns, _, rest = name.partition(".")
+        name = f"{ns}::{rest}"
+    ns, rest = name.split("::", 1)
+    return name if "." in rest else f"{name}.default"
+
+
+def normalize_ops(ops: Iterable) -> frozenset[str]:
+    """Canonical names of an iterable of OpOverloads, OpOverloadPackets (all overloads) or strings."""
+    names = set()
+    for op in [ops] if isinstance(ops, (str, OpOverload, OpOverloadPacket)) else ops:
+        if isinstance(op, str):
+            names.add(_normalize_name(op))
+        elif isinstance(op, OpOverloadPacket):
+            names.update(op_name(getattr(op, o)) for o in op.overloads())
+        elif isinstance(op, (OpOverload, HigherOrderOperator)):
+            names.add(op_name(op))
+        else:
+            raise TypeError(f"opset entries must be OpOverloads or 'ns::op.overload' strings, got {op!r}")
+    return frozenset(names)
+
+
+class Acceptor:
+    """Decides, per call target, whether the runtime accepts it."""
+
+    def __init__(self, opset=None, extra_ops=()):
+        self.restricted = opset is not None
+        self.names = normalize_ops(opset) if opset is not None else frozenset()
+        self.extra = normalize_ops(extra_ops)
+
+    def accepts(self, target) -> bool:
+        if is_mutating(target):
+            return False
+        if _always_accepted(target):
+            return True
+        name = op_name(target)
+        if name in self.extra or name in self.names:
+            return True
+        return not self.restricted and default_opset_accepts(target)
+
+    def describe(self) -> str:
+        if self.restricted:
+            base = f"the given opset ({len(self.names)} ops)"
+        else:
+            base = "the default opset (functional aten/prims ops)"
+        extra = f" plus extra_ops {sorted(self.extra)}" if self.extra else ""
+        return base + extra + ", getitem, SymInt arithmetic, runtime assertions and cond/while_loop/map_impl"
+
+
+# ---- graph checks ----
+
+def _hidden_mutation(node) -> bool:
+    """Ops whose schema carries no write annotation but that update running stats in place."""
+    t, args = node.target, node.args
+    if t is torch.ops.aten.batch_norm.default:
+        return len(args) > 5 and bool(args[5]) and (args[3] is not None or args[4] is not None)
+    if t is torch.ops.aten.instance_norm.default:
+        return len(args) > 5 and bool(args[5]) and (args[3] is not None or args[4] is not None)
+    return False
+
+
+def _offenders(gm: torch.fx.GraphModule, acceptor: Acceptor):
+    """{op name: [node paths]} for refused ops and {op name} of those refused for mutating."""
+    refused: dict[str, list[str]] = {}
+    mutating: set[str] = set()
+    for prefix, g in walk_graphs(gm):
+        for node in g.graph.nodes:
+            name = _refused_name(node, acceptor)
+            if name is None:
+                continue
+            refused.setdefault(name, []).append(prefix + node.name)
+            if node.op == "call_function" and (is_mutating(node.target) or _hidden_mutation(node)):
+                mutating.add(name)
+    return refused, mutating
+
+
+def _refused_name(node, acceptor: Acceptor) -> str | None:
+    if node.op in ("call_module", "call_method"):
+        return f"{node.op}:{node.target}"
+    if node.op != "call_function":
+        return None
+    if _hidden_mutation(node):
+        return op_name(node.target) + " (training mode, updates running stats)"
+    return None if acceptor.accepts(node.target) else op_name(node.target)
+
+
+def _format(refused, mutating, acceptor: Acceptor) -> str:
+    lines = [f"program uses {len(refused)} operator(s) the reference runtime does not accept "
+             f"(accepted: {acceptor.describe()}):"]
+    for name, nodes in sorted(refused.items()):
+        why = " [mutates its inputs]" if name in mutating else ""
+        shown = ", ".join(nodes[:8]) + (f", ... ({len(nodes)} nodes)" if len(nodes) > 8 else "")
+        lines.append(f"  {name}{why}: used by {shown}")
+    if mutating:
+        lines.append("The graph still mutates tensors in place: lower/functionalize it first "
+                     "(e.g. ep.run_decompositions({}) or pt2b's load_for_backend), then build the Runtime.")
+    else:
+        lines.append("Decompose these ops to the accepted set, or pass them in extra_ops= if the runtime "
+                     "should call them as they are.")
+    return "\n".join(lines)
+
+
+def check_program_ops(gm: torch.fx.GraphModule, acceptor: Acceptor) -> None:
+    """Raise ONE OpsetError listing every refused op (with the nodes using it) over all subgraphs."""
+    refused, mutating = _offenders(gm, acceptor)
+    if refused:
+        raise OpsetError(_format(refused, mutating, acceptor))
+
+
+def count_ops(gm: torch.fx.GraphModule) -> dict[str, int]:
+    """Op name -> number of call sites over the graph and all its subgraphs."""
+    counts: dict[str, int] = {}
+    for _, g in walk_graphs(gm):
+        for node in g.graph.nodes:
+            if node.op == "call_function":
+                name = op_name(node.target)
+                counts[name] = counts.get(name, 0) + 1
+    return counts

@@ -1,0 +1,190 @@
+"""Execution plan of one graph: slots for every value, a flat list of steps in topological order
+(callable with kwargs baked in, argument fetcher, output slot, slots to free) and the loop that runs them."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+import torch.fx
+from torch._ops import OpOverload
+
+from .bindings import fast_callable, meta_args
+from .getters import SlotRef, call_with_kwargs, has_slot, slots_getter, value_getter
+from .graphs import retarget_devices, subgraph_of
+
+__all__ = ["Plan"]
+
+
+@dataclasses.dataclass
+class _Builder:
+    """Mutable state while planning: slot numbering, constant slot values, steps and readers."""
+
+    device: torch.device
+    n_user: int
+    constants: list = dataclasses.field(default_factory=list)  # values of slots n_user, n_user+1, ...
+    slot_of: dict = dataclasses.field(default_factory=dict)  # fx.Node -> slot
+    node_slots: set = dataclasses.field(default_factory=set)  # slots whose values can be freed
+    steps: list = dataclasses.field(default_factory=list)  # [fn, get, out, reads]
+    step_names: list = dataclasses.field(default_factory=list)
+    bindings: dict = dataclasses.field(default_factory=dict)  # fast_callable's cache
+
+    def const_slot(self, value) -> SlotRef:
+        self.constants.append(value)
+        return SlotRef(self.n_user + len(self.constants) - 1)
+
+    def value_slot(self, node) -> int:
+        slot = self.const_slot(None)
+        self.slot_of[node] = slot
+        self.node_slots.add(int(slot))
+        return int(slot)
+
+    def template(self, arg):
+        """An fx argument with nodes replaced by SlotRefs and devices by the runtime's device."""
+        if isinstance(arg, torch.fx.Node):
+            return SlotRef(self.slot_of[arg])
+        if isinstance(arg, (list, tuple)):
+            items = [self.template(a) for a in arg]
+            return items if isinstance(arg, list) else tuple(items)
+        if isinstance(arg, dict):
+            return {k: self.template(v) for k, v in arg.items()}
+        if isinstance(arg, torch.device):
+            return self.device
+        if isinstance(arg, torch.Tensor):
+            return arg.detach().to(self.device)
+        return arg
+
+
+def _reads(template, acc: set) -> set:
+    if type(template) is SlotRef:
+        acc.add(int(template))
+    elif isinstance(template, (list, tuple)):
+        for t in template:
+            _reads(t, acc)
+    elif isinstance(template, dict):
+        for t in template.values():
+            _reads(t, acc)
+    return acc
+
+
+def _callable(node, cache: dict):
+    """The fastest equivalent callable for a node's target (see bindings.fast_callable)."""
+    target = node.target
+    if isinstance(target, OpOverload) and type(target).__call__ is OpOverload.__call__:
+        return fast_callable(target, meta_args(node), cache)
+    return target
+
+
+def _returns_nothing(target) -> bool:
+    return isinstance(target, OpOverload) and len(target._schema.returns) == 0
+
+
+class Plan:
+    """A graph planned once; `run(leaves)` fills the user-input slots, runs the steps, returns outputs.
+
+    `steps` is a list of plain tuples (fn, get, out, free) -- plain tuples unpack fastest -- meaning
+    `slots[out] = fn(*get(slots))`, then `slots[i] = None` for i in free. Slots [0, n_user) hold
+    the user inputs, then come constants and state (never freed), then one slot per node value.
+    """
+
+    def __init__(self, gm: torch.fx.GraphModule, user_inputs: list[str], state: dict, device: torch.device):
+        b = _Builder(device=device, n_user=len(user_inputs))
+        index = {name: i for i, name in enumerate(user_inputs)}
+        self._trash = int(b.const_slot(None))  # result of ops that return nothing
+        outputs = None
+        for node in gm.graph.nodes:
+            if node.op == "placeholder":
+                self._place(b, node, index, state)
+            elif node.op == "get_attr":
+                b.slot_of[node] = int(b.const_slot(self._attr(gm, node, device)))
+            elif node.op == "call_function":
+                self._add_step(b, node)
+            elif node.op == "output":
+                outputs = [b.template(a) for a in node.args[0]]
+        self._finish(b, outputs)
+
+    # ---- planning ----
+    @staticmethod
+    def _place(b: _Builder, node, index: dict, state: dict) -> None:
+        if node.name in index:
+            b.slot_of[node] = index[node.name]
+            b.node_slots.add(index[node.name])
+        else:
+            b.slot_of[node] = int(b.const_slot(state[node.name]))
+
+    @staticmethod
+    def _attr(gm, node, device):
+        sub = subgraph_of(gm, node)
+        if sub is not None:
+            return retarget_devices(sub, device)
+        value = gm
+        for part in str(node.target).split("."):
+            value = getattr(value, part)
+        return value.detach().to(device) if isinstance(value, torch.Tensor) else value
+
+    def _add_step(self, b: _Builder, node) -> None:
+        args = b.template(tuple(node.args))
+        kwargs = b.template(dict(node.kwargs))
+        fn = _callable(node, b.bindings)
+        if has_slot(kwargs):
+            arg_f, kw_f = value_getter(args), value_getter(kwargs)
+            fn, get = call_with_kwargs(fn), (lambda s: (arg_f(s), kw_f(s)))
+        else:
+            fn = functools.partial(fn, **kwargs) if kwargs else fn
+            if all(type(a) is SlotRef or not has_slot(a) for a in args):
+                get = slots_getter([a if type(a) is SlotRef else b.const_slot(a) for a in args])
+            else:
+                get = value_getter(list(args))
+        reads = _reads((args, kwargs), set())
+        out = self._trash if _returns_nothing(node.target) else b.value_slot(node)
+        b.steps.append([fn, get, out, reads])
+        b.step_names.append(node.name)
+
+    def _finish(self, b: _Builder, outputs: list) -> None:
+        out_slots = [o if type(o) is SlotRef else b.const_slot(o) for o in outputs]
+        last_use = self._last_uses(b.steps, b.node_slots, {int(s) for s in out_slots})
+        free = [[] for _ in b.steps]
+        for slot, k in last_use.items():
+            free[k].append(slot)
+        self.steps = [(fn, get, out, tuple(sorted(free[k]))) for k, (fn, get, out, _) in enumerate(b.steps)]
+        self.step_names = b.step_names
+        self.n_user = b.n_user
+        self._rest = b.constants
+        self.output_slots = [int(s) for s in out_slots]
+        self._outputs = slots_getter(out_slots)
+        self._node_slots = frozenset(b.node_slots)
+
+    @staticmethod
+    def _last_uses(steps, node_slots, kept) -> dict[int, int]:
+        """slot -> index of the step after which it is dead (values read by the output stay)."""
+        last: dict[int, int] = {}
+        for k, (_, _, out, reads) in enumerate(steps):
+            if out in node_slots:
+                last[out] = k  # dead at once unless read later
+            for slot in reads:
+                if slot in node_slots:
+                    last[slot] = k
+        return {s: k for s, k in last.items() if s not in kept}
+
+    # ---- running ----
+    def run(self, leaves) -> list:
+        """Run all steps on the flat user inputs; return the graph's flat outputs."""
+        slots = [*leaves, *self._rest]
+        for fn, get, out, free in self.steps:
+            slots[out] = fn(*get(slots))
+            for i in free:
+                slots[i] = None
+        return self._outputs(slots)
+
+    # ---- introspection (tests, debugging) ----
+    def live_counts(self) -> list[int]:
+        """Number of non-constant values alive (inputs and intermediates) after each step."""
+        live = set(range(self.n_user)) & self._node_slots
+        counts = []
+        for _, _, out, free in self.steps:
+            if out in self._node_slots:
+                live.add(out)
+            live.difference_update(free)
+            counts.append(len(live))
+        return counts
