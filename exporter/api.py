@@ -11,18 +11,26 @@ from .errors import ExportError
 from .program import OperatorInfo, Pt2bProgram
 from .serialize import reader, writer
 from .serialize.generated import pt2b_generated as G
+from .versioning.formats import parse_version
 
 _KIND_NAMES = {v: k.lower() for k, v in vars(G.OperatorKind).items() if not k.startswith("_")}
 
 
 def export_model(m, args=None, path=None, *, kwargs=None, dynamic_shapes=None, metadata=None,
-                 strict: bool = False) -> torch.export.ExportedProgram:
+                 strict: bool = False, format_version: str | None = None) -> torch.export.ExportedProgram:
     """Capture ``m`` with torch.export (undecomposed, unfunctionalized) and write ``path``.
 
     ``m`` may also be an ExportedProgram: it is written as given and its IR level recorded
     (``export_model(ep, path=...)`` or ``export_model(ep, None, path)``).
+    ``format_version="X.Y"`` writes that released format version (default: the current one).
     Returns the ExportedProgram that was written.
     """
+    version = None
+    if format_version is not None:
+        try:
+            version = parse_version(format_version)
+        except ValueError as e:
+            raise ExportError(str(e)) from None
     provenance = {}
     if isinstance(m, torch.export.ExportedProgram):
         if path is None and isinstance(args, (str, os.PathLike)):
@@ -40,7 +48,7 @@ def export_model(m, args=None, path=None, *, kwargs=None, dynamic_shapes=None, m
         provenance["captured_by"] = f"pt2b torch.export.export(strict={strict})"
     if path is None:
         raise ExportError("export_model needs a destination path, e.g. export_model(ep, path='model.pt2b').")
-    writer.write_artifact(ep, path, ir_level=ir_level, metadata=metadata, provenance=provenance)
+    writer.write_artifact(ep, path, ir_level=ir_level, metadata=metadata, provenance=provenance, version=version)
     return ep
 
 

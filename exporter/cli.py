@@ -1,4 +1,4 @@
-"""The `pt2b` command line: export, inspect, convert, verify, lower, run, demo."""
+"""The `pt2b` command line: export, inspect, convert, verify, lower, run, upgrade, demo."""
 
 from __future__ import annotations
 
@@ -131,6 +131,37 @@ def cmd_run(ns) -> int:
     return 0
 
 
+def cmd_upgrade(ns) -> int:
+    from .versioning.formats import parse_version
+    from .versioning.upgrade_tool import upgrade_path
+
+    try:
+        to = parse_version(ns.to) if ns.to else None
+    except ValueError as e:
+        raise ExportError(str(e)) from None
+    results = upgrade_path(ns.source, ns.dest, check=ns.check, to=to)
+    for r in results:
+        print(r.line())
+    failed = sum(r.failed for r in results)
+    changed = sum(1 for r in results if r.changes and not r.failed)
+    print(f"{len(results)} artifact(s): {sum(r.written for r in results)} written, "
+          f"{changed} {'to change' if ns.check else 'changed'}, {failed} failed")
+    return 1 if failed else 0
+
+
+def cmd_opset(ns) -> int:
+    from .lowering import presets
+
+    if ns.opset_command == "show":
+        print(presets.describe(presets.load(ns.preset)))
+        return 0
+    a, b = presets.load(ns.a), presets.load(ns.b)
+    for field, (only_a, only_b) in presets.diff(a, b).items():
+        print(f"{field}: {len(only_a)} only in {a.key}, {len(only_b)} only in {b.key}")
+        print("".join(f"  - {n}\n" for n in only_a) + "".join(f"  + {n}\n" for n in only_b), end="")
+    return 0
+
+
 def cmd_demo(ns) -> int:
     from .demo import run_demo
 
@@ -140,6 +171,8 @@ def cmd_demo(ns) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pt2b", description=__doc__)
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="import MODULE first (e.g. the library that registers your custom ops); repeatable")
     sub = p.add_subparsers(dest="command", required=True)
     e = sub.add_parser("export", help="capture a model from MODULE:CALLABLE and write a .pt2b")
     e.add_argument("factory", help="MODULE:CALLABLE returning (model, args[, kwargs[, dynamic_shapes]])")
@@ -169,6 +202,20 @@ def build_parser() -> argparse.ArgumentParser:
             lo.add_argument("--inputs", nargs="*", metavar="X.npy", help="positional inputs (default: the stored example inputs)")
             lo.add_argument("--device", default="cpu")
         lo.set_defaults(func=func)
+    u = sub.add_parser("upgrade", help="rewrite artifacts to the current format and op schemas")
+    u.add_argument("source", help="a .pt2b file or a folder of them (upgraded in place)")
+    u.add_argument("dest", nargs="?", help="destination file (default: in place, atomically)")
+    u.add_argument("--check", action="store_true", help="report what would change; write nothing")
+    u.add_argument("--to", metavar="X.Y", help="target format version (default: current)")
+    u.set_defaults(func=cmd_upgrade)
+    o = sub.add_parser("opset", help="show or compare lowering presets (schemas/opsets/)")
+    osub = o.add_subparsers(dest="opset_command", required=True)
+    show = osub.add_parser("show", help="a preset's opset and decomposition count")
+    show.add_argument("preset", help="none, core, core-tag, max, optionally @<torch version>")
+    dif = osub.add_parser("diff", help="what changed between two presets (e.g. core@2.13 core-tag@2.13)")
+    dif.add_argument("a")
+    dif.add_argument("b")
+    o.set_defaults(func=cmd_opset)
     d = sub.add_parser("demo", help="export a small transformer, load it, run it")
     d.add_argument("-o", "--output", default="demo_transformer.pt2b")
     d.set_defaults(func=cmd_demo)
@@ -178,6 +225,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     ns = build_parser().parse_args(argv)
     try:
+        for mod in ns.imports:
+            try:
+                importlib.import_module(mod)
+            except ImportError as e:
+                raise ExportError(f"--import {mod}: {e}") from e
         return ns.func(ns)
     except Pt2bError as e:
         kind = "artifact error" if isinstance(e, ArtifactError) else "error"

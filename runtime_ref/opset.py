@@ -47,7 +47,7 @@ _ALWAYS_NAMES = frozenset({
     "aten::_functional_sym_constrain_range_for_size.default",
 })
 
-HOP_NAMES = frozenset({"cond", "while_loop", "map_impl"})
+HOP_NAMES = frozenset({"cond", "while_loop", "map_impl", "with_effects"})
 
 
 def op_name(target) -> str:
@@ -145,7 +145,7 @@ class Acceptor:
         else:
             base = "the default opset (functional aten/prims ops)"
         extra = f" plus extra_ops {sorted(self.extra)}" if self.extra else ""
-        return base + extra + ", getitem, SymInt arithmetic, runtime assertions and cond/while_loop/map_impl"
+        return base + extra + ", getitem, SymInt arithmetic, runtime assertions and cond/while_loop/map_impl/with_effects"
 
 
 # ---- graph checks ----

@@ -217,3 +217,28 @@ def test_concurrent_lowering_from_threads_and_no_global_state_left(tmp_path):
         assert by_preset[preset] == ops
     after = {op: dict(op.py_kernels) for op in tables.available_decompositions()}
     assert before == after, "lowering left operator kernels changed"
+
+
+def test_opset_show_and_diff_cli():
+    from test_cli_convert import run_cli
+
+    code, out, _ = run_cli("opset", "show", "core-tag")
+    assert code == 0 and "core-tag@2.13" in out and "(strict" in out and "  aten::addmm.default" in out
+    code, out, _ = run_cli("opset", "diff", "core@2.13", "core-tag@2.13")
+    core, tag = presets.load("core@2.13"), presets.load("core-tag@2.13")
+    only_core = sorted(set(core.decompose) - set(tag.decompose))
+    assert code == 0 and f"decompose: {len(only_core)} only in core@2.13" in out
+    assert f"  - {only_core[0]}" in out
+
+
+def test_pinned_preset_guarantees_its_frozen_opset(tmp_path, monkeypatch):
+    path, case = _export(tmp_path, "transformer_encoder")
+    assert load_for_backend(path, "core@2.13").outside_opset == {}
+    # simulate a newer torch whose table lets an op through that the frozen 2.13 list lacks
+    frozen = presets.load("core@2.13")
+    shrunk = presets.Preset(frozen.name, frozen.torch_version, frozen.description, frozen.decompose,
+                            tuple(n for n in frozen.opset if n != "aten::addmm.default"), frozen.strict)
+    monkeypatch.setattr(presets, "load", lambda spec: shrunk)
+    with pytest.raises(OpsetError, match=r"aten::addmm.default \(6 call sites\)"):
+        load_for_backend(path, "core@2.13")
+    assert "aten::addmm.default" in load_for_backend(path, "core").outside_opset  # unpinned: reported only

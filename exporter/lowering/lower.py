@@ -69,7 +69,8 @@ def lower(source_ep, preset: str = "core", *, supported_ops=None, decompositions
             accepts = lambda op: op not in table or kept(op)
         else:
             accepts = lambda op: op in opset_m or kept(op) or (_is_custom(op) and op not in table)
-        label, description, strict = p.key, p.description, p.strict
+        # a pinned preset ("core@2.13") guarantees its frozen opset: anything outside is an error
+        label, description, strict = p.key, p.description, p.strict or ("@" in preset and p.opset is not None)
     lowered = functionalize(source_ep) if not table else run_decompositions(source_ep, table)
     bad = outside(lowered.graph_module, accepts)
     if bad and strict:

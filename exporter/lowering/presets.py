@@ -107,6 +107,24 @@ def load(spec: str) -> Preset:
     return compute(name)
 
 
+def diff(a: Preset, b: Preset) -> dict[str, tuple[list[str], list[str]]]:
+    """{"opset": (only in a, only in b), "decompose": (...)} between two presets."""
+    out = {}
+    for field in ("opset", "decompose"):
+        sa, sb = set(getattr(a, field) or ()), set(getattr(b, field) or ())
+        out[field] = (sorted(sa - sb), sorted(sb - sa))
+    return out
+
+
+def describe(p: Preset) -> str:
+    lines = [f"{p.key}: {p.description}",
+             f"  decomposes {len(p.decompose)} ops; opset: "
+             + ("any op the table leaves" if p.opset is None else f"{len(p.opset)} ops")
+             + (" (strict: anything else is an error)" if p.strict else "")]
+    lines += [f"  {name}" for name in p.opset or ()]
+    return "\n".join(lines)
+
+
 def freeze(names=PRESETS) -> list[pathlib.Path]:
     """Write the running torch's presets to schemas/opsets/ (python -m exporter.lowering.presets)."""
     OPSETS_DIR.mkdir(parents=True, exist_ok=True)

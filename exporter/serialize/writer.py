@@ -14,7 +14,7 @@ from torch._export.serde.serialize import ExportedProgramSerializer
 from .. import __version__
 from ..errors import ExportError, UnsupportedValueError
 from ..versioning import op_table
-from ..versioning.formats import FORMAT_MAJOR, FORMAT_MINOR
+from ..versioning.formats import FORMAT_VERSION
 from . import program_codec, weights
 from .atomic import atomic_write, check_destination
 from .container import ALIGNMENT, FILE_IDENTIFIER, HEADER_SIZE, Header, align
@@ -95,8 +95,14 @@ def _string_entries(d: dict[str, str]) -> list:
     return out
 
 
-def write_artifact(ep, path, *, ir_level: str, metadata=None, provenance=None) -> str:
-    """Write ``ep`` to ``path``; returns the absolute path written."""
+def write_artifact(ep, path, *, ir_level: str, metadata=None, provenance=None, version=None) -> str:
+    """Write ``ep`` to ``path`` in format ``version`` (default: current); returns the path written.
+
+    Only the current version has a writer today; older ones get a downgrader when a version
+    after them exists (exporter/versioning/formats.py).
+    """
+    if version not in (None, FORMAT_VERSION):
+        raise ExportError(f"writing format {version[0]}.{version[1]} is not supported by this pt2b.")
     dest = check_destination(path)
     serialized = serialize_graph(ep)
     meta_bytes = pack_metadata(metadata)
@@ -133,7 +139,7 @@ def write_artifact(ep, path, *, ir_level: str, metadata=None, provenance=None) -
         f.write(b"\0" * (program_offset - data_offset - wp.data_size))
         f.write(program)
         header = Header(
-            FORMAT_MAJOR, FORMAT_MINOR, data_offset, wp.data_size, program_offset,
+            *FORMAT_VERSION, data_offset, wp.data_size, program_offset,
             len(program), zlib.crc32(program),
         )
         f.seek(0)

@@ -1,0 +1,92 @@
+"""`pt2b upgrade`: rewrite artifacts to a (newer) format version and the running torch's op
+schemas. The result is verified by loading it before the original is ever replaced."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+
+import torch
+
+from ..errors import ArtifactError, ExportError
+from .formats import FORMAT_VERSION, version_str
+
+
+@dataclasses.dataclass
+class UpgradeResult:
+    source: str
+    dest: str
+    from_version: tuple[int, int]
+    to_version: tuple[int, int]
+    changes: list[str]
+    written: bool
+
+    @property
+    def failed(self) -> bool:
+        return any(c.startswith("FAILED") for c in self.changes)
+
+    def line(self) -> str:
+        if self.failed:
+            return f"{self.source}: {self.changes[0]}"
+        what = "; ".join(self.changes) if self.changes else "already current"
+        verb = "upgraded" if self.written else ("would change" if self.changes else "unchanged")
+        return f"{self.source}: {verb} ({version_str(self.from_version)} -> {version_str(self.to_version)}): {what}"
+
+
+def _changes(prog, target) -> list[str]:
+    out = []
+    if prog.format_version != target:
+        out.append(f"format {version_str(prog.format_version)} -> {version_str(target)}")
+    out += [f"{k}: {v}" for k, v in prog.provenance.items() if k.startswith("upgraded_op:")]
+    if prog.torch_version != torch.__version__:
+        out.append(f"op schemas recorded by torch {prog.torch_version} -> {torch.__version__}")
+    return out
+
+
+def upgrade_file(source, dest=None, *, check: bool = False, to: tuple[int, int] | None = None) -> UpgradeResult:
+    """Upgrade ``source`` into ``dest`` (default: in place, atomically)."""
+    from ..api import load
+    from ..serialize import writer
+
+    target = to or FORMAT_VERSION
+    source = os.fspath(source)
+    dest = os.fspath(dest) if dest is not None else source
+    prog = load(source)  # older formats and drifted op schemas are upgraded in memory here
+    changes = _changes(prog, target)
+    result = UpgradeResult(source, dest, prog.format_version, target, changes, written=False)
+    if check or (not changes and dest == source):
+        return result
+    provenance = {k: v for k, v in prog.provenance.items()}
+    if changes:
+        provenance[f"upgrade@{version_str(target)}"] = "; ".join(changes)
+    folder = os.path.dirname(os.path.abspath(dest))
+    tmp = os.path.join(folder, f".{os.path.basename(dest)}.upgrade.pt2b")
+    try:
+        writer.write_artifact(prog.exported_program(), tmp, ir_level=prog.ir_level, metadata=prog.metadata,
+                              provenance=provenance, version=target)
+        check_prog = load(tmp, verify=True)  # the new file must load before the old one is touched
+        if check_prog.ops() != prog.ops():
+            raise ExportError(f"{dest}: the upgraded artifact's op table differs from the loaded program's.")
+        os.replace(tmp, dest)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    result.written = True
+    return result
+
+
+def upgrade_path(path, dest=None, *, check: bool = False, to=None) -> list[UpgradeResult]:
+    """A file, or every *.pt2b in a folder (in place); errors are reported per file."""
+    p = pathlib.Path(path)
+    if not p.is_dir():
+        return [upgrade_file(p, dest, check=check, to=to)]
+    if dest is not None:
+        raise ExportError("a folder is upgraded in place: give no destination.")
+    out = []
+    for f in sorted(p.rglob("*.pt2b")):
+        try:
+            out.append(upgrade_file(f, check=check, to=to))
+        except (ArtifactError, ExportError) as e:
+            out.append(UpgradeResult(str(f), str(f), (0, 0), (0, 0), [f"FAILED: {type(e).__name__}: {e}"], False))
+    return out

@@ -1,0 +1,70 @@
+"""Write the golden artifacts of the CURRENT format version into tests/golden/<major.minor>/.
+
+Goldens are added once per released format version and never regenerated: this script refuses
+to touch a folder that already exists. Each case is <name>.pt2b plus <name>.io.npz holding the
+inputs and the expected outputs (numpy, no pickle) and their pytree specs.
+Usage: python tests/golden/make_goldens.py
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import pathlib
+import sys
+
+import numpy as np
+import torch
+import torch.utils._pytree as pytree
+
+ROOT = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT.parents[1]))
+
+from exporter import export_model  # noqa: E402
+from exporter.versioning.formats import FORMAT_VERSION, version_str  # noqa: E402
+from exporter.zoo import make_case  # noqa: E402
+
+CASES = ["mlp", "cnn_bn", "cnn_bn_train", "lstm", "transformer_encoder", "transformer_decoder",
+         "buffer_mutation", "pytree_io", "kwargs_only", "dynamic_shapes", "cond", "map", "while_loop",
+         "custom_op", "tied_weights", "inplace_ops"]
+
+
+def save_io(path: pathlib.Path, inputs, outputs) -> None:
+    """Tensor leaves as arrays; every leaf listed in JSON ({"t": key} or {"v": scalar})."""
+    arrays = {}
+    for prefix, tree in (("in", inputs), ("out", outputs)):
+        leaves, spec = pytree.tree_flatten(tree)
+        listing = []
+        for i, leaf in enumerate(leaves):
+            if isinstance(leaf, torch.Tensor):
+                arrays[f"{prefix}_{i}"] = leaf.detach().numpy()
+                listing.append({"t": f"{prefix}_{i}"})
+            elif leaf is None or isinstance(leaf, (bool, int, float, str)):
+                listing.append({"v": leaf})
+            else:
+                raise TypeError(f"{path.name}: leaf {i} is {type(leaf).__name__}; goldens hold tensors and scalars")
+        arrays[f"{prefix}_spec"] = np.array(pytree.treespec_dumps(spec))
+        arrays[f"{prefix}_leaves"] = np.array(json.dumps(listing))
+    np.savez(path, **arrays)
+
+
+def main() -> int:
+    folder = ROOT / version_str(FORMAT_VERSION)
+    if folder.exists():
+        print(f"{folder} exists: goldens are never regenerated (add a new format version instead)")
+        return 1
+    folder.mkdir(parents=True)
+    for name in CASES:
+        case = make_case(name)
+        kwargs = case.kwargs or {}
+        ep = export_model(copy.deepcopy(case.model), case.args, folder / f"{name}.pt2b", kwargs=case.kwargs,
+                          dynamic_shapes=case.dynamic_shapes, strict=case.strict,
+                          metadata={"golden": name, "format": version_str(FORMAT_VERSION)})
+        expected = ep.module()(*copy.deepcopy(case.args), **copy.deepcopy(kwargs))
+        save_io(folder / f"{name}.io.npz", (case.args, kwargs), expected)
+        print(f"wrote {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""`pt2b upgrade`: check mode, new file, in place (atomic, verified before replacing), folders."""
+
+import shutil
+
+import pytest
+import torch
+
+from exporter import cli, export_model, load
+from exporter.errors import ExportError
+from exporter.serialize import reader
+from exporter.versioning import upgrade_tool
+from test_cli_convert import run_cli
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        return torch.nn.functional.gelu(self.lin(x))
+
+
+@pytest.fixture
+def artifact(tmp_path):
+    torch.manual_seed(0)
+    path = tmp_path / "net.pt2b"
+    export_model(Net(), (torch.randn(2, 4),), path, metadata={"owner": "me"})
+    return path
+
+
+def _pretend_older_torch(path, version="2.9.1"):
+    """Rewrite the recorded producing torch version (as an artifact from an older torch has)."""
+    data = bytearray(path.read_bytes())
+    cur = torch.__version__.encode()
+    at = data.rfind(cur)
+    assert at > 0
+    fake = version.encode().ljust(len(cur), b"+")
+    data[at:at + len(cur)] = fake
+    art_hdr = reader.open_artifact  # recompute the program checksum after the edit
+    import struct
+    import zlib
+    (_, _, _, _, _, _, _, p_off, p_size, _, _, _) = struct.unpack_from("<4sHHIIQQQQIIQ", data, 0)
+    struct.pack_into("<I", data, 48, zlib.crc32(bytes(data[p_off:p_off + p_size])))
+    struct.pack_into("<I", data, 52, zlib.crc32(bytes(data[:52])))
+    path.write_bytes(bytes(data))
+    assert art_hdr(path).program.torchVersion.decode() == fake.decode()
+
+
+def test_check_reports_and_writes_nothing(artifact):
+    before = artifact.read_bytes()
+    code, out, _ = run_cli("upgrade", "--check", str(artifact))
+    assert code == 0 and "unchanged (1.0 -> 1.0): already current" in out
+    _pretend_older_torch(artifact)
+    edited = artifact.read_bytes()
+    code, out, _ = run_cli("upgrade", "--check", str(artifact))
+    assert code == 0 and "would change" in out and "op schemas recorded by torch 2.9.1" in out
+    assert artifact.read_bytes() == edited != before
+
+
+def test_upgrade_in_place_and_to_new_file(artifact, tmp_path):
+    x = torch.randn(2, 4)
+    expected = load(artifact)(x)
+    _pretend_older_torch(artifact)
+    res = upgrade_tool.upgrade_file(artifact, tmp_path / "new.pt2b")
+    assert res.written and (tmp_path / "new.pt2b").exists()
+    new = load(tmp_path / "new.pt2b")
+    assert new.torch_version == torch.__version__ and new.metadata == {"owner": "me"}
+    assert any(k.startswith("upgrade@1.0") for k in new.provenance)
+    assert torch.equal(new(x), expected)
+    res = upgrade_tool.upgrade_file(artifact)  # in place
+    assert res.written and load(artifact).torch_version == torch.__version__
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["net.pt2b", "new.pt2b"]  # no temp files
+
+
+def test_in_place_upgrade_keeps_the_original_when_verification_fails(artifact, monkeypatch):
+    _pretend_older_torch(artifact)
+    before = artifact.read_bytes()
+    real_load = load
+
+    def failing_load(path, **kw):
+        if ".upgrade." in str(path):
+            raise ExportError("injected: the upgraded file does not load")
+        return real_load(path, **kw)
+
+    import exporter.api
+
+    monkeypatch.setattr(exporter.api, "load", failing_load)
+    with pytest.raises(ExportError, match="injected"):
+        upgrade_tool.upgrade_file(artifact)
+    assert artifact.read_bytes() == before
+    assert [p.name for p in artifact.parent.iterdir()] == ["net.pt2b"]
+
+
+def test_folder_upgrade_summary(artifact, tmp_path):
+    sub = tmp_path / "models"
+    sub.mkdir()
+    for i in range(3):
+        shutil.copy(artifact, sub / f"m{i}.pt2b")
+    _pretend_older_torch(sub / "m1.pt2b")
+    (sub / "broken.pt2b").write_bytes(artifact.read_bytes()[:30])  # truncated
+    code, out, _ = run_cli("upgrade", str(sub))
+    assert code == 1  # one artifact failed
+    assert "4 artifact(s): 1 written, 1 changed, 1 failed" in out
+    assert "broken.pt2b: FAILED: CorruptArtifactError" in out and "truncated header" in out
+
+
+def test_unknown_target_version(artifact):
+    code, _, err = run_cli("upgrade", str(artifact), "--to", "9.9")
+    assert code == 2 and "format version 9.9 does not exist; known versions: 1.0" in err
+
+
+def test_cli_import_registers_custom_ops(tmp_path):
+    from exporter.zoo import make_case
+
+    case = make_case("custom_op")
+    path = tmp_path / "c.pt2b"
+    export_model(case.model, case.args, path)
+    code, out, err = run_cli("--import", "exporter.zoo", "upgrade", "--check", str(path))
+    assert code == 0, err
+    code, _, err = run_cli("--import", "no_such_mod_q", "inspect", str(path))
+    assert code == 2 and "--import no_such_mod_q" in err
