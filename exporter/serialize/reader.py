@@ -24,7 +24,7 @@ from torch.utils._sympy.value_ranges import ValueRanges
 from ..errors import ArtifactError, CorruptArtifactError, NotAnArtifactError, UnsupportedVersionError
 from ..versioning import op_table
 from ..versioning.formats import FORMAT_MAJOR, FORMAT_MINOR, version_str
-from . import program_codec, weights
+from . import program_codec, untrusted, weights
 from .container import FILE_IDENTIFIER, HEADER_SIZE, Header, read_preamble, unpack_header
 from .generated import pt2b_generated as G
 
@@ -158,6 +158,7 @@ def rebuild(art: Artifact, *, verify: bool = False) -> torch.export.ExportedProg
     where = _where(art.path)
     op_table.check_registered(operator_records(art), where)
     serialized = decode_graph(art)
+    untrusted.check_program(serialized, where)
     tensors = load_tensors(art, verify=verify)
     state_dict, constants = {}, {}
     for name, (kind, t, requires_grad) in tensors.items():
