@@ -1,0 +1,146 @@
+"""pt2b against its anchors (torch.export.save/load, run_decompositions, GraphModule, eager), side
+by side in one process per model; prints medians and ratios (DESIGN.md section 6 targets).
+
+Usage: python bench/bench_pt2b.py [--models mlp,encoder_6x512] [--repeat 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from exporter import export_model, load, load_for_backend  # noqa: E402
+from exporter.serialize import writer  # noqa: E402
+from exporter.zoo import encoder_6x512, make_case  # noqa: E402
+from runtime_ref import Runtime  # noqa: E402
+
+TARGETS = {"save": 0.25, "size": 1.01, "load": 0.05, "lower_core_cold": 0.3, "runtime_large": 1.0,
+           "runtime_tiny": 0.6}
+
+
+def median_time(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def peak_rss_of_load(path: str, kind: str) -> float:
+    """Resident memory growth (MB) of a fresh process that imports torch and loads ``path``."""
+    code = f"""
+import sys, torch
+sys.path.insert(0, {os.getcwd()!r})
+import exporter
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+before = rss()
+if {kind!r} == "pt2b":
+    p = exporter.load({path!r}); sd = p.exported_program().state_dict
+else:
+    ep = torch.export.load({path!r}); sd = ep.state_dict
+after = rss()
+print((after - before) / 1024)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+class Chain(torch.nn.Module):
+    """A tiny-tensor graph where per-op overhead dominates: 100 dependent adds on 1 element."""
+
+    def forward(self, x):
+        for _ in range(100):
+            x = x + 1.0
+        return x
+
+
+def tiny_case():
+    return make_case("mlp").__class__(name="chain100", model=Chain(), args=(torch.ones(1),))
+
+
+def bench_model(case, repeat: int, tmp: str) -> list[tuple[str, float, float, str]]:
+    rows = []
+    args, kwargs = case.args, case.kwargs or {}
+    ep = torch.export.export(copy.deepcopy(case.model), args, kwargs, dynamic_shapes=case.dynamic_shapes)
+    pt2, pt2b = os.path.join(tmp, "m.pt2"), os.path.join(tmp, "m.pt2b")
+    t_save = median_time(lambda: torch.export.save(ep, pt2), repeat)
+    ours = median_time(lambda: writer.write_artifact(ep, pt2b, ir_level="training"), repeat)
+    rows.append(("save (write step)", ours, t_save, "save"))
+    e2e_t = median_time(lambda: torch.export.save(torch.export.export(case.model, args, kwargs,
+                                                                      dynamic_shapes=case.dynamic_shapes), pt2), 1)
+    e2e_o = median_time(lambda: export_model(case.model, args, pt2b, kwargs=case.kwargs,
+                                             dynamic_shapes=case.dynamic_shapes), 1)
+    rows.append(("export + save end to end", e2e_o, e2e_t, ""))
+    rows.append(("file size (MB)", os.path.getsize(pt2b) / 1e6, os.path.getsize(pt2) / 1e6, "size"))
+    t_load = median_time(lambda: torch.export.load(pt2), repeat)
+    o_load = median_time(lambda: load(pt2b), repeat)
+    rows.append(("load (undecomposed)", o_load, t_load, "load"))
+    rows.append(("load RSS growth (MB)", peak_rss_of_load(pt2b, "pt2b"), peak_rss_of_load(pt2, "pt2"), ""))
+    t_low = median_time(lambda: torch.export.load(pt2).run_decompositions(), max(1, repeat // 2))
+    o_low = median_time(lambda: load_for_backend(pt2b, "core"), max(1, repeat // 2))
+    rows.append(("load_for_backend('core') cold", o_low, t_low, "lower_core_cold"))
+    lowered = load_for_backend(pt2b, "core")
+    gm = lowered.exported_program().module()
+    rt = Runtime(lowered)
+    with torch.no_grad():
+        ref = gm(*args, **kwargs)
+        out = rt(*args, **kwargs)
+        eager = case.model(*args, **kwargs)
+        assert torch.allclose(out, ref, rtol=1e-4, atol=1e-4), "runtime_ref differs from the GraphModule"
+        assert torch.allclose(load(pt2b)(*args, **kwargs), ep.module()(*args, **kwargs)), "load differs from anchor"
+        n = max(repeat * 4, 20)
+        t_gm = median_time(lambda: gm(*args, **kwargs), n)
+        t_rt = median_time(lambda: rt(*args, **kwargs), n)
+        t_eager = median_time(lambda: case.model(*args, **kwargs), n)
+    kind = "runtime_tiny" if case.name == "chain100" else "runtime_large"
+    rows.append(("runtime_ref vs lowered GraphModule", t_rt, t_gm, kind))
+    rows.append(("runtime_ref vs eager", t_rt, t_eager, ""))
+    del eager
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--models", default="mlp,encoder_6x512,chain100")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--json", help="also write the rows as JSON here")
+    ns = ap.parse_args(argv)
+    factories = {"mlp": lambda: make_case("mlp"), "encoder_6x512": encoder_6x512, "chain100": tiny_case}
+    all_rows = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in ns.models.split(","):
+            case = factories[name]()
+            rows = bench_model(case, ns.repeat, tmp)
+            all_rows[name] = rows
+            print(f"\n## {name}  (median of {ns.repeat}; ratio = pt2b / anchor)")
+            print(f"| measure | pt2b | anchor | ratio | target |")
+            print(f"|---|---|---|---|---|")
+            for label, ours, anchor, key in rows:
+                ratio = ours / anchor if anchor else float("nan")
+                target = TARGETS.get(key)
+                verdict = "" if target is None else (f"<= {target} {'met' if ratio <= target else 'MISSED'}")
+                unit = "" if "MB" in label else " s"
+                print(f"| {label} | {ours:.4g}{unit} | {anchor:.4g}{unit} | {ratio:.3f} | {verdict} |")
+    if ns.json:
+        with open(ns.json, "w") as f:
+            json.dump(all_rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
