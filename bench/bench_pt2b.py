@@ -128,8 +128,8 @@ def main(argv=None) -> int:
             rows = bench_model(case, ns.repeat, tmp)
             all_rows[name] = rows
             print(f"\n## {name}  (median of {ns.repeat}; ratio = pt2b / anchor)")
-            print(f"| measure | pt2b | anchor | ratio | target |")
-            print(f"|---|---|---|---|---|")
+            print("| measure | pt2b | anchor | ratio | target |")
+            print("|---|---|---|---|---|")
             for label, ours, anchor, key in rows:
                 ratio = ours / anchor if anchor else float("nan")
                 target = TARGETS.get(key)

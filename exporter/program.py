@@ -20,25 +20,11 @@ class OperatorInfo:
         return f"{self.qualified_name}.{self.overload}" if self.overload else self.qualified_name
 
 
-class Pt2bProgram:
-    """An undecomposed program loaded from a .pt2b artifact.
+class ProgramHandle:
+    """What every program pt2b hands out shares: the ExportedProgram and a callable module."""
 
-    Call it like the model; ``exported_program()`` hands the torch.export form to existing tools.
-    """
-
-    def __init__(self, ep, *, path: str, format_version: tuple[int, int], torch_version: str,
-                 producer: str, ir_level: str, operators: list[OperatorInfo], metadata: dict,
-                 provenance: dict[str, str]):
-        self._ep = ep
-        self._module = None
-        self.path = path
-        self.format_version = format_version
-        self.torch_version = torch_version
-        self.producer = producer
-        self.ir_level = ir_level
-        self.operators = operators
-        self.metadata = metadata
-        self.provenance = provenance
+    _ep: torch.export.ExportedProgram
+    _module: torch.nn.Module | None = None
 
     def exported_program(self) -> torch.export.ExportedProgram:
         return self._ep
@@ -51,6 +37,26 @@ class Pt2bProgram:
 
     def __call__(self, *args, **kwargs):
         return self.module()(*args, **kwargs)
+
+
+class Pt2bProgram(ProgramHandle):
+    """An undecomposed program loaded from a .pt2b artifact.
+
+    Call it like the model; ``exported_program()`` hands the torch.export form to existing tools.
+    """
+
+    def __init__(self, ep, *, path: str, format_version: tuple[int, int], torch_version: str,
+                 producer: str, ir_level: str, operators: list[OperatorInfo], metadata: dict,
+                 provenance: dict[str, str]):
+        self._ep = ep
+        self.path = path
+        self.format_version = format_version
+        self.torch_version = torch_version
+        self.producer = producer
+        self.ir_level = ir_level
+        self.operators = operators
+        self.metadata = metadata
+        self.provenance = provenance
 
     def ops(self) -> dict[str, int]:
         """Operator (qualified name.overload) -> number of call sites, over all subgraphs."""

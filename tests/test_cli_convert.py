@@ -5,7 +5,6 @@ import io
 import re
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch

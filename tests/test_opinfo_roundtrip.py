@@ -4,7 +4,6 @@ through .pt2b: same graph node by node, outputs bitwise equal to ep.module() and
 import functools
 
 import pytest
-import torch
 
 from exporter import export_model, load
 from helpers import assert_bitwise, assert_close_to_eager, assert_programs_equal

@@ -5,7 +5,7 @@ import shutil
 import pytest
 import torch
 
-from exporter import cli, export_model, load
+from exporter import export_model, load
 from exporter.errors import ExportError
 from exporter.serialize import reader
 from exporter.versioning import upgrade_tool

@@ -3,20 +3,18 @@ a backend author needs (ops to implement, why each op is there, what fell outsid
 
 from __future__ import annotations
 
-import torch
-
 from ..ops import _normalize_text, op_name
+from ..program import ProgramHandle
 from . import routes, tables
 from .graph_ops import op_counts, op_nodes
 from .verify import route_lines
 
 
-class LoweredProgram:
+class LoweredProgram(ProgramHandle):
     def __init__(self, ep, *, source_ep, preset: str, table: dict, keep, supported, accepts,
                  outside: dict[str, int], description: str, source=None):
         self._ep = ep
         self._source_ep = source_ep
-        self._module = None
         self.preset = preset
         self.table = table
         self.keep = keep
@@ -25,17 +23,6 @@ class LoweredProgram:
         self.outside_opset = outside  # op -> count of ops outside the declared opset (reported)
         self.description = description
         self.source = source  # the Pt2bProgram it was lowered from, when loaded from a file
-
-    def exported_program(self) -> torch.export.ExportedProgram:
-        return self._ep
-
-    def module(self) -> torch.nn.Module:
-        if self._module is None:
-            self._module = self._ep.module()
-        return self._module
-
-    def __call__(self, *args, **kwargs):
-        return self.module()(*args, **kwargs)
 
     def ops(self) -> dict[str, int]:
         """The op overloads the backend must implement, with their number of call sites."""

@@ -9,6 +9,7 @@ import torch
 import torch.fx
 
 from ..errors import MissingOperatorError
+from ..ops import resolve_op
 from ..serialize.generated import pt2b_generated as G
 
 ATEN_NAMESPACES = {"aten", "prims", "_quantized", "quantized"}
@@ -50,12 +51,7 @@ def collect(gm: torch.fx.GraphModule) -> list:
 
 def resolve(qualified_name: str, overload: str):
     """The running torch's OpOverload for an aten/custom op record, or None if unregistered."""
-    ns, _, name = qualified_name.partition("::")
-    try:
-        packet = getattr(getattr(torch.ops, ns), name)
-        return getattr(packet, overload or "default")
-    except (AttributeError, RuntimeError):
-        return None
+    return resolve_op(f"{qualified_name}.{overload or 'default'}")
 
 
 def check_registered(records: list[tuple[str, str, str, int]], where: str) -> None:
