@@ -62,10 +62,13 @@ def load(path, *, verify: bool = False) -> Pt2bProgram:
     prog = art.program
     ops = [OperatorInfo(q, o, s, _KIND_NAMES.get(k, "?"), int(r.count))
            for (q, o, s, k), r in zip(reader.operator_records(art), prog.operators or [])]
-    provenance = {reader._text(e.key): reader._text(e.value) for e in prog.provenance or []}
+    provenance = {reader.text(e.key): reader.text(e.value) for e in prog.provenance or []}
+    for note in art.upgrade_notes:  # in memory only: `pt2b upgrade` folds them into its own entry
+        op, _, what = note.partition(": ")
+        provenance[f"upgraded_op:{op}"] = what
     return Pt2bProgram(
-        ep, path=art.path, format_version=art.version, torch_version=reader._text(prog.torchVersion),
-        producer=reader._text(prog.producer), ir_level=reader._text(prog.irLevel), operators=ops,
+        ep, path=art.path, format_version=art.version, torch_version=reader.text(prog.torchVersion),
+        producer=reader.text(prog.producer), ir_level=reader.text(prog.irLevel), operators=ops,
         metadata=reader.read_metadata(art), provenance=provenance,
     )
 

@@ -40,6 +40,13 @@ class MissingOperatorError(ArtifactError):
     """The artifact calls operators that the running torch does not have registered."""
 
 
+class SchemaDriftError(MissingOperatorError):
+    """The artifact's op schemas differ from the running torch's in ways no upgrader covers.
+
+    A MissingOperatorError (the op *as recorded* is not available); the message lists every
+    such op with both schemas."""
+
+
 # ---- lowering and running ----
 class LoweringError(Pt2bError):
     """A program cannot be lowered to what the backend asked for."""
@@ -62,6 +69,7 @@ __all__ = [
     "CorruptArtifactError",
     "UnsupportedVersionError",
     "MissingOperatorError",
+    "SchemaDriftError",
     "LoweringError",
     "OpsetError",
     "RuntimeInputError",

@@ -23,9 +23,9 @@ def summarize(path) -> str:
     lines = [
         f"file:            {art.path}",
         f"format version:  {version_str(art.version)}",
-        f"producer:        {reader._text(prog.producer)}",
-        f"torch version:   {reader._text(prog.torchVersion)}",
-        f"IR level:        {reader._text(prog.irLevel)}",
+        f"producer:        {reader.text(prog.producer)}",
+        f"torch version:   {reader.text(prog.torchVersion)}",
+        f"IR level:        {reader.text(prog.irLevel)}",
     ]
     ops = reader.operator_records(art)
     lines.append(f"operators ({len(ops)}):")
@@ -64,13 +64,13 @@ def summarize(path) -> str:
         sizes = [int(s) for s in (rec.sizes if rec.sizes is not None else [])]
         kind = KIND_NAMES.get(rec.kind, "?")
         by_kind[kind] += 1
-        lines.append(f"  {kind:10s} {reader._text(rec.name)}: {str(dtype).removeprefix('torch.')}{sizes}")
+        lines.append(f"  {kind:10s} {reader.text(rec.name)}: {str(dtype).removeprefix('torch.')}{sizes}")
     total = sum(int(s.nbytes) for s in prog.segments or [])
     lines.append(f"weight data: {total} bytes in {len(prog.segments or [])} segments "
                  f"({', '.join(f'{n} {k}s' for k, n in sorted(by_kind.items()))})")
     meta = reader.read_metadata(art)
     lines.append(f"metadata: {meta if meta else '(none)'}")
-    prov = {reader._text(e.key): reader._text(e.value) for e in prog.provenance or []}
+    prov = {reader.text(e.key): reader.text(e.value) for e in prog.provenance or []}
     if prov:
         lines.append(f"provenance: {prov}")
     return "\n".join(lines)

@@ -120,3 +120,27 @@ def test_cli_import_registers_custom_ops(tmp_path):
     assert code == 0, err
     code, _, err = run_cli("--import", "no_such_mod_q", "inspect", str(path))
     assert code == 2 and "--import no_such_mod_q" in err
+
+
+@pytest.mark.parametrize("name", ["gelu_backward_1_11", "linspace_1_10", "sdpa_2_0"])
+def test_upgrade_rewrites_historical_op_schemas(tmp_path, name):
+    import pathlib
+
+    from exporter.versioning.op_table import resolve
+    from golden_io import load_io
+
+    golden = pathlib.Path(__file__).parent / "golden" / "ops" / f"{name}.pt2b"
+    old = load(golden)
+    assert any(k.startswith("upgraded_op:") for k in old.provenance)  # upgraded in memory on load
+    res = upgrade_tool.upgrade_file(golden, tmp_path / "new.pt2b")
+    assert res.written and any("op schemas recorded by torch" in c for c in res.changes)
+    new = load(tmp_path / "new.pt2b")
+    assert not any(k.startswith("upgraded_op:") for k in new.provenance)  # nothing left to upgrade
+    assert new.torch_version == torch.__version__
+    for op in new.operators:
+        if op.kind == "aten":
+            assert op.schema == str(resolve(op.qualified_name, op.overload)._schema)
+    (args, kwargs), expected = load_io(golden.with_suffix(".io.npz"))
+    torch.testing.assert_close(new(*args, **kwargs), expected, rtol=1e-6, atol=1e-6)
+    code, out, _ = run_cli("upgrade", "--check", str(tmp_path / "new.pt2b"))
+    assert "already current" in out

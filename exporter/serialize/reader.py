@@ -22,7 +22,7 @@ from torch.utils._sympy.numbers import int_oo
 from torch.utils._sympy.value_ranges import ValueRanges
 
 from ..errors import ArtifactError, CorruptArtifactError, NotAnArtifactError, UnsupportedVersionError
-from ..versioning import op_table
+from ..versioning import schema_drift
 from ..versioning.formats import FORMAT_MAJOR, FORMAT_MINOR, version_str
 from . import program_codec, untrusted, weights
 from .container import FILE_IDENTIFIER, HEADER_SIZE, Header, read_preamble, unpack_header
@@ -41,6 +41,7 @@ class Artifact:
     header: Header
     program: object  # G.ProgramT
     mm: mmap.mmap
+    upgrade_notes: list[str] = dataclasses.field(default_factory=list)  # op schema upgrades applied
 
     @property
     def version(self) -> tuple[int, int]:
@@ -100,7 +101,8 @@ def check_version(major: int, minor: int, where: str) -> None:
         )
 
 
-def _text(b) -> str:
+def text(b) -> str:
+    """A string field of the program table (bytes from FlatBuffers) as str."""
     return b.decode("utf-8", "replace") if isinstance(b, bytes) else (b or "")
 
 
@@ -117,8 +119,8 @@ def load_tensors(art: Artifact, *, verify: bool = False) -> dict[str, tuple[int,
     out = {}
     for rec in art.program.tensors or []:
         if rec.kind not in weights.KIND_NAMES:
-            raise CorruptArtifactError(f"{where}: tensor {_text(rec.name)!r} has unknown kind {rec.kind}.")
-        out[_text(rec.name)] = (rec.kind, weights.materialize(rec, views, where), bool(rec.requiresGrad))
+            raise CorruptArtifactError(f"{where}: tensor {text(rec.name)!r} has unknown kind {rec.kind}.")
+        out[text(rec.name)] = (rec.kind, weights.materialize(rec, views, where), bool(rec.requiresGrad))
     return out
 
 
@@ -129,7 +131,7 @@ def verify_weights(art: Artifact) -> int:
 
 
 def operator_records(art: Artifact) -> list[tuple[str, str, str, int]]:
-    return [(_text(r.qualifiedName), _text(r.overload), _text(r.schema), r.kind)
+    return [(text(r.qualifiedName), text(r.overload), text(r.schema), r.kind)
             for r in art.program.operators or []]
 
 
@@ -138,7 +140,7 @@ def decode_graph(art: Artifact) -> S.ExportedProgram:
 
 
 def _example_inputs(art: Artifact, tensors) -> object:
-    spec = _text(art.program.exampleInputsSpec)
+    spec = text(art.program.exampleInputsSpec)
     if not spec:
         return None
     where = _where(art.path)
@@ -156,9 +158,10 @@ def _example_inputs(art: Artifact, tensors) -> object:
 def rebuild(art: Artifact, *, verify: bool = False) -> torch.export.ExportedProgram:
     """The ExportedProgram the artifact holds, weights mapped from the file."""
     where = _where(art.path)
-    op_table.check_registered(operator_records(art), where)
     serialized = decode_graph(art)
     untrusted.check_program(serialized, where)
+    # recorded op schemas vs the running torch: missing ops, compatible drift, upgraders
+    serialized, art.upgrade_notes = schema_drift.upgrade_program(serialized, operator_records(art), where)
     tensors = load_tensors(art, verify=verify)
     state_dict, constants = {}, {}
     for name, (kind, t, requires_grad) in tensors.items():

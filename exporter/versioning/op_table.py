@@ -8,7 +8,6 @@ import collections
 import torch
 import torch.fx
 
-from ..errors import MissingOperatorError
 from ..ops import resolve_op
 from ..serialize.generated import pt2b_generated as G
 
@@ -52,26 +51,3 @@ def collect(gm: torch.fx.GraphModule) -> list:
 def resolve(qualified_name: str, overload: str):
     """The running torch's OpOverload for an aten/custom op record, or None if unregistered."""
     return resolve_op(f"{qualified_name}.{overload or 'default'}")
-
-
-def check_registered(records: list[tuple[str, str, str, int]], where: str) -> None:
-    """Raise one MissingOperatorError listing every recorded op the running torch lacks."""
-    missing = []
-    for qname, overload, schema, kind in records:
-        if kind in (G.OperatorKind.ATEN, G.OperatorKind.CUSTOM) and resolve(qname, overload) is None:
-            missing.append((qname, overload, schema, kind))
-    if not missing:
-        return
-    lines = []
-    for qname, overload, schema, kind in missing:
-        ns = qname.partition("::")[0]
-        if kind == G.OperatorKind.CUSTOM:
-            hint = (f"import the Python module that defines the '{ns}' library with "
-                    f"torch.library before loading")
-        else:
-            hint = f"this torch ({torch.__version__}) has no such overload"
-        lines.append(f"  {qname}.{overload or 'default'}  schema: {schema or '?'}  -> {hint}")
-    raise MissingOperatorError(
-        f"{where}: {len(missing)} operator(s) used by the program are not registered:\n"
-        + "\n".join(lines)
-    )

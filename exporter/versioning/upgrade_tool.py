@@ -57,7 +57,7 @@ def upgrade_file(source, dest=None, *, check: bool = False, to: tuple[int, int] 
     result = UpgradeResult(source, dest, prog.format_version, target, changes, written=False)
     if check or (not changes and dest == source):
         return result
-    provenance = {k: v for k, v in prog.provenance.items()}
+    provenance = {k: v for k, v in prog.provenance.items() if not k.startswith("upgraded_op:")}
     if changes:
         provenance[f"upgrade@{version_str(target)}"] = "; ".join(changes)
     folder = os.path.dirname(os.path.abspath(dest))

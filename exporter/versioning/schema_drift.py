@@ -1,0 +1,357 @@
+"""Operator-schema drift on load: each op schema recorded in an artifact is compared (parsed with
+torch._C.parse_schema, never as text) with the running torch's, and the program's nodes are
+upgraded (compatible drift, registered upgraders) or one error lists every irreconcilable op.
+
+Rules (``compare``): arguments are compared by name, type (SymInt spelled int), default value,
+keyword-only-ness and alias annotation; returns by type and alias (a return renamed is noted).
+Identical -> nothing. The new schema only ADDS arguments that have defaults (positional after
+every old positional one, or keyword-only) and returns the same -> compatible: the node is left
+as written (torch's deserializer omits missing defaulted inputs, which is what its own
+serializer writes). Anything else -> an upgrader keyed by (op, overload, old schema) from
+exporter/versioning/upgraders.py, chained while its output schema still differs; none ->
+irreconcilable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import keyword
+import re
+
+import torch
+from torch._export.serde import schema as S
+
+from ..errors import CorruptArtifactError, MissingOperatorError, SchemaDriftError
+from ..serialize.generated import pt2b_generated as G
+from . import op_table, upgraders
+
+MAX_CHAIN = 16
+MAX_SCHEMA_LEN = 1 << 16
+_NAME = re.compile(r"(?!__)[A-Za-z_]\w*")
+_QUALIFIED = re.compile(r"(?!__)[A-Za-z_]\w*::(?!__)[A-Za-z_]\w*")
+_NO_DEFAULT = object()
+
+
+# ---- parsing and comparison ----
+@functools.lru_cache(maxsize=4096)
+def parse(schema: str):
+    """torch._C.FunctionSchema of ``schema``; ValueError (with torch's reason) if it does not parse."""
+    try:
+        return torch._C.parse_schema(schema)
+    except RuntimeError as e:
+        first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "parse error")
+        raise ValueError(first) from None
+
+
+def _type(t) -> str:
+    return str(t).replace("SymInt", "int")
+
+
+def _spell(t) -> str:
+    """A type as schemas spell it (int?, Scalar, Tensor[]), for messages."""
+    kind = t.kind()
+    if kind == "OptionalType":
+        return _spell(t.getElementType()) + "?"
+    if kind == "ListType":
+        return _spell(t.getElementType()) + "[]"
+    if kind == "NumberType":
+        return "Scalar"
+    return str(t)
+
+
+def _alias(a):
+    ai = a.alias_info
+    return None if ai is None else (bool(ai.is_write), tuple(sorted(ai.before_set)), tuple(sorted(ai.after_set)))
+
+
+def _default(a):
+    return a.default_value if a.has_default_value() else _NO_DEFAULT
+
+
+def arg_key(a) -> tuple:
+    """What makes two schema arguments the same (int/SymInt and 0.0/0. spellings do not count)."""
+    return (a.name, _type(a.real_type), _default(a), bool(a.kwarg_only), _alias(a))
+
+
+def _same_default(x, y) -> bool:
+    if x is _NO_DEFAULT or y is _NO_DEFAULT:
+        return x is y
+    return type(x) is type(y) and x == y or (
+        isinstance(x, (int, float)) and isinstance(y, (int, float)) and not isinstance(x, bool)
+        and not isinstance(y, bool) and x == y)
+
+
+def _ret_key(r) -> tuple:
+    return (_type(r.real_type), _alias(r))
+
+
+def _fmt_default(a) -> str:
+    d = _default(a)
+    return "" if d is _NO_DEFAULT else f"={d!r}"
+
+
+def _fmt_arg(a) -> str:
+    return f"{_spell(a.real_type)} {a.name}{_fmt_default(a)}"
+
+
+def _fmt_returns(returns) -> str:
+    return "(" + ", ".join(f"{_spell(r.real_type)}{' ' + r.name if r.name else ''}" for r in returns) + ")"
+
+
+@dataclasses.dataclass
+class Drift:
+    kind: str                                              # "identical" | "compatible" | "breaking"
+    added: list[str] = dataclasses.field(default_factory=list)    # compatible additions
+    reasons: list[str] = dataclasses.field(default_factory=list)  # why it is breaking
+    renamed_returns: list[str] = dataclasses.field(default_factory=list)
+
+    def describe(self) -> str:
+        parts = list(self.added) + [f"return renamed {r}" for r in self.renamed_returns]
+        return ", ".join(parts) if self.kind == "compatible" else "; ".join(self.reasons)
+
+
+def compare(old, new) -> Drift:
+    """Classify the drift from parsed schema ``old`` (recorded) to ``new`` (running)."""
+    reasons, added, renamed = [], [], []
+    if (old.name, old.overload_name) != (new.name, new.overload_name):
+        reasons.append(f"op {old.name}.{old.overload_name or 'default'} became "
+                       f"{new.name}.{new.overload_name or 'default'}")
+    old_pos = [a.name for a in old.arguments if not a.kwarg_only]
+    new_pos = [a.name for a in new.arguments if not a.kwarg_only]
+    new_by_name = {a.name: a for a in new.arguments}
+    old_names = {a.name for a in old.arguments}
+    for a in old.arguments:
+        b = new_by_name.get(a.name)
+        if b is None:
+            reasons.append(f"argument '{a.name}' ({_fmt_arg(a)}) is gone (removed or renamed)")
+            continue
+        if _type(a.real_type) != _type(b.real_type):
+            reasons.append(f"argument '{a.name}' changed type {_spell(a.real_type)} -> {_spell(b.real_type)}")
+        if not _same_default(_default(a), _default(b)):
+            before = "no default" if _default(a) is _NO_DEFAULT else f"default {_default(a)!r}"
+            after = "no default" if _default(b) is _NO_DEFAULT else f"default {_default(b)!r}"
+            reasons.append(f"argument '{a.name}' changed {before} -> {after}")
+        if bool(a.kwarg_only) != bool(b.kwarg_only):
+            reasons.append(f"argument '{a.name}' became {'keyword-only' if b.kwarg_only else 'positional'}")
+        elif not a.kwarg_only and old_pos.index(a.name) != new_pos.index(a.name):
+            reasons.append(f"argument '{a.name}' moved from position {old_pos.index(a.name)} "
+                           f"to {new_pos.index(a.name)}")
+        if _alias(a) != _alias(b):
+            reasons.append(f"argument '{a.name}' changed its alias annotation")
+    for b in new.arguments:
+        if b.name in old_names:
+            continue
+        if not b.has_default_value():
+            reasons.append(f"argument '{b.name}' ({_fmt_arg(b)}) added without a default")
+        else:
+            added.append(f"added {'keyword' if b.kwarg_only else 'positional'} argument {b.name}{_fmt_default(b)}")
+    if [_ret_key(r) for r in old.returns] != [_ret_key(r) for r in new.returns]:
+        reasons.append(f"returns changed {_fmt_returns(old.returns)} -> {_fmt_returns(new.returns)}")
+    else:
+        renamed = [f"{r.name or '#%d' % i}->{s.name or '#%d' % i}"
+                   for i, (r, s) in enumerate(zip(old.returns, new.returns)) if r.name != s.name]
+    if reasons:
+        return Drift("breaking", added, reasons)
+    if added or renamed:
+        return Drift("compatible", added, [], renamed)
+    return Drift("identical")
+
+
+def same_schema(old, new) -> bool:
+    return compare(old, new).kind == "identical"
+
+
+def find_upgrader(qualified_name: str, overload: str, recorded):
+    """The registered upgrader whose old schema equals ``recorded`` (parsed), or None."""
+    for up in upgraders.candidates(qualified_name, overload):
+        if same_schema(parse(up.old_schema), recorded):
+            return up
+    return None
+
+
+# ---- program walking ----
+def op_target(qualified_name: str, overload: str) -> str:
+    ns, _, name = qualified_name.partition("::")
+    return f"torch.ops.{ns}.{name}.{overload or 'default'}"
+
+
+def iter_graphs(graph: S.Graph):
+    """``graph`` and every subgraph (higher-order op branches) nested in its nodes."""
+    stack = [graph]
+    while stack:
+        g = stack.pop()
+        yield g
+        for node in g.nodes:
+            for inp in node.inputs:
+                arg = inp.arg
+                if arg is not None and arg.type == "as_graph":
+                    stack.append(arg.as_graph.graph)
+
+
+def _node_problems(node: S.Node, schema) -> list[str]:
+    """Inputs torch's deserializer would fail on (a required one missing) or silently drop
+    (a name the schema does not have)."""
+    names = {i.name for i in node.inputs}
+    out = [f"node {node.name or '?'} lacks required input '{a.name}'" for a in schema.arguments
+           if a.name not in names and not a.has_default_value()]
+    known = {a.name for a in schema.arguments}
+    out += [f"node {node.name or '?'} has input '{n}' that the schema does not have" for n in sorted(names - known)]
+    out += [f"node {node.name or '?'} passes '{a.name}' (a Python keyword) by keyword" for a in schema.arguments
+            if keyword.iskeyword(a.name) and any(i.name == a.name and i.kind == S.ArgumentKind.KEYWORD
+                                                 for i in node.inputs)]
+    return out
+
+
+# ---- the driver ----
+@dataclasses.dataclass
+class _Plan:
+    label: str
+    target: str
+    chain: list            # upgraders, applied in order
+    final_target: str
+    final_schema: object   # running torch's FunctionSchema
+    note: str | None
+
+
+def _running(qname: str, overload: str):
+    op = op_table.resolve(qname, overload)
+    return op._schema if isinstance(op, torch._ops.OpOverload) else None
+
+
+def _overloads_hint(qname: str) -> str:
+    ns, _, name = qname.partition("::")
+    try:
+        packet = getattr(getattr(torch.ops, ns), name)
+        have = sorted(packet.overloads())
+    except Exception:
+        return f"this torch ({torch.__version__}) has no op {qname}"
+    return f"this torch ({torch.__version__}) has {qname} only with overloads: {', '.join(have) or 'none'}"
+
+
+def _plan_op(qname, overload, recorded_str, kind, where):
+    """(_Plan | None, problem line | None, missing?) for one op-table record."""
+    overload = overload or "default"
+    label = f"{qname}.{overload}"
+    if not (_QUALIFIED.fullmatch(qname) and _NAME.fullmatch(overload)) or len(recorded_str) > MAX_SCHEMA_LEN:
+        raise CorruptArtifactError(f"{where}: the op table holds a malformed record {label[:120]!r} "
+                                   f"(schema of {len(recorded_str)} characters).")
+    running = _running(qname, overload)
+    if running is not None and recorded_str == str(running):
+        return None, None, False                               # the common case: same text
+    if not recorded_str:                                       # no schema recorded: presence only
+        if running is not None:
+            return None, None, False
+        return None, _missing_line(label, qname, "?", kind), True
+    try:
+        recorded = parse(recorded_str)
+    except ValueError as e:
+        if running is None:
+            return None, _missing_line(label, qname, recorded_str, kind), True
+        return None, (f"  {label}\n    recorded: {recorded_str}\n    running:  {running}\n"
+                      f"    -> the recorded schema does not parse with this torch ({e})"), False
+    if (recorded.name, recorded.overload_name or "default") != (qname, overload):
+        raise CorruptArtifactError(
+            f"{where}: the op table records {label} with the schema of "
+            f"{recorded.name}.{recorded.overload_name or 'default'}: {recorded_str}")
+    chain, current, cur_name = [], recorded, (qname, overload)
+    while True:
+        run = _running(*cur_name) if chain else running
+        if run is not None:
+            d = compare(current, run)
+            if d.kind != "breaking":
+                steps = [f"upgraded by {u.name} ({u.summary})" for u in chain]
+                if d.kind == "compatible":
+                    steps.append(f"{'then ' if chain else ''}compatible drift ({d.describe()})")
+                note = f"{label}: " + "; ".join(steps) if steps else None
+                return _Plan(label, op_target(qname, overload), chain, op_target(*cur_name), run, note), None, False
+        up = find_upgrader(cur_name[0], cur_name[1], current) if len(chain) < MAX_CHAIN else None
+        if up is None:
+            break
+        chain.append(up)
+        current = parse(up.new_schema)
+        cur_name = (current.name, current.overload_name or "default")
+    if running is None and not chain:
+        return None, _missing_line(label, qname, recorded_str, kind), True
+    why = compare(current, run).describe() if run is not None else _overloads_hint(cur_name[0])
+    via = f" (after {', '.join(u.name for u in chain)})" if chain else ""
+    shown = run if run is not None else "not registered"
+    return None, (f"  {label}\n    recorded: {recorded_str}\n    running:  {shown}\n"
+                  f"    -> no upgrader for this change{via}: {why}"), False
+
+
+def _missing_line(label, qname, recorded_str, kind) -> str:
+    ns = qname.partition("::")[0]
+    if kind == G.OperatorKind.CUSTOM:
+        hint = (f"import the Python module that defines the '{ns}' library with torch.library "
+                f"before loading")
+    else:
+        hint = _overloads_hint(qname) + "; no upgrader is registered for it"
+    # one line per op: "<op>  schema: <recorded> -> <what to do>"
+    return f"  {label}  schema: {recorded_str}  running: not registered -> {hint}"
+
+
+def upgrade_program(serialized_ep, op_records, where: str) -> tuple[object, list[str]]:
+    """(possibly rewritten torch-schema ExportedProgram, human-readable notes of what was upgraded).
+
+    ``op_records``: (qualified_name, overload, schema_str, kind) per op-table entry (kind is
+    pt2b_generated.OperatorKind; higher-order and Python callables are skipped). Nodes are
+    rewritten in place. Every note reads "<qualified_name>.<overload>: <what was done>".
+    Raises MissingOperatorError when ops are simply not registered (custom ops: names the library
+    to import) and SchemaDriftError (a MissingOperatorError) when any recorded schema cannot be
+    reconciled; either lists every problem op, with both schemas, in one error.
+    """
+    plans, problems, drifted = {}, [], False
+    for qname, overload, schema_str, kind in op_records:
+        if kind not in (G.OperatorKind.ATEN, G.OperatorKind.CUSTOM):
+            continue
+        plan, problem, missing = _plan_op(qname, overload, schema_str, kind, where)
+        if problem:
+            problems.append(problem)
+            drifted |= not missing
+        elif plan is not None:
+            plans[plan.target] = plan
+    if problems:
+        _raise(where, problems, drifted)
+    if not plans:
+        return serialized_ep, []
+
+    counts = dict.fromkeys(plans, 0)
+    bad = []
+    for graph in iter_graphs(serialized_ep.graph_module.graph):
+        ctx = None
+        for node in graph.nodes:
+            plan = plans.get(node.target)
+            if plan is None:
+                continue
+            counts[node.target] += 1
+            ctx = ctx or upgraders.Context(graph, where)
+            try:
+                for up in plan.chain:
+                    up.rewrite(node, ctx)
+            except upgraders.UpgraderError as e:
+                bad.append(f"  {plan.label}: {e}")
+                continue
+            node.target = plan.final_target
+            bad += [f"  {plan.label}: {p}" for p in _node_problems(node, plan.final_schema)]
+    if bad:
+        raise SchemaDriftError(f"{where}: op nodes could not be upgraded to torch {torch.__version__}'s "
+                               f"schemas:\n" + "\n".join(bad))
+    notes = []
+    for target, plan in plans.items():
+        if plan.note:
+            n = counts[target]
+            notes.append(f"{plan.note} [{n} node{'s' if n != 1 else ''}]" if plan.chain else plan.note)
+    return serialized_ep, notes
+
+
+def _raise(where: str, problems: list[str], drifted: bool):
+    head = (f"{where}: {len(problems)} operator(s) recorded by the artifact cannot be used with "
+            f"torch {torch.__version__}")
+    msg = head + (" (schema drift with no upgrader, or not registered):\n" if drifted
+                  else " (not registered):\n") + "\n".join(problems)
+    raise (SchemaDriftError if drifted else MissingOperatorError)(msg)
+
+
+__all__ = ["SchemaDriftError", "Drift", "compare", "same_schema", "parse", "find_upgrader",
+           "upgrade_program", "op_target", "iter_graphs"]

@@ -1,0 +1,96 @@
+"""Test utility: rewrite an existing .pt2b's op table and graph nodes to simulate an artifact an
+older torch wrote (old schema strings, node inputs as the old op took them).
+
+    rewrite_artifact(src, dst, edit=fn, ops={...}, torch_version="2.0.0")
+
+``edit(serialized_ep, program)`` mutates torch's schema dataclasses (``torch._export.serde.schema``)
+and/or the flatc object-API ProgramT; the result is re-encoded (program_codec.encode), re-packed
+with flatbuffers.Builder + container.Header exactly like exporter/serialize/writer.py, with the
+weight segments copied byte for byte, and written atomically.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import flatbuffers
+
+from exporter.serialize import program_codec, reader
+from exporter.serialize.atomic import atomic_write
+from exporter.serialize.container import FILE_IDENTIFIER, Header, align
+from exporter.serialize.generated import pt2b_generated as G
+
+
+def find_nodes(serialized_ep, target: str) -> list:
+    """Every node (subgraphs included) calling ``target`` ("torch.ops.aten.gelu.default")."""
+    from exporter.versioning.schema_drift import iter_graphs
+
+    return [n for g in iter_graphs(serialized_ep.graph_module.graph) for n in g.nodes if n.target == target]
+
+
+def drop_inputs(node, *names) -> None:
+    node.inputs = [i for i in node.inputs if i.name not in names]
+
+
+def set_op_record(program, qualified_name: str, overload: str, schema: str, *,
+                  new_qualified_name: str | None = None, new_overload: str | None = None) -> None:
+    """Replace the schema (and optionally the name) of one op-table record."""
+    for r in program.operators or []:
+        if reader.text(r.qualifiedName) == qualified_name and reader.text(r.overload) == overload:
+            r.schema = schema
+            if new_qualified_name is not None:
+                r.qualifiedName = new_qualified_name
+            if new_overload is not None:
+                r.overload = new_overload
+            return
+    raise KeyError(f"no op-table record {qualified_name}.{overload}")
+
+
+def add_op_record(program, qualified_name: str, overload: str, schema: str, kind=G.OperatorKind.ATEN,
+                  count: int = 1) -> None:
+    r = G.OperatorRecordT()
+    r.qualifiedName, r.overload, r.schema, r.kind, r.count = qualified_name, overload, schema, kind, count
+    program.operators = sorted([*(program.operators or []), r],
+                               key=lambda x: (reader.text(x.qualifiedName), reader.text(x.overload)))
+
+
+def rewrite_artifact(src, dst, *, edit=None, ops: dict | None = None, torch_version: str | None = None,
+                     provenance: dict | None = None) -> str:
+    """Copy ``src`` to ``dst`` with ``edit(serialized_ep, program)`` applied, the op-table records
+    in ``ops`` ({(qualified_name, overload): old schema string}) replaced, the producing torch
+    version and extra provenance entries set. Returns ``dst``."""
+    art = reader.open_artifact(src)
+    try:
+        prog = art.program
+        serialized = reader.decode_graph(art)
+        for (qname, overload), schema in (ops or {}).items():
+            set_op_record(prog, qname, overload, schema)
+        if edit is not None:
+            edit(serialized, prog)
+        prog.exportedProgram = program_codec.encode(serialized)
+        if torch_version is not None:
+            prog.torchVersion = torch_version
+        if provenance:
+            entries = [e for e in prog.provenance or [] if reader.text(e.key) not in provenance]
+            for k, v in provenance.items():
+                e = G.StringEntryT()
+                e.key, e.value = k, v
+                entries.append(e)
+            prog.provenance = entries
+        h = art.header
+        data = art.mm[: h.data_offset + h.data_size]
+        builder = flatbuffers.Builder(1 << 16)
+        builder.Finish(prog.Pack(builder), file_identifier=FILE_IDENTIFIER)
+        program = bytes(builder.Output())
+    finally:
+        art.mm.close()
+    program_offset = align(len(data), 8)
+    header = Header(h.major, h.minor, h.data_offset, h.data_size, program_offset, len(program),
+                    zlib.crc32(program))
+    with atomic_write(dst) as f:
+        f.write(data)
+        f.write(b"\0" * (program_offset - len(data)))
+        f.write(program)
+        f.seek(0)
+        f.write(header.pack())
+    return str(dst)
