@@ -6,6 +6,8 @@ import dataclasses
 
 import torch
 
+from .errors import CorruptArtifactError
+
 
 @dataclasses.dataclass(frozen=True)
 class OperatorInfo:
@@ -32,7 +34,12 @@ class ProgramHandle:
     def module(self) -> torch.nn.Module:
         """The program as an nn.Module (torch's ep.module()), built once."""
         if self._module is None:
-            self._module = self._ep.module()
+            try:
+                self._module = self._ep.module()
+            except Exception as e:  # the program came from a file that passed every check
+                raise CorruptArtifactError(
+                    f"{getattr(self, 'path', 'program')}: the program cannot be turned into a module "
+                    f"({type(e).__name__}: {e}); the artifact is malformed.") from e
         return self._module
 
     def __call__(self, *args, **kwargs):

@@ -118,9 +118,13 @@ def load_tensors(art: Artifact, *, verify: bool = False) -> dict[str, tuple[int,
         views.append(v)
     out = {}
     for rec in art.program.tensors or []:
+        name = text(rec.name)
+        untrusted.check_name(name, untrusted.FQN, where, "tensor name")
         if rec.kind not in weights.KIND_NAMES:
-            raise CorruptArtifactError(f"{where}: tensor {text(rec.name)!r} has unknown kind {rec.kind}.")
-        out[text(rec.name)] = (rec.kind, weights.materialize(rec, views, where), bool(rec.requiresGrad))
+            raise CorruptArtifactError(f"{where}: tensor {name!r} has unknown kind {rec.kind}.")
+        if name in out:
+            raise CorruptArtifactError(f"{where}: tensor {name!r} is stored twice.")
+        out[name] = (rec.kind, weights.materialize(rec, views, where), bool(rec.requiresGrad))
     return out
 
 
@@ -166,11 +170,14 @@ def rebuild(art: Artifact, *, verify: bool = False) -> torch.export.ExportedProg
     state_dict, constants = {}, {}
     for name, (kind, t, requires_grad) in tensors.items():
         if kind == G.TensorKind.PARAMETER:
+            if requires_grad and not (t.is_floating_point() or t.is_complex()):
+                raise CorruptArtifactError(f"{where}: parameter {name!r} of dtype {t.dtype} cannot require grad.")
             state_dict[name] = torch.nn.Parameter(t, requires_grad=requires_grad)
         elif kind == G.TensorKind.BUFFER:
             state_dict[name] = t
         elif kind == G.TensorKind.CONSTANT:
             constants[name] = t
+    _check_state_matches_signature(serialized, state_dict, constants, where)
     example_inputs = _example_inputs(art, tensors)
     try:
         with _DESERIALIZE_LOCK:
@@ -183,6 +190,23 @@ def rebuild(art: Artifact, *, verify: bool = False) -> torch.export.ExportedProg
         ) from e
     _restore_unused_ranges(ep, serialized)
     return ep
+
+
+def _check_state_matches_signature(serialized: S.ExportedProgram, state_dict, constants, where: str) -> None:
+    """Every parameter/buffer/constant the signature names is stored, in the right place."""
+    for spec in serialized.graph_module.signature.input_specs:
+        v = spec.value
+        if spec.type == "parameter" or (spec.type == "buffer" and v.persistent):
+            name, home, label = getattr(v, "parameter_name", None) or v.buffer_name, state_dict, "state_dict"
+        elif spec.type in ("buffer", "tensor_constant"):
+            name = getattr(v, "buffer_name", None) or v.tensor_constant_name
+            home, label = constants, "constants"
+        else:
+            continue
+        if name not in home and not (spec.type == "buffer" and name in state_dict):
+            raise CorruptArtifactError(
+                f"{where}: the graph signature needs {spec.type} {name!r} but the artifact stores no such "
+                f"tensor in its {label}.")
 
 
 def _restore_unused_ranges(ep, serialized: S.ExportedProgram) -> None:

@@ -1,17 +1,17 @@
 """Checks on a decoded program before torch's deserializer sees it, so that nothing in a file is
 evaluated or resolved to an arbitrary Python object: node targets must be operators (or SymInt
-arithmetic), and symbolic expressions must be plain arithmetic over symbols.
+arithmetic), symbolic expressions plain arithmetic over symbols (parsed, never evaluated, with
+bounded exponents), and every name that fx turns into Python source a plain identifier/path.
 
 Why: torch's deserializer parses expressions with sympy.sympify (which uses eval) and resolves a
 node's target by getattr from the torch module (so "torch.os.system" would resolve and be called)."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
-import io
 import operator
 import re
-import tokenize
 
 from torch._export.serde import schema as S
 from torch._export.serde.serialize import _SYM_OPS
@@ -20,54 +20,92 @@ from torch._export.serde.union import _Union
 from ..errors import CorruptArtifactError
 
 _PYTHON_TARGETS = {f"{fn.__module__}.{fn.__name__}" for fn in (*_SYM_OPS, operator.getitem)}
-_OP_TARGET = re.compile(r"torch\.ops\.(?!__)\w+\.(?!__)\w+(\.(?!__)\w+)?")
+_OP_TARGET = re.compile(r"torch\.ops\.(?!__)\w+\.(?!__)\w+(\.(?!__)\w+)?", re.ASCII)
 _SYMBOL = re.compile(r"[a-z]{1,8}\d+")
 _EXPR_FUNCTIONS = {
-    # the functions torch's deserializer hands to sympify, and the sympy names str() prints
+    # the functions torch's deserializer hands to sympify
     "FloorDiv", "ModularIndexing", "Where", "PythonMod", "Mod", "CleanDiv", "CeilToInt", "FloorToInt",
     "CeilDiv", "LShift", "RShift", "PowByNatural", "FloatPow", "FloatTrueDiv", "IntTrueDiv",
     "IsNonOverlappingAndDenseIndicator", "TruncToFloat", "TruncToInt", "RoundToInt", "RoundDecimal",
-    "ToFloat", "Identity", "Max", "Min", "Abs", "floor", "ceiling", "Eq", "Ne", "Lt", "Le", "Gt", "Ge",
-    "And", "Or", "Not", "Piecewise", "sqrt", "True", "False", "oo", "zoo", "nan", "Integer", "Rational",
-    "Float", "sign", "int_oo",
+    "ToFloat", "Identity",
+    # sympy names that str() and srepr() print for shape expressions
+    "Symbol", "Integer", "Rational", "Float", "Mul", "Add", "Pow", "Max", "Min", "Abs", "floor", "ceiling",
+    "Eq", "Ne", "Lt", "Le", "Gt", "Ge", "StrictLessThan", "LessThan", "StrictGreaterThan", "GreaterThan",
+    "Equality", "Unequality", "And", "Or", "Not", "Piecewise", "ExprCondPair", "sqrt", "sign",
+    "BooleanTrue", "BooleanFalse", "true", "false", "Infinity", "NegativeInfinity", "oo", "zoo", "nan",
+    "Half", "One", "Zero", "NegativeOne", "IntInfinity", "NegativeIntInfinity", "int_oo", "True", "False",
 }
-_EXPR_OPS = {"+", "-", "*", "/", "//", "**", "%", "(", ")", ",", "<", "<=", ">", ">=", "==", "!=", "&", "|", "~", "="}
-# torch also writes sympy's srepr form: Mul(Integer(2), Symbol('s77', positive=True, integer=True))
+# keyword arguments srepr writes: Symbol('s77', positive=True, integer=True)
 _ASSUMPTIONS = {"positive", "negative", "nonnegative", "nonpositive", "integer", "real", "finite",
                 "infinite", "zero", "nonzero", "even", "odd", "rational", "commutative", "extended_real",
-                "precision", "evaluate"}
-_QUOTED_NAME = re.compile(r"""(['"])[A-Za-z_]\w{0,63}\1""")
-
-
-def _sympy_class(name: str) -> bool:
-    """A sympy class (Mul, Integer, Symbol, StrictLessThan, ...): constructing one evaluates nothing."""
-    import sympy
-
-    return not name.startswith("_") and isinstance(getattr(sympy, name, None), type)
+                "precision"}
+_QUOTED_NAME = re.compile(r"[A-Za-z_]\w{0,63}")
 MAX_EXPR_LEN = 4096
+MAX_EXPONENT = 64  # 9**9**9 would make sympy compute forever
+MAX_INT = 1 << 64
+_AST_OK = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Compare, ast.Call, ast.Name, ast.Constant,
+           ast.keyword, ast.Load, ast.operator, ast.unaryop, ast.cmpop, ast.Tuple)
+
+
+def _small_exponent(node) -> bool:
+    return (isinstance(node, ast.Name) and _SYMBOL.fullmatch(node.id) is not None) or (
+        isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and abs(node.value) <= MAX_EXPONENT) or (
+        isinstance(node, ast.UnaryOp) and _small_exponent(node.operand)) or (
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("Integer", "Rational")
+        and all(_small_exponent(a) for a in node.args))
 
 
 def check_expr(expr: str, where: str) -> None:
-    """Raise unless ``expr`` is arithmetic over numbers, symbols and known sympy functions."""
-    if len(expr) > MAX_EXPR_LEN:
-        raise CorruptArtifactError(f"{where}: symbolic expression of {len(expr)} characters is too long.")
+    """Raise unless ``expr`` is arithmetic over numbers, symbols and known sympy names.
+    It is parsed with ast (never evaluated); exponents must be small or symbolic."""
+    def bad(why: str):
+        return CorruptArtifactError(f"{where}: symbolic expression {expr[:80]!r} {why}; pt2b never "
+                                    f"evaluates such text (it is not arithmetic over symbols).")
+
+    if not isinstance(expr, str) or len(expr) > MAX_EXPR_LEN:
+        raise bad("is too long")
     try:
-        tokens = list(tokenize.generate_tokens(io.StringIO(expr).readline))
-    except (tokenize.TokenError, SyntaxError, IndentationError) as e:
-        raise CorruptArtifactError(f"{where}: symbolic expression {expr[:80]!r} does not parse ({e}).") from None
-    for tok in tokens:
-        if tok.type in (tokenize.NEWLINE, tokenize.NL, tokenize.ENDMARKER, tokenize.NUMBER):
-            continue
-        if tok.type == tokenize.NAME and (tok.string in _EXPR_FUNCTIONS or tok.string in _ASSUMPTIONS
-                                          or _SYMBOL.fullmatch(tok.string) or _sympy_class(tok.string)):
-            continue
-        if tok.type == tokenize.STRING and _QUOTED_NAME.fullmatch(tok.string):
-            continue
-        if tok.type == tokenize.OP and tok.string in _EXPR_OPS:
-            continue
+        tree = ast.parse(expr, mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        raise bad("does not parse") from None
+    for node in ast.walk(tree):
+        if not isinstance(node, _AST_OK):
+            raise bad(f"contains {type(node).__name__}")
+        if isinstance(node, ast.Name) and not (node.id in _EXPR_FUNCTIONS or _SYMBOL.fullmatch(node.id)):
+            raise bad(f"names {node.id!r}")
+        if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in _EXPR_FUNCTIONS):
+            raise bad("calls something that is not a known sympy name")
+        if isinstance(node, ast.keyword) and node.arg not in _ASSUMPTIONS:
+            raise bad(f"passes keyword {node.arg!r}")
+        if isinstance(node, ast.Constant):
+            v = node.value
+            if isinstance(v, str) and not _QUOTED_NAME.fullmatch(v):
+                raise bad("contains a string that is not a symbol name")
+            if isinstance(v, int) and abs(v) > MAX_INT:
+                raise bad("contains an integer beyond 64 bits")
+            if not isinstance(v, (str, int, float, bool)) or v is None:
+                raise bad(f"contains the constant {v!r}")
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow) and not _small_exponent(node.right):
+            raise bad("raises to a large or nested power")
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("Pow", "PowByNatural", "FloatPow") \
+                and (len(node.args) != 2 or not _small_exponent(node.args[1])):
+            raise bad("raises to a large or nested power")
+
+
+IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
+FQN = re.compile(r"[A-Za-z0-9_]{1,255}(\.[A-Za-z0-9_]{1,255}){0,63}")
+# field -> pattern for names that torch turns into Python source (fx codegen) or attribute paths
+_NAME_FIELDS = {"name": IDENT, "as_name": IDENT, "user_input_name": IDENT, "parameter_name": FQN,
+                "buffer_name": FQN, "tensor_constant_name": FQN, "custom_obj_name": FQN, "class_fqn": FQN}
+_VALUE_MAPS = ("tensor_values", "sym_int_values", "sym_bool_values", "sym_float_values", "custom_obj_values")
+
+
+def check_name(value, pattern, where: str, what: str) -> None:
+    if not isinstance(value, str) or not pattern.fullmatch(value):
         raise CorruptArtifactError(
-            f"{where}: symbolic expression {expr[:80]!r} contains {tok.string!r}, which is not "
-            f"arithmetic over symbols; pt2b never evaluates such text."
+            f"{where}: {what} {str(value)[:80]!r} is not a valid "
+            f"{'identifier' if pattern is IDENT else 'dotted name'}; names from a file end up in "
+            f"generated Python code, so pt2b accepts only plain names."
         )
 
 
@@ -89,6 +127,20 @@ def check_program(ep: S.ExportedProgram, where: str) -> None:
             check_expr(obj.expr_str, f"{where}: {path}")
         elif isinstance(obj, S.Node):
             check_target(obj.target, f"{where}: node {obj.name or '?'}")
+        elif isinstance(obj, S.Graph):
+            for field in _VALUE_MAPS:
+                for key in getattr(obj, field):
+                    check_name(key, IDENT, f"{where}: {path}", f"value name in {field}")
+        elif isinstance(obj, S.ModuleCallEntry):
+            if obj.fqn:
+                check_name(obj.fqn, FQN, f"{where}: module_call_graph", "module path")
+            for arg_name in (obj.signature.forward_arg_names or []) if obj.signature else []:
+                check_name(arg_name, IDENT, f"{where}: module_call_graph {obj.fqn!r}", "forward argument name")
+        if dataclasses.is_dataclass(obj) and not isinstance(obj, _Union):
+            for field, pattern in _NAME_FIELDS.items():
+                value = getattr(obj, field, None)
+                if isinstance(value, str) and not (isinstance(obj, S.NamedArgument) and field == "name" and not value):
+                    check_name(value, pattern, f"{where}: {path}", f"{type(obj).__name__}.{field}")
         if isinstance(obj, _Union):
             stack.append((obj.value, path))
         elif dataclasses.is_dataclass(obj):
@@ -102,3 +154,7 @@ def check_program(ep: S.ExportedProgram, where: str) -> None:
     for name in ep.range_constraints:
         if not _SYMBOL.fullmatch(name):
             check_expr(name, f"{where}: range constraint key")
+    calls = ep.graph_module.module_call_graph
+    if not calls or calls[0].fqn != "" or calls[0].signature is None:
+        raise CorruptArtifactError(
+            f"{where}: module_call_graph must start with the root module's entry (fqn '' with a signature).")

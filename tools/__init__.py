@@ -1,0 +1,1 @@
+"""Developer tools of pt2b (not installed with the package): the artifact fuzzer."""
