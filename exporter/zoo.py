@@ -24,7 +24,7 @@ __all__ = [
 @dataclasses.dataclass
 class ZooCase:
     name: str
-    model: torch.nn.Module  # in eval() mode unless the case is about training-mode behaviour
+    model: torch.nn.Module  # in eval mode unless the case is about training-mode behaviour
     args: tuple
     kwargs: dict | None = None
     dynamic_shapes: object = None  # as torch.export expects, or None
