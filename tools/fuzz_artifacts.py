@@ -1183,7 +1183,7 @@ def finding_signature(res: dict) -> str:
     detail = (res.get("detail") or "").splitlines()[0] if res.get("detail") else ""
     detail = re.sub(r"/[^\s:,'\"]+", "<path>", detail)
     detail = re.sub(r"'[^']*'|\"[^\"]*\"", "<s>", detail)
-    detail = re.sub(r"\d+", "N", detail)[:160]
+    detail = re.sub(r"(?<![A-Za-z_])\d+", "N", detail)[:160]
     return f"{res['outcome']} @ {res.get('phase')} | {detail}"
 
 
