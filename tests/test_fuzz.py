@@ -10,7 +10,8 @@ program may also mismatch or be refused by lowering/torch while running. Crashes
 blow-ups and any other exception fail.
 
 Every bug a campaign found is kept in FIXED with the mutant that found it and replayed as a
-regression test.
+regression test; a bug not fixed yet is in KNOWN_BUGS, one strict xfail per mutant (the bounded run
+skips nothing else, and the fix makes the xfail pass, which fails until the entry moves to FIXED).
 """
 
 from __future__ import annotations
@@ -52,6 +53,12 @@ _EXPR_BOMB = (
     "untrusted.check_expr accepts exponent towers (9**9**9**9): sympify hangs inside load()"
 )
 
+_SELF_NAME = (
+    "a parameter/buffer FQN whose first component is 'self' passes the name check, and ep.module()'s "
+    "generated forward binds it to the local `self` (self = self.self), so the next attribute access "
+    "raises AttributeError; untrusted's FQN check should refuse the component 'self'"
+)
+
 # (seed, index) -> the bug a mutant of MODELS found, now fixed; each is run as a regression
 # (those >= N_MUTANTS in addition to the range) and must have an allowed outcome.
 FIXED: dict[tuple[int, int], str] = {
@@ -65,14 +72,21 @@ FIXED: dict[tuple[int, int], str] = {
     (SEED, 14095): _NAMES_IN_SOURCE + " (forward_arg_names with a triple quote: CODE EXECUTION)",
     (SEED, 24060): _REQUIRES_GRAD_DTYPE + " (parameter dtype float -> int8)",
     (SEED, 25483): _EXPR_BOMB + " (timeout in load)",
+    (2, 6360): _SELF_NAME + " (rename 'fc1.weight' -> 'self')",
 }
+
+
+
+# (seed, index) -> a bug a mutant of MODELS finds that is NOT fixed yet: one strict xfail each, so the
+# fix turns it into a failure until the entry moves to FIXED.
+KNOWN_BUGS: dict[tuple[int, int], str] = {}
 
 
 @pytest.fixture(scope="module")
 def campaign(tmp_path_factory):
     seeds_dir = str(tmp_path_factory.mktemp("fuzz_seeds"))
     jobs = [(SEED, i) for i in range(N_MUTANTS)]
-    jobs += [k for k in FIXED if k not in set(jobs)]
+    jobs += [k for k in (*FIXED, *KNOWN_BUGS) if k not in set(jobs)]
     camp = fz.run_campaign(SEED, 0, indices=jobs, workers=2, models=MODELS, seeds_dir=seeds_dir,
                            timeout=TIMEOUT_S, mem_gib=6, keep_results=True)
     camp.seeds_dir = seeds_dir
@@ -89,7 +103,7 @@ def _describe(r) -> str:
 
 
 def test_every_mutant_outcome_is_allowed(campaign):
-    bad = [r for key, r in sorted(campaign.by_job.items()) if not r["allowed"]]
+    bad = [r for key, r in sorted(campaign.by_job.items()) if not r["allowed"] and key not in KNOWN_BUGS]
     assert not bad, f"{len(bad)} disallowed outcome(s):\n" + "\n".join(_describe(r) for r in bad)
 
 
@@ -112,6 +126,15 @@ def test_campaign_reaches_every_layer(campaign):
 def test_fixed_bug_stays_fixed(campaign, job):
     r = campaign.by_job[job]
     assert r["allowed"], f"regression of: {FIXED[job]}\n" + _describe(r)
+
+
+@pytest.mark.parametrize(
+    "job", [pytest.param(k, id=f"{k[0]}:{k[1]}", marks=pytest.mark.xfail(strict=True, reason=reason))
+            for k, reason in sorted(KNOWN_BUGS.items())]
+    or [pytest.param(None, marks=pytest.mark.skip(reason="no known unfixed bug"))])
+def test_known_bug(campaign, job):
+    r = campaign.by_job[job]
+    assert r["allowed"], _describe(r)
 
 
 def test_allowed_rule():

@@ -72,6 +72,7 @@ import math
 import os
 import random
 import re
+import shutil
 import struct
 import sys
 import tempfile
@@ -169,7 +170,6 @@ class Seed:
     """A pristine artifact and everything the mutators need to know about its layout."""
 
     def __init__(self, name: str, data: bytes):
-        from exporter.serialize import program_codec, reader  # noqa: F401
         from exporter.serialize.generated import pt2b_generated as G
 
         self.name, self.data = name, data
@@ -295,7 +295,8 @@ class Mutator:
     def mutant(self, seed: int, index: int, kind: str | None = None) -> Mutant:
         rng = self.rng_for(seed, index)
         model = rng.choice(self.names)
-        kind = rng.choices(self._kinds, self._weights)[0] if kind is None else (rng.random(), kind)[1]
+        drawn = rng.choices(self._kinds, self._weights)[0]
+        kind = kind or drawn  # a forced kind keeps the rest of the stream
         verify = rng.random() < 0.5
         preset = "none" if rng.random() < 0.75 else "core"
         s = self.seeds[model]
@@ -1068,7 +1069,7 @@ def _worker_main(conn, cfg: dict) -> None:
     mutator = Mutator(seeds)
     _install_canary()
     refs = {n: Reference(n, p) for n, p in cfg["seeds"].items()}
-    tmp = tempfile.mkdtemp(prefix="pt2b-fuzz-")
+    tmp = tempfile.mkdtemp(prefix="worker-", dir=cfg.get("tmp"))
     conn.send(("ready", os.getpid()))
     try:
         while True:
@@ -1200,7 +1201,9 @@ def run_campaign(seed: int, mutants: int, *, workers: int = 2, models=DEFAULT_MO
     if seeds_dir is None:
         own_dir = seeds_dir = tempfile.mkdtemp(prefix="pt2b-fuzz-seeds-")
     seed_paths = export_seeds(models, seeds_dir)
-    cfg = {"seeds": seed_paths, "mem_bytes": int(mem_gib * 2**30) if mem_gib else 0, "log": log, "threads": threads}
+    work = tempfile.mkdtemp(prefix="pt2b-fuzz-run-")  # workers' mutant files; removed even if one was killed
+    cfg = {"seeds": seed_paths, "mem_bytes": int(mem_gib * 2**30) if mem_gib else 0, "log": log, "threads": threads,
+           "tmp": work}
     todo = [x if isinstance(x, tuple) else (seed, x)
             for x in (indices if indices is not None else range(start, start + mutants))]
     todo.reverse()
@@ -1275,8 +1278,6 @@ def run_campaign(seed: int, mutants: int, *, workers: int = 2, models=DEFAULT_MO
                     restart(i)
                 elif not w.ready and time.monotonic() > w.started + spawn_limit:
                     raise RuntimeError("fuzz worker did not start in time")
-            for i, w in enumerate(pool):  # a restarted worker gets its next job once ready
-                pass
             if progress and time.monotonic() - last_progress > 30:
                 last_progress = time.monotonic()
                 progress(camp, time.monotonic() - t0)
@@ -1290,10 +1291,9 @@ def run_campaign(seed: int, mutants: int, *, workers: int = 2, models=DEFAULT_MO
             w.proc.join(2)
             w.kill()
         camp.seconds = time.monotonic() - t0
+        shutil.rmtree(work, ignore_errors=True)
         if own_dir:
-            for f in os.listdir(own_dir):
-                os.unlink(os.path.join(own_dir, f))
-            os.rmdir(own_dir)
+            shutil.rmtree(own_dir, ignore_errors=True)
     return camp
 
 

@@ -100,8 +100,11 @@ _NAME_FIELDS = {"name": IDENT, "as_name": IDENT, "user_input_name": IDENT, "para
 _VALUE_MAPS = ("tensor_values", "sym_int_values", "sym_bool_values", "sym_float_values", "custom_obj_values")
 
 
-def check_name(value, pattern, where: str, what: str) -> None:
-    if not isinstance(value, str) or not pattern.fullmatch(value):
+def check_name(value, pattern, where: str, what: str, *, may_be_self: bool = False) -> None:
+    # fx binds the module as `self` in generated code: a value, state path or forward argument
+    # named "self..." would shadow it (only operator argument names, such as add's `self`, may be)
+    shadows = isinstance(value, str) and not may_be_self and value.split(".")[0] == "self"
+    if not isinstance(value, str) or not pattern.fullmatch(value) or shadows:
         raise CorruptArtifactError(
             f"{where}: {what} {str(value)[:80]!r} is not a valid "
             f"{'identifier' if pattern is IDENT else 'dotted name'}; names from a file end up in "
@@ -140,7 +143,8 @@ def check_program(ep: S.ExportedProgram, where: str) -> None:
             for field, pattern in _NAME_FIELDS.items():
                 value = getattr(obj, field, None)
                 if isinstance(value, str) and not (isinstance(obj, S.NamedArgument) and field == "name" and not value):
-                    check_name(value, pattern, f"{where}: {path}", f"{type(obj).__name__}.{field}")
+                    check_name(value, pattern, f"{where}: {path}", f"{type(obj).__name__}.{field}",
+                               may_be_self=isinstance(obj, S.NamedArgument))
         if isinstance(obj, _Union):
             stack.append((obj.value, path))
         elif dataclasses.is_dataclass(obj):
