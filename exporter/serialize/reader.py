@@ -24,7 +24,7 @@ from torch.utils._sympy.value_ranges import ValueRanges
 from ..errors import ArtifactError, CorruptArtifactError, NotAnArtifactError, UnsupportedVersionError
 from ..versioning import schema_drift
 from ..versioning.formats import FORMAT_MAJOR, FORMAT_MINOR, version_str
-from . import program_codec, untrusted, weights
+from . import program_codec, untrusted, verifier, weights
 from .container import FILE_IDENTIFIER, HEADER_SIZE, Header, read_preamble, unpack_header
 from .generated import pt2b_generated as G
 
@@ -81,9 +81,10 @@ def open_artifact(path) -> Artifact:
         )
     if len(program_bytes) < 8 or not G.Program.ProgramBufferHasIdentifier(program_bytes, 0):
         raise CorruptArtifactError(f"{where}: program section lacks the file identifier {FILE_IDENTIFIER!r}.")
+    verifier.verify_program(program_bytes, where)  # bounds, enums, depth, work: before any unpacking
     try:
         program = G.ProgramT.InitFromPackedBuf(program_bytes, 0)
-    except Exception as e:  # the flatbuffers runtime has no verifier: any failure means damage
+    except Exception as e:  # the verifier should make this unreachable; any failure still means damage
         raise CorruptArtifactError(f"{where}: program section is malformed ({type(e).__name__}: {e}).") from None
     return Artifact(path, header, program, mm)
 

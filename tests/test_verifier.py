@@ -1,0 +1,243 @@
+"""The program-section verifier: its layout is the schema flatc compiles, it accepts every real
+artifact, refuses each kind of malformed buffer with a message naming the place, and whatever it
+accepts the FlatBuffers object API unpacks without error (hypothesis over byte mutations)."""
+
+import inspect
+import pathlib
+import struct
+import zlib
+
+import flatbuffers
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from exporter import export_model, load
+from exporter.errors import CorruptArtifactError
+from exporter.serialize import fbs_layout, reader, verifier
+from exporter.serialize.container import FILE_IDENTIFIER, Header
+from exporter.serialize.generated import pt2b_generated as G
+from exporter.zoo import make_case
+
+GOLDEN = pathlib.Path(__file__).parent / "golden"
+
+
+def _camel(name: str) -> str:
+    return "".join(p[:1].upper() + p[1:] for p in name.split("_"))
+
+
+def test_layout_is_the_schema_flatc_compiled():
+    lay = fbs_layout.layout()
+    assert lay.root == "Program" and lay.file_identifier == FILE_IDENTIFIER.decode()
+    assert len(lay.tables) > 60
+    for table, fields in lay.tables.items():
+        cls = getattr(G, table)
+        for f in fields:
+            src = inspect.getsource(getattr(cls, _camel(f.name)))
+            assert f"self._tab.Offset({4 + 2 * f.slot})" in src, (table, f.name, f.slot)
+            if f.kind == "vector":
+                assert hasattr(cls, _camel(f.name) + "Length"), (table, f.name)
+    for enum, (_, values) in lay.enums.items():
+        declared = {v for k, v in vars(getattr(G, enum)).items() if not k.startswith("_")}
+        assert declared == set(values), enum
+
+
+def test_schema_constructs_outside_the_verifier_are_refused():
+    with pytest.raises(fbs_layout.SchemaLayoutError, match="struct Vec3"):
+        fbs_layout.parse("struct Vec3 { x: float; } table T { a: int; } root_type T;")
+    with pytest.raises(fbs_layout.SchemaLayoutError, match="union U"):
+        fbs_layout.parse("table A { x: int; } union U { A } table T { u: U; } root_type T;")
+    with pytest.raises(fbs_layout.SchemaLayoutError, match="attributes"):
+        fbs_layout.parse("table T { a: int (id: 3); } root_type T;")
+    with pytest.raises(fbs_layout.SchemaLayoutError, match="unknown type"):
+        fbs_layout.parse("table T { a: Missing; } root_type T;")
+    lay = fbs_layout.parse("enum E : ubyte { A, B = 5, C } table T { e: [E]; s: string; } root_type T;")
+    assert lay.enums["E"] == ("ubyte", frozenset({0, 5, 6}))
+    assert lay.tables["T"][0] == fbs_layout.Field("e", 0, "vector", "ubyte", elem="scalar", enum="E")
+
+
+def _program_bytes(path) -> bytes:
+    art = reader.open_artifact(path)
+    return bytes(art.mm[art.header.program_offset: art.header.program_offset + art.header.program_size])
+
+
+def _pack(program_t) -> bytes:
+    b = flatbuffers.Builder(1 << 12)
+    b.Finish(program_t.Pack(b), file_identifier=FILE_IDENTIFIER)
+    return bytes(b.Output())
+
+
+def _with_program(src, dst, program: bytes):
+    """``src`` with its program section replaced by ``program``, checksums made valid again."""
+    art = reader.open_artifact(src)
+    h = art.header
+    data = bytearray(pathlib.Path(src).read_bytes()[: h.program_offset])
+    data[:64] = Header(h.major, h.minor, h.data_offset, h.data_size, h.program_offset, len(program),
+                       zlib.crc32(program)).pack()
+    pathlib.Path(dst).write_bytes(bytes(data) + program)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory):
+    case = make_case("cond")
+    path = tmp_path_factory.mktemp("verifier") / "cond.pt2b"
+    export_model(case.model, case.args, path, kwargs=case.kwargs, dynamic_shapes=case.dynamic_shapes)
+    return path
+
+
+def test_real_artifacts_verify():
+    paths = sorted(GOLDEN.rglob("*.pt2b"))
+    assert len(paths) >= 20
+    for p in paths:
+        verifier.verify_program(_program_bytes(p), str(p))
+
+
+def _u32_at(buf: bytes, pos: int, value: int) -> bytes:
+    return buf[:pos] + struct.pack("<I", value) + buf[pos + 4:]
+
+
+def _first(buf: bytes, pattern: bytes) -> int:
+    i = buf.find(pattern)
+    assert i >= 0
+    return i
+
+
+def _expect(buf: bytes, match: str):
+    with pytest.raises(CorruptArtifactError, match=match):
+        verifier.verify_program(buf, "m.pt2b")
+
+
+def test_root_and_identifier(artifact):
+    buf = _program_bytes(artifact)
+    _expect(buf[:6], "cannot hold a root offset")
+    _expect(buf[:4] + b"XXXX" + buf[8:], "file identifier b'XXXX'")
+    _expect(_u32_at(buf, 0, len(buf) + 64), r"Program at byte \d+ \(\+4\) lies outside the \d+-byte buffer")
+    _expect(_u32_at(buf, 0, 2), "misaligned")
+
+
+def test_vtable_out_of_bounds(artifact):
+    buf = _program_bytes(artifact)
+    root = struct.unpack_from("<I", buf, 0)[0]
+    bad = buf[:root] + struct.pack("<i", -(len(buf) * 2)) + buf[root + 4:]
+    _expect(bad, "Program vtable.*outside")
+    bad = buf[:root] + struct.pack("<i", 1) + buf[root + 4:]
+    _expect(bad, "vtable at odd byte")
+
+
+def _string_pos(buf: bytes, text: bytes) -> int:
+    """Offset of the length word of the FlatBuffers string holding ``text``."""
+    i = _first(buf, text + b"\0")
+    assert struct.unpack_from("<I", buf, i - 4)[0] == len(text)
+    return i - 4
+
+
+def test_string_length_and_terminator(artifact):
+    buf = _program_bytes(artifact)
+    pos = _string_pos(buf, b"training")  # Program.ir_level
+    _expect(_u32_at(buf, pos, 0x7FFFFFF0), r"Program.ir_level \(2147483632 bytes\) .* outside")
+    _expect(buf[: pos + 4 + 8] + b"!" + buf[pos + 4 + 9:], "Program.ir_level at byte .* is not NUL-terminated")
+
+
+def test_huge_vector_count_is_refused_before_any_allocation(artifact):
+    program = G.ProgramT.InitFromPackedBuf(_program_bytes(artifact), 0)
+    marker = b"\x11\x22\x33\x44\x55\x66\x77\x88"
+    program.exampleInputsLeaves = list(marker)  # a [ubyte] vector we can find
+    buf = _pack(program)
+    pos = _first(buf, marker) - 4
+    assert struct.unpack_from("<I", buf, pos)[0] == len(marker)
+    _expect(_u32_at(buf, pos, 0xFFFFFFFF), r"Program.example_inputs_leaves \(4294967295 elements\)")
+
+
+def test_enum_out_of_range(artifact):
+    program = G.ProgramT.InitFromPackedBuf(_program_bytes(artifact), 0)
+    program.tensors[0].kind = 200
+    _expect(_pack(program), r"Program.tensors\[0\].kind: 200 is not a value of enum TensorKind")
+    program.tensors[0].kind = G.TensorKind.BUFFER
+    program.operators[0].kind = 9
+    _expect(_pack(program), r"Program.operators\[0\].kind: 9 is not a value of enum OperatorKind")
+
+
+def test_shared_offsets_cannot_amplify_unpacking():
+    """1,000 offsets to one 100 kB string: 0.1 MB on disk, 100 MB once unpacked. Refused."""
+    b = flatbuffers.Builder(1 << 20)
+    s = b.CreateString("x" * 100_000)
+    b.StartVector(4, 1000, 4)
+    for _ in range(1000):
+        b.PrependUOffsetTRelative(s)
+    vec = b.EndVector()
+    G.ExportedProgramStart(b)
+    G.ExportedProgramAddVerifiers(b, vec)
+    ep = G.ExportedProgramEnd(b)
+    G.ProgramStart(b)
+    G.ProgramAddExportedProgram(b, ep)
+    b.Finish(G.ProgramEnd(b), file_identifier=FILE_IDENTIFIER)
+    buf = bytes(b.Output())
+    assert len(buf) < 110_000
+    _expect(buf, r"Program.exported_program.verifiers\[\d+\]: objects are referenced more often")
+
+
+def _nested_graph(depth: int):
+    graph = G.GraphT()
+    for _ in range(depth):
+        arg = G.ArgumentT()
+        arg.tag, arg.asGraph = G.ArgumentTag.as_graph, G.GraphArgumentT()
+        arg.asGraph.name, arg.asGraph.graph = "g", graph
+        named = G.NamedArgumentT()
+        named.name, named.arg = "x", arg
+        node = G.NodeT()
+        node.target, node.inputs = "torch.ops.higher_order.cond", [named]
+        graph = G.GraphT()
+        graph.nodes = [node]
+    program = G.ProgramT()
+    program.exportedProgram = G.ExportedProgramT()
+    program.exportedProgram.graphModule = G.GraphModuleT()
+    program.exportedProgram.graphModule.graph = graph
+    return _pack(program)
+
+
+def test_nesting_depth_is_bounded():
+    verifier.verify_program(_nested_graph(20), "m.pt2b")  # 20 nested subgraphs: fine
+    _expect(_nested_graph(40), "nested deeper than 128")
+
+
+def test_load_runs_the_verifier(artifact, tmp_path):
+    program = G.ProgramT.InitFromPackedBuf(_program_bytes(artifact), 0)
+    program.tensors[0].kind = 77
+    bad = _with_program(artifact, tmp_path / "bad.pt2b", _pack(program))
+    with pytest.raises(CorruptArtifactError, match=r"bad.pt2b: program section is malformed: .*enum TensorKind"):
+        load(bad)
+    good = _with_program(artifact, tmp_path / "good.pt2b", _program_bytes(artifact))
+    x = make_case("cond").args
+    torch.testing.assert_close(load(good)(*x), load(artifact)(*x), rtol=0, atol=0)
+
+
+@pytest.fixture(scope="module")
+def pristine(artifact):
+    return _program_bytes(artifact)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                   HealthCheck.too_slow])
+@given(data=st.data())
+def test_whatever_the_verifier_accepts_unpacks(pristine, data):
+    """Soundness: a mutated buffer is either refused by the verifier or unpacked without error."""
+    buf = bytearray(pristine)
+    for _ in range(data.draw(st.integers(1, 4))):
+        pos = data.draw(st.integers(8, len(buf) - 1))
+        how = data.draw(st.sampled_from(["byte", "u32", "u16"]))
+        if how == "byte":
+            buf[pos] = data.draw(st.integers(0, 255))
+        else:
+            fmt, size = ("<I", 4) if how == "u32" else ("<H", 2)
+            pos = min(pos, len(buf) - size)
+            value = data.draw(st.sampled_from([0, 1, 2, 3, 4, 0x7F, 0xFF, 0xFFFF, 0x7FFFFFFF, 0xFFFFFFFF,
+                                               len(buf), len(buf) - pos, data.draw(st.integers(0, 2**16))]))
+            struct.pack_into(fmt, buf, pos, value & (0xFFFFFFFF if size == 4 else 0xFFFF))
+    try:
+        verifier.verify_program(bytes(buf), "m.pt2b")
+    except CorruptArtifactError:
+        return
+    G.ProgramT.InitFromPackedBuf(bytes(buf), 0)
+
