@@ -7,7 +7,7 @@ import os
 import torch
 
 from . import capture as _capture
-from .errors import ExportError
+from .errors import ArtifactError, ExportError
 from .program import OperatorInfo, Pt2bProgram
 from .serialize import reader, writer
 from .serialize.generated import pt2b_generated as G
@@ -57,7 +57,10 @@ def load(path, *, verify: bool = False) -> Pt2bProgram:
 
     ``verify=True`` also checks every weight segment's checksum (reads all weights).
     """
-    art = reader.open_artifact(path)
+    return _program_of(reader.open_artifact(path), verify=verify)
+
+
+def _program_of(art, *, verify: bool) -> Pt2bProgram:
     ep = reader.rebuild(art, verify=verify)
     prog = art.program
     ops = [OperatorInfo(q, o, s, _KIND_NAMES.get(k, "?"), int(r.count))
@@ -74,18 +77,63 @@ def load(path, *, verify: bool = False) -> Pt2bProgram:
 
 
 def load_for_backend(path, preset: str = "core", *, supported_ops=None, decompositions=None, keep=None,
-                     device: str = "cpu", verify: bool = False):
+                     device: str = "cpu", verify: bool = False, cache: bool | None = None):
     """Load ``path`` and lower it for a backend: functionalize, then decompose with a preset
     ("none", "core", "core-tag", "max", optionally "@<torch version>") or until only
     ``supported_ops`` remain; ``keep`` protects ops; ``decompositions`` adds/overrides entries.
     Returns a LoweredProgram (``.exported_program()``, ``.ops()``, ``.explain(op)``, callable).
-    """
-    from .lowering.lower import lower
 
-    prog = load(path, verify=verify)
+    Results are cached (exporter/lowering/cache.py: $PT2B_CACHE_DIR, else $XDG_CACHE_HOME/pt2b,
+    else ~/.cache/pt2b) keyed by the artifact's content, the request and the versions; a hit
+    costs one load. ``cache=False`` neither reads nor writes the cache; the default (None) uses it
+    unless the environment sets PT2B_CACHE=0 (or off/false/no).
+    """
+    from .lowering import cache as _cache
+    from .lowering.lower import finish, lower, plan_lowering
+    from .lowering.lowered import Lazy
+
+    plan = plan_lowering(preset, supported_ops=supported_ops, decompositions=decompositions, keep=keep)
+    use_cache = _cache.enabled(cache) and plan.fingerprint is not None and device == "cpu"
+    if use_cache:
+        digest = reader.program_digest(path)
+        hit = _cache.Entry(_cache.cache_key(digest, plan.fingerprint, device)).load()
+        if hit is not None and (not verify or _weights_verified(path, digest)):
+            source = Lazy(lambda: _same_content(path, digest))
+            lowered = finish(plan, hit.exported_program(), source_ep=Lazy(lambda: source.get().exported_program()),
+                             source=source)
+            lowered.from_cache = True
+            return lowered
+    # The miss path keys the entry by the digest of the artifact it actually read, so a file
+    # replaced between the lookup and this open cannot file one version's lowering under another's.
+    art = reader.open_artifact(path)
+    prog = _program_of(art, verify=verify)
     ep = prog.exported_program()
     if device != "cpu":
         from torch.export.passes import move_to_device_pass
 
         ep = move_to_device_pass(ep, device)
-    return lower(ep, preset, supported_ops=supported_ops, decompositions=decompositions, keep=keep, source=prog)
+    lowered = lower(ep, preset, source=prog, plan=plan)
+    if use_cache:
+        _cache.Entry(_cache.cache_key(art.digest, plan.fingerprint, device)).store(
+            lowered.exported_program(), label=plan.label, source_path=prog.path)
+    return lowered
+
+
+def _weights_verified(path, digest: str) -> bool:
+    """verify=True on a cache hit: check the weights of the file at ``path``, provided it still
+    holds the content the hit was keyed by (False sends the caller down the uncached path)."""
+    art = reader.open_artifact(path)
+    if art.digest != digest:
+        return False
+    reader.verify_weights(art)
+    return True
+
+
+def _same_content(path, digest: str) -> Pt2bProgram:
+    """The unlowered program behind a cache hit, read on first use; refuses a file whose
+    content changed since the hit was served."""
+    art = reader.open_artifact(path)
+    if art.digest != digest:
+        raise ArtifactError(f"{art.path}: the file changed after load_for_backend served its lowering from the "
+                            "cache; call load_for_backend again to lower the new content.")
+    return _program_of(art, verify=False)

@@ -84,7 +84,22 @@ def _lower_from_args(ns):
     from .api import load_for_backend
 
     supported = _read_ops_file(ns.supported) if ns.supported else None
-    return load_for_backend(ns.artifact, ns.preset, supported_ops=supported, keep=ns.keep or None)
+    return load_for_backend(ns.artifact, ns.preset, supported_ops=supported, keep=ns.keep or None,
+                            cache=False if ns.no_cache else None)
+
+
+def cmd_cache(ns) -> int:
+    from .lowering import cache
+
+    folder = cache.cache_dir()
+    if ns.clear:
+        print(f"removed {cache.clear()} entries from {folder}")
+        return 0
+    files = cache.entries()
+    size = sum(p.stat().st_size for p in files if p.exists())
+    state = "on" if cache.enabled(None) else "off (PT2B_CACHE)"
+    print(f"lowering cache {folder} ({state}): {len(files)} entries, {size / 1e6:.1f} MB")
+    return 0
 
 
 def cmd_lower(ns) -> int:
@@ -196,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
         lo.add_argument("--preset", default="core", help="none, core, core-tag, max (optionally @<torch version>)")
         lo.add_argument("--supported", metavar="OPS.txt", help="file with one supported op per line (overrides --preset)")
         lo.add_argument("--keep", nargs="*", metavar="OP", help="ops never to decompose")
+        lo.add_argument("--no-cache", action="store_true", help="neither read nor write the lowering cache")
         if name == "lower":
             lo.add_argument("-o", "--output", help="write the lowered program as a .pt2b")
         else:
@@ -216,6 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
     dif.add_argument("a")
     dif.add_argument("b")
     o.set_defaults(func=cmd_opset)
+    ca = sub.add_parser("cache", help="where the lowering cache is, what it holds; --clear empties it")
+    ca.add_argument("--clear", action="store_true")
+    ca.set_defaults(func=cmd_cache)
     d = sub.add_parser("demo", help="export a small transformer, load it, run it")
     d.add_argument("-o", "--output", default="demo_transformer.pt2b")
     d.set_defaults(func=cmd_demo)

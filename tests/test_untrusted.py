@@ -1,6 +1,8 @@
 """A crafted artifact (valid checksums) cannot make pt2b evaluate text or call arbitrary Python:
 node targets must be operators, symbolic expressions plain arithmetic."""
 
+import json
+
 import pytest
 import torch
 from torch._export.serde import schema as S
@@ -33,8 +35,9 @@ def test_target_allowlist():
             untrusted.check_target(bad, "t")
 
 
-def _tamper(path, edit):
-    """Apply ``edit`` to the decoded program and write it back with valid checksums."""
+def _tamper(path, edit, edit_table=None):
+    """Apply ``edit`` to the decoded program (and ``edit_table`` to the FlatBuffers program table)
+    and write it back with valid checksums."""
     import flatbuffers
     import zlib
 
@@ -44,6 +47,8 @@ def _tamper(path, edit):
     ep = reader.decode_graph(art)
     edit(ep)
     art.program.exportedProgram = program_codec.encode(ep)
+    if edit_table is not None:
+        edit_table(art.program)
     b = flatbuffers.Builder(1 << 16)
     b.Finish(art.program.Pack(b), file_identifier=FILE_IDENTIFIER)
     program = bytes(b.Output())
@@ -78,3 +83,115 @@ def test_crafted_target_and_expression_refused(tmp_path, capfd):
     with pytest.raises(CorruptArtifactError, match="not arithmetic over symbols"):
         load(path2)
     assert "PWNED" not in capfd.readouterr().out
+
+
+class StrInput(torch.nn.Module):
+    def forward(self, x, mode: str):
+        return x * 2 if mode == "a" else x
+
+
+class DictInput(torch.nn.Module):
+    def forward(self, inputs):
+        return inputs["a"] + 1
+
+
+def _pwned(capfd):
+    return "PWNED" in capfd.readouterr().out
+
+
+@pytest.mark.parametrize("guard", [
+    "print('PWNED') is None",
+    "torch.os.system('echo PWNED') == 0",
+    "L['x'].__class__.__init__ is None",
+    "L['z'].size()[0] == 4",  # not an argument: torch's guard function would die with NameError
+    "L['x'].size()[0] == 9**9**9",
+])
+def test_guards_code_is_checked_before_ep_module_executes_it(tmp_path, capfd, guard):
+    """ep.module() exec()s the program's guards_code; only shape comparisons may come from a file."""
+    path = tmp_path / "m.pt2b"
+    export_model(Dyn(), (torch.randn(4, 6),), path)
+    legit = ["(L['x'].size()[0] % 2) == 0", "L['x'].size()[0] <= 64"]  # the shape of what torch writes
+
+    def set_guards(codes):
+        def edit(ep):
+            ep.guards_code = codes
+        return edit
+
+    _tamper(path, set_guards(legit))
+    ep = load(path).exported_program()
+    assert ep._guards_code == legit
+    x = torch.randn(4, 6)
+    assert torch.equal(ep.module()(x), Dyn()(x))
+    _tamper(path, set_guards(legit + [guard]))
+    with pytest.raises(CorruptArtifactError, match="guards_code: guard .* accepts only shape comparisons"):
+        load(path)
+    assert not _pwned(capfd)
+
+
+def test_string_inputs_cannot_break_out_of_torchs_guard_code(tmp_path, capfd):
+    """A str input becomes `L['mode'] == '<value>'` in the guard function ep.module() executes."""
+    path = tmp_path / "m.pt2b"
+    export_model(StrInput(), (torch.randn(3), "a"), path)
+    x = torch.randn(3)
+    assert torch.equal(load(path).exported_program().module()(x, "a"), x * 2)
+    payload = "a' or print('PWNED') or '"
+
+    def evil(ep):
+        spec = ep.graph_module.signature.input_specs[1]
+        spec.constant_input.value = S.ConstantValue.create(as_string=payload)
+        ep.graph_module.graph.inputs[1] = S.Argument.create(as_string=payload)
+
+    _tamper(path, evil)
+    with pytest.raises(CorruptArtifactError, match="string input value .* holds a quote"):
+        load(path)
+    assert not _pwned(capfd)
+
+
+def test_example_input_keys_cannot_break_out_of_torchs_guard_code(tmp_path, capfd):
+    path = tmp_path / "m.pt2b"
+    x = torch.randn(3)
+    export_model(DictInput(), ({"a": x},), path)
+    assert torch.equal(load(path).exported_program().module()({"a": x}), x + 1)
+    evil_key = 'a"+print("PWNED")+"'
+
+    def evil(table):
+        spec = json.loads(reader.text(table.exampleInputsSpec))
+        spec[1]["children_spec"][0]["children_spec"][0]["context"] = json.dumps([evil_key])
+        table.exampleInputsSpec = json.dumps(spec)
+
+    _tamper(path, lambda ep: None, evil)
+    with pytest.raises(CorruptArtifactError, match="example inputs: dict key .* holds a quote"):
+        load(path)
+    assert not _pwned(capfd)
+
+
+def test_dunder_state_paths_are_refused(tmp_path):
+    """Unlifting walks state paths with getattr/setattr: "torch.ops.aten.__class__.__init__" would
+    reach nn.Module itself (found by the fuzzer, seed 3)."""
+    path = tmp_path / "m.pt2b"
+    export_model(torch.nn.Linear(3, 2), (torch.randn(1, 3),), path)
+    bad = "lin.__class__.__init__"
+
+    def rename(ep):
+        for spec in ep.graph_module.signature.input_specs:
+            if spec.type == "parameter" and spec.parameter.parameter_name == "weight":
+                spec.parameter.parameter_name = bad
+
+    _tamper(path, rename)
+    with pytest.raises(CorruptArtifactError, match="parameter_name 'lin.__class__.__init__' is not a valid dotted name"):
+        load(path)
+    assert "__init__" in torch.nn.Module.__init__.__name__  # untouched
+
+
+def test_symint_arithmetic_on_a_tensor_is_refused(tmp_path):
+    """torch.sym_max(tensor, 0) would die mid-run on torch's internal assertion (fuzzer, seed 3)."""
+    path = tmp_path / "m.pt2b"
+    export_model(Dyn(), (torch.randn(4, 6),), path, dynamic_shapes={"x": {0: torch.export.Dim("b", max=64)}})
+
+    def retarget(ep):
+        node = next(n for n in ep.graph_module.graph.nodes if n.target == "torch.ops.aten.sym_size.int")
+        node.target = "torch.sym_max"
+
+    _tamper(path, retarget)
+    with pytest.raises(CorruptArtifactError, match="calls torch.sym_max on a tensor"):
+        load(path)

@@ -50,7 +50,9 @@ Outcome classes and the rule that decides whether an outcome is allowed (``allow
                              from the file ran as Python (the worker's canary was called or an
                              os.system/subprocess audit event fired)
   crash                      the worker died (signal, abort)                               never
-  timeout                    the mutant exceeded the per-mutant time limit                 never
+  timeout                    the mutant exceeded the per-mutant time limit                 allowed iff changed
+                             (a changed size literal may ask torch for hours of compute,   and while torch
+                             as any model format may: run untrusted models under limits)   runs the graph
 "changed": the mutant, as loaded, is a genuinely different program from its seed: after load the
 worker re-decodes it and compares (a) torch's schema tree of the program with node/graph metadata
 (stack traces, module stacks: no effect on execution) stripped, (b) every tensor record (name,
@@ -122,6 +124,7 @@ TOLERATED_RUN_ERRORS = (RuntimeError, ValueError, IndexError, TypeError, ZeroDiv
                         NotImplementedError)
 
 EXEC_PHASES = ("fingerprint", "eager", "load_for_backend", "runtime", "run")  # after a good load
+GRAPH_PHASES = ("eager", "run")  # torch executing the program's own graph
 
 
 # ==============================================================================================
@@ -139,6 +142,8 @@ def allowed(outcome: str, changed: bool | None, phase: str | None = None) -> boo
         return True
     if outcome == "memory":
         return phase in EXEC_PHASES
+    if outcome == "timeout":  # a changed literal may ask for any amount of compute; pt2b's own code may not hang
+        return phase in GRAPH_PHASES
     return False
 
 
@@ -907,7 +912,7 @@ class Reference:
         case = make_case(name)
         self.args, self.kwargs = case.args, case.kwargs or {}
         self.eager = load(path)(*_clone_tree(self.args), **_clone_tree(self.kwargs))
-        self.rt = {p: Runtime(load_for_backend(path, p))(*_clone_tree(self.args), **_clone_tree(self.kwargs))
+        self.rt = {p: Runtime(load_for_backend(path, p, cache=False))(*_clone_tree(self.args), **_clone_tree(self.kwargs))
                    for p in PRESETS}
         self.fp = _fingerprint(path)
 
@@ -974,7 +979,7 @@ def _classify(e: BaseException, phase: str, changed: bool | None) -> str:
     return f"other:{type(e).__name__}"
 
 
-def execute(path: str, mutant: Mutant, ref: Reference, on_phase=lambda p: None) -> dict:
+def execute(path: str, mutant: Mutant, ref: Reference, on_phase=lambda phase, changed: None) -> dict:
     """Load, run eagerly, lower and run with runtime_ref; the outcome of one mutant."""
     from exporter import load
     from exporter.api import load_for_backend
@@ -990,7 +995,7 @@ def execute(path: str, mutant: Mutant, ref: Reference, on_phase=lambda p: None) 
         return res
 
     phase = "load"
-    on_phase(phase)
+    on_phase(phase, res["changed"])
     _CANARY_HITS.clear()
     try:
         prog = load(path, verify=mutant.verify)
@@ -1000,7 +1005,7 @@ def execute(path: str, mutant: Mutant, ref: Reference, on_phase=lambda p: None) 
         res.update(outcome="other:CodeExecution", phase=phase, detail=f"code from the artifact ran: {_CANARY_HITS}")
         return res
     phase = "fingerprint"
-    on_phase(phase)
+    on_phase(phase, res["changed"])
     try:
         changed, note = ref.changed(path, mutant.verify)
     except (Exception, SystemExit, CodeExecution) as e:  # it loaded, so its program decodes: a failure is a finding
@@ -1012,7 +1017,7 @@ def execute(path: str, mutant: Mutant, ref: Reference, on_phase=lambda p: None) 
     events = []  # (outcome, phase, detail, tb)
     try:
         phase = "eager"
-        on_phase(phase)
+        on_phase(phase, res["changed"])
         out = prog(*_clone_tree(ref.args), **_clone_tree(ref.kwargs))
         if not _same_outputs(out, ref.eager):
             events.append(("mismatch", phase, "eager outputs differ from the seed's", ""))
@@ -1022,13 +1027,13 @@ def execute(path: str, mutant: Mutant, ref: Reference, on_phase=lambda p: None) 
     del prog
     try:
         phase = "load_for_backend"
-        on_phase(phase)
-        lowered = load_for_backend(path, mutant.preset, verify=mutant.verify)
+        on_phase(phase, res["changed"])
+        lowered = load_for_backend(path, mutant.preset, verify=mutant.verify, cache=False)
         phase = "runtime"
-        on_phase(phase)
+        on_phase(phase, res["changed"])
         rt = Runtime(lowered)
         phase = "run"
-        on_phase(phase)
+        on_phase(phase, res["changed"])
         out = rt(*_clone_tree(ref.args), **_clone_tree(ref.kwargs))
         if not _same_outputs(out, ref.rt[mutant.preset]):
             events.append(("mismatch", phase, f"runtime_ref outputs (preset {mutant.preset}) differ from the seed's", ""))
@@ -1092,7 +1097,7 @@ def _worker_main(conn, cfg: dict) -> None:
             with open(path, "wb") as f:
                 f.write(m.data)
             try:
-                res = execute(path, m, refs[m.model], lambda p: conn.send(("phase", p)))
+                res = execute(path, m, refs[m.model], lambda p, c: conn.send(("phase", (p, c))))
             finally:
                 os.unlink(path)
             res.update(meta)
@@ -1117,7 +1122,7 @@ class _Worker:
         child.close()
         self.ready = False
         self.started = time.monotonic()
-        self.job = None  # (index, meta, phase, deadline)
+        self.job = None  # [index, meta, phase, deadline, changed]
 
     def kill(self):
         if self.proc.is_alive():
@@ -1224,7 +1229,7 @@ def run_campaign(seed: int, mutants: int, *, workers: int = 2, models=DEFAULT_MO
             w.job = None
             return
         job_seed, index = todo.pop()
-        w.job = [index, {"seed": job_seed, "index": index}, "generate", time.monotonic() + timeout]
+        w.job = [index, {"seed": job_seed, "index": index}, "generate", time.monotonic() + timeout, None]
         w.parent.send(("run", job_seed, index))
 
     try:
@@ -1249,7 +1254,7 @@ def run_campaign(seed: int, mutants: int, *, workers: int = 2, models=DEFAULT_MO
                         elif kind == "start":
                             w.job[1] = payload
                         elif kind == "phase":
-                            w.job[2] = payload
+                            w.job[2], w.job[4] = payload
                         elif kind == "done":
                             camp.record(payload, keep_results)
                             give(w)
@@ -1259,9 +1264,9 @@ def run_campaign(seed: int, mutants: int, *, workers: int = 2, models=DEFAULT_MO
                     w.proc.join(1)
                     code = w.proc.exitcode
                     if w.job is not None:
-                        index, meta, phase, _ = w.job
+                        index, meta, phase, _, changed = w.job
                         outcome = "memory" if code == -9 else "crash"
-                        res = dict(meta, index=index, outcome=outcome, changed=None, phase=phase,
+                        res = dict(meta, index=index, outcome=outcome, changed=changed, phase=phase,
                                    detail=f"worker died with exit code {code} during {phase}", traceback="")
                         camp.record(res, keep_results)
                         restart(i)
@@ -1271,8 +1276,8 @@ def run_campaign(seed: int, mutants: int, *, workers: int = 2, models=DEFAULT_MO
                         restart(i)
                     continue
                 if w.job is not None and time.monotonic() > w.job[3]:
-                    index, meta, phase, _ = w.job
-                    res = dict(meta, index=index, outcome="timeout", changed=None, phase=phase,
+                    index, meta, phase, _, changed = w.job
+                    res = dict(meta, index=index, outcome="timeout", changed=changed, phase=phase,
                                detail=f"no result within {timeout:g} s (phase {phase})", traceback="")
                     camp.record(res, keep_results)
                     restart(i)

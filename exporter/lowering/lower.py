@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from typing import Callable
+
 import torch
 
 from ..errors import LoweringError, OpsetError
@@ -10,7 +14,7 @@ from ..ops import OpMatcher, op_name, resolve_op
 from . import presets as _presets
 from . import tables
 from .decompose import run_decompositions
-from .lowered import LoweredProgram
+from .lowered import Lazy, LoweredProgram
 from .verify import outside, route_lines
 
 ATEN_LIKE = {"aten", "prims"}
@@ -46,11 +50,30 @@ def _user_table(decompositions) -> dict:
     return out
 
 
-def lower(source_ep, preset: str = "core", *, supported_ops=None, decompositions=None, keep=None,
-          source=None) -> LoweredProgram:
+@dataclasses.dataclass
+class LoweringPlan:
+    """What a lowering request resolves to before any graph is touched."""
+
+    table: dict
+    accepts: Callable
+    label: str
+    description: str
+    strict: bool
+    keep: OpMatcher | None
+    supported: OpMatcher | None
+    fingerprint: str | None  # everything that determines the result; None when it cannot be keyed
+
+
+def _entry_text(e) -> str:
+    return op_name(e) if isinstance(e, torch._ops.OpOverload) else str(e)
+
+
+def plan_lowering(preset: str = "core", *, supported_ops=None, decompositions=None, keep=None) -> LoweringPlan:
+    """Resolve a preset or supported_ops list, keep and decompositions into a table and an accept rule."""
     keep_m = _matcher(keep, "keep")
     kept = (lambda op: op in keep_m) if keep_m is not None else (lambda op: False)
     user = _user_table(decompositions)
+    sup_m = None
     if supported_ops is not None:
         sup_m = _matcher(supported_ops, "supported_ops")
         available = tables.available_decompositions()
@@ -58,6 +81,7 @@ def lower(source_ep, preset: str = "core", *, supported_ops=None, decompositions
         table.update(user)
         accepts = lambda op: op in sup_m or kept(op) or (_is_custom(op) and op not in table)
         label, description, strict = "supported_ops", "decomposed until only the backend's supported ops remain", True
+        what = {"supported_ops": sorted(_entry_text(e) for e in _entries(supported_ops))}
     else:
         p = _presets.load(preset)
         source_table = tables.torch_default_table() if p.name == "core" else tables.available_decompositions()
@@ -71,18 +95,42 @@ def lower(source_ep, preset: str = "core", *, supported_ops=None, decompositions
             accepts = lambda op: op in opset_m or kept(op) or (_is_custom(op) and op not in table)
         # a pinned preset ("core@2.13") guarantees its frozen opset: anything outside is an error
         label, description, strict = p.key, p.description, p.strict or ("@" in preset and p.opset is not None)
-    lowered = functionalize(source_ep) if not table else run_decompositions(source_ep, table)
-    bad = outside(lowered.graph_module, accepts)
-    if bad and strict:
-        stop = lambda op: op not in table
+        what = {"preset": preset, "frozen": p.to_json()}
+    what.update(keep=sorted(_entry_text(e) for e in _entries(keep)), strict=strict,
+                table=sorted(op_name(op) for op in table))
+    fingerprint = None if user else json.dumps(what, sort_keys=True)
+    return LoweringPlan(table, accepts, label, description, strict, keep_m, sup_m, fingerprint)
+
+
+def _entries(entries) -> list:
+    if entries is None:
+        return []
+    return [entries] if isinstance(entries, (str, torch._ops.OpOverload, torch._ops.OpOverloadPacket)) else list(entries)
+
+
+def lower(source_ep, preset: str = "core", *, supported_ops=None, decompositions=None, keep=None,
+          source=None, plan: LoweringPlan | None = None) -> LoweredProgram:
+    plan = plan or plan_lowering(preset, supported_ops=supported_ops, decompositions=decompositions, keep=keep)
+    lowered = functionalize(source_ep) if not plan.table else run_decompositions(source_ep, plan.table)
+    return finish(plan, lowered, source_ep=source_ep, source=source)
+
+
+def finish(plan: LoweringPlan, lowered, *, source_ep, source=None) -> LoweredProgram:
+    """Verify ``lowered`` against the plan's accepted op set and wrap it; ``source_ep`` may be a
+    Lazy (the undecomposed program is then loaded only when explain() or an error needs it)."""
+    bad = outside(lowered.graph_module, plan.accepts)
+    if bad and plan.strict:
+        source_ep = source_ep.get() if isinstance(source_ep, Lazy) else source_ep
+        stop = lambda op: op not in plan.table
         lines = []
         for name, count in bad.items():
             lines.append(f"  {name} ({count} call sites): no decomposition reaches the accepted set")
-            lines += ["      route: " + r for r in route_lines(name, lowered.graph_module, source_ep.graph_module, table, stop)]
+            lines += ["      route: " + r for r in route_lines(name, lowered.graph_module, source_ep.graph_module,
+                                                               plan.table, stop)]
         raise OpsetError(
-            f"lowering with {label}: {len(bad)} op(s) cannot reach the accepted op set:\n" + "\n".join(lines)
+            f"lowering with {plan.label}: {len(bad)} op(s) cannot reach the accepted op set:\n" + "\n".join(lines)
             + "\nAdd them to supported_ops, give a decomposition for them (decompositions={op: fn}), or keep them."
         )
-    return LoweredProgram(lowered, source_ep=source_ep, preset=label, table=table, keep=keep_m,
-                          supported=sup_m if supported_ops is not None else None, accepts=accepts,
-                          outside=bad, description=description, source=source)
+    return LoweredProgram(lowered, source_ep=source_ep, preset=plan.label, table=plan.table, keep=plan.keep,
+                          supported=plan.supported, accepts=plan.accepts, outside=bad,
+                          description=plan.description, source=source)

@@ -10,11 +10,23 @@ from .graph_ops import op_counts, op_nodes
 from .verify import route_lines
 
 
+class Lazy:
+    """A value computed on first use (the source program of a lowering taken from the cache)."""
+
+    def __init__(self, fn):
+        self._fn, self._done, self._value = fn, False, None
+
+    def get(self):
+        if not self._done:
+            self._value, self._done = self._fn(), True
+        return self._value
+
+
 class LoweredProgram(ProgramHandle):
     def __init__(self, ep, *, source_ep, preset: str, table: dict, keep, supported, accepts,
                  outside: dict[str, int], description: str, source=None):
         self._ep = ep
-        self._source_ep = source_ep
+        self._source = source_ep  # an ExportedProgram, or a Lazy loading it on first use
         self.preset = preset
         self.table = table
         self.keep = keep
@@ -22,7 +34,21 @@ class LoweredProgram(ProgramHandle):
         self._accepts = accepts
         self.outside_opset = outside  # op -> count of ops outside the declared opset (reported)
         self.description = description
-        self.source = source  # the Pt2bProgram it was lowered from, when loaded from a file
+        self._source_prog = source  # the Pt2bProgram it was lowered from (or a Lazy loading it)
+        self.from_cache = False  # True when load_for_backend took the result from the lowering cache
+
+    @property
+    def source(self):
+        """The Pt2bProgram this was lowered from, when it was loaded from a file."""
+        if isinstance(self._source_prog, Lazy):
+            self._source_prog = self._source_prog.get()
+        return self._source_prog
+
+    @property
+    def _source_ep(self):
+        if isinstance(self._source, Lazy):
+            self._source = self._source.get()
+        return self._source
 
     def ops(self) -> dict[str, int]:
         """The op overloads the backend must implement, with their number of call sites."""

@@ -6,7 +6,9 @@ verified on every open, weight checksums on request (``verify=True``).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import hashlib
 import mmap
 import os
 import threading
@@ -41,6 +43,7 @@ class Artifact:
     header: Header
     program: object  # G.ProgramT
     mm: mmap.mmap
+    digest: str = ""  # sha256 of the program section as read: the content identity (program_digest)
     upgrade_notes: list[str] = dataclasses.field(default_factory=list)  # op schema upgrades applied
 
     @property
@@ -52,8 +55,9 @@ def _where(path) -> str:
     return f"{os.fspath(path)!s}"
 
 
-def open_artifact(path) -> Artifact:
-    """Open and verify ``path``: preamble, version, header, program checksum, program table."""
+def _open_checked(path, *, mapped: bool):
+    """(where, header, file mapping or None, program bytes) after the preamble, version, header
+    and program checksum checks; the mapping is made only when ``mapped``."""
     try:
         path = os.fspath(path)
     except TypeError:
@@ -73,12 +77,24 @@ def open_artifact(path) -> Artifact:
         major, minor = read_preamble(head, where)
         check_version(major, minor, where)
         header = unpack_header(head, where, size)
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-    program_bytes = mm[header.program_offset : header.program_offset + header.program_size]
+        if mapped:
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+            program_bytes = mm[header.program_offset : header.program_offset + header.program_size]
+        else:
+            mm = None
+            f.seek(header.program_offset)
+            program_bytes = f.read(header.program_size)
     if zlib.crc32(program_bytes) != header.program_crc32:
         raise CorruptArtifactError(
             f"{where}: program section checksum mismatch; the file is damaged (re-export or re-copy it)."
         )
+    return path, header, mm, program_bytes
+
+
+def open_artifact(path) -> Artifact:
+    """Open and verify ``path``: preamble, version, header, program checksum, program table."""
+    path, header, mm, program_bytes = _open_checked(path, mapped=True)
+    where = _where(path)
     if len(program_bytes) < 8 or not G.Program.ProgramBufferHasIdentifier(program_bytes, 0):
         raise CorruptArtifactError(f"{where}: program section lacks the file identifier {FILE_IDENTIFIER!r}.")
     verifier.verify_program(program_bytes, where)  # bounds, enums, depth, work: before any unpacking
@@ -86,7 +102,14 @@ def open_artifact(path) -> Artifact:
         program = G.ProgramT.InitFromPackedBuf(program_bytes, 0)
     except Exception as e:  # the verifier should make this unreachable; any failure still means damage
         raise CorruptArtifactError(f"{where}: program section is malformed ({type(e).__name__}: {e}).") from None
-    return Artifact(path, header, program, mm)
+    return Artifact(path, header, program, mm, digest=hashlib.sha256(program_bytes).hexdigest())
+
+
+def program_digest(path) -> str:
+    """sha256 of the program section, which records every tensor and weight-segment checksum:
+    an identity for the artifact's content that costs no weight reads (checked like open_artifact)."""
+    _, _, _, program_bytes = _open_checked(path, mapped=False)
+    return hashlib.sha256(program_bytes).hexdigest()
 
 
 def check_version(major: int, minor: int, where: str) -> None:
@@ -151,6 +174,17 @@ def _example_inputs(art: Artifact, tensors) -> object:
     where = _where(art.path)
     try:
         treespec = pytree.treespec_loads(spec)
+    except Exception as e:
+        raise CorruptArtifactError(f"{where}: example inputs are malformed ({type(e).__name__}: {e}).") from None
+    # their dict keys become guard code at ep.module() (torch.export._unlift)
+    stack = [treespec]
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children())
+        if node.type in (dict, collections.OrderedDict, collections.defaultdict):
+            ctx = node.context[1] if node.type is collections.defaultdict else node.context
+            untrusted.check_plain_strings(list(ctx or []), f"{where}: example inputs", "dict key")
+    try:
         raw = art.program.exampleInputsLeaves
         leaves_meta = msgpack.unpackb(bytes(raw if raw is not None else b""), strict_map_key=True)
         example = [t for _, (k, t, _) in tensors.items() if k == G.TensorKind.EXAMPLE_INPUT]

@@ -4,7 +4,10 @@ arithmetic), symbolic expressions plain arithmetic over symbols (parsed, never e
 bounded exponents), and every name that fx turns into Python source a plain identifier/path.
 
 Why: torch's deserializer parses expressions with sympy.sympify (which uses eval) and resolves a
-node's target by getattr from the torch module (so "torch.os.system" would resolve and be called)."""
+node's target by getattr from the torch module (so "torch.os.system" would resolve and be called);
+ep.module() exec()s input guards written from the program's guards_code, its string-valued inputs
+and its example inputs' keys; unlifting setattr()s along every state path (so a "__class__"
+component would reach nn.Module itself)."""
 
 from __future__ import annotations
 
@@ -102,9 +105,11 @@ _VALUE_MAPS = ("tensor_values", "sym_int_values", "sym_bool_values", "sym_float_
 
 def check_name(value, pattern, where: str, what: str, *, may_be_self: bool = False) -> None:
     # fx binds the module as `self` in generated code: a value, state path or forward argument
-    # named "self..." would shadow it (only operator argument names, such as add's `self`, may be)
+    # named "self..." would shadow it (only operator argument names, such as add's `self`, may be);
+    # a dunder component of a state path makes unlifting getattr/setattr Python internals
     shadows = isinstance(value, str) and not may_be_self and value.split(".")[0] == "self"
-    if not isinstance(value, str) or not pattern.fullmatch(value) or shadows:
+    dunder = pattern is FQN and isinstance(value, str) and any(c.startswith("__") for c in value.split("."))
+    if not isinstance(value, str) or not pattern.fullmatch(value) or shadows or dunder:
         raise CorruptArtifactError(
             f"{where}: {what} {str(value)[:80]!r} is not a valid "
             f"{'identifier' if pattern is IDENT else 'dotted name'}; names from a file end up in "
@@ -162,3 +167,122 @@ def check_program(ep: S.ExportedProgram, where: str) -> None:
     if not calls or calls[0].fqn != "" or calls[0].signature is None:
         raise CorruptArtifactError(
             f"{where}: module_call_graph must start with the root module's entry (fqn '' with a signature).")
+    root_args = set(calls[0].signature.forward_arg_names or [])
+    for code in ep.guards_code or []:
+        check_guard(code, root_args, f"{where}: guards_code")
+    check_plain_strings((ep.graph_module.graph.inputs, ep.graph_module.signature.input_specs),
+                        f"{where}: program inputs", "string input value")
+    _check_python_call_arguments(ep.graph_module.graph, where)
+
+
+def _check_python_call_arguments(graph: S.Graph, where: str) -> None:
+    """SymInt arithmetic (torch.sym_max, operator.mul...) takes symbols and numbers, never tensors:
+    torch would fail with an internal assertion mid-run."""
+    stack = [graph]
+    while stack:
+        g = stack.pop()
+        for node in g.nodes:
+            for inp in node.inputs:
+                if inp.arg.type == "as_graph":
+                    stack.append(inp.arg.value.graph)
+            if node.target in _PYTHON_TARGETS and node.target != "_operator.getitem":
+                kinds = {inp.arg.type for inp in node.inputs} & _TENSOR_ARGUMENTS
+                if kinds:
+                    raise CorruptArtifactError(
+                        f"{where}: node {node.name!r} calls {node.target} on a tensor ({sorted(kinds)[0]}); "
+                        f"that is SymInt arithmetic, which takes symbols and numbers only.")
+
+
+_TENSOR_ARGUMENTS = {"as_tensor", "as_tensors", "as_optional_tensor", "as_optional_tensors"}
+PLAIN_TEXT_MAX = 4096
+
+
+def _plain_text(value: str) -> bool:
+    # torch splices these into guard code inside '...' and "..." literals: no quotes, escapes or
+    # line breaks may reach it
+    return len(value) <= PLAIN_TEXT_MAX and value.isprintable() and not any(c in value for c in "'\\\"")
+
+
+def check_plain_strings(obj, where: str, what: str) -> None:
+    """Every str inside ``obj`` (dataclasses, unions, lists, dicts) must be plain printable text
+    without quotes or backslashes."""
+    stack = [obj]
+    while stack:
+        o = stack.pop()
+        if isinstance(o, str):
+            if not _plain_text(o):
+                raise CorruptArtifactError(
+                    f"{where}: {what} {o[:80]!r} holds a quote, backslash or control character; torch "
+                    f"writes such values into generated guard code, so pt2b refuses them.")
+        elif isinstance(o, _Union):
+            stack.append(o.value)
+        elif dataclasses.is_dataclass(o):
+            stack.extend(getattr(o, f.name) for f in dataclasses.fields(o))
+        elif isinstance(o, (list, tuple)):
+            stack.extend(o)
+        elif isinstance(o, dict):
+            stack.extend(o.keys())
+            stack.extend(o.values())
+
+
+# What torch's own guards_code looks like: "(L['x'].size()[0] % 2) == 0", "L['y'].size()[0] <= L['x'].size()[0]"
+_GUARD_NODES = (ast.Expression, ast.Compare, ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.Subscript, ast.Attribute,
+                ast.Call, ast.Name, ast.Constant, ast.Load, ast.operator, ast.unaryop, ast.cmpop, ast.boolop)
+_GUARD_METHODS = {"size", "stride", "storage_offset", "dim", "numel"}
+_GUARD_MATH = {"floor", "ceil", "trunc", "isnan", "isinf", "inf", "sqrt", "fabs", "log2"}
+_GUARD_NAMES = {"L", "math", "inf", "abs", "min", "max", "int", "float", "round",
+                "IsNonOverlappingAndDenseIndicator"}
+
+
+def check_guard(code, root_args: set, where: str) -> None:
+    """Raise unless ``code`` is an input guard as torch writes them: comparisons and arithmetic over
+    L['<forward argument>']... sizes/strides, numbers and a few math functions. ep.module() exec()s it."""
+    def bad(why: str):
+        return CorruptArtifactError(f"{where}: guard {str(code)[:80]!r} {why}; ep.module() would execute "
+                                    f"it as Python, so pt2b accepts only shape comparisons.")
+
+    if not isinstance(code, str) or not _plain_guard_text(code):
+        raise bad("is too long or holds a double quote, backslash or control character")
+    try:
+        tree = ast.parse(code, mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        raise bad("does not parse") from None
+    for node in ast.walk(tree):
+        if not isinstance(node, _GUARD_NODES):
+            raise bad(f"contains {type(node).__name__}")
+        if isinstance(node, ast.Name) and node.id not in _GUARD_NAMES:
+            raise bad(f"names {node.id!r}")
+        if isinstance(node, ast.Attribute):
+            ok = node.attr in _GUARD_MATH if isinstance(node.value, ast.Name) and node.value.id == "math" \
+                else node.attr in _GUARD_METHODS
+            if not ok:
+                raise bad(f"reads attribute {node.attr!r}")
+        if isinstance(node, ast.Call) and (node.keywords or not isinstance(node.func, (ast.Name, ast.Attribute))):
+            raise bad("makes a call that is not a size query or math function")
+        if isinstance(node, ast.Subscript):
+            key = node.slice
+            if not (isinstance(key, ast.Constant) and isinstance(key.value, (int, str))
+                    and not isinstance(key.value, bool)):
+                raise bad("indexes with something other than a name or a number")
+            if isinstance(node.value, ast.Name) and (node.value.id != "L" or key.value not in root_args | {"flat_args"}):
+                raise bad(f"reads {ast.unparse(node)}, which is not a forward argument")
+        if isinstance(node, ast.Name) and node.id == "L" and not _is_subscripted(tree, node):
+            raise bad("uses L other than to read an argument")
+        if isinstance(node, ast.Constant):
+            v = node.value
+            if isinstance(v, str) and not IDENT.fullmatch(v):
+                raise bad("contains a string that is not a name")
+            if isinstance(v, int) and abs(v) > MAX_INT:
+                raise bad("contains an integer beyond 64 bits")
+            if not isinstance(v, (str, int, float)):
+                raise bad(f"contains the constant {v!r}")
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow) and not _small_exponent(node.right):
+            raise bad("raises to a large power")
+
+
+def _plain_guard_text(code: str) -> bool:
+    return len(code) <= MAX_EXPR_LEN and code.isprintable() and not any(c in code for c in "\"\\")
+
+
+def _is_subscripted(tree, name_node) -> bool:
+    return any(isinstance(n, ast.Subscript) and n.value is name_node for n in ast.walk(tree))

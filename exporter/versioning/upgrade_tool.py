@@ -48,6 +48,7 @@ def upgrade_file(source, dest=None, *, check: bool = False, to: tuple[int, int] 
     """Upgrade ``source`` into ``dest`` (default: in place, atomically)."""
     from ..api import load
     from ..serialize import writer
+    from ..serialize.atomic import atomic_path
 
     target = to or FORMAT_VERSION
     source = os.fspath(source)
@@ -60,18 +61,17 @@ def upgrade_file(source, dest=None, *, check: bool = False, to: tuple[int, int] 
     provenance = {k: v for k, v in prog.provenance.items() if not k.startswith("upgraded_op:")}
     if changes:
         provenance[f"upgrade@{version_str(target)}"] = "; ".join(changes)
-    folder = os.path.dirname(os.path.abspath(dest))
-    tmp = os.path.join(folder, f".{os.path.basename(dest)}.upgrade.pt2b")
-    try:
+    # A temp file of its own (two upgrades of one file at once must not share one), named
+    # .<name>.upgrade.<random>.tmp: a kill leaves nothing that looks like an artifact. It is
+    # replaced by the writer (atomically), checked, then moved onto dest (atomically, folder
+    # synced); any failure removes it and leaves dest as it was.
+    with atomic_path(dest, tag="upgrade.") as tmp:
         writer.write_artifact(prog.exported_program(), tmp, ir_level=prog.ir_level, metadata=prog.metadata,
                               provenance=provenance, version=target)
         check_prog = load(tmp, verify=True)  # the new file must load before the old one is touched
         if check_prog.ops() != prog.ops():
             raise ExportError(f"{dest}: the upgraded artifact's op table differs from the loaded program's.")
-        os.replace(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        del check_prog  # (its mapping of the temp file)
     result.written = True
     return result
 
@@ -85,6 +85,8 @@ def upgrade_path(path, dest=None, *, check: bool = False, to=None) -> list[Upgra
         raise ExportError("a folder is upgraded in place: give no destination.")
     out = []
     for f in sorted(p.rglob("*.pt2b")):
+        if f.name.startswith(".") and f.name.endswith(".upgrade.pt2b"):
+            continue  # a temp file an older pt2b's killed upgrade left behind, not an artifact
         try:
             out.append(upgrade_file(f, check=check, to=to))
         except (ArtifactError, ExportError) as e:

@@ -1,0 +1,102 @@
+"""The lowering cache: load_for_backend's results stored as .pt2b files, keyed by the artifact's
+content, the lowering request and the software versions, so a repeated lowering is one load.
+
+Off with cache=False or PT2B_CACHE=0. Where: $PT2B_CACHE_DIR, else $XDG_CACHE_HOME/pt2b, else ~/.cache/pt2b. Key: sha256 of the source's
+program section (which records every tensor and weight-segment checksum), the resolved
+lowering plan (preset and its frozen lists, supported_ops, keep, the decomposition table's ops),
+torch, pt2b and format versions. Entries are written atomically (temp file + rename), so
+concurrent lowerings of one artifact each see a complete entry or none; an entry that does
+not load (damaged, written by another format) is a miss and is rewritten. Requests with a
+custom decomposition table (code cannot be keyed) and non-CPU devices are not cached.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import warnings
+
+import torch
+
+from .. import __version__
+from ..errors import ArtifactError, ExportError
+from ..versioning.formats import FORMAT_VERSION
+
+CACHE_LAYOUT = 1  # bump when what an entry holds changes meaning
+_KEY_FIELD = "pt2b_lowering_cache_key"
+
+
+def enabled(cache: bool | None) -> bool:
+    """``cache`` as given, or when None: on unless $PT2B_CACHE is 0/off/false/no."""
+    if cache is not None:
+        return bool(cache)
+    return os.environ.get("PT2B_CACHE", "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def cache_dir() -> pathlib.Path:
+    env = os.environ.get("PT2B_CACHE_DIR")
+    if env:
+        return pathlib.Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (pathlib.Path(xdg) if xdg else pathlib.Path.home() / ".cache") / "pt2b"
+
+
+def cache_key(program_digest: str, fingerprint: str, device: str) -> str:
+    what = {"program": program_digest, "plan": fingerprint, "device": device, "torch": torch.__version__,
+            "pt2b": __version__, "format": list(FORMAT_VERSION), "layout": CACHE_LAYOUT}
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
+
+
+class Entry:
+    """One cache slot: ``load()`` the lowered program stored there, or ``store()`` one."""
+
+    def __init__(self, key: str, folder: pathlib.Path | None = None):
+        self.key = key
+        self.path = (folder or cache_dir()) / f"lowered-{key[:40]}.pt2b"
+
+    def load(self):
+        """The stored Pt2bProgram, or None on a miss (absent, damaged or not this key's)."""
+        from ..api import load
+
+        if not self.path.exists():
+            return None
+        try:
+            prog = load(self.path)
+        except ArtifactError:
+            return None
+        if prog.metadata.get(_KEY_FIELD) != self.key:
+            return None
+        return prog
+
+    def store(self, ep, *, label: str, source_path: str) -> bool:
+        """Write ``ep`` to the slot; a cache that cannot be written only warns (lowering succeeded)."""
+        from ..serialize.writer import write_artifact
+
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_artifact(ep, self.path, ir_level=f"lowered:{label}", metadata={_KEY_FIELD: self.key},
+                           provenance={"lowered_from": os.fspath(source_path), "lowering": label})
+            return True
+        except (OSError, ExportError) as e:
+            warnings.warn(f"pt2b lowering cache: cannot write {self.path} ({e}); continuing without it.",
+                          RuntimeWarning, stacklevel=3)
+            return False
+
+
+def entries(folder: pathlib.Path | None = None) -> list[pathlib.Path]:
+    folder = folder or cache_dir()
+    return sorted(folder.glob("lowered-*.pt2b")) if folder.is_dir() else []
+
+
+def clear(folder: pathlib.Path | None = None) -> int:
+    """Remove every entry; returns how many were removed."""
+    removed = 0
+    for p in entries(folder):
+        try:
+            p.unlink()
+            removed += 1
+        except FileNotFoundError:
+            pass
+    return removed
