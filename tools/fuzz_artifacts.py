@@ -24,6 +24,9 @@ Mutation kinds (``KINDS``: name -> weight in percent):
     export schema tree decoded by program_codec: node targets, symbolic expressions, names, ints,
     enums, lists, union members; or one name renamed consistently everywhere, tensor records
     included). Names are also set to code-injection payloads that call a canary (``CANARY``).
+    struct_guards (GUARDS_SHARE of the struct_schema draws, from their own random stream so the
+    other mutants stay as they were): guards_code, which ep.module() exec()s, extended with
+    torch-like guards, guards over unknown arguments, huge powers and canary payloads.
 
 Execution: a persistent worker process (torch imported once, RLIMIT_AS set) takes one mutant at a
 time: ``load(path, verify=v)`` (v random per mutant), runs the loaded program eagerly on the seed's
@@ -108,6 +111,8 @@ KINDS = {
     "struct_schema": 14,
 }
 assert sum(KINDS.values()) == 100
+GUARDS_SHARE = 0.08  # of struct_schema mutants: guards_code edits ("struct_guards", own random stream)
+GUARDS_SALT = 0x6A4D_0000_0002  # chosen so that no FIXED regression mutant in tests/test_fuzz.py moves
 
 HEADER_FMT = struct.Struct("<4sHHIIQQQQIIQ")
 HEADER_FIELDS = {  # name -> (offset, struct format)
@@ -305,6 +310,11 @@ class Mutator:
         verify = rng.random() < 0.5
         preset = "none" if rng.random() < 0.75 else "core"
         s = self.seeds[model]
+        if kind == "struct_schema":  # a share of them edit guards_code, decided off the main stream
+            aux = self.rng_for(seed, index + GUARDS_SALT)
+            if aux.random() < GUARDS_SHARE:
+                rng = aux
+                kind = "struct_guards"
         for attempt in range(20):
             try:
                 data, desc = getattr(self, "_m_" + kind)(rng, s)
@@ -511,6 +521,27 @@ class Mutator:
         if new is _DELETE and isinstance(parent, list):
             raise _Retry
         return _pack(s, tree), f"program table {path}: {what}, CRCs repaired"
+
+    def _m_struct_guards(self, rng, s):
+        """Set the program's guards_code (which ep.module() exec()s) to torch-like guards, guards over
+        unknown arguments, huge powers or canary payloads."""
+        from exporter.serialize import program_codec
+
+        tree = s.program_tree()
+        ep = s._schema_tree(tree)
+        args = list(ep.graph_module.module_call_graph[0].signature.forward_arg_names or ["x"])
+        arg = rng.choice(args + ["flat_args", "nope"])
+        n = rng.choice(INT_SPECIALS)
+        guards = [
+            f"L['{arg}'].size()[0] >= 0", f"L['{arg}'].size()[0] == {n}", f"(L['{arg}'].size()[0] % 2) == 0",
+            f"L['{arg}'].size()[0] <= 9**9**9", f"L['{arg}'].size()[0] == 1 or {CANARY}()", f"{CANARY}() is None",
+            f"L['{arg}'].__class__ is None", f"torch.{CANARY}()", f"L['{arg}'].size()[0] == 'a\" + {CANARY}() + \"'",
+            rng.choice(INJECTIONS), rng.choice(EXPRESSIONS),
+        ]
+        new = [rng.choice(guards) for _ in range(rng.choice((1, 1, 2)))]
+        ep.guards_code = list(ep.guards_code or []) + new
+        tree.exportedProgram = program_codec.encode(ep)
+        return _pack(s, tree), f"guards_code += {[g[:80] for g in new]!r}, CRCs repaired"
 
     def _m_struct_schema(self, rng, s):
         from exporter.errors import ExportError

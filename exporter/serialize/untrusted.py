@@ -234,9 +234,10 @@ _GUARD_NAMES = {"L", "math", "inf", "abs", "min", "max", "int", "float", "round"
                 "IsNonOverlappingAndDenseIndicator"}
 
 
-def check_guard(code, root_args: set, where: str) -> None:
+def check_guard(code, root_args: set, where: str) -> list[tuple]:
     """Raise unless ``code`` is an input guard as torch writes them: comparisons and arithmetic over
-    L['<forward argument>']... sizes/strides, numbers and a few math functions. ep.module() exec()s it."""
+    L['<forward argument>']... sizes/strides, numbers and a few math functions. ep.module() exec()s it.
+    Returns the input paths it reads (L['x'][0] -> ('x', 0)) for check_guard_inputs."""
     def bad(why: str):
         return CorruptArtifactError(f"{where}: guard {str(code)[:80]!r} {why}; ep.module() would execute "
                                     f"it as Python, so pt2b accepts only shape comparisons.")
@@ -278,6 +279,46 @@ def check_guard(code, root_args: set, where: str) -> None:
                 raise bad(f"contains the constant {v!r}")
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow) and not _small_exponent(node.right):
             raise bad("raises to a large power")
+    return _input_paths(tree)
+
+
+def _input_paths(tree) -> list[tuple]:
+    """The longest L[k1][k2]... chains in ``tree`` as key tuples."""
+    inner = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Subscript)}
+    paths = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Subscript) and id(n) not in inner:
+            keys = []
+            while isinstance(n, ast.Subscript):
+                keys.append(n.slice.value)
+                n = n.value
+            if isinstance(n, ast.Name) and n.id == "L":
+                paths.append(tuple(reversed(keys)))
+    return paths
+
+
+def check_guard_inputs(guards_code, example_inputs, forward_arg_names, where: str) -> None:
+    """Every input a guard reads must be an input leaf that ep.module()'s guard function binds: torch
+    rewrites L['<arg>']... of each example-input leaf (and L['flat_args'][i]) into args[i] textually;
+    any other L[...] is left for Python to fail on (NameError) at the first call."""
+    import torch.utils._pytree as pytree
+
+    if not guards_code or example_inputs is None:
+        return  # no guard function is generated without example inputs
+    try:
+        args, kwargs = example_inputs
+        ctx = dict(zip(forward_arg_names, args), **(kwargs or {}))
+        leaves = [tuple(getattr(k, "key", getattr(k, "idx", getattr(k, "name", None))) for k in path)
+                  for path, _ in pytree.tree_flatten_with_path(ctx)[0]]
+    except (TypeError, ValueError) as e:
+        raise CorruptArtifactError(f"{where}: example inputs do not match the forward arguments ({e}).") from None
+    bound = set(leaves) | {("flat_args", i) for i in range(len(leaves))}
+    for code in guards_code:
+        for path in check_guard(code, set(forward_arg_names) | {"flat_args"}, where):
+            if path not in bound:
+                raise CorruptArtifactError(
+                    f"{where}: guard {code[:80]!r} reads L{''.join(f'[{k!r}]' for k in path)}, which is not an "
+                    f"input of the program; torch's guard function would fail with NameError on every call.")
 
 
 def _plain_guard_text(code: str) -> bool:
