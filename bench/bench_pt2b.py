@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from exporter import export_model, load, load_for_backend  # noqa: E402
 from exporter.serialize import writer  # noqa: E402
-from exporter.zoo import encoder_6x512, make_case  # noqa: E402
+from exporter.zoo import encoder_6x512, gpt_350m, make_case  # noqa: E402
 from runtime_ref import Runtime  # noqa: E402
 
 TARGETS = {"save": 0.25, "size": 1.01, "load": 0.05, "lower_core_cold": 0.3, "lower_core_cached": 0.05,
@@ -119,22 +119,60 @@ def bench_model(case, repeat: int, tmp: str) -> list[tuple[str, float, float, st
     return rows
 
 
+def sweep(layers: list[int], tmp: str) -> list[dict]:
+    """save / load / load_for_backend('core') cold of the 512-wide encoder at each layer count, pt2b and
+    anchor, with the least-squares cost per added layer."""
+    out = []
+    for n in layers:
+        case = encoder_6x512(n)
+        ep = torch.export.export(case.model, case.args)
+        pt2, pt2b = os.path.join(tmp, f"s{n}.pt2"), os.path.join(tmp, f"s{n}.pt2b")
+        row = {"layers": n, "params_M": sum(p.numel() for p in case.model.parameters()) / 1e6}
+        row["save"] = median_time(lambda: writer.write_artifact(ep, pt2b, ir_level="training"), 3)
+        row["save_anchor"] = median_time(lambda: torch.export.save(ep, pt2), 3)
+        row["load"] = median_time(lambda: load(pt2b), 3)
+        row["load_anchor"] = median_time(lambda: torch.export.load(pt2), 3)
+        row["lower"] = median_time(lambda: load_for_backend(pt2b, "core", cache=False), 1)
+        row["lower_anchor"] = median_time(lambda: torch.export.load(pt2).run_decompositions(), 1)
+        with torch.no_grad():
+            assert torch.allclose(load(pt2b)(*case.args), ep.module()(*case.args), rtol=1e-4, atol=1e-4)
+        out.append(row)
+    keys = ["save", "save_anchor", "load", "load_anchor", "lower", "lower_anchor"]
+    print("\n## layer sweep: 512-wide encoder (seconds; median of 3, lowering 1)")
+    print("| layers | params (M) | " + " | ".join(keys) + " |")
+    print("|---" * (len(keys) + 2) + "|")
+    for r in out:
+        print(f"| {r['layers']} | {r['params_M']:.1f} | " + " | ".join(f"{r[k]:.3f}" for k in keys) + " |")
+    if len(out) > 1:
+        xs = [r["layers"] for r in out]
+        mx = statistics.mean(xs)
+        slope = {k: sum((x - mx) * (r[k]) for x, r in zip(xs, out)) / sum((x - mx) ** 2 for x in xs) for k in keys}
+        print("| s per layer | | " + " | ".join(f"{slope[k]:.4f}" for k in keys) + " |")
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--models", default="mlp,encoder_6x512,chain100")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--json", help="also write the rows as JSON here")
+    ap.add_argument("--sweep", default="", help="layer counts of the 512-wide encoder to time save/load/lower "
+                                                "over, e.g. 1,2,4,8,12 (growth with model size)")
     ns = ap.parse_args(argv)
-    factories = {"mlp": lambda: make_case("mlp"), "encoder_6x512": encoder_6x512, "chain100": tiny_case}
+    factories = {"mlp": lambda: make_case("mlp"), "encoder_6x512": encoder_6x512, "chain100": tiny_case,
+                 "gpt_350m": gpt_350m}
     all_rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["PT2B_CACHE_DIR"] = os.path.join(tmp, "lowering-cache")
         os.environ.pop("PT2B_CACHE", None)
-        for name in ns.models.split(","):
+        if ns.sweep:
+            all_rows["sweep"] = sweep([int(n) for n in ns.sweep.split(",")], tmp)
+        for name in [n for n in ns.models.split(",") if n]:
             case = factories[name]()
-            rows = bench_model(case, ns.repeat, tmp)
+            repeat = min(ns.repeat, 2) if name == "gpt_350m" else ns.repeat  # 1.4 GB: each step takes seconds
+            rows = bench_model(case, repeat, tmp)
             all_rows[name] = rows
-            print(f"\n## {name}  (median of {ns.repeat}; ratio = pt2b / anchor)")
+            print(f"\n## {name}  (median of {repeat}; ratio = pt2b / anchor)")
             print("| measure | pt2b | anchor | ratio | target |")
             print("|---|---|---|---|---|")
             for label, ours, anchor, key in rows:

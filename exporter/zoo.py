@@ -607,3 +607,44 @@ def encoder_6x512(num_layers: int = 6) -> ZooCase:
             "batch_first, eval."
         ),
     )
+
+
+class GPT(nn.Module):
+    """A GPT-2-style decoder-only language model from torch.nn parts: token and position embeddings,
+    pre-norm causal self-attention blocks (nn.TransformerEncoderLayer, GELU), a final LayerNorm and
+    an LM head tied to the token embedding."""
+
+    def __init__(self, vocab=50257, context=1024, d_model=1024, nhead=16, num_layers=24):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d_model)
+        self.pos = nn.Embedding(context, d_model)
+        layer = nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward=4 * d_model, dropout=0.0,
+                                           activation="gelu", batch_first=True, norm_first=True)
+        self.blocks = nn.TransformerEncoder(layer, num_layers=num_layers, enable_nested_tensor=False)
+        self.ln_f = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab, bias=False)
+        self.head.weight = self.tok.weight
+        self.register_buffer("causal", nn.Transformer.generate_square_subsequent_mask(context), persistent=False)
+
+    def forward(self, idx):
+        t = idx.shape[1]
+        x = self.tok(idx) + self.pos(torch.arange(t, device=idx.device))
+        x = self.blocks(x, mask=self.causal[:t, :t], is_causal=True)
+        return self.head(self.ln_f(x))
+
+
+def gpt_350m(num_layers: int = 24) -> ZooCase:
+    """Benchmark-sized GPT-2-medium-like decoder: 24 layers, d_model=1024, 16 heads, vocab 50257,
+    context 1024: ~355M parameters (1.4 GB in float32), eval, input token ids (1, 128).
+
+    Not in zoo_names(): too big for unit tests.
+    """
+    torch.manual_seed(0)
+    return ZooCase(
+        name="gpt_350m" if num_layers == 24 else f"gpt_{num_layers}x1024",
+        model=GPT(num_layers=num_layers).eval(),
+        args=(torch.randint(0, 50257, (1, 128)),),
+        rtol=1e-3,
+        atol=1e-3,
+        notes=f"GPT-2-medium-like decoder, {num_layers} pre-norm blocks of width 1024, tied LM head, eval.",
+    )
