@@ -57,11 +57,13 @@ def load(path, *, verify: bool = False) -> Pt2bProgram:
 
     ``verify=True`` also checks every weight segment's checksum (reads all weights).
     """
-    return _program_of(reader.open_artifact(path), verify=verify)
+    with reader.gc_paused():
+        return _program_of(reader.open_artifact(path), verify=verify)
 
 
 def _program_of(art, *, verify: bool) -> Pt2bProgram:
-    ep = reader.rebuild(art, verify=verify)
+    with reader.gc_paused():
+        ep = reader.rebuild(art, verify=verify)
     prog = art.program
     ops = [OperatorInfo(q, o, s, _KIND_NAMES.get(k, "?"), int(r.count))
            for (q, o, s, k), r in zip(reader.operator_records(art), prog.operators or [])]
@@ -96,13 +98,14 @@ def load_for_backend(path, preset: str = "core", *, supported_ops=None, decompos
     use_cache = _cache.enabled(cache) and plan.fingerprint is not None and device == "cpu"
     if use_cache:
         digest = reader.program_digest(path)
-        hit = _cache.Entry(_cache.cache_key(digest, plan.fingerprint, device)).load()
-        if hit is not None and (not verify or _weights_verified(path, digest)):
-            source = Lazy(lambda: _same_content(path, digest))
-            lowered = finish(plan, hit.exported_program(), source_ep=Lazy(lambda: source.get().exported_program()),
-                             source=source)
-            lowered.from_cache = True
-            return lowered
+        with reader.gc_paused():
+            hit = _cache.Entry(_cache.cache_key(digest, plan.fingerprint, device)).load()
+            if hit is not None and (not verify or _weights_verified(path, digest)):
+                source = Lazy(lambda: _same_content(path, digest))
+                lowered = finish(plan, hit.exported_program(),
+                                 source_ep=Lazy(lambda: source.get().exported_program()), source=source)
+                lowered.from_cache = True
+                return lowered
     # The miss path keys the entry by the digest of the artifact it actually read, so a file
     # replaced between the lookup and this open cannot file one version's lowering under another's.
     art = reader.open_artifact(path)

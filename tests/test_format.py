@@ -173,3 +173,31 @@ def test_bad_model_and_inputs(tmp_path):
     with pytest.raises(ExportError, match="torch.export could not capture Small"):
         export_model(Small(), (torch.randn(2, 4),), tmp_path / "m.pt2b")
     assert not (tmp_path / "m.pt2b").exists()
+
+
+def test_gc_is_paused_during_a_load_and_restored_after(tmp_path):
+    import gc
+
+    from exporter.serialize.reader import gc_paused
+
+    path = tmp_path / "m.pt2b"
+    export_model(torch.nn.Linear(3, 2), (torch.randn(1, 3),), path)
+    assert gc.isenabled()
+    with gc_paused():
+        assert not gc.isenabled()
+        with gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the inner block does not re-enable it early
+    assert gc.isenabled()
+    with pytest.raises(ZeroDivisionError):
+        with gc_paused():
+            1 / 0
+    assert gc.isenabled()
+    load(path)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        load(path)
+        assert not gc.isenabled()  # a caller's choice is kept
+    finally:
+        gc.enable()
