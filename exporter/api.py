@@ -32,6 +32,21 @@ def export_model(m, args=None, path=None, *, kwargs=None, dynamic_shapes=None, m
         except ValueError as e:
             raise ExportError(str(e)) from None
     provenance = {}
+    lowering = None
+    from .lowering.lowered import LoweredProgram
+
+    if isinstance(m, LoweredProgram):  # written with the record of how it was lowered (format 1.1+)
+        if path is None and isinstance(args, (str, os.PathLike)):
+            args, path = None, args
+        if args is not None or kwargs is not None or dynamic_shapes is not None:
+            raise ExportError("a lowered program is written as lowered: do not pass args, kwargs or dynamic_shapes.")
+        if path is None:
+            raise ExportError("export_model needs a destination path, e.g. export_model(lowered, path='m.core.pt2b').")
+        lowering = m.lowering_record()
+        writer.write_artifact(m.exported_program(), path, ir_level=f"lowered:{m.preset}", metadata=metadata,
+                              provenance={"lowered_by": f"pt2b load_for_backend ({m.preset})"}, version=version,
+                              lowering=lowering)
+        return m.exported_program()
     if isinstance(m, torch.export.ExportedProgram):
         if path is None and isinstance(args, (str, os.PathLike)):
             args, path = None, args
@@ -74,7 +89,7 @@ def _program_of(art, *, verify: bool) -> Pt2bProgram:
     return Pt2bProgram(
         ep, path=art.path, format_version=art.version, torch_version=reader.text(prog.torchVersion),
         producer=reader.text(prog.producer), ir_level=reader.text(prog.irLevel), operators=ops,
-        metadata=reader.read_metadata(art), provenance=provenance,
+        metadata=reader.read_metadata(art), provenance=provenance, lowering=reader.read_lowering(art),
     )
 
 
@@ -117,8 +132,7 @@ def load_for_backend(path, preset: str = "core", *, supported_ops=None, decompos
         ep = move_to_device_pass(ep, device)
     lowered = lower(ep, preset, source=prog, plan=plan)
     if use_cache:
-        _cache.Entry(_cache.cache_key(art.digest, plan.fingerprint, device)).store(
-            lowered.exported_program(), label=plan.label, source_path=prog.path)
+        _cache.Entry(_cache.cache_key(art.digest, plan.fingerprint, device)).store(lowered, source_path=prog.path)
     return lowered
 
 

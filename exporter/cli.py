@@ -108,7 +108,7 @@ def cmd_lower(ns) -> int:
     lowered = _lower_from_args(ns)
     print(lowered.report())
     if ns.output:
-        export_model(lowered.exported_program(), path=ns.output)
+        export_model(lowered, path=ns.output)  # with the record of how it was lowered
         print(f"wrote {ns.output}")
     return 0
 

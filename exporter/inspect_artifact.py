@@ -73,4 +73,11 @@ def summarize(path) -> str:
     prov = {reader.text(e.key): reader.text(e.value) for e in prog.provenance or []}
     if prov:
         lines.append(f"provenance: {prov}")
+    low = reader.read_lowering(art)
+    if low:
+        outside = ", ".join(f"{k} x{v}" for k, v in low["outside_opset"].items()) or "none"
+        lines.append(f"lowered for:     {low['request']} by torch {low['torch_version']} "
+                     f"(request {low['fingerprint'][:12] or 'custom'}; outside the declared opset: {outside})")
+    else:
+        lines.append("lowered for:     (not lowered by pt2b)")
     return "\n".join(lines)

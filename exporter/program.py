@@ -54,7 +54,7 @@ class Pt2bProgram(ProgramHandle):
 
     def __init__(self, ep, *, path: str, format_version: tuple[int, int], torch_version: str,
                  producer: str, ir_level: str, operators: list[OperatorInfo], metadata: dict,
-                 provenance: dict[str, str]):
+                 provenance: dict[str, str], lowering: dict | None = None):
         self._ep = ep
         self.path = path
         self.format_version = format_version
@@ -64,6 +64,9 @@ class Pt2bProgram(ProgramHandle):
         self.operators = operators
         self.metadata = metadata
         self.provenance = provenance
+        # format 1.1+: how pt2b lowered this program ({"request", "fingerprint", "torch_version",
+        # "outside_opset"}); None for a program not written after load_for_backend
+        self.lowering = lowering
 
     def ops(self) -> dict[str, int]:
         """Operator (qualified name.overload) -> number of call sites, over all subgraphs."""

@@ -9,6 +9,7 @@ import torch
 
 from exporter import export_model, load
 from exporter.zoo import make_case, zoo_names
+from exporter.versioning.formats import FORMAT_VERSION
 from helpers import assert_bitwise, assert_close_to_eager, assert_programs_equal
 
 INPLACE = {torch.ops.aten.add_.Tensor, torch.ops.aten.mul_.Tensor, torch.ops.aten.copy_.default}
@@ -100,7 +101,7 @@ def test_example_inputs_metadata_and_op_table(tmp_path):
             key = f"{n.target._schema.name}.{n.target._overloadname}"
             counts[key] = counts.get(key, 0) + 1
     assert {k: v for k, v in prog.ops().items() if k.startswith("aten::")} == counts
-    assert prog.torch_version == torch.__version__ and prog.format_version == (1, 0)
+    assert prog.torch_version == torch.__version__ and prog.format_version == FORMAT_VERSION
 
 
 def test_bad_metadata_is_a_clear_error(tmp_path):

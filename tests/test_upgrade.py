@@ -1,5 +1,6 @@
 """`pt2b upgrade`: check mode, new file, in place (atomic, verified before replacing), folders."""
 
+import hashlib
 import shutil
 
 import pytest
@@ -9,6 +10,7 @@ from exporter import export_model, load
 from exporter.errors import ExportError
 from exporter.serialize import reader
 from exporter.versioning import upgrade_tool
+from exporter.versioning.formats import FORMAT_VERSION, version_str
 from test_cli_convert import run_cli
 
 
@@ -50,7 +52,8 @@ def _pretend_older_torch(path, version="2.9.1"):
 def test_check_reports_and_writes_nothing(artifact):
     before = artifact.read_bytes()
     code, out, _ = run_cli("upgrade", "--check", str(artifact))
-    assert code == 0 and "unchanged (1.0 -> 1.0): already current" in out
+    cur = version_str(FORMAT_VERSION)
+    assert code == 0 and f"unchanged ({cur} -> {cur}): already current" in out
     _pretend_older_torch(artifact)
     edited = artifact.read_bytes()
     code, out, _ = run_cli("upgrade", "--check", str(artifact))
@@ -66,7 +69,7 @@ def test_upgrade_in_place_and_to_new_file(artifact, tmp_path):
     assert res.written and (tmp_path / "new.pt2b").exists()
     new = load(tmp_path / "new.pt2b")
     assert new.torch_version == torch.__version__ and new.metadata == {"owner": "me"}
-    assert any(k.startswith("upgrade@1.0") for k in new.provenance)
+    assert any(k.startswith(f"upgrade@{version_str(FORMAT_VERSION)}") for k in new.provenance)
     assert torch.equal(new(x), expected)
     res = upgrade_tool.upgrade_file(artifact)  # in place
     assert res.written and load(artifact).torch_version == torch.__version__
@@ -107,7 +110,7 @@ def test_folder_upgrade_summary(artifact, tmp_path):
 
 def test_unknown_target_version(artifact):
     code, _, err = run_cli("upgrade", str(artifact), "--to", "9.9")
-    assert code == 2 and "format version 9.9 does not exist; known versions: 1.0" in err
+    assert code == 2 and "format version 9.9 does not exist; known versions: 1.0, 1.1" in err
 
 
 def test_cli_import_registers_custom_ops(tmp_path):
@@ -144,3 +147,47 @@ def test_upgrade_rewrites_historical_op_schemas(tmp_path, name):
     torch.testing.assert_close(new(*args, **kwargs), expected, rtol=1e-6, atol=1e-6)
     code, out, _ = run_cli("upgrade", "--check", str(tmp_path / "new.pt2b"))
     assert "already current" in out
+
+
+def test_older_minor_upgraded_and_written_back(artifact, tmp_path):
+    """A 1.0 file (written by export_model(format_version="1.0")) is read, upgraded to the current
+    minor by `pt2b upgrade`, and written back to 1.0 by --to 1.0; outputs stay bitwise equal."""
+    x = torch.randn(2, 4)
+    expected = load(artifact)(x)
+    old = tmp_path / "old.pt2b"
+    export_model(load(artifact).exported_program(), path=old, format_version="1.0")
+    assert load(old).format_version == (1, 0) and load(old).lowering is None
+    code, out, _ = run_cli("upgrade", str(old), str(tmp_path / "new.pt2b"))
+    assert code == 0 and f"format 1.0 -> {version_str(FORMAT_VERSION)}" in out
+    new = load(tmp_path / "new.pt2b")
+    assert new.format_version == FORMAT_VERSION and torch.equal(new(x), expected)
+    code, out, _ = run_cli("upgrade", str(tmp_path / "new.pt2b"), str(tmp_path / "back.pt2b"), "--to", "1.0")
+    assert code == 0 and load(tmp_path / "back.pt2b").format_version == (1, 0)
+    assert torch.equal(load(tmp_path / "back.pt2b")(x), expected)
+
+
+def test_a_lowered_program_does_not_fit_format_1_0(artifact, tmp_path):
+    """The lowering record is a 1.1 field: writing 1.0 refuses and says what to do instead."""
+    from exporter import load_for_backend
+
+    lowered = load_for_backend(artifact, "core", cache=False)
+    path = tmp_path / "low.pt2b"
+    export_model(lowered, path=path)
+    prog = load(path)
+    assert lowered.preset == "core@" + ".".join(torch.__version__.split(".")[:2])  # the frozen list used
+    assert prog.lowering == lowered.lowering_record() == {
+        "request": lowered.preset, "fingerprint": hashlib.sha256(lowered.fingerprint.encode()).hexdigest(),
+        "torch_version": torch.__version__, "outside_opset": dict(lowered.outside_opset)}
+    assert prog.ir_level == f"lowered:{lowered.preset}"
+    with pytest.raises(ExportError, match=r"format 1\.0 cannot hold this program: Program\.lowering \(the record "
+                                          r"of how pt2b lowered this program, added in 1\.1\)\. Write format 1\.1"):
+        export_model(lowered, path=tmp_path / "low10.pt2b", format_version="1.0")
+    assert not (tmp_path / "low10.pt2b").exists()
+    code, _, err = run_cli("upgrade", str(path), str(tmp_path / "x.pt2b"), "--to", "1.0")
+    assert code != 0 and "cannot hold this program" in err and not (tmp_path / "x.pt2b").exists()
+    # dropping the record is the documented way down
+    export_model(lowered.exported_program(), path=tmp_path / "plain10.pt2b", format_version="1.0")
+    x = torch.randn(2, 4)
+    assert torch.equal(load(tmp_path / "plain10.pt2b")(x), load(path)(x))
+    code, out, _ = run_cli("inspect", str(path))
+    assert code == 0 and f"lowered for:     {lowered.preset} by torch {torch.__version__}" in out

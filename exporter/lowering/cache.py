@@ -70,14 +70,16 @@ class Entry:
             return None
         return prog
 
-    def store(self, ep, *, label: str, source_path: str) -> bool:
-        """Write ``ep`` to the slot; a cache that cannot be written only warns (lowering succeeded)."""
+    def store(self, lowered, *, source_path: str) -> bool:
+        """Write the LoweredProgram ``lowered`` to the slot, with its lowering record; a cache that
+        cannot be written only warns (lowering succeeded)."""
         from ..serialize.writer import write_artifact
 
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_artifact(ep, self.path, ir_level=f"lowered:{label}", metadata={_KEY_FIELD: self.key},
-                           provenance={"lowered_from": os.fspath(source_path), "lowering": label})
+            write_artifact(lowered.exported_program(), self.path, ir_level=f"lowered:{lowered.preset}",
+                           metadata={_KEY_FIELD: self.key}, lowering=lowered.lowering_record(),
+                           provenance={"lowered_from": os.fspath(source_path), "lowering": lowered.preset})
             return True
         except (OSError, ExportError) as e:
             warnings.warn(f"pt2b lowering cache: cannot write {self.path} ({e}); continuing without it.",

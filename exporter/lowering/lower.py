@@ -133,4 +133,4 @@ def finish(plan: LoweringPlan, lowered, *, source_ep, source=None) -> LoweredPro
         )
     return LoweredProgram(lowered, source_ep=source_ep, preset=plan.label, table=plan.table, keep=plan.keep,
                           supported=plan.supported, accepts=plan.accepts, outside=bad,
-                          description=plan.description, source=source)
+                          description=plan.description, source=source, fingerprint=plan.fingerprint)

@@ -24,8 +24,9 @@ class Lazy:
 
 class LoweredProgram(ProgramHandle):
     def __init__(self, ep, *, source_ep, preset: str, table: dict, keep, supported, accepts,
-                 outside: dict[str, int], description: str, source=None):
+                 outside: dict[str, int], description: str, source=None, fingerprint: str | None = None):
         self._ep = ep
+        self.fingerprint = fingerprint  # the request in full (None: a custom decomposition table)
         self._source = source_ep  # an ExportedProgram, or a Lazy loading it on first use
         self.preset = preset
         self.table = table
@@ -49,6 +50,16 @@ class LoweredProgram(ProgramHandle):
         if isinstance(self._source, Lazy):
             self._source = self._source.get()
         return self._source
+
+    def lowering_record(self) -> dict:
+        """What a .pt2b written from this program records about its lowering (format 1.1+)."""
+        import hashlib
+
+        import torch
+
+        digest = hashlib.sha256(self.fingerprint.encode()).hexdigest() if self.fingerprint else ""
+        return {"request": self.preset, "fingerprint": digest, "torch_version": torch.__version__,
+                "outside_opset": dict(self.outside_opset)}
 
     def ops(self) -> dict[str, int]:
         """The op overloads the backend must implement, with their number of call sites."""

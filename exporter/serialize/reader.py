@@ -144,6 +144,22 @@ def check_version(major: int, minor: int, where: str) -> None:
         )
 
 
+def read_lowering(art: Artifact) -> dict | None:
+    """The program's lowering record (format 1.1+), or None."""
+    low = art.program.lowering
+    if low is None:
+        return None
+    where = _where(art.path)
+    outside = {}
+    for e in low.outsideOpset or []:
+        try:
+            outside[text(e.key)] = int(text(e.value))
+        except ValueError:
+            raise CorruptArtifactError(f"{where}: lowering record: call count {text(e.value)[:40]!r} is not a number.") from None
+    return {"request": text(low.request), "fingerprint": text(low.fingerprint),
+            "torch_version": text(low.torchVersion), "outside_opset": outside}
+
+
 def text(b) -> str:
     """A string field of the program table (bytes from FlatBuffers) as str."""
     return b.decode("utf-8", "replace") if isinstance(b, bytes) else (b or "")

@@ -14,7 +14,7 @@ from torch._export.serde.serialize import ExportedProgramSerializer
 from .. import __version__
 from ..errors import ExportError, UnsupportedValueError
 from ..versioning import op_table
-from ..versioning.formats import FORMAT_VERSION
+from ..versioning.formats import FIELDS_ADDED, FORMAT_VERSION, version_str
 from . import program_codec, weights
 from .atomic import atomic_write, check_destination
 from .container import ALIGNMENT, FILE_IDENTIFIER, HEADER_SIZE, Header, align
@@ -95,14 +95,27 @@ def _string_entries(d: dict[str, str]) -> list:
     return out
 
 
-def write_artifact(ep, path, *, ir_level: str, metadata=None, provenance=None, version=None) -> str:
+def write_artifact(ep, path, *, ir_level: str, metadata=None, provenance=None, version=None,
+                   lowering: dict | None = None) -> str:
     """Write ``ep`` to ``path`` in format ``version`` (default: current); returns the path written.
 
-    Only the current version has a writer today; older ones get a downgrader when a version
-    after them exists (exporter/versioning/formats.py).
+    ``lowering`` (format 1.1+): {"request", "fingerprint", "torch_version", "outside_opset": {op: n}}
+    for a program written after load_for_backend. An older minor of the same major is written by
+    leaving out the fields added since (formats.FIELDS_ADDED); a program that uses one is refused.
     """
-    if version not in (None, FORMAT_VERSION):
-        raise ExportError(f"writing format {version[0]}.{version[1]} is not supported by this pt2b.")
+    version = FORMAT_VERSION if version is None else tuple(version)
+    if version[0] != FORMAT_VERSION[0] or version > FORMAT_VERSION:
+        raise ExportError(f"writing format {version_str(version)} is not supported by this pt2b "
+                          f"(it writes {FORMAT_VERSION[0]}.0 to {version_str(FORMAT_VERSION)}).")
+    used = {"lowering": lowering is not None}
+    missing = [(v, field, what) for v, fields in sorted(FIELDS_ADDED.items()) if v > version
+               for field, what in fields.items() if used.get(field)]
+    if missing:
+        detail = "; ".join(f"Program.{field} ({what}, added in {version_str(v)})" for v, field, what in missing)
+        raise ExportError(
+            f"format {version_str(version)} cannot hold this program: {detail}. Write format "
+            f"{version_str(missing[-1][0])} or later, or write the program without it (for a lowered "
+            f"program: export_model(lowered.exported_program(), path=...) drops the lowering record).")
     dest = check_destination(path)
     serialized = serialize_graph(ep)
     meta_bytes = pack_metadata(metadata)
@@ -121,6 +134,13 @@ def write_artifact(ep, path, *, ir_level: str, metadata=None, provenance=None, v
     prog.exampleInputsLeaves = np.frombuffer(leaves_bytes, dtype=np.uint8)
     prog.metadata = np.frombuffer(meta_bytes, dtype=np.uint8)
     prog.provenance = _string_entries(provenance or {})
+    if lowering is not None:
+        low = G.LoweringT()
+        low.request = str(lowering["request"])
+        low.fingerprint = str(lowering.get("fingerprint") or "")
+        low.torchVersion = str(lowering.get("torch_version") or torch.__version__)
+        low.outsideOpset = _string_entries({k: str(v) for k, v in (lowering.get("outside_opset") or {}).items()})
+        prog.lowering = low
 
     data_offset = align(HEADER_SIZE)
     with atomic_write(dest) as f:
@@ -139,7 +159,7 @@ def write_artifact(ep, path, *, ir_level: str, metadata=None, provenance=None, v
         f.write(b"\0" * (program_offset - data_offset - wp.data_size))
         f.write(program)
         header = Header(
-            *FORMAT_VERSION, data_offset, wp.data_size, program_offset,
+            *version, data_offset, wp.data_size, program_offset,
             len(program), zlib.crc32(program),
         )
         f.seek(0)

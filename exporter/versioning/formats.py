@@ -9,14 +9,25 @@ from __future__ import annotations
 #   1.0  first release: preamble + 64-byte header, data section of 64-byte aligned
 #        segments, FlatBuffers `Program` (schemas/pt2b.fbs) mirroring torch.export's
 #        serialization schema 8.20, CRC32 checksums, operator schema table.
+#   1.1  Program.lowering (table Lowering): a program written after load_for_backend records the
+#        request it was lowered for (label, fingerprint, torch version, ops outside the opset),
+#        so a backend handed a lowered artifact can check what it holds. Appended field: 1.0
+#        readers ignore it; a 1.0 file is read as "not lowered by pt2b".
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 0
+FORMAT_MINOR = 1
 
 FORMAT_VERSION = (FORMAT_MAJOR, FORMAT_MINOR)
 
 # Every released format version (goldens in tests/golden/<v>/, schema in schemas/history/<v>/).
 KNOWN_VERSIONS: dict[tuple[int, int], str] = {
     (1, 0): "first release",
+    (1, 1): "Program.lowering: the request a lowered program was lowered for",
+}
+
+# Program-table fields each minor version added: writing an older minor leaves them out, and
+# refuses (naming them) when the program uses them. Field -> what it holds, for that message.
+FIELDS_ADDED: dict[tuple[int, int], dict[str, str]] = {
+    (1, 1): {"lowering": "the record of how pt2b lowered this program"},
 }
 
 

@@ -4,6 +4,7 @@ on load that the running torch has each of them registered."""
 from __future__ import annotations
 
 import collections
+import operator
 
 import torch
 import torch.fx
@@ -39,6 +40,8 @@ def collect(gm: torch.fx.GraphModule) -> list:
     for graph in iter_graphs(gm):
         for node in graph.nodes:
             if node.op == "call_function":
+                if node.target is operator.getitem and not node.users:
+                    continue  # an unused output selector: torch's serializer drops it, so it is not a call
                 counts[describe_target(node.target)] += 1
     out = []
     for (qname, overload, schema, kind), n in sorted(counts.items()):

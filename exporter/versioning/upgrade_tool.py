@@ -67,7 +67,7 @@ def upgrade_file(source, dest=None, *, check: bool = False, to: tuple[int, int] 
     # synced); any failure removes it and leaves dest as it was.
     with atomic_path(dest, tag="upgrade.") as tmp:
         writer.write_artifact(prog.exported_program(), tmp, ir_level=prog.ir_level, metadata=prog.metadata,
-                              provenance=provenance, version=target)
+                              provenance=provenance, version=target, lowering=prog.lowering)
         check_prog = load(tmp, verify=True)  # the new file must load before the old one is touched
         if check_prog.ops() != prog.ops():
             raise ExportError(f"{dest}: the upgraded artifact's op table differs from the loaded program's.")

@@ -20,13 +20,14 @@ import torch.utils._pytree as pytree
 ROOT = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parents[1]))
 
-from exporter import export_model  # noqa: E402
+from exporter import export_model, load, load_for_backend  # noqa: E402
 from exporter.versioning.formats import FORMAT_VERSION, version_str  # noqa: E402
 from exporter.zoo import make_case  # noqa: E402
 
 CASES = ["mlp", "cnn_bn", "cnn_bn_train", "lstm", "transformer_encoder", "transformer_decoder",
          "buffer_mutation", "pytree_io", "kwargs_only", "dynamic_shapes", "cond", "map", "while_loop",
          "custom_op", "tied_weights", "inplace_ops"]
+LOWERED = [("mlp", "core"), ("cnn_bn", "core"), ("dynamic_shapes", "core")]
 
 
 def save_io(path: pathlib.Path, inputs, outputs) -> None:
@@ -63,6 +64,17 @@ def main() -> int:
         expected = ep.module()(*copy.deepcopy(case.args), **copy.deepcopy(kwargs))
         save_io(folder / f"{name}.io.npz", (case.args, kwargs), expected)
         print(f"wrote {name}")
+    # lowered programs with their lowering record (format 1.1+): <case>.lowered-<preset>
+    for name, preset in LOWERED:
+        case = make_case(name)
+        stem = f"{name}.lowered-{preset}"
+        lowered = load_for_backend(folder / f"{name}.pt2b", preset, cache=False)
+        export_model(lowered, path=folder / f"{stem}.pt2b",
+                     metadata={"golden": stem, "format": version_str(FORMAT_VERSION)})
+        kwargs = case.kwargs or {}
+        expected = load(folder / f"{name}.pt2b")(*copy.deepcopy(case.args), **copy.deepcopy(kwargs))
+        save_io(folder / f"{stem}.io.npz", (case.args, kwargs), expected)
+        print(f"wrote {stem}")
     return 0
 
 

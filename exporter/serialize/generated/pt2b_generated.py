@@ -9748,8 +9748,18 @@ class Program(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(26))
         return o == 0
 
+    # Program
+    def Lowering(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(28))
+        if o != 0:
+            x = self._tab.Indirect(o + self._tab.Pos)
+            obj = Lowering()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
 def ProgramStart(builder):
-    builder.StartObject(12)
+    builder.StartObject(13)
 
 def ProgramAddProducer(builder, producer):
     builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(producer), 0)
@@ -9805,6 +9815,9 @@ def ProgramAddProvenance(builder, provenance):
 def ProgramStartProvenanceVector(builder, numElems):
     return builder.StartVector(4, numElems, 4)
 
+def ProgramAddLowering(builder, lowering):
+    builder.PrependUOffsetTRelativeSlot(12, flatbuffers.number_types.UOffsetTFlags.py_type(lowering), 0)
+
 def ProgramEnd(builder):
     return builder.EndObject()
 
@@ -9831,6 +9844,7 @@ class ProgramT(object):
         exampleInputsLeaves = None,
         metadata = None,
         provenance = None,
+        lowering = None,
     ):
         self.producer = producer  # type: Optional[str]
         self.torchVersion = torchVersion  # type: Optional[str]
@@ -9844,6 +9858,7 @@ class ProgramT(object):
         self.exampleInputsLeaves = exampleInputsLeaves  # type: Optional[List[int]]
         self.metadata = metadata  # type: Optional[List[int]]
         self.provenance = provenance  # type: Optional[List[StringEntryT]]
+        self.lowering = lowering  # type: Optional[LoweringT]
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -9919,6 +9934,8 @@ class ProgramT(object):
                 else:
                     stringEntry_ = StringEntryT.InitFromObj(program.Provenance(i))
                     self.provenance.append(stringEntry_)
+        if program.Lowering() is not None:
+            self.lowering = LoweringT.InitFromObj(program.Lowering())
 
     # ProgramT
     def Pack(self, builder):
@@ -9980,6 +9997,8 @@ class ProgramT(object):
             for i in reversed(range(len(self.provenance))):
                 builder.PrependUOffsetTRelative(provenancelist[i])
             provenance = builder.EndVector()
+        if self.lowering is not None:
+            lowering = self.lowering.Pack(builder)
         ProgramStart(builder)
         if self.producer is not None:
             ProgramAddProducer(builder, producer)
@@ -10004,7 +10023,180 @@ class ProgramT(object):
             ProgramAddMetadata(builder, metadata)
         if self.provenance is not None:
             ProgramAddProvenance(builder, provenance)
+        if self.lowering is not None:
+            ProgramAddLowering(builder, lowering)
         program = ProgramEnd(builder)
         return program
+
+
+class Lowering(object):
+    __slots__ = ['_tab']
+
+    @classmethod
+    def GetRootAs(cls, buf, offset=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, offset)
+        x = Lowering()
+        x.Init(buf, n + offset)
+        return x
+
+    @classmethod
+    def GetRootAsLowering(cls, buf, offset=0):
+        """This method is deprecated. Please switch to GetRootAs."""
+        return cls.GetRootAs(buf, offset)
+    @classmethod
+    def LoweringBufferHasIdentifier(cls, buf, offset, size_prefixed=False):
+        return flatbuffers.util.BufferHasIdentifier(buf, offset, b"\x50\x32\x42\x46", size_prefixed=size_prefixed)
+
+    # Lowering
+    def Init(self, buf, pos):
+        self._tab = flatbuffers.table.Table(buf, pos)
+
+    # Lowering
+    def Request(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
+    # Lowering
+    def Fingerprint(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
+    # Lowering
+    def TorchVersion(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
+    # Lowering
+    def OutsideOpset(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            x = self._tab.Vector(o)
+            x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
+            x = self._tab.Indirect(x)
+            obj = StringEntry()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+    # Lowering
+    def OutsideOpsetLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # Lowering
+    def OutsideOpsetIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        return o == 0
+
+def LoweringStart(builder):
+    builder.StartObject(4)
+
+def LoweringAddRequest(builder, request):
+    builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(request), 0)
+
+def LoweringAddFingerprint(builder, fingerprint):
+    builder.PrependUOffsetTRelativeSlot(1, flatbuffers.number_types.UOffsetTFlags.py_type(fingerprint), 0)
+
+def LoweringAddTorchVersion(builder, torchVersion):
+    builder.PrependUOffsetTRelativeSlot(2, flatbuffers.number_types.UOffsetTFlags.py_type(torchVersion), 0)
+
+def LoweringAddOutsideOpset(builder, outsideOpset):
+    builder.PrependUOffsetTRelativeSlot(3, flatbuffers.number_types.UOffsetTFlags.py_type(outsideOpset), 0)
+
+def LoweringStartOutsideOpsetVector(builder, numElems):
+    return builder.StartVector(4, numElems, 4)
+
+def LoweringEnd(builder):
+    return builder.EndObject()
+
+
+try:
+    from typing import List
+except:
+    pass
+
+class LoweringT(object):
+
+    # LoweringT
+    def __init__(
+        self,
+        request = None,
+        fingerprint = None,
+        torchVersion = None,
+        outsideOpset = None,
+    ):
+        self.request = request  # type: Optional[str]
+        self.fingerprint = fingerprint  # type: Optional[str]
+        self.torchVersion = torchVersion  # type: Optional[str]
+        self.outsideOpset = outsideOpset  # type: Optional[List[StringEntryT]]
+
+    @classmethod
+    def InitFromBuf(cls, buf, pos):
+        lowering = Lowering()
+        lowering.Init(buf, pos)
+        return cls.InitFromObj(lowering)
+
+    @classmethod
+    def InitFromPackedBuf(cls, buf, pos=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, pos)
+        return cls.InitFromBuf(buf, pos+n)
+
+    @classmethod
+    def InitFromObj(cls, lowering):
+        x = LoweringT()
+        x._UnPack(lowering)
+        return x
+
+    # LoweringT
+    def _UnPack(self, lowering):
+        if lowering is None:
+            return
+        self.request = lowering.Request()
+        self.fingerprint = lowering.Fingerprint()
+        self.torchVersion = lowering.TorchVersion()
+        if not lowering.OutsideOpsetIsNone():
+            self.outsideOpset = []
+            for i in range(lowering.OutsideOpsetLength()):
+                if lowering.OutsideOpset(i) is None:
+                    self.outsideOpset.append(None)
+                else:
+                    stringEntry_ = StringEntryT.InitFromObj(lowering.OutsideOpset(i))
+                    self.outsideOpset.append(stringEntry_)
+
+    # LoweringT
+    def Pack(self, builder):
+        if self.request is not None:
+            request = builder.CreateString(self.request)
+        if self.fingerprint is not None:
+            fingerprint = builder.CreateString(self.fingerprint)
+        if self.torchVersion is not None:
+            torchVersion = builder.CreateString(self.torchVersion)
+        if self.outsideOpset is not None:
+            outsideOpsetlist = []
+            for i in range(len(self.outsideOpset)):
+                outsideOpsetlist.append(self.outsideOpset[i].Pack(builder))
+            LoweringStartOutsideOpsetVector(builder, len(self.outsideOpset))
+            for i in reversed(range(len(self.outsideOpset))):
+                builder.PrependUOffsetTRelative(outsideOpsetlist[i])
+            outsideOpset = builder.EndVector()
+        LoweringStart(builder)
+        if self.request is not None:
+            LoweringAddRequest(builder, request)
+        if self.fingerprint is not None:
+            LoweringAddFingerprint(builder, fingerprint)
+        if self.torchVersion is not None:
+            LoweringAddTorchVersion(builder, torchVersion)
+        if self.outsideOpset is not None:
+            LoweringAddOutsideOpset(builder, outsideOpset)
+        lowering = LoweringEnd(builder)
+        return lowering
 
 
