@@ -191,3 +191,7 @@ def test_a_lowered_program_does_not_fit_format_1_0(artifact, tmp_path):
     assert torch.equal(load(tmp_path / "plain10.pt2b")(x), load(path)(x))
     code, out, _ = run_cli("inspect", str(path))
     assert code == 0 and f"lowered for:     {lowered.preset} by torch {torch.__version__}" in out
+    code, out, _ = run_cli("lower", str(artifact), "--preset", "core", "--no-cache", "-o", str(tmp_path / "cli.pt2b"))
+    assert code == 0 and load(tmp_path / "cli.pt2b").lowering == prog.lowering
+    code, out, _ = run_cli("inspect", str(artifact))
+    assert code == 0 and "lowered for:     (not lowered by pt2b)" in out
