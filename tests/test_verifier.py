@@ -8,6 +8,7 @@ import struct
 import zlib
 
 import flatbuffers
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 
 from exporter import export_model, load
 from exporter.errors import CorruptArtifactError
-from exporter.serialize import fbs_layout, reader, verifier
+from exporter.serialize import fast_unpack, fbs_layout, reader, verifier
 from exporter.serialize.container import FILE_IDENTIFIER, Header
 from exporter.serialize.generated import pt2b_generated as G
 from exporter.zoo import make_case
@@ -239,5 +240,33 @@ def test_whatever_the_verifier_accepts_unpacks(pristine, data):
         verifier.verify_program(bytes(buf), "m.pt2b")
     except CorruptArtifactError:
         return
-    G.ProgramT.InitFromPackedBuf(bytes(buf), 0)
+    _same_tree(fast_unpack.unpack_program(bytes(buf)), G.ProgramT.InitFromPackedBuf(bytes(buf), 0))
+
+
+def _same_tree(a, b, path="program"):
+    """Object-API trees equal attribute for attribute (types, order, numpy dtypes and values)."""
+    assert type(a) is type(b), f"{path}: {type(a).__name__} vs {type(b).__name__}"
+    if isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and np.array_equal(a, b, equal_nan=a.dtype.kind == "f"), path
+    elif isinstance(a, list):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same_tree(x, y, f"{path}[{i}]")
+    elif hasattr(a, "__dict__"):
+        assert list(vars(a)) == list(vars(b)), path
+        for k in vars(a):
+            _same_tree(vars(a)[k], vars(b)[k], f"{path}.{k}")
+    else:
+        assert a == b or (a != a and b != b), f"{path}: {a!r} vs {b!r}"
+
+
+def test_fast_unpack_equals_the_object_api_on_every_golden(tmp_path):
+    """reader.open_artifact unpacks with fast_unpack; it must build exactly what flatc's code builds."""
+    paths = sorted(GOLDEN.rglob("*.pt2b"))
+    assert len(paths) >= 40
+    case = make_case("dtypes")  # scalars and tensors of every dtype
+    export_model(case.model, case.args, tmp_path / "dtypes.pt2b")
+    for p in paths + [tmp_path / "dtypes.pt2b"]:
+        buf = _program_bytes(p)
+        _same_tree(fast_unpack.unpack_program(buf), G.ProgramT.InitFromPackedBuf(buf, 0), str(p))
 
