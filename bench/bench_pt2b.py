@@ -1,7 +1,10 @@
 """pt2b against its anchors (torch.export.save/load, run_decompositions, GraphModule, eager), side
 by side in one process per model; prints medians and ratios (DESIGN.md section 6 targets).
 
-Usage: python bench/bench_pt2b.py [--models mlp,encoder_6x512] [--repeat 5]
+Usage: python bench/bench_pt2b.py [--models mlp,encoder_6x512,chain100,gpt_350m] [--repeat 5]
+                                  [--sweep 1,2,4,8,12]
+gpt_350m (355M parameters, 1.4 GB) runs with at most 2 repeats; --sweep times save/load/lower of the
+512-wide encoder at each layer count and prints the cost per added layer.
 """
 
 from __future__ import annotations
