@@ -168,13 +168,43 @@ def cmd_opset(ns) -> int:
     from .lowering import presets
 
     if ns.opset_command == "show":
-        print(presets.describe(presets.load(ns.preset)))
+        preset = presets.load(ns.preset)
+        print(presets.describe(preset))
+        from .lowering import audit
+
+        stored = audit.read(preset.torch_version)
+        if stored:
+            mine = {k: stored["ops"][k] for k in preset.decompose if k in stored["ops"]}
+            print(f"decompositions by measured numerics (pt2b opset audit): {audit.totals(mine)}")
+            for name, rec in audit.worst_cases(mine, 10):
+                print(f"  {rec['verdict']:6s} {name}: {_audit_detail(rec)}")
+        return 0
+    if ns.opset_command == "audit":
+        from .lowering import audit
+
+        def progress(i, n, name, rec):
+            if rec["verdict"] in ("wrong", "lossy"):
+                print(f"[{i}/{n}] {rec['verdict']:6s} {name}: {_audit_detail(rec)}", flush=True)
+
+        results = audit.run_audit(only=ns.ops or None, progress=progress)
+        path = audit.write(results, ns.output)
+        print(f"{len(results)} decompositions audited: {audit.totals(results)}; wrote {path}")
         return 0
     a, b = presets.load(ns.a), presets.load(ns.b)
     for field, (only_a, only_b) in presets.diff(a, b).items():
         print(f"{field}: {len(only_a)} only in {a.key}, {len(only_b)} only in {b.key}")
         print("".join(f"  - {n}\n" for n in only_a) + "".join(f"  + {n}\n" for n in only_b), end="")
     return 0
+
+
+def _audit_detail(rec: dict) -> str:
+    w = rec.get("worst", {})
+    parts = [w["why"]] if "why" in w else []
+    if "max_ulp" in w:
+        parts.append(f"{w['max_ulp']:.3g} ulp (abs {w.get('max_abs', 0):.3g})")
+    if "err_vs_f64" in w:
+        parts.append(f"error vs float64 {w['err_vs_f64']:.3g}, the op's {w['op_err_vs_f64']:.3g}")
+    return f"{', '.join(parts)} [{w.get('dtype', '?')}, {rec['samples']} samples]"
 
 
 def cmd_demo(ns) -> int:
@@ -231,6 +261,10 @@ def build_parser() -> argparse.ArgumentParser:
     dif = osub.add_parser("diff", help="what changed between two presets (e.g. core@2.13 core-tag@2.13)")
     dif.add_argument("a")
     dif.add_argument("b")
+    aud = osub.add_parser("audit", help="measure every preset decomposition on OpInfo samples; writes "
+                                        "schemas/opsets/audit@<torch>.json")
+    aud.add_argument("--ops", nargs="*", metavar="OP", help="only these ops (e.g. aten::var_mean.correction)")
+    aud.add_argument("-o", "--output", help="write here instead of schemas/opsets/")
     o.set_defaults(func=cmd_opset)
     ca = sub.add_parser("cache", help="where the lowering cache is, what it holds; --clear empties it")
     ca.add_argument("--clear", action="store_true")
