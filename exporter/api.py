@@ -94,7 +94,7 @@ def _program_of(art, *, verify: bool) -> Pt2bProgram:
 
 
 def load_for_backend(path, preset: str = "core", *, supported_ops=None, decompositions=None, keep=None,
-                     device: str = "cpu", verify: bool = False, cache: bool | None = None):
+                     device: str = "cpu", verify: bool = False, cache: bool | None = None, strict: bool = False):
     """Load ``path`` and lower it for a backend: functionalize, then decompose with a preset
     ("none", "core", "core-tag", "max", optionally "@<torch version>") or until only
     ``supported_ops`` remain; ``keep`` protects ops; ``decompositions`` adds/overrides entries.
@@ -104,12 +104,16 @@ def load_for_backend(path, preset: str = "core", *, supported_ops=None, decompos
     else ~/.cache/pt2b) keyed by the artifact's content, the request and the versions; a hit
     costs one load. ``cache=False`` neither reads nor writes the cache; the default (None) uses it
     unless the environment sets PT2B_CACHE=0 (or off/false/no).
+
+    ``strict=True`` applies no decomposition that `pt2b opset audit` measured as lossy or wrong
+    (schemas/opsets/audit@<torch>.json): such an op stays when the backend accepts it, and is an
+    OpsetError naming the op and its measured error otherwise.
     """
     from .lowering import cache as _cache
     from .lowering.lower import finish, lower, plan_lowering
     from .lowering.lowered import Lazy
 
-    plan = plan_lowering(preset, supported_ops=supported_ops, decompositions=decompositions, keep=keep)
+    plan = plan_lowering(preset, supported_ops=supported_ops, decompositions=decompositions, keep=keep, strict=strict)
     use_cache = _cache.enabled(cache) and plan.fingerprint is not None and device == "cpu"
     if use_cache:
         digest = reader.program_digest(path)

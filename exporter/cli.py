@@ -85,7 +85,7 @@ def _lower_from_args(ns):
 
     supported = _read_ops_file(ns.supported) if ns.supported else None
     return load_for_backend(ns.artifact, ns.preset, supported_ops=supported, keep=ns.keep or None,
-                            cache=False if ns.no_cache else None)
+                            cache=False if ns.no_cache else None, strict=ns.strict)
 
 
 def cmd_cache(ns) -> int:
@@ -198,13 +198,9 @@ def cmd_opset(ns) -> int:
 
 
 def _audit_detail(rec: dict) -> str:
-    w = rec.get("worst", {})
-    parts = [w["why"]] if "why" in w else []
-    if "max_ulp" in w:
-        parts.append(f"{w['max_ulp']:.3g} ulp (abs {w.get('max_abs', 0):.3g})")
-    if "err_vs_f64" in w:
-        parts.append(f"error vs float64 {w['err_vs_f64']:.3g}, the op's {w['op_err_vs_f64']:.3g}")
-    return f"{', '.join(parts)} [{w.get('dtype', '?')}, {rec['samples']} samples]"
+    from .lowering.audit import describe
+
+    return describe(rec)
 
 
 def cmd_demo(ns) -> int:
@@ -242,6 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
         lo.add_argument("--supported", metavar="OPS.txt", help="file with one supported op per line (overrides --preset)")
         lo.add_argument("--keep", nargs="*", metavar="OP", help="ops never to decompose")
         lo.add_argument("--no-cache", action="store_true", help="neither read nor write the lowering cache")
+        lo.add_argument("--strict", action="store_true",
+                        help="apply no decomposition the audit classes lossy or wrong (schemas/opsets/audit@*.json)")
         if name == "lower":
             lo.add_argument("-o", "--output", help="write the lowered program as a .pt2b")
         else:

@@ -113,3 +113,48 @@ def test_opset_show_reports_measured_numerics(capsys):
     out = capsys.readouterr().out
     assert "decompositions by measured numerics (pt2b opset audit):" in out
     assert "lossy  aten::" in out
+
+
+class Lerp(torch.nn.Module):
+    def forward(self, x, y):
+        return torch.lerp(x, y, 0.3) * 2
+
+
+@pytest.fixture(scope="module")
+def lerp_artifact(tmp_path_factory):
+    from exporter import export_model
+
+    path = tmp_path_factory.mktemp("strict") / "lerp.pt2b"
+    export_model(Lerp(), (torch.randn(64), torch.randn(64)), path)
+    return path
+
+
+def test_strict_lowering_keeps_or_refuses_lossy_decompositions(lerp_artifact):
+    from exporter import load_for_backend
+    from exporter.errors import OpsetError
+
+    assert STORED["ops"]["aten::lerp.Scalar"]["verdict"] == "lossy"
+    x, y = torch.randn(64), torch.randn(64)
+    plain = load_for_backend(lerp_artifact, "max", cache=False)
+    assert "aten::lerp.Scalar" not in plain.ops()  # decomposed, with its measured error
+    kept = load_for_backend(lerp_artifact, "max", cache=False, strict=True)
+    assert "aten::lerp.Scalar" in kept.ops() and kept.preset.endswith("+strict")
+    assert torch.equal(kept(x, y), Lerp()(x, y))  # the op itself: bitwise eager
+    ok = load_for_backend(lerp_artifact, supported_ops=["aten::lerp.Scalar", "aten::mul.Tensor"], cache=False,
+                          strict=True)
+    assert set(ok.ops()) == {"aten::lerp.Scalar", "aten::mul.Tensor"}
+    for kwargs in ({"preset": "core"}, {"supported_ops": ["aten::mul.Tensor", "aten::add.Tensor", "aten::sub.Tensor",
+                                                         "aten::mul.Scalar", "aten::where.self", "aten::abs.default",
+                                                         "aten::lt.Scalar", "aten::rsub.Scalar"]}):
+        with pytest.raises(OpsetError, match=r"(?s)aten::lerp\.Scalar \(1 call sites\): its decomposition is lossy: "
+                                             r"[0-9.e+]+ ulp .*Implement them in the backend"):
+            load_for_backend(lerp_artifact, cache=False, strict=True, **kwargs)
+
+
+def test_cli_lower_strict(lerp_artifact, capsys):
+    from exporter import cli
+
+    assert cli.main(["lower", str(lerp_artifact), "--preset", "max", "--strict", "--no-cache"]) == 0
+    assert "aten::lerp.Scalar" in capsys.readouterr().out
+    assert cli.main(["lower", str(lerp_artifact), "--preset", "core", "--strict", "--no-cache"]) != 0
+    assert "its decomposition is lossy" in capsys.readouterr().err

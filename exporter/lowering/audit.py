@@ -313,6 +313,17 @@ def worst_cases(results: dict, n: int = 10) -> list[tuple[str, dict]]:
     return sorted(bad, key=lambda kv: (-RANK[kv[1]["verdict"]], -kv[1].get("worst", {}).get("max_ulp", 0)))[:n]
 
 
+def describe(rec: dict) -> str:
+    """One line of a verdict record's numbers: why, ulp and absolute error, float64 errors, dtype."""
+    w = rec.get("worst", {})
+    parts = [w["why"]] if "why" in w else []
+    if "max_ulp" in w:
+        parts.append(f"{w['max_ulp']:.3g} ulp (abs {w.get('max_abs', 0):.3g})")
+    if "err_vs_f64" in w:
+        parts.append(f"error vs float64 {w['err_vs_f64']:.3g}, the op's {w['op_err_vs_f64']:.3g}")
+    return f"{', '.join(parts)} [{w.get('dtype', '?')}, {rec['samples']} samples]"
+
+
 def totals(results: dict) -> dict[str, int]:
     counts = {v: 0 for v in ("exact", "ulp", "lossy", "wrong", "untested")}
     for r in results.values():

@@ -62,14 +62,37 @@ class LoweringPlan:
     keep: OpMatcher | None
     supported: OpMatcher | None
     fingerprint: str | None  # everything that determines the result; None when it cannot be keyed
+    withheld: dict = dataclasses.field(default_factory=dict)  # strict=True: op name -> measured error
+
+
+def _withhold_untrusted(table: dict, user: dict) -> dict[str, str]:
+    """strict=True: drop from ``table`` every decomposition the audit classes lossy or wrong (a
+    decomposition the caller passed in ``decompositions`` is theirs to trust); op name -> why."""
+    from . import audit
+    from .presets import torch_minor
+
+    stored = audit.read()
+    if stored is None:
+        raise LoweringError(f"strict=True needs the decomposition audit of torch {torch_minor()} "
+                            f"(schemas/opsets/audit@{torch_minor()}.json): run `pt2b opset audit`.")
+    withheld = {}
+    for op in list(table):
+        rec = stored["ops"].get(op_name(op))
+        if op not in user and rec is not None and rec["verdict"] in ("lossy", "wrong"):
+            del table[op]
+            withheld[op_name(op)] = f"its decomposition is {rec['verdict']}: {audit.describe(rec)}"
+    return withheld
 
 
 def _entry_text(e) -> str:
     return op_name(e) if isinstance(e, torch._ops.OpOverload) else str(e)
 
 
-def plan_lowering(preset: str = "core", *, supported_ops=None, decompositions=None, keep=None) -> LoweringPlan:
-    """Resolve a preset or supported_ops list, keep and decompositions into a table and an accept rule."""
+def plan_lowering(preset: str = "core", *, supported_ops=None, decompositions=None, keep=None,
+                  strict: bool = False) -> LoweringPlan:
+    """Resolve a preset or supported_ops list, keep and decompositions into a table and an accept rule.
+    ``strict``: withhold the decompositions the audit classes lossy or wrong (LoweringPlan.withheld)."""
+    trusted_only = strict
     keep_m = _matcher(keep, "keep")
     kept = (lambda op: op in keep_m) if keep_m is not None else (lambda op: False)
     user = _user_table(decompositions)
@@ -96,10 +119,13 @@ def plan_lowering(preset: str = "core", *, supported_ops=None, decompositions=No
         # a pinned preset ("core@2.13") guarantees its frozen opset: anything outside is an error
         label, description, strict = p.key, p.description, p.strict or ("@" in preset and p.opset is not None)
         what = {"preset": preset, "frozen": p.to_json()}
-    what.update(keep=sorted(_entry_text(e) for e in _entries(keep)), strict=strict,
-                table=sorted(op_name(op) for op in table))
+    withheld = _withhold_untrusted(table, user) if trusted_only else {}
+    if trusted_only:
+        label += "+strict"
+    what.update(keep=sorted(_entry_text(e) for e in _entries(keep)), strict=strict, trusted_only=trusted_only,
+                table=sorted(op_name(op) for op in table), withheld=sorted(withheld))
     fingerprint = None if user else json.dumps(what, sort_keys=True)
-    return LoweringPlan(table, accepts, label, description, strict, keep_m, sup_m, fingerprint)
+    return LoweringPlan(table, accepts, label, description, strict, keep_m, sup_m, fingerprint, withheld)
 
 
 def _entries(entries) -> list:
@@ -109,8 +135,9 @@ def _entries(entries) -> list:
 
 
 def lower(source_ep, preset: str = "core", *, supported_ops=None, decompositions=None, keep=None,
-          source=None, plan: LoweringPlan | None = None) -> LoweredProgram:
-    plan = plan or plan_lowering(preset, supported_ops=supported_ops, decompositions=decompositions, keep=keep)
+          source=None, plan: LoweringPlan | None = None, strict: bool = False) -> LoweredProgram:
+    plan = plan or plan_lowering(preset, supported_ops=supported_ops, decompositions=decompositions, keep=keep,
+                                 strict=strict)
     lowered = functionalize(source_ep) if not plan.table else run_decompositions(source_ep, plan.table)
     return finish(plan, lowered, source_ep=source_ep, source=source)
 
@@ -119,6 +146,14 @@ def finish(plan: LoweringPlan, lowered, *, source_ep, source=None) -> LoweredPro
     """Verify ``lowered`` against the plan's accepted op set and wrap it; ``source_ep`` may be a
     Lazy (the undecomposed program is then loaded only when explain() or an error needs it)."""
     bad = outside(lowered.graph_module, plan.accepts)
+    untrusted = {name: why for name, why in plan.withheld.items() if name in bad}
+    if untrusted:
+        raise OpsetError(
+            f"lowering with {plan.label}: {len(untrusted)} op(s) would need a decomposition that strict=True "
+            f"does not apply, and the backend does not support them:\n"
+            + "\n".join(f"  {name} ({bad[name]} call sites): {why}" for name, why in untrusted.items())
+            + "\nImplement them in the backend (add them to supported_ops), or lower without strict=True "
+              "to accept the measured error.")
     if bad and plan.strict:
         source_ep = source_ep.get() if isinstance(source_ep, Lazy) else source_ep
         stop = lambda op: op not in plan.table
