@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from exporter import export_model, load, load_for_backend  # noqa: E402
+from exporter import eager_decompositions, export_model, load, load_for_backend  # noqa: E402
 from exporter.serialize import writer  # noqa: E402
 from exporter.zoo import encoder_6x512, gpt_350m, make_case  # noqa: E402
 from runtime_ref import Runtime  # noqa: E402
@@ -118,6 +118,7 @@ def bench_model(case, repeat: int, tmp: str) -> list[tuple[str, float, float, st
     kind = "runtime_tiny" if case.name == "chain100" else "runtime_large"
     rows.append(("runtime_ref vs lowered GraphModule", t_rt, t_gm, kind))
     rows.append(("runtime_ref vs eager", t_rt, t_eager, ""))
+    rows += bench_eager_mode(case, n, t_eager)
     del eager
     return rows
 
@@ -152,6 +153,26 @@ def sweep(layers: list[int], tmp: str) -> list[dict]:
         slope = {k: sum((x - mx) * (r[k]) for x, r in zip(xs, out)) / sum((x - mx) ** 2 for x in xs) for k in keys}
         print("| s per layer | | " + " | ".join(f"{slope[k]:.4f}" for k in keys) + " |")
     return out
+
+
+def bench_eager_mode(case, n: int, t_eager: float) -> list:
+    """eager_decompositions('core') against plain eager: the first call (every op decided) and the
+    steady state (decisions cached), outputs checked against plain eager."""
+    args, kwargs = case.args, case.kwargs or {}
+    with torch.no_grad():
+        mode = eager_decompositions("core")
+        t = time.perf_counter()
+        with mode:
+            out = case.model(*args, **kwargs)
+        first = time.perf_counter() - t
+        assert torch.allclose(out, case.model(*args, **kwargs), rtol=1e-4, atol=1e-4), "eager mode differs"
+
+        def steady():
+            with mode:
+                case.model(*args, **kwargs)
+        t_steady = median_time(steady, n)
+    return [("eager_decompositions('core') first call vs eager", first, t_eager, ""),
+            ("eager_decompositions('core') steady vs eager", t_steady, t_eager, "")]
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,132 @@
+"""Eager-mode decompositions: run ordinary PyTorch code with every op outside a backend's opset
+decomposed on the fly, recursively, so that only supported ops reach the kernels.
+
+    with exporter.eager_decompositions(preset="core") as mode:
+        y = model(x)
+    mode.decomposed   # op -> times it was decomposed
+    mode.unsupported  # ops outside the opset that have no decomposition (they ran as they are)
+
+The decision for each op (run it, decompose it with which function, or note it) is made once per
+mode and cached. It is a TorchDispatchMode: thread-local, popped on exit even when the block
+raises, so nothing outside the block is changed. CompositeImplicitAutograd ops called by user
+code never reach a dispatch mode (eager already runs their decomposition); those a decomposition
+calls do, and run their CompositeImplicitAutograd kernel. Higher-order ops (cond, map,
+while_loop) run their branches and bodies under the mode. Ops outside the opset with no
+decomposition (fused kernels such as mkldnn_rnn_layer) run as they are and are counted in
+``unsupported``.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .ops import op_name
+
+# Ops that only move or describe data; no decomposition can remove them from eager execution.
+_ALWAYS = {"aten::copy_.default", "aten::_local_scalar_dense.default", "aten::detach.default",
+           "aten::lift_fresh.default", "aten::_to_copy.default", "aten::empty.memory_format",
+           "aten::empty_strided.default", "aten::resize_.default", "aten::set_.source_Storage",
+           "aten::set_.source_Storage_storage_offset"}
+
+
+def _functional_twin(func):
+    """aten::add_.Tensor -> aten::add.Tensor when it exists (an in-place op writing only self)."""
+    schema = func._schema
+    base = schema.name.split("::", 1)[1]
+    writes = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    if not base.endswith("_") or len(writes) != 1 or writes[0].name != "self":
+        return None
+    packet = getattr(torch.ops.aten, base[:-1], None)
+    return getattr(packet, func._overloadname, None) if packet is not None else None
+
+
+class EagerDecompositions(TorchDispatchMode):
+    def __init__(self, preset: str = "core", *, supported_ops=None, keep=None, decompositions=None, strict=False):
+        super().__init__()
+        from .lowering.lower import plan_lowering
+
+        self.plan = plan_lowering(preset, supported_ops=supported_ops, keep=keep, decompositions=decompositions,
+                                  strict=strict)
+        self._decision: dict = {}
+        self.decomposed: collections.Counter = collections.Counter()
+        self.unsupported: collections.Counter = collections.Counter()
+        self.ran: collections.Counter = collections.Counter()
+
+    def _decide(self, func):
+        d = self._decision.get(func)
+        if d is None:
+            from torch._decomp import decomposition_table
+
+            name = op_name(func)
+            twin = _functional_twin(func) if isinstance(func, torch._ops.OpOverload) else None
+            if name in _ALWAYS or self.plan.accepts(func) or (
+                    isinstance(func, torch._ops.OpOverload) and (torch.Tag.inplace_view in func.tags
+                                                                 or name.startswith("aten::empty"))):
+                # accepted, plumbing, in-place view metadata changes (transpose_) and allocations
+                d = ("run", None)
+            elif func in self.plan.table:
+                d = ("decompose", self.plan.table[func])
+            elif isinstance(func, torch._ops.OpOverload) and torch._C._dispatch_has_kernel_for_dispatch_key(
+                    func.name(), "CompositeImplicitAutograd"):
+                d = ("decompose", func.decompose)  # called from inside a decomposition: its own CIA kernel
+            elif twin is not None:  # in place: the functional op (itself decomposed if need be), then copy_
+                d = ("decompose", lambda self_, *a, **k: self_.copy_(twin(self_, *a, **k)))
+            elif func in decomposition_table and name not in self.plan.withheld:
+                d = ("decompose", decomposition_table[func])  # eager needs no functional graph
+            else:
+                d = ("unsupported", None)
+            self._decision[func] = d
+        return d
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        action, fn = self._decide(func)
+        if action == "decompose":
+            with self:  # the ops the decomposition calls come back here, recursively
+                out = fn(*args, **kwargs)
+            if out is not NotImplemented:  # a decomposition may decline an input
+                self.decomposed[op_name(func)] += 1
+                return out
+            action = "unsupported"
+        if action == "unsupported":
+            self.unsupported[op_name(func)] += 1
+        else:
+            self.ran[op_name(func)] += 1
+        return func(*args, **kwargs)
+
+
+def eager_decompositions(preset: str = "core", *, supported_ops=None, keep=None, decompositions=None,
+                         strict: bool = False) -> EagerDecompositions:
+    """A context manager running eager PyTorch with the lowering of ``preset`` (or ``supported_ops``,
+    ``keep``, ``decompositions``, ``strict``: as in load_for_backend) applied op by op."""
+    return EagerDecompositions(preset, supported_ops=supported_ops, keep=keep, decompositions=decompositions,
+                               strict=strict)
+
+
+# Higher-order ops ask each mode for a rule; these run the branches / bodies with the mode active
+# so that their ops are decomposed too (the rules are keyed by this class: nothing else changes).
+def _register_hop_rules():
+    from torch._higher_order_ops.cond import cond_op
+    from torch._higher_order_ops.map import map_dense, map_impl
+    from torch._higher_order_ops.while_loop import while_loop_dense, while_loop_op
+
+    @cond_op.py_impl(EagerDecompositions)
+    def _cond(mode, pred, true_fn, false_fn, operands):
+        with mode:
+            return true_fn(*operands) if bool(pred) else false_fn(*operands)
+
+    @map_impl.py_impl(EagerDecompositions)
+    def _map(mode, f, xs, pos_args):
+        with mode:
+            return map_dense(f, xs, pos_args)
+
+    @while_loop_op.py_impl(EagerDecompositions)
+    def _while(mode, cond_fn, body_fn, carried_inputs, additional_inputs, *rest, **kwargs):
+        with mode:
+            return while_loop_dense(cond_fn, body_fn, carried_inputs, additional_inputs, *rest, **kwargs)
+
+
+_register_hop_rules()
