@@ -51,6 +51,7 @@ class EagerDecompositions(TorchDispatchMode):
         self.plan = plan_lowering(preset, supported_ops=supported_ops, keep=keep, decompositions=decompositions,
                                   strict=strict)
         self._decision: dict = {}
+        self._active: set = set()  # ops being decomposed right now (a decomposition may call its own op)
         self.decomposed: collections.Counter = collections.Counter()
         self.unsupported: collections.Counter = collections.Counter()
         self.ran: collections.Counter = collections.Counter()
@@ -76,6 +77,9 @@ class EagerDecompositions(TorchDispatchMode):
                 d = ("decompose", lambda self_, *a, **k: self_.copy_(twin(self_, *a, **k)))
             elif func in decomposition_table and name not in self.plan.withheld:
                 d = ("decompose", decomposition_table[func])  # eager needs no functional graph
+            elif func.namespace == "prims" and getattr(getattr(torch._prims, func._opname, None), "impl_aten", None):
+                # a prim that a reference decomposition emitted: its ATen implementation, through the mode
+                d = ("decompose", getattr(torch._prims, func._opname).impl_aten)
             else:
                 d = ("unsupported", None)
             self._decision[func] = d
@@ -84,12 +88,17 @@ class EagerDecompositions(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         action, fn = self._decide(func)
-        if action == "decompose":
-            with self:  # the ops the decomposition calls come back here, recursively
-                out = fn(*args, **kwargs)
+        if action == "decompose" and func not in self._active:  # (an op inside its own decomposition runs)
+            self._active.add(func)
+            try:
+                with self:  # the ops the decomposition calls come back here, recursively
+                    out = fn(*args, **kwargs)
+            finally:
+                self._active.discard(func)
             if out is not NotImplemented:  # a decomposition may decline an input
                 self.decomposed[op_name(func)] += 1
                 return out
+        if action == "decompose":
             action = "unsupported"
         if action == "unsupported":
             self.unsupported[op_name(func)] += 1

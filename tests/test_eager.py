@@ -15,12 +15,9 @@ from exporter.eager import _ALWAYS
 from exporter.ops import op_name
 from exporter.zoo import make_case, zoo_names
 
-# fused CPU kernels with no decomposition (eager's fast paths), and batch norm in training, whose
-# only registered decomposition is a reference that emits prims
+# fused CPU kernels with no decomposition (eager's fast paths): reported, run as they are
 REPORTED = {"lstm": {"aten::mkldnn_rnn_layer.default"},
-            "transformer_encoder": {"aten::_transformer_encoder_layer_fwd.default"},
-            "cnn_bn_train": {"prims::var.default", "prims::broadcast_in_dim.default", "prims::sum.default",
-                             "prims::div.default"}}
+            "transformer_encoder": {"aten::_transformer_encoder_layer_fwd.default"}}
 
 
 class Recorder(TorchDispatchMode):
