@@ -158,3 +158,16 @@ def test_cli_lower_strict(lerp_artifact, capsys):
     assert "aten::lerp.Scalar" in capsys.readouterr().out
     assert cli.main(["lower", str(lerp_artifact), "--preset", "core", "--strict", "--no-cache"]) != 0
     assert "its decomposition is lossy" in capsys.readouterr().err
+
+
+def test_hazards_are_read_from_what_the_decomposition_calls():
+    rec = audit.audit_op(aten.upsample_bilinear2d.default, TABLE[aten.upsample_bilinear2d.default])
+    assert "aten::_unsafe_index.Tensor" in rec["emits"]
+    assert any(h.startswith("index gathers (_unsafe_index.Tensor") for h in rec["hazards"])
+    rec = audit.audit_op(aten._log_softmax.default, TABLE[aten._log_softmax.default])
+    assert {"aten::amax.default", "aten::sum.dim_IntList"} <= set(rec["emits"])
+    assert any(h.startswith("extra passes (2 reductions") for h in rec["hazards"])
+    rec = audit.audit_op(aten.masked_fill.Scalar, TABLE[aten.masked_fill.Scalar])
+    assert rec["hazards"] == [] and rec["emits"] == ["aten::where.ScalarSelf"]
+    assert STORED["ops"]["aten::upsample_bilinear2d.default"]["hazards"] == \
+        audit.audit_op(aten.upsample_bilinear2d.default, TABLE[aten.upsample_bilinear2d.default])["hazards"]

@@ -105,12 +105,15 @@ class _Swap(TorchDispatchMode):
     def __init__(self, op, fn=None):
         super().__init__()
         self.op, self.fn, self.hits = op, fn, 0
+        self.emitted: set = set()  # ops the decomposition called
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is self.op:
             if self.fn is not None:
-                out = self.fn(*args, **kwargs)
+                with _Record() as rec:
+                    out = self.fn(*args, **kwargs)
+                self.emitted |= rec.seen
                 if out is not NotImplemented:  # a decomposition may decline an input: the op runs
                     self.hits += 1
                     return out
@@ -203,6 +206,7 @@ def audit_op(op, fn) -> dict:
         return {"verdict": "exact", "samples": 0, "dtypes": [], "worst": {"why": "composite: eager runs this decomposition"}}
     result = {"verdict": "untested", "samples": 0, "dtypes": []}
     worst = None
+    emitted: set = set()
     for dtype, func, args, kwargs in _samples(op):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -223,6 +227,7 @@ def audit_op(op, fn) -> dict:
             else:
                 if swap.hits == 0:
                     continue  # the decomposition declined every call of this sample
+                emitted |= swap.emitted
                 ref64 = None
                 if dtype.is_floating_point and dtype != torch.float64:
                     try:
@@ -244,7 +249,34 @@ def audit_op(op, fn) -> dict:
     if worst is not None:
         result["verdict"] = worst["verdict"]
         result["worst"] = {k: v for k, v in worst.items() if k != "verdict"}
+    if emitted:
+        result["emits"] = sorted(op_name(f) for f in emitted)
+        result["hazards"] = hazards(op, emitted)
     return result
+
+
+_GATHERS = ("index.", "_unsafe_index", "gather.", "index_select.", "scatter", "index_put", "take.", "_index_put")
+_DATA_DEPENDENT = ("_local_scalar_dense.", "nonzero.", "masked_select.", "unique", "item.")
+_REDUCTIONS = ("sum.", "mean.", "var.", "var_mean.", "std.", "amax.", "amin.", "max.dim", "min.dim", "prod.",
+               "cumsum.", "cumprod.", "logsumexp.", "argmax.", "argmin.", "norm.", "linalg_vector_norm.")
+
+
+def hazards(op, emitted) -> list[str]:
+    """Performance hazards of a decomposition from the ops it called: index gathers, data-dependent
+    values (a host sync, a guard when traced), and more reduction passes than the op makes."""
+    names = [op_name(f).split("::", 1)[1] for f in emitted]
+    out = []
+    gathers = sorted(n for n in names if n.startswith(_GATHERS))
+    if gathers:
+        out.append(f"index gathers ({', '.join(gathers)})")
+    dependent = sorted(n for n in names if n.startswith(_DATA_DEPENDENT))
+    if dependent:
+        out.append(f"data-dependent ({', '.join(dependent)})")
+    reductions = sorted(n for n in names if n.startswith(_REDUCTIONS))
+    own = 1 if op_name(op).split("::", 1)[1].startswith(_REDUCTIONS) else 0
+    if len(reductions) > max(own, 1):
+        out.append(f"extra passes ({len(reductions)} reductions: {', '.join(reductions)})")
+    return out
 
 
 def audited_ops(preset_names=("core", "core-tag", "max")) -> dict:
@@ -321,7 +353,8 @@ def describe(rec: dict) -> str:
         parts.append(f"{w['max_ulp']:.3g} ulp (abs {w.get('max_abs', 0):.3g})")
     if "err_vs_f64" in w:
         parts.append(f"error vs float64 {w['err_vs_f64']:.3g}, the op's {w['op_err_vs_f64']:.3g}")
-    return f"{', '.join(parts)} [{w.get('dtype', '?')}, {rec['samples']} samples]"
+    text = f"{', '.join(parts)} [{w.get('dtype', '?')}, {rec['samples']} samples]"
+    return text + (f"; hazards: {'; '.join(rec['hazards'])}" if rec.get("hazards") else "")
 
 
 def totals(results: dict) -> dict[str, int]:
