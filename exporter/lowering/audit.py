@@ -207,6 +207,7 @@ def audit_op(op, fn) -> dict:
     result = {"verdict": "untested", "samples": 0, "dtypes": []}
     worst = None
     emitted: set = set()
+    found: set = set()
     for dtype, func, args, kwargs in _samples(op):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -228,6 +229,7 @@ def audit_op(op, fn) -> dict:
                 if swap.hits == 0:
                     continue  # the decomposition declined every call of this sample
                 emitted |= swap.emitted
+                found.update(hazards(op, swap.emitted))  # per sample: a reduction= argument picks one path
                 ref64 = None
                 if dtype.is_floating_point and dtype != torch.float64:
                     try:
@@ -251,7 +253,7 @@ def audit_op(op, fn) -> dict:
         result["worst"] = {k: v for k, v in worst.items() if k != "verdict"}
     if emitted:
         result["emits"] = sorted(op_name(f) for f in emitted)
-        result["hazards"] = hazards(op, emitted)
+        result["hazards"] = sorted(found)
     return result
 
 
