@@ -13,7 +13,7 @@ code never reach a dispatch mode (eager already runs their decomposition); those
 calls do, and run their CompositeImplicitAutograd kernel. Higher-order ops (cond, map,
 while_loop) run their branches and bodies under the mode. Ops outside the opset with no
 decomposition (fused kernels such as mkldnn_rnn_layer) run as they are and are counted in
-``unsupported``.
+``unsupported``; module fast paths that would call such kernels are avoided (see _NoFastPaths).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .ops import op_name
@@ -107,12 +108,53 @@ class EagerDecompositions(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+class _NoFastPaths(TorchFunctionMode):
+    """Passes every call through. Being active makes torch.overrides.has_torch_function() true, which
+    is what nn modules check before taking fused fast paths (TransformerEncoderLayer's
+    _transformer_encoder_layer_fwd, which has no decomposition): they take their op-by-op path."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+class _EagerContext:
+    """``with eager_decompositions(...) as mode``: enters _NoFastPaths and the dispatch mode (in that
+    order), leaves both (also on exceptions); re-enterable; yields the EagerDecompositions."""
+
+    def __init__(self, mode: EagerDecompositions):
+        self.mode = mode
+        self._stack: list = []
+
+    def __enter__(self) -> EagerDecompositions:
+        guard = _NoFastPaths()
+        guard.__enter__()
+        try:
+            self.mode.__enter__()
+        except BaseException:
+            guard.__exit__(None, None, None)
+            raise
+        self._stack.append(guard)
+        return self.mode
+
+    def __exit__(self, *exc):
+        guard = self._stack.pop()
+        try:
+            self.mode.__exit__(*exc)
+        finally:
+            guard.__exit__(*exc)
+        return False
+
+    def __getattr__(self, name):  # counters and plan of the mode
+        return getattr(self.mode, name)
+
+
 def eager_decompositions(preset: str = "core", *, supported_ops=None, keep=None, decompositions=None,
-                         strict: bool = False) -> EagerDecompositions:
+                         strict: bool = False) -> _EagerContext:
     """A context manager running eager PyTorch with the lowering of ``preset`` (or ``supported_ops``,
-    ``keep``, ``decompositions``, ``strict``: as in load_for_backend) applied op by op."""
-    return EagerDecompositions(preset, supported_ops=supported_ops, keep=keep, decompositions=decompositions,
-                               strict=strict)
+    ``keep``, ``decompositions``, ``strict``: as in load_for_backend) applied op by op; ``as`` gives
+    the EagerDecompositions mode (``.decomposed``, ``.unsupported``, ``.ran``)."""
+    return _EagerContext(EagerDecompositions(preset, supported_ops=supported_ops, keep=keep,
+                                             decompositions=decompositions, strict=strict))
 
 
 # Higher-order ops ask each mode for a rule; these run the branches / bodies with the mode active
