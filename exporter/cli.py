@@ -179,6 +179,18 @@ def cmd_opset(ns) -> int:
             for name, rec in audit.worst_cases(mine, 10):
                 print(f"  {rec['verdict']:6s} {name}: {_audit_detail(rec)}")
         return 0
+    if ns.opset_command == "coverage":
+        import tempfile
+
+        from .lowering import coverage
+
+        supported = _read_ops_file(ns.supported) if ns.supported else None
+        with tempfile.TemporaryDirectory() as tmp:
+            paths = coverage.artifacts(ns.corpus) if ns.corpus else _zoo_corpus(tmp)
+            rows = coverage.measure(paths, ns.preset, supported_ops=supported, keep=ns.keep or None)
+            label = f"supported ops of {ns.supported}" if supported else f"preset {ns.preset}"
+            print(coverage.report(rows, label))
+        return 0
     if ns.opset_command == "audit":
         from .lowering import audit
 
@@ -195,6 +207,23 @@ def cmd_opset(ns) -> int:
         print(f"{field}: {len(only_a)} only in {a.key}, {len(only_b)} only in {b.key}")
         print("".join(f"  - {n}\n" for n in only_a) + "".join(f"  + {n}\n" for n in only_b), end="")
     return 0
+
+
+def _zoo_corpus(folder: str) -> list[str]:
+    """The built-in model zoo exported into ``folder`` (the default coverage corpus)."""
+    import copy
+
+    from .api import export_model
+    from .zoo import make_case, zoo_names
+
+    out = []
+    for name in zoo_names():
+        case = make_case(name)
+        path = f"{folder}/{name}.pt2b"
+        export_model(copy.deepcopy(case.model), case.args, path, kwargs=case.kwargs,
+                     dynamic_shapes=case.dynamic_shapes, strict=case.strict)
+        out.append(path)
+    return out
 
 
 def _audit_detail(rec: dict) -> str:
@@ -259,6 +288,12 @@ def build_parser() -> argparse.ArgumentParser:
     dif = osub.add_parser("diff", help="what changed between two presets (e.g. core@2.13 core-tag@2.13)")
     dif.add_argument("a")
     dif.add_argument("b")
+    cov = osub.add_parser("coverage", help="how many models of a corpus a preset or supported-ops list covers, "
+                                           "and which ops to implement next")
+    cov.add_argument("--corpus", nargs="*", metavar="PATH", help=".pt2b files or folders (default: the model zoo)")
+    cov.add_argument("--preset", default="core")
+    cov.add_argument("--supported", metavar="OPS.txt", help="file with one supported op per line (overrides --preset)")
+    cov.add_argument("--keep", nargs="*", metavar="OP")
     aud = osub.add_parser("audit", help="measure every preset decomposition on OpInfo samples; writes "
                                         "schemas/opsets/audit@<torch>.json")
     aud.add_argument("--ops", nargs="*", metavar="OP", help="only these ops (e.g. aten::var_mean.correction)")

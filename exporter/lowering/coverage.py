@@ -1,0 +1,94 @@
+"""`pt2b opset coverage`: how much of a corpus of artifacts a backend's op set covers.
+
+Each artifact is lowered for real (the same plan load_for_backend makes, verification reporting
+instead of raising), so the answer is what load_for_backend would do: a model is covered when its
+lowered graph holds only accepted ops. The greedy list says which ops to implement next to cover
+the most models soonest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+
+
+@dataclasses.dataclass
+class ModelCoverage:
+    path: str
+    ops: dict[str, int]        # the lowered program's ops -> call sites
+    missing: dict[str, int]    # ops outside the accepted set -> call sites
+    error: str = ""            # a lowering that failed outright (the model is not covered)
+
+    @property
+    def covered(self) -> bool:
+        return not self.missing and not self.error
+
+
+def artifacts(corpus) -> list[str]:
+    """.pt2b files named in ``corpus`` (files, or folders searched recursively), sorted."""
+    out = []
+    for entry in corpus:
+        p = pathlib.Path(entry)
+        out += [str(f) for f in sorted(p.rglob("*.pt2b"))] if p.is_dir() else [str(p)]
+    return out
+
+
+def measure(paths, preset: str = "core", *, supported_ops=None, keep=None) -> list[ModelCoverage]:
+    from ..api import load
+    from ..errors import Pt2bError
+    from .lower import lower, plan_lowering
+
+    plan = plan_lowering(preset, supported_ops=supported_ops, keep=keep)
+    plan.strict = False  # report what falls outside instead of raising on the first model
+    rows = []
+    for path in paths:
+        try:
+            lowered = lower(load(path).exported_program(), plan=plan)
+        except Pt2bError as e:
+            rows.append(ModelCoverage(os.fspath(path), {}, {}, f"{type(e).__name__}: {str(e).splitlines()[0]}"))
+            continue
+        rows.append(ModelCoverage(os.fspath(path), lowered.ops(), dict(lowered.outside_opset)))
+    return rows
+
+
+def greedy_next(rows: list[ModelCoverage], limit: int = 10) -> list[tuple[str, int]]:
+    """Ops to implement, in the order that completes the most models soonest: (op, models covered
+    after adding it and every op before it)."""
+    pending = [set(r.missing) for r in rows if r.missing and not r.error]
+    done = sum(1 for r in rows if r.covered)
+    chosen: set = set()
+    out = []
+    while pending and len(out) < limit:
+        candidates = sorted({op for m in pending for op in m - chosen})
+        if not candidates:
+            break
+        # completes the most models; ties: needed by the most models, then by name
+        best = max(candidates, key=lambda op: (sum(1 for m in pending if m - chosen <= {op}),
+                                               sum(1 for m in pending if op in m), [-ord(c) for c in op]))
+        chosen.add(best)
+        finished = [m for m in pending if m <= chosen]
+        done += len(finished)
+        pending = [m for m in pending if not m <= chosen]
+        out.append((best, done))
+    return out
+
+
+def report(rows: list[ModelCoverage], label: str) -> str:
+    covered = sum(1 for r in rows if r.covered)
+    lines = [f"{label}: {covered} of {len(rows)} models fully covered"]
+    for r in rows:
+        state = "covered" if r.covered else (f"lowering failed: {r.error}" if r.error else
+                                             "missing " + ", ".join(f"{k} x{v}" for k, v in r.missing.items()))
+        lines.append(f"  {pathlib.Path(r.path).name}: {state}")
+    totals: dict[str, int] = {}
+    for r in rows:
+        for op in r.ops:
+            totals[op] = totals.get(op, 0) + 1
+    lines.append(f"ops in the lowered corpus ({len(totals)}; models using each):")
+    lines += [f"  {n:4d}  {op}" for op, n in sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))]
+    nxt = greedy_next(rows)
+    if nxt:
+        lines.append("implement next (models covered after each):")
+        lines += [f"  {op} -> {n} of {len(rows)}" for op, n in nxt]
+    return "\n".join(lines)
