@@ -202,8 +202,21 @@ def audit_op(op, fn) -> dict:
                 "worst": {"why": "random or uninitialized output: nothing to compare"}}
     if _is_composite(op):
         # eager runs the CompositeImplicitAutograd kernel, which is this decomposition: there is no
-        # other reference to measure against (dispatch modes never see the op)
-        return {"verdict": "exact", "samples": 0, "dtypes": [], "worst": {"why": "composite: eager runs this decomposition"}}
+        # other reference to measure against (dispatch modes never see the op); what it calls is recorded
+        rec = {"verdict": "exact", "samples": 0, "dtypes": [], "worst": {"why": "composite: eager runs this decomposition"}}
+        emitted: set = set()
+        for _, _, args, kwargs in _samples(op):
+            try:
+                with warnings.catch_warnings(), _Record() as seen:
+                    warnings.simplefilter("ignore")
+                    fn(*args, **kwargs)
+            except Exception:  # noqa: BLE001 - the sample does not fit this overload
+                continue
+            rec["samples"] += 1
+            emitted |= seen.seen
+        if emitted:
+            rec["emits"] = sorted(op_name(f) for f in emitted)
+        return rec
     result = {"verdict": "untested", "samples": 0, "dtypes": []}
     worst = None
     emitted: set = set()

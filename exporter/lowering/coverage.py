@@ -92,3 +92,4 @@ def report(rows: list[ModelCoverage], label: str) -> str:
         lines.append("implement next (models covered after each):")
         lines += [f"  {op} -> {n} of {len(rows)}" for op, n in nxt]
     return "\n".join(lines)
+
