@@ -49,6 +49,22 @@ def test_zoo_roundtrip(tmp_path, name):
                 torch.testing.assert_close(b_out, b_eager, rtol=case.rtol, atol=case.atol, msg=k)
 
 
+@pytest.mark.parametrize("name", zoo_names())
+def test_writer_serializes_what_torchs_serializer_does(name):
+    """writer.serialize_graph builds torch's schema tree from torch's own pieces without the
+    serializer's discarded canonicalization self-test: the result must be the same tree."""
+    from torch._export.serde.serialize import ExportedProgramSerializer
+
+    from exporter.serialize import writer
+
+    case = make_case(name)
+    ep = torch.export.export(case.model, case.args, case.kwargs or {}, dynamic_shapes=case.dynamic_shapes,
+                             strict=case.strict)
+    theirs = ExportedProgramSerializer().serialize(ep, serialize_state_dict=False, serialize_constants=False,
+                                                   serialize_example_inputs=False).exported_program
+    assert writer.serialize_graph(ep) == theirs
+
+
 @pytest.mark.parametrize("name", ["buffer_mutation", "inplace_ops"])
 def test_inplace_ops_stay_in_graph(tmp_path, name):
     case = make_case(name)

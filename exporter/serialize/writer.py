@@ -9,6 +9,7 @@ import msgpack
 import numpy as np
 import torch
 import torch.utils._pytree as pytree
+from torch._export.serde import schema as S
 from torch._export.serde.serialize import ExportedProgramSerializer
 
 from .. import __version__
@@ -33,11 +34,35 @@ def serialize_graph(ep: torch.export.ExportedProgram):
                 f".pt2b stores only tensors and never pickles. Make it a tensor or a buffer."
             )
     try:
-        return ExportedProgramSerializer().serialize(
-            ep, serialize_state_dict=False, serialize_constants=False, serialize_example_inputs=False
-        ).exported_program
+        return _serialize_program(ep)
+    except ExportError:
+        raise
     except Exception as e:
         raise ExportError(f"torch's export serializer rejected the program: {type(e).__name__}: {e}") from e
+
+
+def _serialize_program(ep) -> S.ExportedProgram:
+    """What ExportedProgramSerializer().serialize(ep).exported_program holds, built from the same
+    torch pieces, without its self-test: serialize() canonicalizes a deep copy of the result only to
+    check that a canonical form exists and throws it away (a third of a save of the 6x512 encoder)."""
+    from torch._export.serde.serialize import SCHEMA_VERSION, GraphModuleSerializer, serialize_range_constraints
+
+    ep.validate()
+    gm_serializer = GraphModuleSerializer(ep.graph_signature, ep.module_call_graph)
+    graph_module = gm_serializer.serialize(ep.graph_module)
+    if gm_serializer.custom_objs:
+        name = next(iter(gm_serializer.custom_objs))
+        raise UnsupportedValueError(f"the program holds the script object {name!r} (torchbind); .pt2b stores only "
+                                    f"tensors and never pickles.")
+    return S.ExportedProgram(
+        graph_module=graph_module,
+        opset_version=ExportedProgramSerializer().opset_version,
+        range_constraints=serialize_range_constraints(ep.range_constraints),
+        schema_version=S.SchemaVersion(major=SCHEMA_VERSION[0], minor=SCHEMA_VERSION[1]),
+        verifiers=[v.dialect for v in ep.verifiers],
+        torch_version=torch.__version__,
+        guards_code=ep._guards_code,
+    )
 
 
 def collect_tensors(ep) -> list[tuple[str, int, torch.Tensor]]:
