@@ -21,7 +21,8 @@ def export_model(m, args=None, path=None, *, kwargs=None, dynamic_shapes=None, m
     """Capture ``m`` with torch.export (undecomposed, unfunctionalized) and write ``path``.
 
     ``m`` may also be an ExportedProgram: it is written as given and its IR level recorded
-    (``export_model(ep, path=...)`` or ``export_model(ep, None, path)``).
+    (``export_model(ep, path=...)`` or ``export_model(ep, None, path)``); so may a LoweredProgram,
+    written with the record of how it was lowered (format 1.1+).
     ``format_version="X.Y"`` writes that released format version (default: the current one).
     Returns the ExportedProgram that was written.
     """
@@ -31,30 +32,22 @@ def export_model(m, args=None, path=None, *, kwargs=None, dynamic_shapes=None, m
             version = parse_version(format_version)
         except ValueError as e:
             raise ExportError(str(e)) from None
-    provenance = {}
-    lowering = None
     from .lowering.lowered import LoweredProgram
 
-    if isinstance(m, LoweredProgram):  # written with the record of how it was lowered (format 1.1+)
+    provenance, lowering = {}, None
+    if isinstance(m, (torch.export.ExportedProgram, LoweredProgram)):
         if path is None and isinstance(args, (str, os.PathLike)):
             args, path = None, args
         if args is not None or kwargs is not None or dynamic_shapes is not None:
-            raise ExportError("a lowered program is written as lowered: do not pass args, kwargs or dynamic_shapes.")
-        if path is None:
-            raise ExportError("export_model needs a destination path, e.g. export_model(lowered, path='m.core.pt2b').")
-        lowering = m.lowering_record()
-        writer.write_artifact(m.exported_program(), path, ir_level=f"lowered:{m.preset}", metadata=metadata,
-                              provenance={"lowered_by": f"pt2b load_for_backend ({m.preset})"}, version=version,
-                              lowering=lowering)
-        return m.exported_program()
-    if isinstance(m, torch.export.ExportedProgram):
-        if path is None and isinstance(args, (str, os.PathLike)):
-            args, path = None, args
-        if args is not None or kwargs is not None or dynamic_shapes is not None:
-            raise ExportError("an ExportedProgram is written as captured: do not pass args, kwargs or dynamic_shapes.")
-        ep = m
-        ir_level = _capture.ir_level_of(ep)
-        provenance["captured_by"] = "user (ExportedProgram given to export_model)"
+            what = "a lowered program is written as lowered" if isinstance(m, LoweredProgram) else \
+                "an ExportedProgram is written as captured"
+            raise ExportError(f"{what}: do not pass args, kwargs or dynamic_shapes.")
+        if isinstance(m, LoweredProgram):  # written with the record of how it was lowered (format 1.1+)
+            ep, ir_level, lowering = m.exported_program(), f"lowered:{m.preset}", m.lowering_record()
+            provenance["lowered_by"] = f"pt2b load_for_backend ({m.preset})"
+        else:
+            ep, ir_level = m, _capture.ir_level_of(m)
+            provenance["captured_by"] = "user (ExportedProgram given to export_model)"
     else:
         if path is None:
             raise ExportError("export_model needs a destination path, e.g. export_model(model, (x,), 'model.pt2b').")
@@ -63,7 +56,8 @@ def export_model(m, args=None, path=None, *, kwargs=None, dynamic_shapes=None, m
         provenance["captured_by"] = f"pt2b torch.export.export(strict={strict})"
     if path is None:
         raise ExportError("export_model needs a destination path, e.g. export_model(ep, path='model.pt2b').")
-    writer.write_artifact(ep, path, ir_level=ir_level, metadata=metadata, provenance=provenance, version=version)
+    writer.write_artifact(ep, path, ir_level=ir_level, metadata=metadata, provenance=provenance, version=version,
+                          lowering=lowering)
     return ep
 
 
@@ -77,8 +71,8 @@ def load(path, *, verify: bool = False) -> Pt2bProgram:
 
 
 def _program_of(art, *, verify: bool) -> Pt2bProgram:
-    with reader.gc_paused():
-        ep = reader.rebuild(art, verify=verify)
+    """The program of an opened artifact (callers pause collection around opening and this)."""
+    ep = reader.rebuild(art, verify=verify)
     prog = art.program
     ops = [OperatorInfo(q, o, s, _KIND_NAMES.get(k, "?"), int(r.count))
            for (q, o, s, k), r in zip(reader.operator_records(art), prog.operators or [])]
@@ -127,8 +121,9 @@ def load_for_backend(path, preset: str = "core", *, supported_ops=None, decompos
                 return lowered
     # The miss path keys the entry by the digest of the artifact it actually read, so a file
     # replaced between the lookup and this open cannot file one version's lowering under another's.
-    art = reader.open_artifact(path)
-    prog = _program_of(art, verify=verify)
+    with reader.gc_paused():
+        art = reader.open_artifact(path)
+        prog = _program_of(art, verify=verify)
     ep = prog.exported_program()
     if device != "cpu":
         from torch.export.passes import move_to_device_pass
@@ -153,8 +148,9 @@ def _weights_verified(path, digest: str) -> bool:
 def _same_content(path, digest: str) -> Pt2bProgram:
     """The unlowered program behind a cache hit, read on first use; refuses a file whose
     content changed since the hit was served."""
-    art = reader.open_artifact(path)
-    if art.digest != digest:
-        raise ArtifactError(f"{art.path}: the file changed after load_for_backend served its lowering from the "
-                            "cache; call load_for_backend again to lower the new content.")
-    return _program_of(art, verify=False)
+    with reader.gc_paused():
+        art = reader.open_artifact(path)
+        if art.digest != digest:
+            raise ArtifactError(f"{art.path}: the file changed after load_for_backend served its lowering from "
+                                "the cache; call load_for_backend again to lower the new content.")
+        return _program_of(art, verify=False)

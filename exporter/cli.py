@@ -177,7 +177,7 @@ def cmd_opset(ns) -> int:
             mine = {k: stored["ops"][k] for k in preset.decompose if k in stored["ops"]}
             print(f"decompositions by measured numerics (pt2b opset audit): {audit.totals(mine)}")
             for name, rec in audit.worst_cases(mine, 10):
-                print(f"  {rec['verdict']:6s} {name}: {_audit_detail(rec)}")
+                print(f"  {rec['verdict']:6s} {name}: {audit.describe(rec)}")
         return 0
     if ns.opset_command == "coverage":
         import tempfile
@@ -196,7 +196,7 @@ def cmd_opset(ns) -> int:
 
         def progress(i, n, name, rec):
             if rec["verdict"] in ("wrong", "lossy"):
-                print(f"[{i}/{n}] {rec['verdict']:6s} {name}: {_audit_detail(rec)}", flush=True)
+                print(f"[{i}/{n}] {rec['verdict']:6s} {name}: {audit.describe(rec)}", flush=True)
 
         results = audit.run_audit(only=ns.ops or None, progress=progress)
         path = audit.write(results, ns.output)
@@ -224,12 +224,6 @@ def _zoo_corpus(folder: str) -> list[str]:
                      dynamic_shapes=case.dynamic_shapes, strict=case.strict)
         out.append(path)
     return out
-
-
-def _audit_detail(rec: dict) -> str:
-    from .lowering.audit import describe
-
-    return describe(rec)
 
 
 def cmd_demo(ns) -> int:

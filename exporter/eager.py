@@ -57,6 +57,14 @@ class EagerDecompositions(TorchDispatchMode):
         self.unsupported: collections.Counter = collections.Counter()
         self.ran: collections.Counter = collections.Counter()
 
+    def runs_as_is(self, func) -> bool:
+        """Accepted by the opset, or plumbing: data movement (_ALWAYS), in-place view metadata
+        changes (transpose_) and allocations."""
+        name = op_name(func)
+        return name in _ALWAYS or self.plan.accepts(func) or (
+            isinstance(func, torch._ops.OpOverload) and (torch.Tag.inplace_view in func.tags
+                                                         or name.startswith("aten::empty")))
+
     def _decide(self, func):
         d = self._decision.get(func)
         if d is None:
@@ -64,10 +72,7 @@ class EagerDecompositions(TorchDispatchMode):
 
             name = op_name(func)
             twin = _functional_twin(func) if isinstance(func, torch._ops.OpOverload) else None
-            if name in _ALWAYS or self.plan.accepts(func) or (
-                    isinstance(func, torch._ops.OpOverload) and (torch.Tag.inplace_view in func.tags
-                                                                 or name.startswith("aten::empty"))):
-                # accepted, plumbing, in-place view metadata changes (transpose_) and allocations
+            if self.runs_as_is(func):
                 d = ("run", None)
             elif func in self.plan.table:
                 d = ("decompose", self.plan.table[func])
@@ -143,9 +148,6 @@ class _EagerContext:
         finally:
             guard.__exit__(*exc)
         return False
-
-    def __getattr__(self, name):  # counters and plan of the mode
-        return getattr(self.mode, name)
 
 
 def eager_decompositions(preset: str = "core", *, supported_ops=None, keep=None, decompositions=None,

@@ -11,7 +11,6 @@ import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 from exporter import eager_decompositions
-from exporter.eager import _ALWAYS
 from exporter.ops import op_name
 from exporter.zoo import make_case, zoo_names
 
@@ -31,12 +30,6 @@ class Recorder(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _allowed(mode, func) -> bool:
-    name = op_name(func)
-    return (name in _ALWAYS or mode.plan.accepts(func) or torch.Tag.inplace_view in func.tags
-            or name.startswith("aten::empty"))
-
-
 @pytest.mark.parametrize("name", zoo_names())
 def test_zoo_runs_with_only_core_ops_reaching_kernels(name):
     case = make_case(name)
@@ -51,7 +44,7 @@ def test_zoo_runs_with_only_core_ops_reaching_kernels(name):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
         else:
             assert torch.equal(a, b) if isinstance(b, torch.Tensor) else a == b
-    outside = {op_name(f) for f in rec.seen if not _allowed(mode, f)}
+    outside = {op_name(f) for f in rec.seen if not mode.runs_as_is(f)}
     assert outside == set(mode.unsupported) == REPORTED.get(name, set())
     assert sum(mode.decomposed.values()) > 0
 

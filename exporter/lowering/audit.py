@@ -39,8 +39,8 @@ def _opinfos_by_aten_name() -> dict:
 
     out: dict[str, list] = {}
     for info in op_db:
-        out.setdefault(info.aten_name or info.name, []).append(info)
-        out.setdefault(info.name, []).append(info)
+        for key in {info.aten_name or info.name, info.name}:
+            out.setdefault(key, []).append(info)
     return out
 
 
@@ -129,6 +129,12 @@ def _ulp(x: torch.Tensor) -> torch.Tensor:
     return (torch.nextafter(ax, torch.full_like(ax, math.inf)) - ax).clamp_min(tiny)
 
 
+def _worse(entry: dict, worst: dict | None) -> bool:
+    """Does sample record ``entry`` rank above ``worst``: a worse verdict, or more ulp at the same one?"""
+    return worst is None or RANK[entry["verdict"]] > RANK[worst["verdict"]] or (
+        entry["verdict"] == worst["verdict"] and entry.get("max_ulp", 0) > worst.get("max_ulp", 0))
+
+
 def _compare(got, ref, ref64) -> dict:
     """One sample's verdict and its numbers."""
     g, r = pytree.tree_leaves(got), pytree.tree_leaves(ref)
@@ -158,7 +164,7 @@ def _compare(got, ref, ref64) -> dict:
             if truth is None or not torch.equal(a.isfinite(), truth.isfinite()):
                 return {"verdict": "wrong", "why": "nan/inf where the op has a number (or the reverse)"}
             entry = {"verdict": "ulp", "why": "finite where the op overflows, as the float64 reference is"}
-            if RANK["ulp"] > RANK[worst["verdict"]]:
+            if _worse(entry, worst):
                 worst = entry
             continue
         fin = b.isfinite()
@@ -178,8 +184,7 @@ def _compare(got, ref, ref64) -> dict:
                 entry["why"] = f"relative error {err_dec:.3g} against float64 (the op: {err_op:.3g})"
             elif err_dec <= err_op:
                 entry["verdict"] = "ulp"  # farther from the op, but no farther from the truth
-        if RANK[entry["verdict"]] > RANK[worst["verdict"]] or (
-                entry["verdict"] == worst["verdict"] and entry.get("max_ulp", 0) > worst.get("max_ulp", 0)):
+        if _worse(entry, worst):
             worst = entry
     return worst
 
@@ -258,8 +263,7 @@ def audit_op(op, fn) -> dict:
         if name not in result["dtypes"]:
             result["dtypes"].append(name)
         entry["dtype"] = name
-        if worst is None or RANK[entry["verdict"]] > RANK[worst["verdict"]] or (
-                entry["verdict"] == worst["verdict"] and entry.get("max_ulp", 0) > worst.get("max_ulp", 0)):
+        if _worse(entry, worst):
             worst = entry
     if worst is not None:
         result["verdict"] = worst["verdict"]

@@ -92,7 +92,6 @@ def plan_lowering(preset: str = "core", *, supported_ops=None, decompositions=No
                   strict: bool = False) -> LoweringPlan:
     """Resolve a preset or supported_ops list, keep and decompositions into a table and an accept rule.
     ``strict``: withhold the decompositions the audit classes lossy or wrong (LoweringPlan.withheld)."""
-    trusted_only = strict
     keep_m = _matcher(keep, "keep")
     kept = (lambda op: op in keep_m) if keep_m is not None else (lambda op: False)
     user = _user_table(decompositions)
@@ -103,7 +102,8 @@ def plan_lowering(preset: str = "core", *, supported_ops=None, decompositions=No
         table = {op: fn for op, fn in available.items() if op not in sup_m and not kept(op)}
         table.update(user)
         accepts = lambda op: op in sup_m or kept(op) or (_is_custom(op) and op not in table)
-        label, description, strict = "supported_ops", "decomposed until only the backend's supported ops remain", True
+        label, opset_strict = "supported_ops", True
+        description = "decomposed until only the backend's supported ops remain"
         what = {"supported_ops": sorted(_entry_text(e) for e in _entries(supported_ops))}
     else:
         p = _presets.load(preset)
@@ -117,15 +117,15 @@ def plan_lowering(preset: str = "core", *, supported_ops=None, decompositions=No
         else:
             accepts = lambda op: op in opset_m or kept(op) or (_is_custom(op) and op not in table)
         # a pinned preset ("core@2.13") guarantees its frozen opset: anything outside is an error
-        label, description, strict = p.key, p.description, p.strict or ("@" in preset and p.opset is not None)
+        label, description, opset_strict = p.key, p.description, p.strict or ("@" in preset and p.opset is not None)
         what = {"preset": preset, "frozen": p.to_json()}
-    withheld = _withhold_untrusted(table, user) if trusted_only else {}
-    if trusted_only:
+    withheld = _withhold_untrusted(table, user) if strict else {}
+    if strict:
         label += "+strict"
-    what.update(keep=sorted(_entry_text(e) for e in _entries(keep)), strict=strict, trusted_only=trusted_only,
+    what.update(keep=sorted(_entry_text(e) for e in _entries(keep)), strict=opset_strict, trusted_only=strict,
                 table=sorted(op_name(op) for op in table), withheld=sorted(withheld))
     fingerprint = None if user else json.dumps(what, sort_keys=True)
-    return LoweringPlan(table, accepts, label, description, strict, keep_m, sup_m, fingerprint, withheld)
+    return LoweringPlan(table, accepts, label, description, opset_strict, keep_m, sup_m, fingerprint, withheld)
 
 
 def _entries(entries) -> list:

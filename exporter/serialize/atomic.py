@@ -78,24 +78,10 @@ def _sync_folder(folder: str) -> None:
 @contextlib.contextmanager
 def atomic_write(path):
     """Yield a binary file; on clean exit it atomically replaces ``path``."""
-    path = check_destination(path)
-    try:
-        fd, tmp = _create_temp(path)
-    except OSError as e:
-        raise _as_export_error(e, path) from e
-    try:
-        with os.fdopen(fd, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(e, OSError):
-            raise _as_export_error(e, path) from e
-        raise
-    _sync_folder(os.path.dirname(path))
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        yield f
+        f.flush()
+        os.fsync(f.fileno())
 
 
 @contextlib.contextmanager

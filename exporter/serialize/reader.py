@@ -250,8 +250,8 @@ def rebuild(art: Artifact, *, verify: bool = False) -> torch.export.ExportedProg
     _check_state_matches_signature(serialized, state_dict, constants, where)
     example_inputs = _example_inputs(art, tensors)
     root = serialized.graph_module.module_call_graph[0].signature
-    untrusted.check_guard_inputs(serialized.guards_code, example_inputs, list(root.forward_arg_names or []),
-                                 f"{where}: guards_code")
+    untrusted.check_guards(serialized.guards_code, example_inputs, list(root.forward_arg_names or []),
+                           f"{where}: guards_code")
     try:
         with _DESERIALIZE_LOCK:
             ep = ExportedProgramDeserializer().deserialize(serialized, state_dict, constants, example_inputs)

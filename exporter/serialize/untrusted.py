@@ -58,6 +58,14 @@ def _small_exponent(node) -> bool:
         and all(_small_exponent(a) for a in node.args))
 
 
+def _parse(text: str, bad) -> ast.Expression:
+    """``text`` parsed as one Python expression (never evaluated); bad("does not parse") otherwise."""
+    try:
+        return ast.parse(text, mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        raise bad("does not parse") from None
+
+
 def check_expr(expr: str, where: str) -> None:
     """Raise unless ``expr`` is arithmetic over numbers, symbols and known sympy names.
     It is parsed with ast (never evaluated); exponents must be small or symbolic."""
@@ -67,10 +75,7 @@ def check_expr(expr: str, where: str) -> None:
 
     if not isinstance(expr, str) or len(expr) > MAX_EXPR_LEN:
         raise bad("is too long")
-    try:
-        tree = ast.parse(expr, mode="eval")
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        raise bad("does not parse") from None
+    tree = _parse(expr, bad)
     for node in ast.walk(tree):
         if not isinstance(node, _AST_OK):
             raise bad(f"contains {type(node).__name__}")
@@ -167,9 +172,6 @@ def check_program(ep: S.ExportedProgram, where: str) -> None:
     if not calls or calls[0].fqn != "" or calls[0].signature is None:
         raise CorruptArtifactError(
             f"{where}: module_call_graph must start with the root module's entry (fqn '' with a signature).")
-    root_args = set(calls[0].signature.forward_arg_names or [])
-    for code in ep.guards_code or []:
-        check_guard(code, root_args, f"{where}: guards_code")
     check_plain_strings((ep.graph_module.graph.inputs, ep.graph_module.signature.input_specs),
                         f"{where}: program inputs", "string input value")
     _check_python_call_arguments(ep.graph_module.graph, where)
@@ -237,17 +239,14 @@ _GUARD_NAMES = {"L", "math", "inf", "abs", "min", "max", "int", "float", "round"
 def check_guard(code, root_args: set, where: str) -> list[tuple]:
     """Raise unless ``code`` is an input guard as torch writes them: comparisons and arithmetic over
     L['<forward argument>']... sizes/strides, numbers and a few math functions. ep.module() exec()s it.
-    Returns the input paths it reads (L['x'][0] -> ('x', 0)) for check_guard_inputs."""
+    Returns the input paths it reads (L['x'][0] -> ('x', 0)) for check_guards."""
     def bad(why: str):
         return CorruptArtifactError(f"{where}: guard {str(code)[:80]!r} {why}; ep.module() would execute "
                                     f"it as Python, so pt2b accepts only shape comparisons.")
 
     if not isinstance(code, str) or not _plain_guard_text(code):
         raise bad("is too long or holds a double quote, backslash or control character")
-    try:
-        tree = ast.parse(code, mode="eval")
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        raise bad("does not parse") from None
+    tree = _parse(code, bad)
     for node in ast.walk(tree):
         if not isinstance(node, _GUARD_NODES):
             raise bad(f"contains {type(node).__name__}")
@@ -297,14 +296,16 @@ def _input_paths(tree) -> list[tuple]:
     return paths
 
 
-def check_guard_inputs(guards_code, example_inputs, forward_arg_names, where: str) -> None:
-    """Every input a guard reads must be an input leaf that ep.module()'s guard function binds: torch
-    rewrites L['<arg>']... of each example-input leaf (and L['flat_args'][i]) into args[i] textually;
-    any other L[...] is left for Python to fail on (NameError) at the first call."""
+def check_guards(guards_code, example_inputs, forward_arg_names, where: str) -> None:
+    """Every guard is a shape comparison (check_guard); when example inputs are stored (then
+    ep.module() generates the guard function) each must also read only input leaves that function
+    binds: torch rewrites L['<arg>']... of each example-input leaf (and L['flat_args'][i]) into
+    args[i] textually; any other L[...] is left for Python to fail on (NameError) at every call."""
     import torch.utils._pytree as pytree
 
-    if not guards_code or example_inputs is None:
-        return  # no guard function is generated without example inputs
+    reads = [(code, check_guard(code, set(forward_arg_names), where)) for code in guards_code or []]
+    if not reads or example_inputs is None:
+        return
     try:
         args, kwargs = example_inputs
         ctx = dict(zip(forward_arg_names, args), **(kwargs or {}))
@@ -313,8 +314,8 @@ def check_guard_inputs(guards_code, example_inputs, forward_arg_names, where: st
     except (TypeError, ValueError) as e:
         raise CorruptArtifactError(f"{where}: example inputs do not match the forward arguments ({e}).") from None
     bound = set(leaves) | {("flat_args", i) for i in range(len(leaves))}
-    for code in guards_code:
-        for path in check_guard(code, set(forward_arg_names) | {"flat_args"}, where):
+    for code, paths in reads:
+        for path in paths:
             if path not in bound:
                 raise CorruptArtifactError(
                     f"{where}: guard {code[:80]!r} reads L{''.join(f'[{k!r}]' for k in path)}, which is not an "
