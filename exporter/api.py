@@ -88,10 +88,11 @@ def _program_of(art, *, verify: bool) -> Pt2bProgram:
 
 
 def load_for_backend(path, preset: str = "core", *, supported_ops=None, decompositions=None, keep=None,
-                     device: str = "cpu", verify: bool = False, cache: bool | None = None, strict: bool = False):
+                     decompose=None, device: str = "cpu", verify: bool = False, cache: bool | None = None, strict: bool = False):
     """Load ``path`` and lower it for a backend: functionalize, then decompose with a preset
     ("none", "core", "core-tag", "max", optionally "@<torch version>") or until only
-    ``supported_ops`` remain; ``keep`` protects ops; ``decompositions`` adds/overrides entries.
+    ``supported_ops`` remain; ``keep`` protects ops; ``decompose`` names more ops to decompose with
+    torch's registered decompositions; ``decompositions`` adds/overrides entries with your own.
     Returns a LoweredProgram (``.exported_program()``, ``.ops()``, ``.explain(op)``, callable).
 
     Results are cached (exporter/lowering/cache.py: $PT2B_CACHE_DIR, else $XDG_CACHE_HOME/pt2b,
@@ -107,7 +108,8 @@ def load_for_backend(path, preset: str = "core", *, supported_ops=None, decompos
     from .lowering.lower import finish, lower, plan_lowering
     from .lowering.lowered import Lazy
 
-    plan = plan_lowering(preset, supported_ops=supported_ops, decompositions=decompositions, keep=keep, strict=strict)
+    plan = plan_lowering(preset, supported_ops=supported_ops, decompositions=decompositions, keep=keep,
+                         decompose=decompose, strict=strict)
     use_cache = _cache.enabled(cache) and plan.fingerprint is not None and device == "cpu"
     if use_cache:
         digest = reader.program_digest(path)

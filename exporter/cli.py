@@ -85,7 +85,7 @@ def _lower_from_args(ns):
 
     supported = _read_ops_file(ns.supported) if ns.supported else None
     return load_for_backend(ns.artifact, ns.preset, supported_ops=supported, keep=ns.keep or None,
-                            cache=False if ns.no_cache else None, strict=ns.strict)
+                            decompose=ns.decompose or None, cache=False if ns.no_cache else None, strict=ns.strict)
 
 
 def cmd_cache(ns) -> int:
@@ -191,6 +191,25 @@ def cmd_opset(ns) -> int:
             label = f"supported ops of {ns.supported}" if supported else f"preset {ns.preset}"
             print(coverage.report(rows, label))
         return 0
+    if ns.opset_command in ("page", "closure"):
+        import warnings
+
+        from .lowering import explorer
+
+        with warnings.catch_warnings():  # torch's deprecation chatter while tracing the corpus
+            warnings.simplefilter("ignore")
+            corpus = explorer.artifact_corpus(ns.corpus) if ns.corpus else explorer.default_corpus()
+            data = explorer.build_data(corpus)
+        if ns.opset_command == "page":
+            path = explorer.write_page(data, ns.output)
+            print(f"wrote {path} ({len(data['models'])} corpus programs, {len(data['available'])} decompositions); "
+                  f"open it in a browser (file://{path.resolve()})")
+            return 0
+        sel = explorer.Selection(preset=None if ns.supported else ns.preset,
+                                 supported=tuple(_read_ops_file(ns.supported)) if ns.supported else (),
+                                 keep=tuple(ns.keep or ()), decompose=tuple(ns.decompose or ()))
+        print(explorer.closure_report(data, sel))
+        return 0
     if ns.opset_command == "audit":
         from .lowering import audit
 
@@ -260,6 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
         lo.add_argument("--preset", default="core", help="none, core, core-tag, max (optionally @<torch version>)")
         lo.add_argument("--supported", metavar="OPS.txt", help="file with one supported op per line (overrides --preset)")
         lo.add_argument("--keep", nargs="*", metavar="OP", help="ops never to decompose")
+        lo.add_argument("--decompose", nargs="*", metavar="OP",
+                        help="ops to decompose beyond the preset (torch's registered decompositions)")
         lo.add_argument("--no-cache", action="store_true", help="neither read nor write the lowering cache")
         lo.add_argument("--strict", action="store_true",
                         help="apply no decomposition the audit classes lossy or wrong (schemas/opsets/audit@*.json)")
@@ -288,6 +309,18 @@ def build_parser() -> argparse.ArgumentParser:
     cov.add_argument("--preset", default="core")
     cov.add_argument("--supported", metavar="OPS.txt", help="file with one supported op per line (overrides --preset)")
     cov.add_argument("--keep", nargs="*", metavar="OP")
+    page = osub.add_parser("page", help="write the opset explorer: one self-contained HTML page")
+    page.add_argument("-o", "--output", default="opsets.html")
+    page.add_argument("--corpus", nargs="*", metavar="PATH",
+                      help=".pt2b files or folders (default: the model zoo and the ExportDB examples)")
+    clo = osub.add_parser("closure", help="what lowering to a supported-ops list (or a preset) leaves over a "
+                                          "corpus: the op set, the ops that cannot be reached and their routes")
+    clo.add_argument("--supported", metavar="OPS.txt", help="file with one supported op per line (overrides --preset)")
+    clo.add_argument("--preset", default="core")
+    clo.add_argument("--keep", nargs="*", metavar="OP")
+    clo.add_argument("--decompose", nargs="*", metavar="OP")
+    clo.add_argument("--corpus", nargs="*", metavar="PATH",
+                     help=".pt2b files or folders (default: the model zoo and the ExportDB examples)")
     aud = osub.add_parser("audit", help="measure every preset decomposition on OpInfo samples; writes "
                                         "schemas/opsets/audit@<torch>.json")
     aud.add_argument("--ops", nargs="*", metavar="OP", help="only these ops (e.g. aten::var_mean.correction)")

@@ -42,7 +42,7 @@ def test_greedy_next_and_report(corpus, capsys):
     rows = [coverage.ModelCoverage("a", {}, {"x": 1}), coverage.ModelCoverage("b", {}, {"x": 1, "y": 2}),
             coverage.ModelCoverage("c", {}, {"z": 1}), coverage.ModelCoverage("d", {}, {}),
             coverage.ModelCoverage("e", {}, {"x": 1, "z": 1})]
-    assert coverage.greedy_next(rows) == [("x", 2), ("z", 4), ("y", 5)]
+    assert coverage.greedy_next([set(r.missing) for r in rows]) == [("x", 2), ("z", 4), ("y", 5)]
     from exporter import cli
 
     ops_file = corpus / "ops.txt"

@@ -52,23 +52,22 @@ def measure(paths, preset: str = "core", *, supported_ops=None, keep=None) -> li
     return rows
 
 
-def greedy_next(rows: list[ModelCoverage], limit: int = 10) -> list[tuple[str, int]]:
-    """Ops to implement, in the order that completes the most models soonest: (op, models covered
-    after adding it and every op before it)."""
-    pending = [set(r.missing) for r in rows if r.missing and not r.error]
-    done = sum(1 for r in rows if r.covered)
+def greedy_next(missing: list[set], limit: int = 10) -> list[tuple[str, int]]:
+    """Ops to accept next, each chosen to complete the most models (ties: needed by the most models,
+    then the first name), with the number of models covered after it. ``missing``: per model, the ops
+    it needs beyond the accepted set (empty: covered). The explorer page's script does the same."""
+    done = sum(1 for m in missing if not m)
+    pending = [m for m in missing if m]
     chosen: set = set()
     out = []
     while pending and len(out) < limit:
-        candidates = sorted({op for m in pending for op in m - chosen})
-        if not candidates:
-            break
-        # completes the most models; ties: needed by the most models, then by name
-        best = max(candidates, key=lambda op: (sum(1 for m in pending if m - chosen <= {op}),
-                                               sum(1 for m in pending if op in m), [-ord(c) for c in op]))
+        best, best_key = None, None
+        for op in sorted({o for m in pending for o in m}):
+            key = (sum(1 for m in pending if m - chosen <= {op}), sum(1 for m in pending if op in m))
+            if best_key is None or key > best_key:
+                best, best_key = op, key
         chosen.add(best)
-        finished = [m for m in pending if m <= chosen]
-        done += len(finished)
+        done += sum(1 for m in pending if m <= chosen)
         pending = [m for m in pending if not m <= chosen]
         out.append((best, done))
     return out
@@ -87,7 +86,7 @@ def report(rows: list[ModelCoverage], label: str) -> str:
             totals[op] = totals.get(op, 0) + 1
     lines.append(f"ops in the lowered corpus ({len(totals)}; models using each):")
     lines += [f"  {n:4d}  {op}" for op, n in sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))]
-    nxt = greedy_next(rows)
+    nxt = greedy_next([set(r.missing) for r in rows if not r.error])
     if nxt:
         lines.append("implement next (models covered after each):")
         lines += [f"  {op} -> {n} of {len(rows)}" for op, n in nxt]

@@ -89,17 +89,21 @@ def _entry_text(e) -> str:
 
 
 def plan_lowering(preset: str = "core", *, supported_ops=None, decompositions=None, keep=None,
-                  strict: bool = False) -> LoweringPlan:
-    """Resolve a preset or supported_ops list, keep and decompositions into a table and an accept rule.
+                  decompose=None, strict: bool = False) -> LoweringPlan:
+    """Resolve a preset or supported_ops list, keep, decompose and decompositions into a table and an
+    accept rule. ``decompose``: ops to decompose beyond the preset, with the decompositions torch
+    registers for them (``decompositions`` passes your own functions instead).
     ``strict``: withhold the decompositions the audit classes lossy or wrong (LoweringPlan.withheld)."""
     keep_m = _matcher(keep, "keep")
     kept = (lambda op: op in keep_m) if keep_m is not None else (lambda op: False)
     user = _user_table(decompositions)
+    extra = _extra_decompositions(decompose, kept)
     sup_m = None
     if supported_ops is not None:
         sup_m = _matcher(supported_ops, "supported_ops")
         available = tables.available_decompositions()
         table = {op: fn for op, fn in available.items() if op not in sup_m and not kept(op)}
+        table.update(extra)
         table.update(user)
         accepts = lambda op: op in sup_m or kept(op) or (_is_custom(op) and op not in table)
         label, opset_strict = "supported_ops", True
@@ -110,6 +114,7 @@ def plan_lowering(preset: str = "core", *, supported_ops=None, decompositions=No
         source_table = tables.torch_default_table() if p.name == "core" else tables.available_decompositions()
         by_name = {op_name(op): op for op in source_table}
         table = {by_name[n]: source_table[by_name[n]] for n in p.decompose if n in by_name and not kept(by_name[n])}
+        table.update(extra)
         table.update(user)
         opset_m = OpMatcher(p.opset) if p.opset is not None else None
         if opset_m is None:  # none/max: any op the table no longer decomposes
@@ -122,10 +127,26 @@ def plan_lowering(preset: str = "core", *, supported_ops=None, decompositions=No
     withheld = _withhold_untrusted(table, user) if strict else {}
     if strict:
         label += "+strict"
-    what.update(keep=sorted(_entry_text(e) for e in _entries(keep)), strict=opset_strict, trusted_only=strict,
+    what.update(keep=sorted(_entry_text(e) for e in _entries(keep)), decompose=sorted(op_name(op) for op in extra),
+                strict=opset_strict, trusted_only=strict,
                 table=sorted(op_name(op) for op in table), withheld=sorted(withheld))
     fingerprint = None if user else json.dumps(what, sort_keys=True)
     return LoweringPlan(table, accepts, label, description, opset_strict, keep_m, sup_m, fingerprint, withheld)
+
+
+def _extra_decompositions(decompose, kept) -> dict:
+    """The registered decompositions of the ops ``decompose`` names (kept ops excluded)."""
+    m = _matcher(decompose, "decompose")
+    if m is None:
+        return {}
+    available = tables.available_decompositions()
+    chosen = {op: fn for op, fn in available.items() if op in m and not kept(op)}
+    names = {op_name(op) for op in available}
+    missing = sorted(n for n in m.exact if n not in names)
+    if missing:
+        raise LoweringError(f"decompose names ops that have no registered decomposition: {', '.join(missing)} "
+                            f"(pass your own with decompositions={{op: fn}}).")
+    return chosen
 
 
 def _entries(entries) -> list:
@@ -135,9 +156,9 @@ def _entries(entries) -> list:
 
 
 def lower(source_ep, preset: str = "core", *, supported_ops=None, decompositions=None, keep=None,
-          source=None, plan: LoweringPlan | None = None, strict: bool = False) -> LoweredProgram:
+          decompose=None, source=None, plan: LoweringPlan | None = None, strict: bool = False) -> LoweredProgram:
     plan = plan or plan_lowering(preset, supported_ops=supported_ops, decompositions=decompositions, keep=keep,
-                                 strict=strict)
+                                 decompose=decompose, strict=strict)
     lowered = functionalize(source_ep) if not plan.table else run_decompositions(source_ep, plan.table)
     return finish(plan, lowered, source_ep=source_ep, source=source)
 
