@@ -90,3 +90,31 @@ def test_nothing_is_left_behind_also_on_errors():
     with Recorder() as rec:
         torch.nn.functional.linear(torch.randn(2, 3), torch.randn(4, 3), torch.randn(4))
     assert torch.ops.aten.addmm.default in rec.seen  # plain eager again: nothing decomposes it
+
+
+def test_mixed_devices_cpu_scalar_tensors_beside_meta_tensors():
+    """Tensors of two devices in one op (a 0-dim CPU tensor beside meta tensors, as beside CUDA ones):
+    decompositions run on each op's own devices; results have eager's device, shape and dtype.
+    (Without a GPU on this machine, meta stands in for the second device.)"""
+    s = torch.tensor(2.0)
+    x, w = torch.randn(4, 8, device="meta"), torch.randn(8, 8, device="meta")
+
+    def f(x, w):
+        y = torch.nn.functional.layer_norm(torch.nn.functional.gelu(x @ w) * s, (8,))
+        return y, torch.addcmul(x, x, w[:4], value=0.5).clone().add_(s)
+
+    expected = f(x, w)
+    with Recorder() as rec, eager_decompositions(supported_ops=["aten.mm", "aten.mul", "aten.add", "aten.gelu",
+                                                                "aten.native_layer_norm", "aten.view",
+                                                                "aten.slice", "aten.clone", "aten.copy_"]) as mode:
+        got = f(x, w)
+    for a, b in zip(got, expected):
+        assert (a.device, a.shape, a.dtype) == (b.device, b.shape, b.dtype)
+    assert {"aten::addcmul.default", "aten::add_.Tensor", "aten::layer_norm.default"} & set(mode.decomposed)
+    assert torch.ops.aten.addcmul.default not in rec.seen and not mode.unsupported
+    # the same code on CPU: values close to plain eager
+    xc, wc = torch.randn(4, 8), torch.randn(8, 8)
+    with eager_decompositions(preset="core-tag"):
+        got = f(xc, wc)
+    for a, b in zip(got, f(xc, wc)):
+        torch.testing.assert_close(a, b)

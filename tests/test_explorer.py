@@ -241,7 +241,7 @@ def test_page_in_a_browser_matches_the_library(browser_page):
     assert shown["cli"] == "pt2b lower model.pt2b --preset max --keep aten::addmm.default"
     # 3. toggle a decomposition on that the preset does not apply
     page.locator("#base-core").check()
-    page.locator("#only-corpus").uncheck()
+    page.locator("#only-corpus").set_checked(False)
     page.locator("#search").fill("_softmax.default")
     page.locator('input[data-dec="aten::_softmax.default"]').check()
     page.locator("#search").fill("")
@@ -276,6 +276,13 @@ def test_page_supported_ops_mode_route_and_keyboard(browser_page):
     page.locator('#decomps button[data-route="aten::matmul.default"]').click()
     route = page.locator("#route").inner_text()
     assert "aten::matmul.default decomposes into" in route and "aten::bmm.default (cannot be reached)" in route
+    # an op no corpus program reaches: the ops its decomposition called on OpInfo samples (the audit)
+    page.locator("#only-corpus").set_checked(False)
+    page.locator("#search").fill("aten::special_xlog1py.default")
+    page.locator('#decomps button[data-route="aten::special_xlog1py.default"]').click()
+    text = page.locator("#route-none").inner_text()
+    emits = data["audit"]["aten::special_xlog1py.default"]["emits"]
+    assert "not called by any corpus program" in text and emits and all(e in text for e in emits)
     # keyboard: "/" focuses the search box; typing filters; Tab reaches the checkboxes
     page.locator("body").click(position={"x": 5, "y": 5})
     page.keyboard.press("/")

@@ -105,7 +105,7 @@ def build_data(corpus: list[CorpusProgram]) -> dict:
             ids.append(trees[key])
         models.append({"name": prog.name, "trees": ids, "leaves": r.leaves, "unlowered": r.unlowered})
     stored = audit.read() or {"ops": {}}
-    verdicts = {n: {"verdict": rec["verdict"], "detail": audit.describe(rec)}
+    verdicts = {n: {"verdict": rec["verdict"], "detail": audit.describe(rec), "emits": rec.get("emits", [])}
                 for n, rec in stored["ops"].items() if n in avail_set}
     return {"torch": torch.__version__, "pt2b_format": _format_version(), "available": available,
             "presets": preset_data, "trees": tree_list, "models": models, "audit": verdicts,
