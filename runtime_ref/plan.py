@@ -11,6 +11,7 @@ import torch.fx
 from torch._ops import OpOverload
 
 from .bindings import fast_callable, meta_args
+from .codegen import compile_steps
 from .getters import SlotRef, call_with_kwargs, has_slot, slots_getter, value_getter
 from .graphs import retarget_devices, subgraph_of
 
@@ -27,6 +28,7 @@ class _Builder:
     slot_of: dict = dataclasses.field(default_factory=dict)  # fx.Node -> slot
     node_slots: set = dataclasses.field(default_factory=set)  # slots whose values can be freed
     steps: list = dataclasses.field(default_factory=list)  # [fn, get, out, reads]
+    calls: list = dataclasses.field(default_factory=list)  # (fn, args template, kwargs template) per step
     step_names: list = dataclasses.field(default_factory=list)
     bindings: dict = dataclasses.field(default_factory=dict)  # fast_callable's cache
 
@@ -83,8 +85,9 @@ def _returns_nothing(target) -> bool:
 class Plan:
     """A graph planned once; `run(leaves)` fills the user-input slots, runs the steps, returns outputs.
 
-    `steps` is a list of plain tuples (fn, get, out, free) -- plain tuples unpack fastest -- meaning
-    `slots[out] = fn(*get(slots))`, then `slots[i] = None` for i in free. Slots [0, n_user) hold
+    `steps` is a list of plain tuples (fn, get, out, free) meaning `slots[out] = fn(*get(slots))`,
+    then `slots[i] = None` for i in free (run_slots interprets them); `run` is the same steps compiled
+    into one Python function with a local per slot and `del` at last use (codegen.py). Slots [0, n_user) hold
     the user inputs, then come constants and state (never freed), then one slot per node value.
     """
 
@@ -127,6 +130,8 @@ class Plan:
         args = b.template(tuple(node.args))
         kwargs = b.template(dict(node.kwargs))
         fn = _callable(node, b.bindings)
+        b.calls.append((fn, args, kwargs) if has_slot(kwargs) else
+                       (functools.partial(fn, **kwargs) if kwargs else fn, args, {}))
         if has_slot(kwargs):
             arg_f, kw_f = value_getter(args), value_getter(kwargs)
             fn, get = call_with_kwargs(fn), (lambda s: (arg_f(s), kw_f(s)))
@@ -154,6 +159,8 @@ class Plan:
         self.output_slots = [int(s) for s in out_slots]
         self._outputs = slots_getter(out_slots)
         self._node_slots = frozenset(b.node_slots)
+        self.run = compile_steps([(*call, out, free) for call, (_, _, out, free) in zip(b.calls, self.steps)],
+                                 b.n_user, b.constants, b.node_slots, self.output_slots, self._trash)
 
     @staticmethod
     def _last_uses(steps, node_slots, kept) -> dict[int, int]:
@@ -168,7 +175,9 @@ class Plan:
         return {s: k for s, k in last.items() if s not in kept}
 
     # ---- running ----
-    def run(self, leaves) -> list:
+    # self.run(leaves) -> tuple of the graph's flat outputs: the steps compiled into one function
+    # (codegen.py); run_slots is the same plan interpreted step by step over a list of slots.
+    def run_slots(self, leaves) -> list:
         """Run all steps on the flat user inputs; return the graph's flat outputs."""
         slots = [*leaves, *self._rest]
         for fn, get, out, free in self.steps:
