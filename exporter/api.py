@@ -80,6 +80,8 @@ def _program_of(art, *, verify: bool) -> Pt2bProgram:
     for note in art.upgrade_notes:  # in memory only: `pt2b upgrade` folds them into its own entry
         op, _, what = note.partition(": ")
         provenance[f"upgraded_op:{op}"] = what
+    if art.format_notes:  # an older major brought to today's by versioning/majors.py steps
+        provenance["upgraded_format"] = "; ".join(art.format_notes)
     return Pt2bProgram(
         ep, path=art.path, format_version=art.version, torch_version=reader.text(prog.torchVersion),
         producer=reader.text(prog.producer), ir_level=reader.text(prog.irLevel), operators=ops,

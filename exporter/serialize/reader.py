@@ -25,11 +25,10 @@ from torch._export.serde.serialize import ExportedProgramDeserializer
 from torch.utils._sympy.numbers import int_oo
 from torch.utils._sympy.value_ranges import ValueRanges
 
-from ..errors import ArtifactError, CorruptArtifactError, NotAnArtifactError, UnsupportedVersionError
-from ..versioning import schema_drift
-from ..versioning.formats import FORMAT_MAJOR, FORMAT_MINOR, version_str
+from ..errors import ArtifactError, CorruptArtifactError, NotAnArtifactError
+from ..versioning import formats, majors, schema_drift
 from . import fast_unpack, program_codec, untrusted, verifier, weights
-from .container import FILE_IDENTIFIER, HEADER_SIZE, Header, read_preamble, unpack_header
+from .container import FILE_IDENTIFIER, HEADER_SIZE, Header, read_preamble
 from .generated import pt2b_generated as G
 
 # torch's GraphModuleDeserializer keeps the active deserializer in a module global, so two
@@ -47,6 +46,7 @@ class Artifact:
     mm: mmap.mmap
     digest: str = ""  # sha256 of the program section as read: the content identity (program_digest)
     upgrade_notes: list[str] = dataclasses.field(default_factory=list)  # op schema upgrades applied
+    format_notes: list[str] = dataclasses.field(default_factory=list)  # older-major steps applied in memory
 
     @property
     def version(self) -> tuple[int, int]:
@@ -95,7 +95,7 @@ def _open_checked(path, *, mapped: bool):
         head = f.read(HEADER_SIZE)
         major, minor = read_preamble(head, where)
         check_version(major, minor, where)
-        header = unpack_header(head, where, size)
+        header = majors.header_reader(major)(head, where, size)
         if mapped:
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
             program_bytes = mm[header.program_offset : header.program_offset + header.program_size]
@@ -114,6 +114,11 @@ def open_artifact(path) -> Artifact:
     """Open and verify ``path``: preamble, version, header, program checksum, program table."""
     path, header, mm, program_bytes = _open_checked(path, mapped=True)
     where = _where(path)
+    digest = hashlib.sha256(program_bytes).hexdigest()
+    notes = []
+    if header.major < formats.FORMAT_MAJOR:  # an older major: its steps bring the program to today's
+        raw, notes = majors.upgrade(majors.RawProgram((header.major, header.minor), header, program_bytes), where)
+        program_bytes = raw.program
     if len(program_bytes) < 8 or not G.Program.ProgramBufferHasIdentifier(program_bytes, 0):
         raise CorruptArtifactError(f"{where}: program section lacks the file identifier {FILE_IDENTIFIER!r}.")
     verifier.verify_program(program_bytes, where)  # bounds, enums, depth, work: before any unpacking
@@ -121,7 +126,7 @@ def open_artifact(path) -> Artifact:
         program = fast_unpack.unpack_program(program_bytes)  # = G.ProgramT.InitFromPackedBuf, 4x faster
     except Exception as e:  # the verifier should make this unreachable; any failure still means damage
         raise CorruptArtifactError(f"{where}: program section is malformed ({type(e).__name__}: {e}).") from None
-    return Artifact(path, header, program, mm, digest=hashlib.sha256(program_bytes).hexdigest())
+    return Artifact(path, header, program, mm, digest=digest, format_notes=notes)
 
 
 def program_digest(path) -> str:
@@ -132,16 +137,9 @@ def program_digest(path) -> str:
 
 
 def check_version(major: int, minor: int, where: str) -> None:
-    if major > FORMAT_MAJOR:
-        raise UnsupportedVersionError(
-            f"{where}: format {version_str((major, minor))} is newer than this pt2b reads "
-            f"({version_str((FORMAT_MAJOR, FORMAT_MINOR))}); upgrade pt2b."
-        )
-    if major < FORMAT_MAJOR:
-        raise UnsupportedVersionError(
-            f"{where}: format {version_str((major, minor))} is older than this pt2b reads "
-            f"({version_str((FORMAT_MAJOR, FORMAT_MINOR))}) and no upgrader exists for it."
-        )
+    """Same major: read. Older: read when steps lead to today's major (versioning/majors.py).
+    Newer: UnsupportedVersionError naming both versions."""
+    majors.check_readable((major, minor), where)
 
 
 def read_lowering(art: Artifact) -> dict | None:

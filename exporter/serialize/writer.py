@@ -14,7 +14,7 @@ from torch._export.serde.serialize import ExportedProgramSerializer
 
 from .. import __version__
 from ..errors import ExportError, UnsupportedValueError
-from ..versioning import op_table
+from ..versioning import majors, op_table
 from ..versioning.formats import FIELDS_ADDED, FORMAT_VERSION, version_str
 from . import program_codec, weights
 from .atomic import atomic_write, check_destination
@@ -129,7 +129,7 @@ def write_artifact(ep, path, *, ir_level: str, metadata=None, provenance=None, v
     leaving out the fields added since (formats.FIELDS_ADDED); a program that uses one is refused.
     """
     version = FORMAT_VERSION if version is None else tuple(version)
-    if version[0] != FORMAT_VERSION[0] or version > FORMAT_VERSION:
+    if not majors.writable(version):
         raise ExportError(f"writing format {version_str(version)} is not supported by this pt2b "
                           f"(it writes {FORMAT_VERSION[0]}.0 to {version_str(FORMAT_VERSION)}).")
     used = {"lowering": lowering is not None}
@@ -181,12 +181,14 @@ def write_artifact(ep, path, *, ir_level: str, metadata=None, provenance=None, v
         builder.Finish(prog.Pack(builder), file_identifier=FILE_IDENTIFIER)
         program = builder.Output()
         program_offset = align(data_offset + wp.data_size, 8)
+        same_major = version[0] == FORMAT_VERSION[0]
+        header = Header(*(version if same_major else FORMAT_VERSION), data_offset, wp.data_size,
+                        program_offset, len(program), zlib.crc32(program))
+        if not same_major:  # an older major: the writer steps of versioning/majors.py rewrite both
+            raw = majors.downgrade(majors.RawProgram(FORMAT_VERSION, header, bytes(program)), version, dest)
+            header, program = raw.header, raw.program
         f.write(b"\0" * (program_offset - data_offset - wp.data_size))
         f.write(program)
-        header = Header(
-            *version, data_offset, wp.data_size, program_offset,
-            len(program), zlib.crc32(program),
-        )
         f.seek(0)
         f.write(header.pack())
     return dest

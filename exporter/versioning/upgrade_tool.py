@@ -34,11 +34,16 @@ class UpgradeResult:
         return f"{self.source}: {verb} ({version_str(self.from_version)} -> {version_str(self.to_version)}): {what}"
 
 
+_IN_MEMORY_NOTES = ("upgraded_op:", "upgraded_format")  # load's notes, folded into the upgrade@ entry
+
+
 def _changes(prog, target) -> list[str]:
     out = []
     if prog.format_version != target:
         out.append(f"format {version_str(prog.format_version)} -> {version_str(target)}")
     out += [f"{k}: {v}" for k, v in prog.provenance.items() if k.startswith("upgraded_op:")]
+    if "upgraded_format" in prog.provenance:
+        out.append(prog.provenance["upgraded_format"])
     if prog.torch_version != torch.__version__:
         out.append(f"op schemas recorded by torch {prog.torch_version} -> {torch.__version__}")
     return out
@@ -58,7 +63,7 @@ def upgrade_file(source, dest=None, *, check: bool = False, to: tuple[int, int] 
     result = UpgradeResult(source, dest, prog.format_version, target, changes, written=False)
     if check or (not changes and dest == source):
         return result
-    provenance = {k: v for k, v in prog.provenance.items() if not k.startswith("upgraded_op:")}
+    provenance = {k: v for k, v in prog.provenance.items() if not k.startswith(_IN_MEMORY_NOTES)}
     if changes:
         provenance[f"upgrade@{version_str(target)}"] = "; ".join(changes)
     # A temp file of its own (two upgrades of one file at once must not share one), named
