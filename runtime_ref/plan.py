@@ -14,6 +14,7 @@ from .bindings import fast_callable, meta_args
 from .codegen import compile_steps
 from .getters import SlotRef, call_with_kwargs, has_slot, slots_getter, value_getter
 from .graphs import retarget_devices, subgraph_of
+from .inplace import plan_in_place
 
 __all__ = ["Plan"]
 
@@ -30,6 +31,8 @@ class _Builder:
     steps: list = dataclasses.field(default_factory=list)  # [fn, get, out, reads]
     calls: list = dataclasses.field(default_factory=list)  # (fn, args template, kwargs template) per step
     step_names: list = dataclasses.field(default_factory=list)
+    step_nodes: list = dataclasses.field(default_factory=list)  # the fx node of each step
+    templates: list = dataclasses.field(default_factory=list)  # (args, kwargs) templates of each step
     bindings: dict = dataclasses.field(default_factory=dict)  # fast_callable's cache
 
     def const_slot(self, value) -> SlotRef:
@@ -129,26 +132,35 @@ class Plan:
     def _add_step(self, b: _Builder, node) -> None:
         args = b.template(tuple(node.args))
         kwargs = b.template(dict(node.kwargs))
-        fn = _callable(node, b.bindings)
-        b.calls.append((fn, args, kwargs) if has_slot(kwargs) else
-                       (functools.partial(fn, **kwargs) if kwargs else fn, args, {}))
-        if has_slot(kwargs):
-            arg_f, kw_f = value_getter(args), value_getter(kwargs)
-            fn, get = call_with_kwargs(fn), (lambda s: (arg_f(s), kw_f(s)))
-        else:
-            fn = functools.partial(fn, **kwargs) if kwargs else fn
-            if all(type(a) is SlotRef or not has_slot(a) for a in args):
-                get = slots_getter([a if type(a) is SlotRef else b.const_slot(a) for a in args])
-            else:
-                get = value_getter(list(args))
+        call, fn, get = self._bind(b, _callable(node, b.bindings), args, kwargs)
+        b.calls.append(call)
         reads = _reads((args, kwargs), set())
         out = self._trash if _returns_nothing(node.target) else b.value_slot(node)
         b.steps.append([fn, get, out, reads])
         b.step_names.append(node.name)
+        b.step_nodes.append(node)
+        b.templates.append((args, kwargs))
+
+    @staticmethod
+    def _bind(b: _Builder, fn, args, kwargs):
+        """(fn, args, kwargs) for codegen, and (fn, get) for run_slots, of one call."""
+        call = (fn, args, kwargs) if has_slot(kwargs) else (functools.partial(fn, **kwargs) if kwargs else fn, args, {})
+        if has_slot(kwargs):
+            arg_f, kw_f = value_getter(args), value_getter(kwargs)
+            return call, call_with_kwargs(fn), (lambda s: (arg_f(s), kw_f(s)))
+        fn = functools.partial(fn, **kwargs) if kwargs else fn
+        if all(type(a) is SlotRef or not has_slot(a) for a in args):
+            return call, fn, slots_getter([a if type(a) is SlotRef else b.const_slot(a) for a in args])
+        return call, fn, value_getter(list(args))
 
     def _finish(self, b: _Builder, outputs: list) -> None:
         out_slots = [o if type(o) is SlotRef else b.const_slot(o) for o in outputs]
         last_use = self._last_uses(b.steps, b.node_slots, {int(s) for s in out_slots})
+        in_place = plan_in_place(b.step_nodes, [st[2] for st in b.steps], [st[3] for st in b.steps],
+                                 b.slot_of, b.n_user, last_use)
+        for k, fn in in_place.items():  # the step writes into its dying first input (inplace.py)
+            b.calls[k], b.steps[k][0], b.steps[k][1] = self._bind(b, fn, *b.templates[k])
+        self.in_place_steps = [b.step_names[k] for k in sorted(in_place)]
         free = [[] for _ in b.steps]
         for slot, k in last_use.items():
             free[k].append(slot)

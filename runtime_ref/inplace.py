@@ -1,0 +1,89 @@
+"""Reuse a dying intermediate's memory: an elementwise step whose first input dies at that step
+runs in place (`x.add_(y)` for `add(x, y)`), saving an allocation per op where per-op overhead
+dominates. Values stay bit-identical: the same kernel writes into the input instead of a new tensor.
+
+A step runs in place only when all of this holds, decided once at planning time:
+- its op is in IN_PLACE (elementwise, same-named in-place variant with the same arguments);
+- the first input is an intermediate produced by an operator whose schema returns a fresh tensor
+  (not a user input, constant, state, view, tuple element or higher-order-op result), is not a graph
+  output, is read nowhere else in the step, and dies at this step;
+- no alias of it is alive: every value that may alias it (the output of a view op, or of any
+  non-operator step reading it) died before this step;
+- the recorded output has the input's dtype, device, shape and strides (so no promotion, no
+  broadcasting of the first input, no layout change).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch._ops import OpOverload
+
+__all__ = ["IN_PLACE", "plan_in_place"]
+
+_aten = torch.ops.aten
+IN_PLACE = {
+    _aten.add.Tensor: torch.Tensor.add_,
+    _aten.sub.Tensor: torch.Tensor.sub_,
+    _aten.mul.Tensor: torch.Tensor.mul_,
+    _aten.div.Tensor: torch.Tensor.div_,
+    _aten.relu.default: torch.Tensor.relu_,
+    _aten.sigmoid.default: torch.Tensor.sigmoid_,
+    _aten.tanh.default: torch.Tensor.tanh_,
+    _aten.neg.default: torch.Tensor.neg_,
+    _aten.exp.default: torch.Tensor.exp_,
+}
+
+
+def _fresh(target) -> bool:
+    """Whether an operator's result is a new tensor (a single return with no alias annotation)."""
+    if not isinstance(target, OpOverload):
+        return False
+    rets = target._schema.returns
+    return len(rets) == 1 and rets[0].alias_info is None and isinstance(rets[0].type, torch._C.TensorType)
+
+
+def _aliases_inputs(target) -> bool:
+    """Whether a step's result may share memory with its inputs (conservative for non-operators)."""
+    if not isinstance(target, OpOverload):
+        return True
+    return any(r.alias_info is not None for r in target._schema.returns)
+
+
+def _same_layout(a, b) -> bool:
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return False
+    return (a.dtype == b.dtype and a.device == b.device and a.layout == torch.strided == b.layout
+            and [str(d) for d in a.shape] == [str(d) for d in b.shape]
+            and [str(s) for s in a.stride()] == [str(s) for s in b.stride()])
+
+
+def plan_in_place(step_nodes: list, outs: list, reads: list, slot_of: dict, n_user: int,
+                  last_use: dict) -> dict[int, object]:
+    """step index -> in-place callable for the steps that may run in place (see the module doc).
+
+    step_nodes[k]: the fx node of step k; outs[k]: its output slot; reads[k]: slots it reads;
+    last_use: slot -> step after which it is dead (slots absent from it never die: outputs, state).
+    """
+    fresh: set[int] = set()
+    aliases: dict[int, set[int]] = {}  # slot -> slots that may share its memory
+    chosen: dict[int, object] = {}
+    for k, node in enumerate(step_nodes):
+        target, out = node.target, outs[k]
+        fn = IN_PLACE.get(target)
+        first = node.args[0] if node.args else None
+        if fn is not None and isinstance(first, torch.fx.Node):
+            s = slot_of[first]
+            others = [a for a in (*node.args[1:], *node.kwargs.values()) if a is first]
+            if (s in fresh and s >= n_user and last_use.get(s) == k and not others
+                    and all(last_use.get(m, len(step_nodes)) < k for m in aliases.get(s, ()))
+                    and _same_layout(first.meta.get("val"), node.meta.get("val"))):
+                chosen[k] = fn
+        if _fresh(target):
+            fresh.add(out)
+        if _aliases_inputs(target):
+            group = {out}
+            for r in reads[k]:
+                group |= {r} | aliases.get(r, set())
+            for m in group:
+                aliases.setdefault(m, set()).update(group - {m})
+    return chosen
