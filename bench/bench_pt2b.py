@@ -42,6 +42,18 @@ def median_time(fn, repeat: int) -> float:
     return statistics.median(times)
 
 
+def interleaved(fns, repeat: int) -> list[float]:
+    """Median time of each of ``fns``, measured in turns (the order rotating each round), so that load
+    from other tenants of a shared machine hits pt2b and its anchor alike and their ratio stays fair."""
+    times = [[] for _ in fns]
+    for r in range(repeat):
+        for i in [(r + j) % len(fns) for j in range(len(fns))]:
+            t = time.perf_counter()
+            fns[i]()
+            times[i].append(time.perf_counter() - t)
+    return [statistics.median(t) for t in times]
+
+
 def peak_rss_of_load(path: str, kind: str) -> float:
     """Resident memory growth (MB) of a fresh process that imports torch and loads ``path``."""
     code = f"""
@@ -82,8 +94,8 @@ def bench_model(case, repeat: int, tmp: str) -> list[tuple[str, float, float, st
     args, kwargs = case.args, case.kwargs or {}
     ep = torch.export.export(copy.deepcopy(case.model), args, kwargs, dynamic_shapes=case.dynamic_shapes)
     pt2, pt2b = os.path.join(tmp, "m.pt2"), os.path.join(tmp, "m.pt2b")
-    t_save = median_time(lambda: torch.export.save(ep, pt2), repeat)
-    ours = median_time(lambda: writer.write_artifact(ep, pt2b, ir_level="training"), repeat)
+    ours, t_save = interleaved([lambda: writer.write_artifact(ep, pt2b, ir_level="training"),
+                                lambda: torch.export.save(ep, pt2)], repeat)
     rows.append(("save (write step)", ours, t_save, "save"))
     e2e_t = median_time(lambda: torch.export.save(torch.export.export(case.model, args, kwargs,
                                                                       dynamic_shapes=case.dynamic_shapes), pt2), 1)
@@ -91,12 +103,11 @@ def bench_model(case, repeat: int, tmp: str) -> list[tuple[str, float, float, st
                                              dynamic_shapes=case.dynamic_shapes), 1)
     rows.append(("export + save end to end", e2e_o, e2e_t, ""))
     rows.append(("file size (MB)", os.path.getsize(pt2b) / 1e6, os.path.getsize(pt2) / 1e6, "size"))
-    t_load = median_time(lambda: torch.export.load(pt2), repeat)
-    o_load = median_time(lambda: load(pt2b), repeat)
+    o_load, t_load = interleaved([lambda: load(pt2b), lambda: torch.export.load(pt2)], repeat)
     rows.append(("load (undecomposed)", o_load, t_load, "load"))
     rows.append(("load RSS growth (MB)", peak_rss_of_load(pt2b, "pt2b"), peak_rss_of_load(pt2, "pt2"), ""))
-    t_low = median_time(lambda: torch.export.load(pt2).run_decompositions(), max(1, repeat // 2))
-    o_low = median_time(lambda: load_for_backend(pt2b, "core", cache=False), max(1, repeat // 2))
+    o_low, t_low = interleaved([lambda: load_for_backend(pt2b, "core", cache=False),
+                                lambda: torch.export.load(pt2).run_decompositions()], max(1, repeat // 2))
     rows.append(("load_for_backend('core') cold", o_low, t_low, "lower_core_cold"))
     load_for_backend(pt2b, "core", cache=True)  # fills the lowering cache (a folder under tmp)
     o_hit = median_time(lambda: load_for_backend(pt2b, "core", cache=True), repeat)
@@ -112,9 +123,8 @@ def bench_model(case, repeat: int, tmp: str) -> list[tuple[str, float, float, st
         assert torch.allclose(out, ref, rtol=1e-4, atol=1e-4), "runtime_ref differs from the GraphModule"
         assert torch.allclose(load(pt2b)(*args, **kwargs), ep.module()(*args, **kwargs)), "load differs from anchor"
         n = max(repeat * 4, 20)
-        t_gm = median_time(lambda: gm(*args, **kwargs), n)
-        t_rt = median_time(lambda: rt(*args, **kwargs), n)
-        t_eager = median_time(lambda: case.model(*args, **kwargs), n)
+        t_rt, t_gm, t_eager = interleaved([lambda: rt(*args, **kwargs), lambda: gm(*args, **kwargs),
+                                           lambda: case.model(*args, **kwargs)], n)
     kind = "runtime_tiny" if case.name == "chain100" else "runtime_large"
     rows.append(("runtime_ref vs lowered GraphModule", t_rt, t_gm, kind))
     rows.append(("runtime_ref vs eager", t_rt, t_eager, ""))
@@ -132,12 +142,11 @@ def sweep(layers: list[int], tmp: str) -> list[dict]:
         ep = torch.export.export(case.model, case.args)
         pt2, pt2b = os.path.join(tmp, f"s{n}.pt2"), os.path.join(tmp, f"s{n}.pt2b")
         row = {"layers": n, "params_M": sum(p.numel() for p in case.model.parameters()) / 1e6}
-        row["save"] = median_time(lambda: writer.write_artifact(ep, pt2b, ir_level="training"), 3)
-        row["save_anchor"] = median_time(lambda: torch.export.save(ep, pt2), 3)
-        row["load"] = median_time(lambda: load(pt2b), 3)
-        row["load_anchor"] = median_time(lambda: torch.export.load(pt2), 3)
-        row["lower"] = median_time(lambda: load_for_backend(pt2b, "core", cache=False), 1)
-        row["lower_anchor"] = median_time(lambda: torch.export.load(pt2).run_decompositions(), 1)
+        row["save"], row["save_anchor"] = interleaved([lambda: writer.write_artifact(ep, pt2b, ir_level="training"),
+                                                       lambda: torch.export.save(ep, pt2)], 3)
+        row["load"], row["load_anchor"] = interleaved([lambda: load(pt2b), lambda: torch.export.load(pt2)], 3)
+        row["lower"], row["lower_anchor"] = interleaved([lambda: load_for_backend(pt2b, "core", cache=False),
+                                                         lambda: torch.export.load(pt2).run_decompositions()], 1)
         with torch.no_grad():
             assert torch.allclose(load(pt2b)(*case.args), ep.module()(*case.args), rtol=1e-4, atol=1e-4)
         out.append(row)
