@@ -15,6 +15,7 @@ from . import presets as _presets
 from . import tables
 from .decompose import run_decompositions
 from .lowered import Lazy, LoweredProgram
+from .reuse import lower_with_reuse
 from .verify import outside, route_lines
 
 ATEN_LIKE = {"aten", "prims"}
@@ -159,7 +160,11 @@ def lower(source_ep, preset: str = "core", *, supported_ops=None, decompositions
           decompose=None, source=None, plan: LoweringPlan | None = None, strict: bool = False) -> LoweredProgram:
     plan = plan or plan_lowering(preset, supported_ops=supported_ops, decompositions=decompositions, keep=keep,
                                  decompose=decompose, strict=strict)
-    lowered = functionalize(source_ep) if not plan.table else run_decompositions(source_ep, plan.table)
+    if not plan.table:
+        lowered = functionalize(source_ep)
+    else:  # a chain of equal layers is traced once (reuse.py); anything else whole
+        decompose = lambda ep: run_decompositions(ep, plan.table)  # noqa: E731
+        lowered = lower_with_reuse(source_ep, decompose) or decompose(source_ep)
     return finish(plan, lowered, source_ep=source_ep, source=source)
 
 

@@ -1,0 +1,244 @@
+"""Lower a program of repeated identical layers by tracing one layer and copying the result.
+
+torch's run_decompositions retraces the whole program: a 24-block decoder is traced 24 times over
+the same code. Here the blocks are found from nn_module_stack (children of a ModuleList or
+Sequential at one depth, each a contiguous run of nodes), and a chain x -> B1 -> ... -> Bn of
+blocks whose graphs are the same (same ops and arguments, the same shapes, strides, dtypes and
+requires_grad on every value) is collapsed to B1: the program lowered is the original with
+B2..Bn cut out and what read Bn's output reading B1's. That one lowering (torch's, unchanged) is
+then expanded: B1's lowered nodes (still tagged with B1's module path) are copied for B2..Bn, each
+copy wired to its own block's weights and to the previous copy's output.
+
+Every op in the collapsed program sees the values it sees in the whole program (the blocks are
+equal down to the metadata decompositions look at), so the result has the same ops in the same
+order with the same arguments as run_decompositions on the whole program; tests/test_lowering_reuse.py
+checks node by node and the outputs bit for bit. Used only where that argument holds: no
+mutation, no higher-order op, no symbolic shape, no module call signature to keep, a lowered
+first block that is one run of nodes with one chained input and one output. Otherwise (or with
+fewer than two equal blocks) the caller lowers the program whole.
+"""
+
+from __future__ import annotations
+
+import collections
+import operator
+
+import torch
+import torch.utils._pytree as pytree
+from torch.export.exported_program import ExportedProgram
+from torch.export.graph_signature import ExportGraphSignature, OutputKind, OutputSpec, TensorArgument
+
+__all__ = ["find_blocks", "lower_with_reuse"]
+
+MIN_BLOCKS = 2
+
+
+# ---- when it applies ----
+def _eligible(ep) -> bool:
+    from .graph_ops import may_mutate
+
+    if any(e.signature is not None for e in ep.module_call_graph[1:]) or may_mutate(ep):
+        return False
+    for node in ep.graph.nodes:
+        if node.op == "call_function" and not isinstance(node.target, torch._ops.OpOverload):
+            if node.target is not operator.getitem:
+                return False
+        if node.op == "get_attr":
+            return False
+        for v in pytree.tree_leaves(node.meta.get("val")):
+            if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                return False
+            if isinstance(v, torch.Tensor) and not all(isinstance(d, int) for d in (*v.shape, *v.stride())):
+                return False
+    return all(s.kind == OutputKind.USER_OUTPUT for s in ep.graph_signature.output_specs)
+
+
+# ---- finding blocks ----
+def _label(node, depth: int):
+    stack = list((node.meta.get("nn_module_stack") or {}).values())
+    if len(stack) <= depth:
+        return None
+    fqn, typ = stack[depth]
+    last = str(fqn).rsplit(".", 1)[-1]
+    return (str(fqn), str(typ)) if last.isdigit() else None
+
+
+def _meta_sig(node):
+    out = []
+    for v in pytree.tree_leaves(node.meta.get("val")):
+        if isinstance(v, torch.Tensor):
+            out.append((tuple(v.shape), tuple(v.stride()), v.dtype, v.device.type, v.requires_grad))
+        else:
+            out.append(repr(v))
+    return tuple(out)
+
+
+def _segment_io(nodes: list) -> tuple[list, list]:
+    """(external inputs in order of first use, outputs in graph order) of a run of nodes."""
+    inside = set(nodes)
+    inputs: dict = {}
+    for n in nodes:
+        for a in n.all_input_nodes:
+            if a not in inside and a not in inputs:
+                inputs[a] = None
+    outputs = [n for n in nodes if any(u not in inside for u in n.users)]
+    return list(inputs), outputs
+
+
+def _canon(nodes: list, inputs: list, outputs: list):
+    """What must be equal for two segments to lower alike: ops, argument structure, metadata."""
+    index = {n: ("n", i) for i, n in enumerate(nodes)}
+    index.update({x: ("x", i) for i, x in enumerate(inputs)})
+
+    def arg(a):
+        return pytree.tree_map_only(torch.fx.Node, lambda n: index[n], a)
+
+    body = tuple((n.target, repr(arg(n.args)), repr(arg(dict(n.kwargs))), _meta_sig(n)) for n in nodes)
+    ins = tuple((x.op == "placeholder", _meta_sig(x)) for x in inputs)
+    return body, ins, tuple(index[o] for o in outputs)
+
+
+def find_blocks(ep):
+    """[(nodes, inputs, outputs), ...] of the largest set of equal consecutive blocks, or []."""
+    calls = [n for n in ep.graph.nodes if n.op == "call_function"]
+    best, best_saved = [], 0
+    for depth in (1, 2, 3):
+        runs: list[tuple[object, list]] = []
+        for n in calls:
+            lab = _label(n, depth)
+            if runs and runs[-1][0] == lab:
+                runs[-1][1].append(n)
+            else:
+                runs.append((lab, [n]))
+        labels = [lab for lab, _ in runs if lab is not None]
+        if len(labels) != len(set(labels)):
+            continue  # a block's nodes are not contiguous
+        classes = collections.defaultdict(list)
+        for lab, nodes in runs:
+            if lab is None:
+                continue
+            ins, outs = _segment_io(nodes)
+            classes[_canon(nodes, ins, outs)].append((nodes, ins, outs))
+        for members in classes.values():
+            saved = (len(members) - 1) * len(members[0][0])
+            if len(members) >= MIN_BLOCKS and saved > best_saved:
+                best, best_saved = members, saved
+    return best
+
+
+# ---- collapse, lower once, expand ----
+def _chain(blocks: list) -> list:
+    """The blocks when they form one chain x -> B1 -> B2 -> ... -> Bn: each has one output, which
+    only the next block reads, at the same input position in every block; every other input is a
+    weight (a placeholder) or the very value block 1 reads there (a shared mask). [] otherwise."""
+    if any(len(outs) != 1 for _, _, outs in blocks):
+        return []
+    chained = None
+    for k in range(1, len(blocks)):
+        nodes, ins, _ = blocks[k]
+        prev_out = blocks[k - 1][2][0]
+        if set(prev_out.users) - set(nodes):
+            return []
+        for i, (x1, xk) in enumerate(zip(blocks[0][1], ins)):
+            if x1.op == "placeholder" and xk.op == "placeholder":
+                continue
+            if xk is prev_out:
+                if chained not in (None, i):
+                    return []
+                chained = i
+            elif xk is not x1:
+                return []
+    return blocks if chained is not None else []
+
+
+def _program(ep, graph: torch.fx.Graph) -> ExportedProgram:
+    """``graph`` (same placeholders as ``ep``) as a program with ``ep``'s inputs, state and outputs."""
+    gm = torch.fx.GraphModule(ep.graph_module, graph)
+    outs = [a.name if isinstance(a, torch.fx.Node) else None for a in pytree.tree_leaves(graph.output_node().args[0])]
+    output_specs = [OutputSpec(s.kind, TensorArgument(name) if name else s.arg, s.target)
+                    for s, name in zip(ep.graph_signature.output_specs, outs)]
+    sig = ExportGraphSignature(list(ep.graph_signature.input_specs), output_specs)
+    return ExportedProgram(root=gm, graph=graph, graph_signature=sig, state_dict=ep.state_dict,
+                           range_constraints=ep.range_constraints, module_call_graph=ep.module_call_graph,
+                           example_inputs=ep.example_inputs, constants=ep.constants, verifiers=ep.verifiers)
+
+
+def _collapsed(ep, chain: list) -> torch.fx.Graph:
+    """``ep``'s graph without blocks 2..n: what consumed Bn's output consumes B1's."""
+    drop = {n for nodes, _, _ in chain[1:] for n in nodes}
+    g = torch.fx.Graph()
+    env = {chain[-1][2][0]: None}
+    for n in ep.graph.nodes:
+        if n in drop:
+            continue
+        env[n] = g.node_copy(n, lambda a: env[a])
+        if n is chain[0][2][0]:
+            env[chain[-1][2][0]] = env[n]
+    return g
+
+
+def lower_with_reuse(ep, decompose):
+    """``ep`` lowered by ``decompose(ExportedProgram) -> ExportedProgram`` with a chain of equal
+    blocks traced once: the program is lowered with the chain collapsed to its first block, whose
+    lowered nodes are then copied for the other blocks. None when this does not apply (the caller
+    lowers ``ep`` whole)."""
+    if not _eligible(ep):
+        return None
+    chain = _chain(find_blocks(ep))
+    if len(chain) < MIN_BLOCKS:
+        return None
+    low = decompose(_program(ep, _collapsed(ep, chain)))
+    fqn = _block_fqn(chain[0][0])
+    first = [n for n in low.graph.nodes if n.op == "call_function" and _has_fqn(n, fqn)]
+    expanded = _expand(low.graph, first, chain)
+    return None if expanded is None else _program(low, expanded)
+
+
+def _block_fqn(nodes):
+    common = None
+    for n in nodes:
+        fqns = {str(f) for f, _ in (n.meta.get("nn_module_stack") or {}).values()}
+        common = fqns if common is None else common & fqns
+    return max(common, key=len)
+
+
+def _has_fqn(node, fqn: str) -> bool:
+    return any(str(f) == fqn for f, _ in (node.meta.get("nn_module_stack") or {}).values())
+
+
+def _expand(graph: torch.fx.Graph, first: list, chain: list):
+    """``graph`` with copies of the lowered first block ``first`` for blocks 2..n, or None when the
+    lowered block is not one contiguous run with one activation in and one value out."""
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    if not first or order[first[-1]] - order[first[0]] != len(first) - 1:
+        return None
+    inside = set(first)
+    acts = {a for n in first for a in n.all_input_nodes if a not in inside and a.op != "placeholder"}
+    outs = [n for n in first if any(u not in inside for u in n.users)]
+    if len(outs) != 1:
+        return None
+    (out,) = outs
+    chained = [a for a in acts if _meta_sig(a) == _meta_sig(out)]  # the rest are shared (a mask)
+    if len(chained) != 1:
+        return None
+    (act,) = chained
+    placeholders = {n.name: n for n in graph.nodes if n.op == "placeholder"}
+    g = torch.fx.Graph()
+    env = {}
+    for n in graph.nodes:
+        env[n] = g.node_copy(n, lambda a: env[a])
+        if n is not first[-1]:
+            continue
+        prev = env[out]
+        for _, ins, _ in chain[1:]:  # block k: block 1's lowered nodes on block k's weights
+            val_map = {act: prev}
+            for x1, xk in zip(chain[0][1], ins):
+                if x1.op == "placeholder":
+                    if x1.name not in placeholders or xk.name not in placeholders:
+                        return None
+                    val_map[placeholders[x1.name]] = env[placeholders[xk.name]]
+            for m in first:
+                val_map[m] = g.node_copy(m, lambda a: val_map[a] if a in val_map else env[a])
+            prev = val_map[out]
+        env[out] = prev  # what follows the chain reads the last block's output
+    return g
