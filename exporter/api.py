@@ -119,7 +119,7 @@ def load_for_backend(path, preset: str = "core", *, supported_ops=None, decompos
             hit = _cache.Entry(_cache.cache_key(digest, plan.fingerprint, device)).load()
             if hit is not None and (not verify or _weights_verified(path, digest)):
                 source = Lazy(lambda: _same_content(path, digest))
-                lowered = finish(plan, hit.exported_program(),
+                lowered = finish(plan, hit,
                                  source_ep=Lazy(lambda: source.get().exported_program()), source=source)
                 lowered.from_cache = True
                 return lowered

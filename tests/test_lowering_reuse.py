@@ -122,3 +122,27 @@ def test_not_used_with_mutation_dynamic_shapes_or_unequal_blocks():
     ep = torch.export.export(uneven, (torch.randn(3, 8),))
     assert len(reuse.find_blocks(ep)) == 2  # blocks 0 and 2 are equal, but not a chain
     assert reuse.lower_with_reuse(ep, _whole) is None
+
+
+def test_cache_stores_the_collapsed_lowering_and_expands_it_alike(tmp_path, monkeypatch):
+    from exporter import load
+
+    monkeypatch.setenv("PT2B_CACHE_DIR", str(tmp_path / "cache"))
+    model, args = CASES["gpt"]
+    path = tmp_path / "gpt.pt2b"
+    export_model(model, args, path)
+    cold = load_for_backend(path, "core", cache=True)
+    assert cold.reused is not None and not cold.from_cache
+    hit = load_for_backend(path, "core", cache=True)
+    assert hit.from_cache
+    assert hit.ops() == cold.ops()  # (a stored program comes back with a getitem per output of multi-output ops)
+    with torch.no_grad():
+        assert_bitwise(Runtime(hit)(*copy.deepcopy(args)), Runtime(cold)(*copy.deepcopy(args)))
+    (entry,) = (tmp_path / "cache").glob("lowered-*.pt2b")
+    stored = load(entry)
+    assert stored.metadata["pt2b_reuse_recipe"] == cold.reused.recipe
+    n_stored = sum(1 for n in stored.exported_program().graph.nodes if n.op == "call_function")
+    n_full = sum(1 for n in cold.exported_program().graph.nodes if n.op == "call_function")
+    assert n_stored < n_full / 2  # one block of four is stored
+    monkeypatch.setattr(reuse, "valid_recipe", lambda r: False)  # an entry whose recipe is unusable: a miss
+    assert not load_for_backend(path, "core", cache=True).from_cache

@@ -24,8 +24,9 @@ from .. import __version__
 from ..errors import ArtifactError, ExportError
 from ..versioning.formats import FORMAT_VERSION
 
-CACHE_LAYOUT = 1  # bump when what an entry holds changes meaning
+CACHE_LAYOUT = 2  # bump when what an entry holds changes meaning (2: collapsed lowerings + recipe)
 _KEY_FIELD = "pt2b_lowering_cache_key"
+_RECIPE_FIELD = "pt2b_reuse_recipe"  # present when the entry holds a collapsed lowering (reuse.py)
 
 
 def enabled(cache: bool | None) -> bool:
@@ -57,8 +58,11 @@ class Entry:
         self.path = (folder or cache_dir()) / f"lowered-{key[:40]}.pt2b"
 
     def load(self):
-        """The stored Pt2bProgram, or None on a miss (absent, damaged or not this key's)."""
+        """The stored lowered ExportedProgram, or None on a miss (absent, damaged or not this key's).
+        An entry made by reusing repeated layers holds the collapsed lowering and its recipe, and is
+        expanded here exactly as the lowering that stored it was."""
         from ..api import load
+        from .reuse import expand, valid_recipe
 
         if not self.path.exists():
             return None
@@ -68,7 +72,10 @@ class Entry:
             return None
         if prog.metadata.get(_KEY_FIELD) != self.key:
             return None
-        return prog
+        recipe = prog.metadata.get(_RECIPE_FIELD)
+        if recipe is None:
+            return prog.exported_program()
+        return expand(prog.exported_program(), recipe) if valid_recipe(recipe) else None
 
     def store(self, lowered, *, source_path: str) -> bool:
         """Write the LoweredProgram ``lowered`` to the slot, with its lowering record; a cache that
@@ -77,8 +84,11 @@ class Entry:
 
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_artifact(lowered.exported_program(), self.path, ir_level=f"lowered:{lowered.preset}",
-                           metadata={_KEY_FIELD: self.key}, lowering=lowered.lowering_record(),
+            ep, metadata = lowered.exported_program(), {_KEY_FIELD: self.key}
+            if lowered.reused is not None:  # the collapsed lowering: a fraction of the size to load
+                ep, metadata[_RECIPE_FIELD] = lowered.reused.collapsed, lowered.reused.recipe
+            write_artifact(ep, self.path, ir_level=f"lowered:{lowered.preset}",
+                           metadata=metadata, lowering=lowered.lowering_record(),
                            provenance={"lowered_from": os.fspath(source_path), "lowering": lowered.preset})
             return True
         except (OSError, ExportError) as e:

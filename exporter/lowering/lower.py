@@ -160,12 +160,18 @@ def lower(source_ep, preset: str = "core", *, supported_ops=None, decompositions
           decompose=None, source=None, plan: LoweringPlan | None = None, strict: bool = False) -> LoweredProgram:
     plan = plan or plan_lowering(preset, supported_ops=supported_ops, decompositions=decompositions, keep=keep,
                                  decompose=decompose, strict=strict)
+    reused = None
     if not plan.table:
         lowered = functionalize(source_ep)
     else:  # a chain of equal layers is traced once (reuse.py); anything else whole
         decompose = lambda ep: run_decompositions(ep, plan.table)  # noqa: E731
-        lowered = lower_with_reuse(source_ep, decompose) or decompose(source_ep)
-    return finish(plan, lowered, source_ep=source_ep, source=source)
+        reused = lower_with_reuse(source_ep, decompose)
+        lowered = reused.expand() if reused is not None else None
+        if lowered is None:
+            reused, lowered = None, decompose(source_ep)
+    result = finish(plan, lowered, source_ep=source_ep, source=source)
+    result.reused = reused  # the lowering cache stores its collapsed form
+    return result
 
 
 def finish(plan: LoweringPlan, lowered, *, source_ep, source=None) -> LoweredProgram:

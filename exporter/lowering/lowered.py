@@ -37,6 +37,7 @@ class LoweredProgram(ProgramHandle):
         self.description = description
         self._source_prog = source  # the Pt2bProgram it was lowered from (or a Lazy loading it)
         self.from_cache = False  # True when load_for_backend took the result from the lowering cache
+        self.reused = None  # reuse.Reused when repeated layers were lowered once
 
     @property
     def source(self):

@@ -177,21 +177,50 @@ def _collapsed(ep, chain: list) -> torch.fx.Graph:
     return g
 
 
-def lower_with_reuse(ep, decompose):
+class Reused:
+    """A lowering made by reuse: the lowered collapsed program and the recipe that expands it
+    (``expand``). The lowering cache stores these two (a fraction of the expanded graph's size)."""
+
+    def __init__(self, collapsed, recipe: dict):
+        self.collapsed, self.recipe = collapsed, recipe
+
+    def expand(self):
+        """The lowered program of the whole chain, or None when the recipe does not fit."""
+        return expand(self.collapsed, self.recipe)
+
+
+def lower_with_reuse(ep, decompose) -> Reused | None:
     """``ep`` lowered by ``decompose(ExportedProgram) -> ExportedProgram`` with a chain of equal
     blocks traced once: the program is lowered with the chain collapsed to its first block, whose
-    lowered nodes are then copied for the other blocks. None when this does not apply (the caller
-    lowers ``ep`` whole)."""
+    lowered nodes are then copied for the other blocks (Reused.expand()). None when this does not
+    apply (the caller lowers ``ep`` whole)."""
     if not _eligible(ep):
         return None
     chain = _chain(find_blocks(ep))
     if len(chain) < MIN_BLOCKS:
         return None
     low = decompose(_program(ep, _collapsed(ep, chain)))
-    fqn = _block_fqn(chain[0][0])
-    first = [n for n in low.graph.nodes if n.op == "call_function" and _has_fqn(n, fqn)]
-    expanded = _expand(low.graph, first, chain)
-    return None if expanded is None else _program(low, expanded)
+    recipe = {"block": _block_fqn(chain[0][0]),
+              "inputs": [[x.name if x.op == "placeholder" else None for x in ins] for _, ins, _ in chain]}
+    return Reused(low, recipe)
+
+
+def valid_recipe(recipe) -> bool:
+    """Whether ``recipe`` (read back from a cache entry) has the shape ``expand`` needs."""
+    if not isinstance(recipe, dict) or not isinstance(recipe.get("block"), str):
+        return False
+    inputs = recipe.get("inputs")
+    return (isinstance(inputs, list) and len(inputs) >= MIN_BLOCKS
+            and all(isinstance(b, list) and len(b) == len(inputs[0]) for b in inputs)
+            and all(x is None or isinstance(x, str) for b in inputs for x in b))
+
+
+def expand(low, recipe: dict):
+    """The collapsed lowered program ``low`` with its first block copied per ``recipe`` (block 1's
+    module path, and each block's input placeholders by position), or None when it does not fit."""
+    first = [n for n in low.graph.nodes if n.op == "call_function" and _has_fqn(n, recipe["block"])]
+    graph = _expand(low.graph, first, recipe["inputs"])
+    return None if graph is None else _program(low, graph)
 
 
 def _block_fqn(nodes):
@@ -206,9 +235,10 @@ def _has_fqn(node, fqn: str) -> bool:
     return any(str(f) == fqn for f, _ in (node.meta.get("nn_module_stack") or {}).values())
 
 
-def _expand(graph: torch.fx.Graph, first: list, chain: list):
-    """``graph`` with copies of the lowered first block ``first`` for blocks 2..n, or None when the
-    lowered block is not one contiguous run with one activation in and one value out."""
+def _expand(graph: torch.fx.Graph, first: list, inputs: list):
+    """``graph`` with copies of the lowered first block ``first`` for blocks 2..n (``inputs[k]``: block
+    k's input placeholder names by position, None for activations), or None when the lowered block
+    is not one contiguous run with one chained activation in and one value out."""
     order = {n: i for i, n in enumerate(graph.nodes)}
     if not first or order[first[-1]] - order[first[0]] != len(first) - 1:
         return None
@@ -230,13 +260,13 @@ def _expand(graph: torch.fx.Graph, first: list, chain: list):
         if n is not first[-1]:
             continue
         prev = env[out]
-        for _, ins, _ in chain[1:]:  # block k: block 1's lowered nodes on block k's weights
+        for names in inputs[1:]:  # block k: block 1's lowered nodes on block k's weights
             val_map = {act: prev}
-            for x1, xk in zip(chain[0][1], ins):
-                if x1.op == "placeholder":
-                    if x1.name not in placeholders or xk.name not in placeholders:
+            for x1, xk in zip(inputs[0], names):
+                if x1 is not None:
+                    if x1 not in placeholders or xk not in placeholders:
                         return None
-                    val_map[placeholders[x1.name]] = env[placeholders[xk.name]]
+                    val_map[placeholders[x1]] = env[placeholders[xk]]
             for m in first:
                 val_map[m] = g.node_copy(m, lambda a: val_map[a] if a in val_map else env[a])
             prev = val_map[out]
