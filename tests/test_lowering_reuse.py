@@ -39,6 +39,27 @@ class Stack(nn.Module):
         return self.out(x)
 
 
+class ResBlock(nn.Module):
+    """A residual conv block with batch norm (eval: running stats are read, not updated)."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.c1, self.bn, self.c2 = nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c), nn.Conv2d(c, c, 3, padding=1)
+
+    def forward(self, x):
+        return torch.relu(x + self.c2(torch.relu(self.bn(self.c1(x)))))
+
+
+class ResNet(nn.Module):
+    def __init__(self, n=4):
+        super().__init__()
+        self.stem, self.body, self.head = nn.Conv2d(3, 8, 3, padding=1), nn.Sequential(*[ResBlock(8) for _ in range(n)]), \
+            nn.Linear(8, 10)
+
+    def forward(self, x):
+        return self.head(self.body(self.stem(x)).mean((2, 3)))
+
+
 def _encoder(n=4):
     layer = nn.TransformerEncoderLayer(32, 4, dim_feedforward=64, dropout=0.1, batch_first=True)
     return nn.TransformerEncoder(layer, num_layers=n, enable_nested_tensor=False).eval()
@@ -49,6 +70,7 @@ def _cases():
     return {
         "stack": (Stack().eval(), (torch.randn(3, 8),)),
         "encoder": (_encoder(), (torch.randn(2, 7, 32),)),
+        "resnet": (ResNet().eval(), (torch.randn(2, 3, 8, 8),)),
         "gpt": (GPT(vocab=97, context=16, d_model=32, nhead=4, num_layers=4).eval(), (torch.randint(0, 97, (1, 12)),)),
     }
 

@@ -47,9 +47,24 @@ def _is_functional_graph(ep) -> bool:
         op = node.target
         if isinstance(op, torch._ops.HigherOrderOperator):
             continue
-        if is_mutating(op) or op_name(op) in HIDDEN_MUTATION:
+        if is_mutating(op) or (op_name(op) in HIDDEN_MUTATION and _updates_running_stats(node)):
             return False
     return True
+
+
+def _updates_running_stats(node) -> bool:
+    """A batch/instance norm node updates its running stats unless its training (use_input_stats)
+    flag is literally False (eval mode), or it has no running stats."""
+    names = [a.name for a in node.target._schema.arguments]
+
+    def arg(name):
+        if name not in names:
+            return None
+        i = names.index(name)
+        return node.args[i] if i < len(node.args) else node.kwargs.get(name)
+
+    flag = arg("training") if "training" in names else arg("use_input_stats")
+    return flag is not False and not (arg("running_mean") is None and arg("running_var") is None)
 
 
 def mutating_ops(gm: torch.fx.GraphModule) -> list[str]:

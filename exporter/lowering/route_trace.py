@@ -136,7 +136,6 @@ class ProgramRoutes:
 
 def record(ep: torch.export.ExportedProgram) -> ProgramRoutes:
     """The routes of every call site of ``ep`` (an undecomposed program)."""
-    from ..functionalize import functionalize
     from .graph_ops import may_mutate
 
     available = tables.available_decompositions()
@@ -146,10 +145,19 @@ def record(ep: torch.export.ExportedProgram) -> ProgramRoutes:
     trees = [rec.prune(r).as_tree() for r in rec.roots if not rec.dead(r)]
     trees = [t for t in trees if t["op"] not in INFRASTRUCTURE]
     names = {op_name(op) for op in available}
-    unlowered = sorted({op_name(n.target) for n in op_nodes(functionalize(ep).graph_module)
-                        if not is_infrastructure(n.target)})
-    leaves = sorted(o for o in unlowered if o not in names and not (o.startswith("aten::") and _has_cia(o)))
-    return ProgramRoutes(trees, leaves, unlowered, not may_mutate(ep))
+    # leaves: what the program calls after torch's own CompositeImplicit decompositions (eval batch
+    # norm -> _native_batch_norm_legit_no_training), functionalized; `none` returns that when the
+    # program mutates and the program itself otherwise (functionalize.py)
+    mutates = may_mutate(ep)
+    functional = run_decompositions(ep, {})
+
+    def ops_of(program):
+        return sorted({op_name(n.target) for n in op_nodes(program.graph_module) if not is_infrastructure(n.target)})
+
+    unlowered = ops_of(functional if mutates else ep)
+    leaves = sorted(o for o in set(ops_of(functional)) | set(unlowered)
+                    if o not in names and not (o.startswith("aten::") and _has_cia(o)))
+    return ProgramRoutes(trees, leaves, unlowered, not mutates)
 
 
 def evaluate(routes: ProgramRoutes, table) -> list[str]:
