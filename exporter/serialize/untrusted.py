@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import operator
 import re
 
@@ -131,6 +132,23 @@ def check_target(target: str, where: str) -> None:
     )
 
 
+_LEAVES = (str, int, float, bool, type(None))
+
+
+@functools.cache
+def _nested_fields(cls) -> tuple[tuple, frozenset]:
+    """((name field, pattern), ...) checked on ``cls``, and the fields (union members) whose values
+    can hold further schema dataclasses: the only ones the walk descends into."""
+    from .program_codec import _fields
+
+    def holds(desc) -> bool:
+        return desc[0] == "dc" or (desc[0] in ("list", "opt", "dict", "listlist") and holds(desc[1]))
+
+    fields = _fields(cls)
+    names = tuple((f, p) for f, p in _NAME_FIELDS.items() if any(f == name for name, *_ in fields))
+    return names, frozenset(name for name, _, desc, _ in fields if holds(desc))
+
+
 def check_program(ep: S.ExportedProgram, where: str) -> None:
     """Walk every value of the decoded program (subgraphs included) and check it."""
     stack = [(ep, "program")]
@@ -149,22 +167,23 @@ def check_program(ep: S.ExportedProgram, where: str) -> None:
                 check_name(obj.fqn, FQN, f"{where}: module_call_graph", "module path")
             for arg_name in (obj.signature.forward_arg_names or []) if obj.signature else []:
                 check_name(arg_name, IDENT, f"{where}: module_call_graph {obj.fqn!r}", "forward argument name")
-        if dataclasses.is_dataclass(obj) and not isinstance(obj, _Union):
-            for field, pattern in _NAME_FIELDS.items():
-                value = getattr(obj, field, None)
+        if isinstance(obj, _Union):
+            if obj.type in _nested_fields(type(obj))[1]:
+                stack.append((obj.value, path))
+        elif dataclasses.is_dataclass(obj):
+            names, nested = _nested_fields(type(obj))
+            for field, pattern in names:
+                value = getattr(obj, field)
                 if isinstance(value, str) and not (isinstance(obj, S.NamedArgument) and field == "name" and not value):
                     check_name(value, pattern, f"{where}: {path}", f"{type(obj).__name__}.{field}",
                                may_be_self=isinstance(obj, S.NamedArgument))
-        if isinstance(obj, _Union):
-            stack.append((obj.value, path))
-        elif dataclasses.is_dataclass(obj):
             label = getattr(obj, "name", None) if isinstance(obj, S.Node) else None
-            for f in dataclasses.fields(obj):
-                stack.append((getattr(obj, f.name), f"{path}.{label or f.name}" if label else path))
+            for field in nested:
+                stack.append((getattr(obj, field), f"{path}.{label or field}" if label else path))
         elif isinstance(obj, (list, tuple)):
-            stack.extend((x, path) for x in obj)
+            stack.extend((x, path) for x in obj if not isinstance(x, _LEAVES))
         elif isinstance(obj, dict):
-            stack.extend((v, f"{path}[{k!r}]") for k, v in obj.items())
+            stack.extend((v, f"{path}[{k!r}]") for k, v in obj.items() if not isinstance(v, _LEAVES))
     for name in ep.range_constraints:
         if not _SYMBOL.fullmatch(name):
             check_expr(name, f"{where}: range constraint key")
