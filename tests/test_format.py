@@ -201,3 +201,18 @@ def test_gc_is_paused_during_a_load_and_restored_after(tmp_path):
         assert not gc.isenabled()  # a caller's choice is kept
     finally:
         gc.enable()
+
+
+def test_decoder_unions_are_what_create_builds():
+    from torch._export.serde import schema as S
+
+    from exporter.serialize.program_codec import make_union
+
+    for cls, name, value in [(S.Argument, "as_int", 3), (S.Argument, "as_tensor", S.TensorArgument(name="x")),
+                             (S.Argument, "as_none", True), (S.SymInt, "as_int", -1)]:
+        a, b = make_union(cls, name, value), cls.create(**{name: value})
+        assert type(a) is type(b) and vars(a) == vars(b) and a == b and repr(a) == repr(b)
+        assert a.type == name and a.value == value
+        with pytest.raises(AttributeError):  # unset members read as torch's unions do
+            getattr(a, next(f for f in ("as_float", "as_expr") if hasattr(type(a), "__dataclass_fields__")
+                               and f in type(a).__dataclass_fields__ and f != name))

@@ -181,6 +181,27 @@ def _required(cls, fname: str, desc: tuple, where: str):
     raise CorruptArtifactError(f"{where}: required field {cls.__name__}.{fname} is missing.")
 
 
+@functools.cache
+def _union_layout(cls, name: str):
+    """(field names in order, the tag object) of ``cls.create(name=...)``."""
+    from torch._export.serde.union import _UnionTag
+
+    return tuple(f.name for f in dataclasses.fields(cls)), _UnionTag.create(name, cls)
+
+
+def make_union(cls, name: str, value):
+    """What ``cls.create(**{name: value})`` builds (every member None but ``name``, and the tag),
+    without its per-call dataclasses.fields() and __init__: a tenth of a load's decoding."""
+    names, tag = _union_layout(cls, name)
+    obj = object.__new__(cls)
+    state = obj.__dict__
+    for n in names:
+        state[n] = None
+    state[name] = value
+    state["_type"] = tag
+    return obj
+
+
 def decode(cls, t, where: str = "program"):
     """A flatc object-API instance -> the torch serde schema dataclass ``cls``."""
     if t is None:
@@ -198,7 +219,7 @@ def decode(cls, t, where: str = "program"):
                 value = _dec(desc, getattr(t, attr), where)
                 if value is None:
                     value = _required(cls, fname, desc, where)
-                return cls.create(**{name: value})
+                return make_union(cls, name, value)
         raise AssertionError(name)
     kwargs = {}
     for fname, attr, desc, has_default in _fields(cls):
