@@ -28,11 +28,7 @@ class _Builder:
     constants: list = dataclasses.field(default_factory=list)  # values of slots n_user, n_user+1, ...
     slot_of: dict = dataclasses.field(default_factory=dict)  # fx.Node -> slot
     node_slots: set = dataclasses.field(default_factory=set)  # slots whose values can be freed
-    steps: list = dataclasses.field(default_factory=list)  # [fn, get, out, reads]
-    calls: list = dataclasses.field(default_factory=list)  # (fn, args template, kwargs template) per step
-    step_names: list = dataclasses.field(default_factory=list)
-    step_nodes: list = dataclasses.field(default_factory=list)  # the fx node of each step
-    templates: list = dataclasses.field(default_factory=list)  # (args, kwargs) templates of each step
+    steps: list = dataclasses.field(default_factory=list)  # (node, fn, args, kwargs templates, out, reads)
     bindings: dict = dataclasses.field(default_factory=dict)  # fast_callable's cache
 
     def const_slot(self, value) -> SlotRef:
@@ -130,58 +126,54 @@ class Plan:
         return value.detach().to(device) if isinstance(value, torch.Tensor) else value
 
     def _add_step(self, b: _Builder, node) -> None:
+        """Record the step; its callable is bound in _finish, once whether it runs in place is known."""
         args = b.template(tuple(node.args))
         kwargs = b.template(dict(node.kwargs))
-        call, fn, get = self._bind(b, _callable(node, b.bindings), args, kwargs)
-        b.calls.append(call)
-        reads = _reads((args, kwargs), set())
         out = self._trash if _returns_nothing(node.target) else b.value_slot(node)
-        b.steps.append([fn, get, out, reads])
-        b.step_names.append(node.name)
-        b.step_nodes.append(node)
-        b.templates.append((args, kwargs))
+        b.steps.append((node, _callable(node, b.bindings), args, kwargs, out, _reads((args, kwargs), set())))
 
     @staticmethod
     def _bind(b: _Builder, fn, args, kwargs):
         """(fn, args, kwargs) for codegen, and (fn, get) for run_slots, of one call."""
-        call = (fn, args, kwargs) if has_slot(kwargs) else (functools.partial(fn, **kwargs) if kwargs else fn, args, {})
         if has_slot(kwargs):
             arg_f, kw_f = value_getter(args), value_getter(kwargs)
-            return call, call_with_kwargs(fn), (lambda s: (arg_f(s), kw_f(s)))
+            return (fn, args, kwargs), call_with_kwargs(fn), (lambda s: (arg_f(s), kw_f(s)))
         fn = functools.partial(fn, **kwargs) if kwargs else fn
         if all(type(a) is SlotRef or not has_slot(a) for a in args):
-            return call, fn, slots_getter([a if type(a) is SlotRef else b.const_slot(a) for a in args])
-        return call, fn, value_getter(list(args))
+            return (fn, args, {}), fn, slots_getter([a if type(a) is SlotRef else b.const_slot(a) for a in args])
+        return (fn, args, {}), fn, value_getter(list(args))
 
     def _finish(self, b: _Builder, outputs: list) -> None:
         out_slots = [o if type(o) is SlotRef else b.const_slot(o) for o in outputs]
-        last_use = self._last_uses(b.steps, b.node_slots, {int(s) for s in out_slots})
-        in_place = plan_in_place(b.step_nodes, [st[2] for st in b.steps], [st[3] for st in b.steps],
-                                 b.slot_of, b.n_user, last_use)
-        for k, fn in in_place.items():  # the step writes into its dying first input (inplace.py)
-            b.calls[k], b.steps[k][0], b.steps[k][1] = self._bind(b, fn, *b.templates[k])
-        self.in_place_steps = [b.step_names[k] for k in sorted(in_place)]
+        outs, reads = [st[4] for st in b.steps], [st[5] for st in b.steps]
+        last_use = self._last_uses(outs, reads, b.node_slots, {int(s) for s in out_slots})
+        # a step whose first input dies there and is aliased by nothing alive writes into it (inplace.py)
+        in_place = plan_in_place([st[0] for st in b.steps], outs, reads, b.slot_of, b.n_user, last_use)
         free = [[] for _ in b.steps]
         for slot, k in last_use.items():
             free[k].append(slot)
-        self.steps = [(fn, get, out, tuple(sorted(free[k]))) for k, (fn, get, out, _) in enumerate(b.steps)]
-        self.step_names = b.step_names
+        calls, self.steps = [], []
+        for k, (_, fn, args, kwargs, out, _) in enumerate(b.steps):
+            call, fn, get = self._bind(b, in_place.get(k, fn), args, kwargs)
+            calls.append((*call, out, tuple(sorted(free[k]))))
+            self.steps.append((fn, get, out, calls[-1][-1]))
+        self.step_names = [st[0].name for st in b.steps]
+        self.in_place_steps = [self.step_names[k] for k in sorted(in_place)]
         self.n_user = b.n_user
         self._rest = b.constants
         self.output_slots = [int(s) for s in out_slots]
         self._outputs = slots_getter(out_slots)
         self._node_slots = frozenset(b.node_slots)
-        self.run = compile_steps([(*call, out, free) for call, (_, _, out, free) in zip(b.calls, self.steps)],
-                                 b.n_user, b.constants, b.node_slots, self.output_slots, self._trash)
+        self.run = compile_steps(calls, b.n_user, b.constants, b.node_slots, self.output_slots, self._trash)
 
     @staticmethod
-    def _last_uses(steps, node_slots, kept) -> dict[int, int]:
+    def _last_uses(outs, reads, node_slots, kept) -> dict[int, int]:
         """slot -> index of the step after which it is dead (values read by the output stay)."""
         last: dict[int, int] = {}
-        for k, (_, _, out, reads) in enumerate(steps):
+        for k, (out, step_reads) in enumerate(zip(outs, reads)):
             if out in node_slots:
                 last[out] = k  # dead at once unless read later
-            for slot in reads:
+            for slot in step_reads:
                 if slot in node_slots:
                     last[slot] = k
         return {s: k for s, k in last.items() if s not in kept}

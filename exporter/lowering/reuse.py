@@ -28,6 +28,8 @@ import torch.utils._pytree as pytree
 from torch.export.exported_program import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, OutputKind, OutputSpec, TensorArgument
 
+from .graph_ops import may_mutate
+
 __all__ = ["find_blocks", "lower_with_reuse"]
 
 MIN_BLOCKS = 2
@@ -35,8 +37,6 @@ MIN_BLOCKS = 2
 
 # ---- when it applies ----
 def _eligible(ep) -> bool:
-    from .graph_ops import may_mutate
-
     if any(e.signature is not None for e in ep.module_call_graph[1:]) or may_mutate(ep):
         return False
     for node in ep.graph.nodes:

@@ -94,7 +94,7 @@ def _open_checked(path, *, mapped: bool):
         size = os.fstat(f.fileno()).st_size
         head = f.read(HEADER_SIZE)
         major, minor = read_preamble(head, where)
-        check_version(major, minor, where)
+        majors.check_readable((major, minor), where)  # older majors only when steps reach today's
         header = majors.header_reader(major)(head, where, size)
         if mapped:
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
@@ -134,12 +134,6 @@ def program_digest(path) -> str:
     an identity for the artifact's content that costs no weight reads (checked like open_artifact)."""
     _, _, _, program_bytes = _open_checked(path, mapped=False)
     return hashlib.sha256(program_bytes).hexdigest()
-
-
-def check_version(major: int, minor: int, where: str) -> None:
-    """Same major: read. Older: read when steps lead to today's major (versioning/majors.py).
-    Newer: UnsupportedVersionError naming both versions."""
-    majors.check_readable((major, minor), where)
 
 
 def read_lowering(art: Artifact) -> dict | None:
