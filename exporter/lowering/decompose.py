@@ -1,19 +1,357 @@
-"""Apply a decomposition table to an ExportedProgram (with functionalization), serialized
-behind one lock because torch's run_decompositions swaps operator kernels while it runs."""
+"""Apply a decomposition table to an ExportedProgram, functionalizing it, without touching
+process-global state.
+
+torch's ExportedProgram.run_decompositions gets its result by retracing below autograd, where
+CompositeImplicitAutograd (CIA) ops would decompose by themselves; to keep the ones the table does
+not decompose it rewrites their ``py_kernels`` (and registers fake-tensor rules) for the whole
+process while it runs, and it turns mkldnn, nnpack and cudnn off process-wide. Eager code in
+another thread meanwhile runs other kernels.
+
+Here the program is retraced ABOVE autograd instead (aot_export_module with pre_dispatch=True):
+there a functional CIA op is seen as itself, so it stays unless the table holds it, and the table
+alone says what decomposes; functionalization happens in the same trace. What torch's retrace does
+implicitly is made explicit in the table: CIA ops torch decomposes whatever the table says (the
+ones it cannot preserve) get their CIA decomposition, and aten.lstm.input gets the decomposition
+torch's lstm entry takes with mkldnn off (it reads the global flag). Nothing global is written;
+grad mode and the trace's modes are thread-local. The result is an ATen-dialect ExportedProgram
+whose op set equals run_decompositions' (tests/test_lowering.py, test_decompose.py).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import threading
+
+import torch
 
 from ..errors import LoweringError
 
+__all__ = ["flag_free", "forced_ops", "run_decompositions", "trace_table"]
+
+# Lowerings are serialized: two threads lowering programs that share a FakeTensorMode (one
+# loaded program lowered twice at once) would interleave inside it.
 _LOCK = threading.RLock()
 
 
 def run_decompositions(ep, table: dict):
-    """torch's ExportedProgram.run_decompositions with exactly ``table`` (ops not in it stay)."""
+    """``ep`` with exactly ``table`` applied (ops not in it stay) and functionalized, as a new
+    ATen-dialect ExportedProgram; the op set equals torch's ``ep.run_decompositions(table)``."""
     with _LOCK:
         try:
-            return ep.run_decompositions(dict(table))
+            return _retrace(ep, trace_table(table))
+        except LoweringError:
+            raise
         except Exception as e:
             raise LoweringError(f"decomposition failed: {type(e).__name__}: {e}") from e
+
+
+# ---- the table ----
+
+@functools.cache
+def _forced() -> dict:
+    """aten ops torch's retrace decomposes whatever its table says, with what it runs for them:
+    CompositeImplicitAutograd ops it cannot preserve (aliasing, mutating, or declaring a functional
+    schema they do not keep) decompose by their CIA kernel; ops with a Python kernel at the Autograd
+    key (hardshrink, upsample_bilinear2d, ...) by that kernel."""
+    from torch._export.utils import _get_decomp_for_cia, _is_cia_op, _is_preservable_cia_op, _materialize_cpp_cia_ops
+
+    _materialize_cpp_cia_ops()
+    autograd = torch._C.DispatchKey.Autograd
+    out = {}
+    for packet in list(torch.ops.aten):
+        packet = getattr(torch.ops.aten, packet)
+        for overload in packet.overloads():
+            op = getattr(packet, overload)
+            try:
+                cia = _is_cia_op(op)
+            except RuntimeError:  # a TorchScript-only overload (aten::add.t): not a dispatcher op
+                continue
+            if cia:
+                if not _is_preservable_cia_op(op):
+                    out[op] = _get_decomp_for_cia(op)
+            elif callable(op.py_kernels.get(autograd)) and not isinstance(op.py_kernels[autograd], torch._C.DispatchKey):
+                out[op] = op.py_kernels[autograd]
+    return out
+
+
+def forced_ops() -> frozenset:
+    """The ops every lowering decomposes, whatever its table says."""
+    return frozenset(_forced())
+
+
+def _lstm_without_mkldnn(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
+    """torch's aten.lstm.input decomposition as run_decompositions applies it (with mkldnn off):
+    the layer loop of one_layer_lstm, never mkldnn_rnn_layer, whatever the global flag says."""
+    from torch._decomp import decompositions as d
+
+    if len(hx) != 2:
+        raise LoweringError(f"aten.lstm.input: expected two hidden states (h0, c0), got {len(hx)}.")
+    params = d.gather_params(params, has_biases, hx[0].size(2) != hx[1].size(2))
+    hidden = list(zip(hx[0], hx[1]))
+    out, finals = d._rnn_helper(input, hidden, params, has_biases, num_layers, dropout, train, bidirectional,
+                                batch_first, d.one_layer_lstm)
+    finals = list(zip(*finals))
+    return out, torch.stack(finals[0], 0), torch.stack(finals[1], 0)
+
+
+def trace_table(table: dict) -> dict:
+    """The table the pre-dispatch retrace applies for run_decompositions' ``table``."""
+    from torch._export.utils import _special_op_to_preserve_cia
+
+    full = {op: fn for op, fn in table.items() if fn is not _special_op_to_preserve_cia}
+    for op, fn in _forced().items():
+        full.setdefault(op, fn)
+    return {op: flag_free(op, fn) for op, fn in full.items()}
+
+
+def flag_free(op, fn):
+    """``fn``, or what pt2b applies in its place: torch's aten.lstm.input decomposition reads the
+    global mkldnn flag, which torch's retrace turns off; pt2b calls the path it then takes."""
+    if op is torch.ops.aten.lstm.input and fn is _registered(op):
+        return _lstm_without_mkldnn
+    return fn
+
+
+def _registered(op):
+    from torch._decomp import decomposition_table
+
+    return decomposition_table.get(op)
+
+
+# ---- the retrace ----
+
+def _retrace(ep, table: dict):
+    gm = ep.graph_module
+    old_phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    try:
+        new_gm, aot_sig = _trace(gm, old_phs, table)
+    except AssertionError:
+        # A decomposition wrote in place (isclose's bitwise_or_, quantile's squeeze_, ...): where
+        # torch runs it, above functionalization, that is functionalized; here the table runs below
+        # it. So: decompose first (unfunctionalized; in-place ops stay for functionalization to turn
+        # into the functional ops the table then decomposes), then functionalize that.
+        functional = {op: fn for op, fn in table.items() if not op._schema.is_mutable}
+        new_gm, aot_sig = _trace(_decomposed(gm, old_phs, functional), old_phs, table)
+    # as torch's retrace does, an unused random draw is dead code too
+    new_gm.graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure(impure_random=False))
+    tokens, new_phs = _split_tokens(new_gm, aot_sig)
+    if not tokens:
+        tokens = _thread_effects(new_gm, aot_sig)
+    if len(new_phs) != len(old_phs):
+        raise LoweringError(f"the retrace has {len(new_phs)} inputs where the program has {len(old_phs)}.")
+    _rename(new_gm, old_phs, new_phs)
+    _insert_runtime_asserts(new_gm)
+    new_gm.recompile()
+    sig = _signature(ep, new_gm, tokens, new_phs, aot_sig)
+    for old, new in zip(old_phs, new_phs):
+        if not isinstance(old.meta.get("val"), torch.Tensor):
+            new.meta["val"] = old.meta.get("val")
+        if new.target in sig.inputs_to_parameters or new.target in sig.inputs_to_buffers:
+            new.meta.update(old.meta)
+    return _program(ep, new_gm, sig)  # threaded effect tokens stay, as in torch's result
+
+
+def _thread_effects(gm, aot_sig) -> list:
+    """Side-effecting ops (linalg's error checks, prints) called through with_effects on a token
+    that the program takes and returns, as torch's retrace below autograd leaves them (above it
+    they stay plain calls). [the token placeholder] or []."""
+    import operator
+
+    from torch._guards import detect_fake_mode
+    from torch._higher_order_ops.effects import has_effects, with_effects
+
+    calls = [n for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+             and has_effects(n.target)]
+    if not calls:
+        return []
+    graph = gm.graph
+    fake_mode = detect_fake_mode([n.meta.get("val") for n in graph.nodes if n.op == "placeholder"])
+    with graph.inserting_before(next(iter(graph.nodes))):
+        token = graph.placeholder("token")
+    with fake_mode or contextlib.nullcontext():
+        token.meta["val"] = torch.empty(0)
+    for call in calls:
+        val = call.meta.get("val")
+        results = () if val is None else tuple(val) if isinstance(val, (tuple, list)) else (val,)
+        with graph.inserting_before(call):
+            node = graph.call_function(with_effects, (token, call.target, *call.args), dict(call.kwargs))
+            node.meta.update(call.meta)
+            node.meta["val"] = (token.meta["val"], *results)
+            token = graph.call_function(operator.getitem, (node, 0))
+            token.meta["val"] = node.meta["val"][0]
+            if isinstance(val, (tuple, list)):
+                for user in list(call.users):  # getitem(call, i) -> getitem(node, i + 1)
+                    user.args = (node, user.args[1] + 1)
+            elif results:
+                single = graph.call_function(operator.getitem, (node, 1))
+                single.meta["val"] = val
+                call.replace_all_uses_with(single)
+        graph.erase_node(call)
+    out = graph.output_node()
+    out.args = ((token, *out.args[0]),)
+    aot_sig.output_tokens[:] = [token.name]
+    return [n for n in graph.nodes if n.op == "placeholder"][:1]
+
+
+def _split_tokens(gm, aot_sig):
+    """(effect-token placeholders, the others). Tokens no op threads (the trace adds one when an
+    op it looked into, such as linalg_inv's error check, has effects) are taken out at once."""
+    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    tokens, rest = phs[:len(aot_sig.input_tokens)], phs[len(aot_sig.input_tokens):]
+    out = gm.graph.output_node()
+    outs = list(out.args[0])
+    n_out = len(aot_sig.output_tokens)
+    if tokens and all(o in tokens for o in outs[:n_out]) and all(set(t.users) <= {out} for t in tokens):
+        out.args = (tuple(outs[n_out:]),)
+        for t in tokens:
+            gm.graph.erase_node(t)
+        aot_sig.output_tokens.clear()
+        tokens = []
+    return tokens, rest
+
+
+def _trace(gm, placeholders, table):
+    """aot_export_module above autograd: functionalized, ``table`` applied, on fresh fake inputs."""
+    from torch._functorch.aot_autograd import aot_export_module
+    from torch._guards import detect_fake_mode
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    vals = [n.meta.get("val") for n in placeholders]
+    fake_mode = detect_fake_mode(vals) or FakeTensorMode(shape_env=ShapeEnv(), export=True)
+    with fake_mode, torch.no_grad():
+        args = [v.detach() if isinstance(v, torch.Tensor) else v for v in vals]
+        return aot_export_module(_without_detach_(gm), args, decompositions=table, trace_joint=False,
+                                 pre_dispatch=True)
+
+
+class _SkipDetach_(torch.fx.Interpreter):
+    def call_function(self, target, args, kwargs):
+        if target is torch.ops.aten.detach_.default:
+            return args[0]
+        return super().call_function(target, args, kwargs)
+
+
+class _Run(torch.nn.Module):
+    def __init__(self, gm):
+        super().__init__()
+        self.gm = gm
+
+    def forward(self, *args):
+        return _SkipDetach_(self.gm).run(*args)
+
+
+def _without_detach_(gm):
+    """``gm``, run so that its in-place detach_ calls (torch.export records one after each
+    torch.tensor(...) constant) do nothing: below autograd, where torch retraces, they vanish;
+    above it they would leave a detach."""
+    if not any(n.target is torch.ops.aten.detach_.default for n in gm.graph.nodes):
+        return gm
+    return _Run(gm)
+
+
+def _decomposed(gm, placeholders, table):
+    """``gm`` retraced above autograd with ``table`` applied and nothing else (mutations stay)."""
+    from torch._guards import detect_fake_mode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    vals = [n.meta.get("val") for n in placeholders]
+    with detect_fake_mode(vals) or contextlib.nullcontext(), torch.no_grad():
+        args = [v.detach() if isinstance(v, torch.Tensor) else v for v in vals]
+        out = make_fx(torch.fx.Interpreter(gm).run, decomposition_table=table, pre_dispatch=True)(*args)
+    for old, new in zip(placeholders, [n for n in out.graph.nodes if n.op == "placeholder"]):
+        new.meta.update(old.meta)
+    return out
+
+
+def _rename(gm, old_phs, new_phs) -> None:
+    """Placeholders take the program's names; other nodes move aside where they would clash."""
+    from torch._export.utils import _name_hoo_subgraph_placeholders
+
+    for old, new in zip(old_phs, new_phs):
+        new.name = new.target = old.name
+    taken = {n.name for n in new_phs}
+    everything = {n.name for n in gm.graph.nodes}
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            continue
+        if node.name in taken:
+            i = 1
+            while f"{node.name}_{i}" in taken or f"{node.name}_{i}" in everything:
+                i += 1
+            node.name = f"{node.name}_{i}"
+        taken.add(node.name)
+    _name_hoo_subgraph_placeholders(gm)
+
+
+def _insert_runtime_asserts(gm) -> None:
+    """The deferred shape checks of a symbolic program, as torch's retrace inserts them."""
+    from torch.export.exported_program import _get_shape_env
+    from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
+
+    if torch._dynamo.config.do_not_emit_runtime_asserts:
+        return
+    shape_env = _get_shape_env(gm)
+    if shape_env is not None:
+        insert_deferred_runtime_asserts(gm, shape_env, "exported program", export=True)
+
+
+def _signature(ep, gm, tokens, new_phs, aot_sig):
+    from torch.export.graph_signature import (ConstantArgument, ExportGraphSignature, InputKind, InputSpec,
+                                              OutputKind, OutputSpec, SymBoolArgument, SymFloatArgument,
+                                              SymIntArgument, TensorArgument, TokenArgument)
+
+    def arg(old, node):
+        if isinstance(old, ConstantArgument):
+            return old
+        for kind in (TensorArgument, SymIntArgument, SymFloatArgument, SymBoolArgument):
+            if isinstance(old, kind):
+                return kind(name=node.name)
+        raise LoweringError(f"the program's signature holds an argument pt2b cannot retrace: {old!r}.")
+
+    old_sig = ep.graph_signature
+    outs = list(gm.graph.output_node().args[0])
+    n_tok = len(aot_sig.output_tokens)
+    input_specs = [InputSpec(InputKind.TOKEN, TokenArgument(name=t.name), None) for t in tokens]
+    input_specs += [InputSpec(s.kind, arg(s.arg, new_phs[i]), s.target, s.persistent)
+                    for i, s in enumerate(old_sig.input_specs)]
+    output_specs = [OutputSpec(OutputKind.TOKEN, TokenArgument(name=o.name), None) for o in outs[:n_tok]]
+    outs = outs[n_tok:]
+    position = {name: i for i, name in enumerate(aot_sig.user_inputs)}
+    mutated = list(aot_sig.user_inputs_to_mutate.items())
+    if [name for name, _ in mutated] != [n.name for n in outs[:len(mutated)]]:
+        raise LoweringError("the retrace's mutation outputs are out of order.")
+    for out_name, in_name in mutated:
+        spec = old_sig.input_specs[position[in_name]]
+        if spec.kind == InputKind.BUFFER:
+            output_specs.append(OutputSpec(OutputKind.BUFFER_MUTATION, TensorArgument(name=out_name), spec.target))
+        elif spec.kind == InputKind.USER_INPUT:
+            output_specs.append(OutputSpec(OutputKind.USER_INPUT_MUTATION, TensorArgument(name=out_name),
+                                           spec.arg.name))
+        else:
+            raise LoweringError(f"the program mutates {spec.kind.name.lower()} {spec.target!r}, which pt2b "
+                                f"cannot write back (only buffers and user inputs can be mutated).")
+    renamed = {s.arg.name: new_phs[i].name for i, s in enumerate(old_sig.input_specs)
+               if not isinstance(s.arg, ConstantArgument)}
+    user_outs = list(old_sig.output_specs)
+    if len(outs) != len(mutated) + len(user_outs):
+        raise LoweringError(f"the retrace returns {len(outs)} values where {len(mutated) + len(user_outs)} "
+                            f"are expected.")
+    for i, s in enumerate(user_outs):
+        output_specs.append(OutputSpec(s.kind, arg(s.arg, outs[len(mutated) + i]), renamed.get(s.target, s.target)))
+    return ExportGraphSignature(input_specs=input_specs, output_specs=output_specs)
+
+
+def _program(ep, gm, sig):
+    from torch.export import ExportedProgram
+    from torch.export.exported_program import _get_updated_module_call_graph, _get_updated_range_constraints
+
+    gm.meta.update(ep.graph_module.meta)
+    return ExportedProgram(
+        root=gm, graph=gm.graph, graph_signature=sig, state_dict=ep.state_dict,
+        range_constraints=_get_updated_range_constraints(gm, ep.range_constraints),
+        module_call_graph=_get_updated_module_call_graph(ep.graph_module, ep.graph_signature, gm, sig,
+                                                         ep.module_call_graph),
+        example_inputs=ep.example_inputs, constants=ep.constants)
+

@@ -1,16 +1,16 @@
 """Record, during one real lowering, which ops each decomposition emits: the routes (decomposition
 trees) of every call site of a program, exact for any table the opset explorer can choose.
 
-The program is lowered by torch's own run_decompositions with every available decomposition, each
-wrapped to note its call; a dispatch mode pushed inside each wrapper sees the ops that decomposition
-calls. The result is one tree per call site that gets decomposed, and the ops the program calls that
+The program is lowered by pt2b's own retrace (decompose.py, the same as any lowering) with every
+available decomposition, each wrapped to note its call and to claim the graph nodes created while it
+ran that no decomposition it called claimed: those are the ops it emitted. The result is one tree per call site that gets decomposed, and the ops the program calls that
 have no decomposition. Evaluating those trees for a smaller table (an op not in it stays whole; its
 children are not emitted) gives the same op set as lowering with that table (tests/test_explorer.py
 checks this on the whole corpus), because:
 - a decomposition emits the same ops whatever else the table holds (it is the same function on the
   same fake values);
-- ops that torch decomposes natively whatever the table says (non-functional CompositeImplicit ops
-  such as reshape or contiguous) never show up as tree nodes: what they emit is attributed to the caller;
+- ops decomposed whatever the table says (non-functional CompositeImplicit ops such as reshape or
+  contiguous) never show up as tree nodes: what they emit is attributed to the caller;
 - calls made outside the graph being traced (shape pre-passes, throwaway traces of control-flow
   bodies) and emitted nodes that dead-code elimination removes are pruned, so the trees hold only what
   reaches the lowered graph.
@@ -19,16 +19,13 @@ checks this on the whole corpus), because:
 from __future__ import annotations
 
 import dataclasses
-import operator
 
 import torch
-import torch.utils._pytree as pytree
-from torch.fx.experimental.proxy_tensor import get_proxy_mode, get_proxy_slot
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
 from ..ops import op_name
 from . import tables
-from .decompose import run_decompositions
+from .decompose import flag_free, forced_ops, run_decompositions
 from .graph_ops import op_nodes
 from .verify import INFRASTRUCTURE, is_infrastructure
 
@@ -52,37 +49,46 @@ class _Node:
 
 
 class _Recorder:
-    """The state of one recording: the wrapper stack, the call in flight, the roots."""
+    """The state of one recording: the wrapper stack, the fx nodes already attributed, the roots."""
 
     def __init__(self):
         self.roots: list[_Node] = []
         self.active: list[_Node] = []
-        self.pending: list[_Node] = []
+        self.claimed: set[int] = set()
         self.final_graphs: set[int] = set()
 
     def wrap(self, op, fn):
         name = op_name(op)
 
         def decomposition(*args, **kwargs):
-            if not self.active and get_proxy_mode() is None:
+            mode = get_proxy_mode()
+            if mode is None:
                 return fn(*args, **kwargs)  # a pre-pass outside the traced graph
-            parent = self.active[-1] if self.active else None
-            call = self.pending[-1] if self.pending else None
-            if (call is not None and parent is not None and parent.children and parent.children[-1] is call
-                    and call.op == name and not call.decomposed):
-                node = call  # the call the parent's dispatch mode saw is being decomposed
-            else:  # reached without passing a dispatch mode (a CompositeImplicit op's py-kernel)
-                node = _Node(name)
-                (parent.children if parent is not None else self.roots).append(node)
-            node.decomposed = True
+            node = _Node(name, decomposed=True)
+            (self.active[-1].children if self.active else self.roots).append(node)
+            graph = mode.tracer.graph
+            mark = graph._root.prev  # the last node before this call
             self.active.append(node)
             try:
-                with _Calls(self, node):
-                    return fn(*args, **kwargs)
+                return fn(*args, **kwargs)
             finally:
                 self.active.pop()
+                self._claim(node, graph, mark)
 
         return decomposition
+
+    def _claim(self, node: _Node, graph, mark) -> None:
+        """The ops this decomposition emitted itself: the graph's nodes since ``mark`` that no
+        decomposition it called has claimed (what an op decomposed without a table entry emits,
+        such as reshape's view, counts as its caller's)."""
+        n = mark.next
+        while n is not graph._root:
+            if id(n) not in self.claimed:
+                self.claimed.add(id(n))
+                if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) \
+                        and n.target.namespace != "prim":
+                    node.children.append(_Node(op_name(n.target), emitted=[n]))
+            n = n.next
 
     def dead(self, node: _Node) -> bool:
         if node.decomposed:
@@ -90,40 +96,8 @@ class _Recorder:
         return bool(node.emitted) and all(n._erased or id(n.graph) not in self.final_graphs for n in node.emitted)
 
     def prune(self, node: _Node) -> _Node:
-        node.children = [self.prune(c) for c in node.children
-                         if (c.decomposed or not _has_cia(c.op)) and not self.dead(c)]
+        node.children = [self.prune(c) for c in node.children if not self.dead(c)]
         return node
-
-
-class _Calls(TorchDispatchMode):
-    """Inside one decomposition: every op it calls becomes a child; a leaf's emitted fx nodes are
-    noted so that dead ones can be pruned."""
-
-    def __init__(self, rec: _Recorder, node: _Node):
-        super().__init__()
-        self.rec, self.node = rec, node
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if not isinstance(func, torch._ops.OpOverload) or func.namespace == "prim":
-            return func(*args, **kwargs)
-        child = _Node(op_name(func))
-        self.node.children.append(child)
-        self.rec.pending.append(child)
-        try:
-            out = func(*args, **kwargs)
-        finally:
-            self.rec.pending.pop()
-        if not child.decomposed:
-            mode = get_proxy_mode()
-            for leaf in pytree.tree_leaves(out):
-                if mode is not None and isinstance(leaf, torch.Tensor):
-                    try:
-                        fx_node = get_proxy_slot(leaf, mode.tracer).proxy.node
-                    except Exception:  # not a tensor of this trace (a functional wrapper): kept
-                        continue
-                    child.emitted.append(fx_node.args[0] if fx_node.target is operator.getitem else fx_node)
-        return out
 
 
 @dataclasses.dataclass
@@ -140,7 +114,9 @@ def record(ep: torch.export.ExportedProgram) -> ProgramRoutes:
 
     available = tables.available_decompositions()
     rec = _Recorder()
-    lowered = run_decompositions(ep, {op: rec.wrap(op, fn) for op, fn in available.items()})
+    forced = forced_ops()  # decomposed whatever the table says: what they emit is their caller's
+    lowered = run_decompositions(ep, {op: rec.wrap(op, flag_free(op, fn)) for op, fn in available.items()
+                                      if op not in forced})
     rec.final_graphs = {id(m.graph) for m in lowered.graph_module.modules() if isinstance(m, torch.fx.GraphModule)}
     trees = [rec.prune(r).as_tree() for r in rec.roots if not rec.dead(r)]
     trees = [t for t in trees if t["op"] not in INFRASTRUCTURE]

@@ -1,0 +1,168 @@
+"""Lowering leaves process-global operator state alone, and still equals torch's run_decompositions.
+
+torch's ExportedProgram.run_decompositions rewrites the py_kernels of every preservable
+CompositeImplicitAutograd op, registers fake-tensor rules and turns mkldnn/nnpack/cudnn off for the
+whole process while it runs. pt2b's retrace (exporter/lowering/decompose.py) must do none of that:
+a probe decomposition records the global state from INSIDE a lowering, where torch's changes would
+be visible, and another thread runs eager code during lowerings.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+
+import pytest
+import torch
+
+from exporter import export_model, load_for_backend
+from exporter.lowering import tables
+from exporter.lowering.decompose import run_decompositions
+from exporter.lowering.graph_ops import op_counts
+
+
+def global_state() -> dict:
+    """What torch's run_decompositions changes while it runs (and a thread might observe)."""
+    from torch._export.utils import _collect_all_valid_cia_ops
+    from torch._subclasses import fake_impls
+
+    ops = sorted(_collect_all_valid_cia_ops(), key=str)
+    return {
+        "mkldnn": torch.backends.mkldnn.enabled,
+        "nnpack": torch._C._get_nnpack_enabled(),
+        "cudnn": torch.backends.cudnn.enabled,
+        "py_kernels": {str(op): {str(k): id(v) for k, v in op.py_kernels.items()} for op in ops},
+        "fake_rules": len(fake_impls.op_implementations_dict),
+    }
+
+
+class Probe:
+    """A decomposition for aten.gelu that records the global state each time it is applied."""
+
+    def __init__(self):
+        self.seen = []
+
+    def __call__(self, x, approximate="none"):
+        self.seen.append(global_state())
+        aten = torch.ops.aten
+        return aten.mul.Tensor(aten.mul.Tensor(x, 0.5), aten.add.Tensor(aten.erf.default(aten.mul.Tensor(x, 0.5 ** 0.5)), 1))
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.lstm = torch.nn.LSTM(8, 8, batch_first=True)
+
+    def forward(self, x):
+        y, _ = self.lstm(torch.nn.functional.gelu(self.fc(x)))
+        return torch.nn.functional.scaled_dot_product_attention(y, y, y)
+
+
+def program():
+    torch.manual_seed(0)
+    return torch.export.export(Net().eval(), (torch.randn(2, 5, 8),))
+
+
+def test_probe_sees_what_torchs_run_decompositions_changes():
+    """The probe is able to fail: inside torch's own run_decompositions it sees mkldnn off and
+    py_kernels rewritten."""
+    before = global_state()
+    probe = Probe()
+    table = dict(tables.torch_default_table())
+    table[torch.ops.aten.gelu.default] = probe
+    program().run_decompositions(table)
+    assert probe.seen, "the probe decomposition was not applied"
+    inside = probe.seen[0]
+    assert inside["mkldnn"] is False and before["mkldnn"] is True
+    changed = [op for op, k in inside["py_kernels"].items() if k != before["py_kernels"][op]]
+    assert len(changed) > 100, changed[:5]
+    after = global_state()  # put back afterwards (its fake-rule registry can end up smaller than before)
+    assert after["py_kernels"] == before["py_kernels"] and after["mkldnn"]
+
+
+@pytest.mark.parametrize("preset", ["core", "max", "none"])
+def test_lowering_leaves_global_operator_state_alone(tmp_path, preset):
+    assert torch.backends.mkldnn.enabled
+    before = global_state()
+    probe = Probe()
+    path = tmp_path / "m.pt2b"
+    torch.manual_seed(0)
+    model = Net().eval()
+    x = torch.randn(2, 5, 8)
+    export_model(model, (x,), path)
+    lowered = load_for_backend(path, preset, decompositions={torch.ops.aten.gelu.default: probe}, cache=False)
+    assert probe.seen, "the probe decomposition was not applied"
+    for inside in probe.seen:
+        assert inside == before
+    assert global_state() == before
+    assert "aten::gelu.default" not in lowered.ops()
+    with torch.no_grad():
+        torch.testing.assert_close(lowered(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_eager_code_in_another_thread_keeps_its_backends():
+    """While one thread lowers, another runs eager code and reads the flags: mkldnn stays on and
+    an LSTM gives bitwise the same results as before."""
+    torch.manual_seed(1)
+    model = torch.nn.LSTM(16, 16, batch_first=True).eval()
+    x = torch.randn(4, 10, 16)
+    with torch.no_grad():
+        expected = model(x)[0]
+    ep = program()
+    stop = threading.Event()
+    seen = []
+
+    def eager():
+        with torch.no_grad():
+            while not stop.is_set():
+                seen.append((torch.backends.mkldnn.enabled, torch.equal(model(x)[0], expected)))
+
+    t = threading.Thread(target=eager)
+    t.start()
+    try:
+        for _ in range(3):
+            run_decompositions(ep, tables.torch_default_table())
+    finally:
+        stop.set()
+        t.join()
+    assert seen and all(flag and same for flag, same in seen), seen[:3]
+
+
+def test_lstm_lowers_as_torch_does_with_mkldnn_on():
+    """torch's lstm decomposition reads the global mkldnn flag (run_decompositions turns it off);
+    pt2b gets the same graph without touching the flag."""
+    ep = program()
+    assert torch.backends.mkldnn.enabled
+    ours = run_decompositions(ep, tables.torch_default_table())
+    theirs = ep.run_decompositions()
+    assert op_counts(ours.graph_module) == op_counts(theirs.graph_module)
+    assert "aten::mkldnn_rnn_layer.default" not in op_counts(ours.graph_module)
+    x = torch.randn(2, 5, 8)
+    torch.testing.assert_close(copy.deepcopy(ours).module()(x), copy.deepcopy(theirs).module()(x), rtol=0, atol=0)
+
+
+def test_program_with_buffer_and_input_mutation_keeps_its_signature():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("count", torch.zeros(3))
+
+        def forward(self, x, y):
+            self.count.add_(1)
+            y.mul_(2)
+            return torch.nn.functional.silu(x + self.count)
+
+    ep = torch.export.export(M(), (torch.randn(3), torch.randn(3)))
+    ours = run_decompositions(ep, tables.torch_default_table())
+    theirs = ep.run_decompositions()
+    kinds = lambda e: ([(s.kind, s.target) for s in e.graph_signature.input_specs],  # noqa: E731
+                       [(s.kind, s.target) for s in e.graph_signature.output_specs])
+    assert kinds(ours) == kinds(theirs)
+    assert op_counts(ours.graph_module) == op_counts(theirs.graph_module)
+    x, y1, y2 = torch.randn(3), torch.randn(3), None
+    y2 = y1.clone()
+    a, b = copy.deepcopy(ours).module(), copy.deepcopy(theirs).module()
+    torch.testing.assert_close(a(x, y1), b(x, y2), rtol=0, atol=0)
+    torch.testing.assert_close(y1, y2, rtol=0, atol=0)
+    torch.testing.assert_close(a.count, b.count, rtol=0, atol=0)
