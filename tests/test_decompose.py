@@ -160,7 +160,7 @@ def test_program_with_buffer_and_input_mutation_keeps_its_signature():
                        [(s.kind, s.target) for s in e.graph_signature.output_specs])
     assert kinds(ours) == kinds(theirs)
     assert op_counts(ours.graph_module) == op_counts(theirs.graph_module)
-    x, y1, y2 = torch.randn(3), torch.randn(3), None
+    x, y1 = torch.randn(3), torch.randn(3)
     y2 = y1.clone()
     a, b = copy.deepcopy(ours).module(), copy.deepcopy(theirs).module()
     torch.testing.assert_close(a(x, y1), b(x, y2), rtol=0, atol=0)

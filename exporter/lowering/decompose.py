@@ -10,9 +10,12 @@ another thread meanwhile runs other kernels.
 Here the program is retraced ABOVE autograd instead (aot_export_module with pre_dispatch=True):
 there a functional CIA op is seen as itself, so it stays unless the table holds it, and the table
 alone says what decomposes; functionalization happens in the same trace. What torch's retrace does
-implicitly is made explicit in the table: CIA ops torch decomposes whatever the table says (the
-ones it cannot preserve) get their CIA decomposition, and aten.lstm.input gets the decomposition
-torch's lstm entry takes with mkldnn off (it reads the global flag). Nothing global is written;
+implicitly is made explicit: ops it decomposes whatever its table says (CIA ops it cannot preserve,
+ops with a Python kernel at the Autograd key) get those decompositions (_forced), aten.lstm.input
+gets the path torch's entry takes with mkldnn off (it reads the global flag; flag_free), effectful
+ops are threaded on effect tokens (_thread_effects), decompositions that write in place are
+functionalized after the fact (_retrace), and torch.export's detach_ after a constant is skipped
+(_without_detach_). Nothing global is written;
 grad mode and the trace's modes are thread-local. The result is an ATen-dialect ExportedProgram
 whose op set equals run_decompositions' (tests/test_lowering.py, test_decompose.py).
 """
@@ -211,17 +214,24 @@ def _split_tokens(gm, aot_sig):
     return tokens, rest
 
 
-def _trace(gm, placeholders, table):
-    """aot_export_module above autograd: functionalized, ``table`` applied, on fresh fake inputs."""
-    from torch._functorch.aot_autograd import aot_export_module
+def _fake_inputs(placeholders):
+    """(the program's fake mode, or a fresh one; the placeholders' values detached in it)."""
     from torch._guards import detect_fake_mode
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     vals = [n.meta.get("val") for n in placeholders]
     fake_mode = detect_fake_mode(vals) or FakeTensorMode(shape_env=ShapeEnv(), export=True)
+    with fake_mode:
+        return fake_mode, [v.detach() if isinstance(v, torch.Tensor) else v for v in vals]
+
+
+def _trace(gm, placeholders, table):
+    """aot_export_module above autograd: functionalized, ``table`` applied, on fresh fake inputs."""
+    from torch._functorch.aot_autograd import aot_export_module
+
+    fake_mode, args = _fake_inputs(placeholders)
     with fake_mode, torch.no_grad():
-        args = [v.detach() if isinstance(v, torch.Tensor) else v for v in vals]
         return aot_export_module(_without_detach_(gm), args, decompositions=table, trace_joint=False,
                                  pre_dispatch=True)
 
@@ -253,12 +263,10 @@ def _without_detach_(gm):
 
 def _decomposed(gm, placeholders, table):
     """``gm`` retraced above autograd with ``table`` applied and nothing else (mutations stay)."""
-    from torch._guards import detect_fake_mode
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    vals = [n.meta.get("val") for n in placeholders]
-    with detect_fake_mode(vals) or contextlib.nullcontext(), torch.no_grad():
-        args = [v.detach() if isinstance(v, torch.Tensor) else v for v in vals]
+    fake_mode, args = _fake_inputs(placeholders)
+    with fake_mode, torch.no_grad():
         out = make_fx(torch.fx.Interpreter(gm).run, decomposition_table=table, pre_dispatch=True)(*args)
     for old, new in zip(placeholders, [n for n in out.graph.nodes if n.op == "placeholder"]):
         new.meta.update(old.meta)

@@ -2,9 +2,9 @@
 trees) of every call site of a program, exact for any table the opset explorer can choose.
 
 The program is lowered by pt2b's own retrace (decompose.py, the same as any lowering) with every
-available decomposition, each wrapped to note its call and to claim the graph nodes created while it
-ran that no decomposition it called claimed: those are the ops it emitted. The result is one tree per call site that gets decomposed, and the ops the program calls that
-have no decomposition. Evaluating those trees for a smaller table (an op not in it stays whole; its
+available decomposition, each wrapped to note its call and to claim the graph nodes created while
+it ran that no decomposition it called claimed: those are the ops it emitted. The result is one
+tree per call site that gets decomposed, and the ops the program calls that have no decomposition. Evaluating those trees for a smaller table (an op not in it stays whole; its
 children are not emitted) gives the same op set as lowering with that table (tests/test_explorer.py
 checks this on the whole corpus), because:
 - a decomposition emits the same ops whatever else the table holds (it is the same function on the
@@ -121,7 +121,7 @@ def record(ep: torch.export.ExportedProgram) -> ProgramRoutes:
     trees = [rec.prune(r).as_tree() for r in rec.roots if not rec.dead(r)]
     trees = [t for t in trees if t["op"] not in INFRASTRUCTURE]
     names = {op_name(op) for op in available}
-    # leaves: what the program calls after torch's own CompositeImplicit decompositions (eval batch
+    # leaves: what the program calls after the decompositions every lowering applies (eval batch
     # norm -> _native_batch_norm_legit_no_training), functionalized; `none` returns that when the
     # program mutates and the program itself otherwise (functionalize.py)
     mutates = may_mutate(ep)
