@@ -166,3 +166,21 @@ def test_program_with_buffer_and_input_mutation_keeps_its_signature():
     torch.testing.assert_close(a(x, y1), b(x, y2), rtol=0, atol=0)
     torch.testing.assert_close(y1, y2, rtol=0, atol=0)
     torch.testing.assert_close(a.count, b.count, rtol=0, atol=0)
+
+
+def test_conjugate_view_is_materialized_before_an_op_without_a_conjugate_kernel():
+    """Above autograd an FFT's conjugate view reaches _fft_c2r as a view; torch's graph (below
+    autograd, where the dispatcher's conjugate fallback runs) clones it first: pt2b's does too."""
+    class HFFT(torch.nn.Module):
+        def forward(self, x):
+            return torch.fft.hfft(x, n=10)
+
+    x = torch.randn(4, 6, dtype=torch.complex64)
+    ep = torch.export.export(HFFT(), (x,))
+    ours = run_decompositions(ep, tables.torch_default_table())
+    theirs = ep.run_decompositions()
+    assert op_counts(ours.graph_module) == op_counts(theirs.graph_module)
+    assert op_counts(ours.graph_module).get("aten::clone.default") == 1
+    (conj,) = [n for n in ours.graph.nodes if n.target is torch.ops.aten._conj.default]
+    assert [u.target for u in conj.users] == [torch.ops.aten.clone.default]
+    torch.testing.assert_close(ours.module()(x), torch.fft.hfft(x, n=10), rtol=0, atol=0)

@@ -13,7 +13,8 @@ alone says what decomposes; functionalization happens in the same trace. What to
 implicitly is made explicit: ops it decomposes whatever its table says (CIA ops it cannot preserve,
 ops with a Python kernel at the Autograd key) get those decompositions (_forced), aten.lstm.input
 gets the path torch's entry takes with mkldnn off (it reads the global flag; flag_free), effectful
-ops are threaded on effect tokens (_thread_effects), decompositions that write in place are
+ops are threaded on effect tokens (_thread_effects), conjugate views are materialized before ops
+without a conjugate kernel (_materialize_conj), decompositions that write in place are
 functionalized after the fact (_retrace), and torch.export's detach_ after a constant is skipped
 (_without_detach_). Nothing global is written;
 grad mode and the trace's modes are thread-local. The result is an ATen-dialect ExportedProgram
@@ -138,6 +139,7 @@ def _retrace(ep, table: dict):
         new_gm, aot_sig = _trace(_decomposed(gm, old_phs, functional), old_phs, table)
     # as torch's retrace does, an unused random draw is dead code too
     new_gm.graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure(impure_random=False))
+    _materialize_conj(new_gm)
     tokens, new_phs = _split_tokens(new_gm, aot_sig)
     if not tokens:
         tokens = _thread_effects(new_gm, aot_sig)
@@ -153,6 +155,35 @@ def _retrace(ep, table: dict):
         if new.target in sig.inputs_to_parameters or new.target in sig.inputs_to_buffers:
             new.meta.update(old.meta)
     return _program(ep, new_gm, sig)  # threaded effect tokens stay, as in torch's result
+
+
+def _conj_view(node) -> bool:
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return isinstance(val, torch.Tensor) and val.is_conj()
+
+
+def _materialize_conj(gm) -> None:
+    """A conjugate view (conj bit set) read by an op without a kernel for it is first cloned into
+    plain memory, as the dispatcher's conjugate fallback does below autograd, where torch retraces
+    (above it the op is recorded on the view itself)."""
+    for module in gm.modules():
+        if not isinstance(module, torch.fx.GraphModule):
+            continue
+        graph = module.graph
+        if not any(_conj_view(n) for n in graph.nodes):
+            continue
+        for node in list(graph.nodes):
+            if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload) \
+                    or torch._C._dispatch_has_kernel_for_dispatch_key(node.target.name(), "Conjugate"):
+                continue
+            views = {a for a in node.all_input_nodes if _conj_view(a)}
+            for view in views:
+                with graph.inserting_before(node):
+                    clone = graph.call_function(torch.ops.aten.clone.default, (view,))
+                clone.meta.update({k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack")})
+                clone.meta["val"] = view.meta["val"].clone()
+                node.replace_input_with(view, clone)
+        module.recompile()
 
 
 def _thread_effects(gm, aot_sig) -> list:
