@@ -184,3 +184,46 @@ def test_conjugate_view_is_materialized_before_an_op_without_a_conjugate_kernel(
     (conj,) = [n for n in ours.graph.nodes if n.target is torch.ops.aten._conj.default]
     assert [u.target for u in conj.users] == [torch.ops.aten.clone.default]
     torch.testing.assert_close(ours.module()(x), torch.fft.hfft(x, n=10), rtol=0, atol=0)
+
+
+# ---- the whole corpus against torch (slow: 3 min on 2 workers; `pytest -n 2 -m slow tests/test_decompose.py`) ----
+
+def pytest_generate_tests(metafunc):
+    """The corpus (a minute to build) only when slow tests are selected."""
+    if "program" not in metafunc.fixturenames:
+        return
+    programs = []
+    if "not slow" not in (metafunc.config.option.markexpr or ""):
+        from lowering_corpus import exportdb_programs, opinfo_programs, zoo_programs
+
+        programs = zoo_programs() + exportdb_programs() + opinfo_programs(every=1)
+    metafunc.parametrize("program", programs, ids=lambda p: p.id)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("table_name", ["core", "none"])
+def test_corpus_lowers_as_torchs_run_decompositions(program, table_name):
+    """Every program of the round-trip corpus (zoo, ExportDB, every OpInfo sample): the same op
+    counts and signature as torch's run_decompositions, and bitwise-equal outputs."""
+    model, args, kwargs, dyn, strict = program.make()
+    try:
+        ep = torch.export.export(model, args, kwargs, dynamic_shapes=dyn, strict=strict)
+    except Exception as e:  # noqa: BLE001 -- the sample is not exportable: nothing to compare
+        pytest.skip(f"torch.export cannot capture it: {type(e).__name__}")
+    table = tables.torch_default_table() if table_name == "core" else {}
+    theirs = ep.run_decompositions(dict(table))
+    ours = run_decompositions(ep, dict(table))
+    assert op_counts(ours.graph_module) == op_counts(theirs.graph_module)
+    kinds = lambda e: ([(s.kind, s.target) for s in e.graph_signature.input_specs],  # noqa: E731
+                       [s.kind for s in e.graph_signature.output_specs])
+    assert kinds(ours) == kinds(theirs)
+    with torch.no_grad():
+        a = copy.deepcopy(ours).module()(*copy.deepcopy(args), **copy.deepcopy(kwargs))
+        b = copy.deepcopy(theirs).module()(*copy.deepcopy(args), **copy.deepcopy(kwargs))
+    for x, y in zip(torch.utils._pytree.tree_leaves(a), torch.utils._pytree.tree_leaves(b), strict=True):
+        if isinstance(x, torch.Tensor):
+            if x.dtype == torch.complex32:  # torch.equal has no ComplexHalf kernel: compare as pairs
+                x, y = torch.view_as_real(x), torch.view_as_real(y)
+            assert torch.equal(x, y)
+        else:
+            assert x == y
