@@ -129,3 +129,40 @@ def test_bad_metadata_is_a_clear_error(tmp_path):
     with pytest.raises(ExportError, match="metadata must be a dict with str keys"):
         export_model(case.model, case.args, tmp_path / "m.pt2b", metadata={1: "a"})
     assert not (tmp_path / "m.pt2b").exists()
+
+
+def _meta_signature(v):
+    if isinstance(v, torch.Tensor):
+        return (type(v).__name__, tuple(map(str, v.shape)), tuple(map(str, v.stride())), v.dtype, v.device,
+                v.requires_grad, v.storage_offset())
+    if isinstance(v, (list, tuple)):
+        return tuple(_meta_signature(x) for x in v)
+    return (type(v).__name__, str(v))
+
+
+@pytest.mark.parametrize("name", zoo_names())
+def test_fast_tensor_meta_equals_torchs_deserializer(tmp_path, name):
+    """exporter/serialize/deserialize.py builds static CPU fake tensors directly instead of through
+    a fake dispatch of empty_strided: every node's meta['val'] (type, sizes, strides, dtype, device,
+    requires_grad), the generated code and the fake mode sharing must equal torch's deserializer's."""
+    from torch._export.serde.serialize import ExportedProgramDeserializer
+
+    from exporter.serialize import deserialize, reader
+
+    case = make_case(name)
+    path = tmp_path / f"{name}.pt2b"
+    ep = export_model(copy.deepcopy(case.model), case.args, path, kwargs=case.kwargs,
+                      dynamic_shapes=case.dynamic_shapes, strict=case.strict)
+    serialized = reader.decode_graph(reader.open_artifact(path))
+    ours = deserialize.deserialize_program(serialized, ep.state_dict, ep.constants, None)
+    theirs = ExportedProgramDeserializer().deserialize(serialized, ep.state_dict, ep.constants, None)
+    assert ours.graph_module.code == theirs.graph_module.code
+    modes = set()
+    for a, b in zip(ours.graph.nodes, theirs.graph.nodes, strict=True):
+        va, vb = a.meta.get("val"), b.meta.get("val")
+        assert _meta_signature(va) == _meta_signature(vb), a.name
+        for v in va if isinstance(va, (list, tuple)) else [va]:
+            if isinstance(v, torch.Tensor):
+                modes.add(id(v.fake_mode))
+    assert len(modes) <= 1  # one FakeTensorMode for the whole graph, as in torch's
+    assert ours.range_constraints == theirs.range_constraints

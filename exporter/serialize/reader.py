@@ -21,13 +21,12 @@ import sympy
 import torch
 import torch.utils._pytree as pytree
 from torch._export.serde import schema as S
-from torch._export.serde.serialize import ExportedProgramDeserializer
 from torch.utils._sympy.numbers import int_oo
 from torch.utils._sympy.value_ranges import ValueRanges
 
 from ..errors import ArtifactError, CorruptArtifactError, NotAnArtifactError
 from ..versioning import formats, majors, schema_drift
-from . import fast_unpack, program_codec, untrusted, verifier, weights
+from . import deserialize, fast_unpack, program_codec, untrusted, verifier, weights
 from .container import FILE_IDENTIFIER, HEADER_SIZE, Header, read_preamble
 from .generated import pt2b_generated as G
 
@@ -246,7 +245,7 @@ def rebuild(art: Artifact, *, verify: bool = False) -> torch.export.ExportedProg
                            f"{where}: guards_code")
     try:
         with _DESERIALIZE_LOCK:
-            ep = ExportedProgramDeserializer().deserialize(serialized, state_dict, constants, example_inputs)
+            ep = deserialize.deserialize_program(serialized, state_dict, constants, example_inputs)
     except ArtifactError:
         raise
     except Exception as e:

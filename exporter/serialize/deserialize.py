@@ -1,0 +1,72 @@
+"""torch's ExportedProgramDeserializer with one step made cheaper: the fake tensors of nodes.
+
+torch makes each node's ``meta["val"]`` by calling ``torch.empty_strided`` under its FakeTensorMode,
+a full fake dispatch (~60 us); for a tensor whose sizes and strides are plain integers on the CPU
+pt2b builds the same FakeTensor directly from a meta tensor (~9 us): same mode, device, dtype,
+sizes, strides and requires_grad, nothing else differs. Symbolic shapes, other devices and every
+other step stay torch's own code. On the 6x512 encoder (1,415 tensors) this is a quarter of a load.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+from torch._export.serde import serialize as _serde
+from torch._export.verifier import load_verifier
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.fx.experimental import symbolic_shapes
+from torch.utils._sympy.numbers import int_oo
+
+_CPU = torch.device("cpu")
+_META = torch.device("meta")
+_DTYPES = _serde._SERIALIZE_TO_TORCH_DTYPE
+
+
+def _fast_tensor_meta(self, tensor_meta):
+    """GraphModuleDeserializer.deserialize_tensor_meta with the direct path for static CPU tensors."""
+    device = tensor_meta.device
+    if device.type == "cpu" and device.index is None:
+        try:
+            sizes = tuple([s.as_int for s in tensor_meta.sizes])
+            strides = tuple([s.as_int for s in tensor_meta.strides])
+        except AttributeError:  # a symbolic size or stride (as_expr): torch's path
+            sizes = strides = (None,)
+        if None not in sizes and None not in strides:
+            elem = torch.empty_strided(sizes, strides, dtype=_DTYPES[tensor_meta.dtype], device=_META,
+                                       requires_grad=tensor_meta.requires_grad)
+            return FakeTensor(self.fake_tensor_mode, elem, _CPU)
+    return _serde.GraphModuleDeserializer.deserialize_tensor_meta(self, tensor_meta)
+
+
+def _graph_module_deserializer():
+    """torch's GraphModuleDeserializer (final: it refuses subclasses) with the tensor-meta step
+    above bound on this one instance; nothing process-wide changes."""
+    d = _serde.GraphModuleDeserializer()
+    d.deserialize_tensor_meta = types.MethodType(_fast_tensor_meta, d)
+    return d
+
+
+def deserialize_program(serialized, state_dict, constants, example_inputs) -> torch.export.ExportedProgram:
+    """What ``ExportedProgramDeserializer().deserialize(...)`` returns, built with the deserializer above."""
+    version = serialized.schema_version
+    if version.major != _serde.SCHEMA_VERSION[0] and not (version.major == 0 and version.minor == 0):
+        raise _serde.SerializeError(f"Serialized schema version {serialized.schema_version} does not match our "
+                                    f"current schema version {_serde.SCHEMA_VERSION}.")
+    symbol_name_to_range = {
+        k: symbolic_shapes.ValueRanges(_serde._int_to_sympy_int(v.min_val, -int_oo),
+                                       _serde._int_to_sympy_int(v.max_val, int_oo))
+        for k, v in serialized.range_constraints.items()
+    }
+    res = _graph_module_deserializer().deserialize(serialized.graph_module, state_dict, constants, example_inputs,
+                                                 symbol_name_to_range)
+    range_constraints = _serde.ExportedProgramDeserializer().deserialize_range_constraints(
+        symbol_name_to_range, res.names_to_symbols)
+    result = torch.export.ExportedProgram(
+        root=res.graph_module, graph=res.graph_module.graph, graph_signature=res.signature,
+        state_dict=res.state_dict, range_constraints=range_constraints, module_call_graph=res.module_call_graph,
+        example_inputs=res.example_inputs, constants=res.constants,
+        verifiers=[load_verifier(v) for v in serialized.verifiers],
+    )
+    result._guards_code = serialized.guards_code
+    return result
