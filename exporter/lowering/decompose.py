@@ -146,8 +146,7 @@ def _retrace(ep, table: dict):
     if len(new_phs) != len(old_phs):
         raise LoweringError(f"the retrace has {len(new_phs)} inputs where the program has {len(old_phs)}.")
     _rename(new_gm, old_phs, new_phs)
-    _insert_runtime_asserts(new_gm)
-    new_gm.recompile()
+    _insert_runtime_asserts(new_gm)  # (ExportedProgram generates the code once, in _program)
     sig = _signature(ep, new_gm, tokens, new_phs, aot_sig)
     for old, new in zip(old_phs, new_phs):
         if not isinstance(old.meta.get("val"), torch.Tensor):
