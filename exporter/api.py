@@ -125,17 +125,17 @@ def load_for_backend(path, preset: str = "core", *, supported_ops=None, decompos
                 return lowered
     # The miss path keys the entry by the digest of the artifact it actually read, so a file
     # replaced between the lookup and this open cannot file one version's lowering under another's.
-    with reader.gc_paused():
+    with reader.gc_paused():  # the trace allocates fx nodes and fake tensors by the 10^4 as well
         art = reader.open_artifact(path)
         prog = _program_of(art, verify=verify)
-    ep = prog.exported_program()
-    if device != "cpu":
-        from torch.export.passes import move_to_device_pass
+        ep = prog.exported_program()
+        if device != "cpu":
+            from torch.export.passes import move_to_device_pass
 
-        ep = move_to_device_pass(ep, device)
-    lowered = lower(ep, preset, source=prog, plan=plan)
-    if use_cache:
-        _cache.Entry(_cache.cache_key(art.digest, plan.fingerprint, device)).store(lowered, source_path=prog.path)
+            ep = move_to_device_pass(ep, device)
+        lowered = lower(ep, preset, source=prog, plan=plan)
+        if use_cache:
+            _cache.Entry(_cache.cache_key(art.digest, plan.fingerprint, device)).store(lowered, source_path=prog.path)
     return lowered
 
 

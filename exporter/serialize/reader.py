@@ -7,9 +7,7 @@ verified on every open, weight checksums on request (``verify=True``).
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
-import gc
 import hashlib
 import mmap
 import os
@@ -28,6 +26,7 @@ from ..errors import ArtifactError, CorruptArtifactError, NotAnArtifactError
 from ..versioning import formats, majors, schema_drift
 from . import deserialize, fast_unpack, program_codec, untrusted, verifier, weights
 from .container import FILE_IDENTIFIER, HEADER_SIZE, Header, read_preamble
+from .gc_pause import gc_paused  # noqa: F401  (api.py calls reader.gc_paused)
 from .generated import pt2b_generated as G
 
 # torch's GraphModuleDeserializer keeps the active deserializer in a module global, so two
@@ -50,23 +49,6 @@ class Artifact:
     @property
     def version(self) -> tuple[int, int]:
         return (self.header.major, self.header.minor)
-
-
-@contextlib.contextmanager
-def gc_paused():
-    """Run the block without cyclic garbage collection. A load allocates ~10^5 short-lived objects
-    (the unpacked program table, torch's schema objects, fx nodes) and none of them is garbage
-    until it ends, yet each allocation burst triggers collections that scan them all: 20% of a
-    load of the 6x512 encoder. Nested and concurrent uses are fine: the outermost one that
-    disabled collection enables it again (collection timing never affects results)."""
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 def _where(path) -> str:

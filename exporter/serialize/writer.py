@@ -16,8 +16,9 @@ from .. import __version__
 from ..errors import ExportError, UnsupportedValueError
 from ..versioning import majors, op_table
 from ..versioning.formats import FIELDS_ADDED, FORMAT_VERSION, version_str
-from . import program_codec, weights
+from . import fast_pack, weights
 from .atomic import atomic_write, check_destination
+from .gc_pause import gc_paused
 from .container import ALIGNMENT, FILE_IDENTIFIER, HEADER_SIZE, Header, align
 from .generated import pt2b_generated as G
 
@@ -128,6 +129,12 @@ def write_artifact(ep, path, *, ir_level: str, metadata=None, provenance=None, v
     for a program written after load_for_backend. An older minor of the same major is written by
     leaving out the fields added since (formats.FIELDS_ADDED); a program that uses one is refused.
     """
+    with gc_paused():
+        return _write_artifact(ep, path, ir_level=ir_level, metadata=metadata, provenance=provenance,
+                               version=version, lowering=lowering)
+
+
+def _write_artifact(ep, path, *, ir_level, metadata, provenance, version, lowering) -> str:
     version = FORMAT_VERSION if version is None else tuple(version)
     if not majors.writable(version):
         raise ExportError(f"writing format {version_str(version)} is not supported by this pt2b "
@@ -151,7 +158,7 @@ def write_artifact(ep, path, *, ir_level: str, metadata=None, provenance=None, v
     prog.producer = f"pt2b {__version__}"
     prog.torchVersion = torch.__version__
     prog.irLevel = ir_level
-    prog.exportedProgram = program_codec.encode(serialized)
+    prog.exportedProgram = fast_pack.Packed(serialized)  # packed in place by ProgramT.Pack, no object-API tree
     prog.tensors = wp.records
     prog.checksumKind = G.ChecksumKind.CRC32
     prog.operators = op_table.collect(ep.graph_module)
