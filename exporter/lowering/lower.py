@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from typing import Callable
 
@@ -102,6 +103,7 @@ def plan_lowering(preset: str = "core", *, supported_ops=None, decompositions=No
     sup_m = None
     if supported_ops is not None:
         sup_m = _matcher(supported_ops, "supported_ops")
+        names = {}
         available = tables.available_decompositions()
         table = {op: fn for op, fn in available.items() if op not in sup_m and not kept(op)}
         table.update(extra)
@@ -112,9 +114,8 @@ def plan_lowering(preset: str = "core", *, supported_ops=None, decompositions=No
         what = {"supported_ops": sorted(_entry_text(e) for e in _entries(supported_ops))}
     else:
         p = _presets.load(preset)
-        source_table = tables.torch_default_table() if p.name == "core" else tables.available_decompositions()
-        by_name = {op_name(op): op for op in source_table}
-        table = {by_name[n]: source_table[by_name[n]] for n in p.decompose if n in by_name and not kept(by_name[n])}
+        base, names, frozen = _preset_base(p)
+        table = {op: fn for op, fn in base.items() if not kept(op)}
         table.update(extra)
         table.update(user)
         opset_m = OpMatcher(p.opset) if p.opset is not None else None
@@ -124,15 +125,26 @@ def plan_lowering(preset: str = "core", *, supported_ops=None, decompositions=No
             accepts = lambda op: op in opset_m or kept(op) or (_is_custom(op) and op not in table)
         # a pinned preset ("core@2.13") guarantees its frozen opset: anything outside is an error
         label, description, opset_strict = p.key, p.description, p.strict or ("@" in preset and p.opset is not None)
-        what = {"preset": preset, "frozen": p.to_json()}
+        what = {"preset": preset, "frozen": frozen}
     withheld = _withhold_untrusted(table, user) if strict else {}
     if strict:
         label += "+strict"
     what.update(keep=sorted(_entry_text(e) for e in _entries(keep)), decompose=sorted(op_name(op) for op in extra),
                 strict=opset_strict, trusted_only=strict,
-                table=sorted(op_name(op) for op in table), withheld=sorted(withheld))
+                table=sorted(names.get(op) or op_name(op) for op in table), withheld=sorted(withheld))
     fingerprint = None if user else json.dumps(what, sort_keys=True)
     return LoweringPlan(table, accepts, label, description, opset_strict, keep_m, sup_m, fingerprint, withheld)
+
+
+@functools.cache
+def _preset_base(p: _presets.Preset) -> tuple[dict, dict, str]:
+    """(op -> decomposition, op -> name, the preset as JSON) for preset ``p``, computed once: torch's
+    tables are fixed for the process (tables.py caches them), and a cache hit would otherwise spend
+    40% of its time rebuilding this."""
+    source_table = tables.torch_default_table() if p.name == "core" else tables.available_decompositions()
+    by_name = {op_name(op): op for op in source_table}
+    table = {by_name[n]: source_table[by_name[n]] for n in p.decompose if n in by_name}
+    return table, {op: n for n, op in by_name.items() if op in table}, p.to_json()
 
 
 def _extra_decompositions(decompose, kept) -> dict:
