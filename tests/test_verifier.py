@@ -219,11 +219,7 @@ def pristine(artifact):
     return _program_bytes(artifact)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                   HealthCheck.too_slow])
-@given(data=st.data())
-def test_whatever_the_verifier_accepts_unpacks(pristine, data):
-    """Soundness: a mutated buffer is either refused by the verifier or unpacked without error."""
+def _mutated(pristine, data) -> bytes:
     buf = bytearray(pristine)
     for _ in range(data.draw(st.integers(1, 4))):
         pos = data.draw(st.integers(8, len(buf) - 1))
@@ -236,11 +232,45 @@ def test_whatever_the_verifier_accepts_unpacks(pristine, data):
             value = data.draw(st.sampled_from([0, 1, 2, 3, 4, 0x7F, 0xFF, 0xFFFF, 0x7FFFFFFF, 0xFFFFFFFF,
                                                len(buf), len(buf) - pos, data.draw(st.integers(0, 2**16))]))
             struct.pack_into(fmt, buf, pos, value & (0xFFFFFFFF if size == 4 else 0xFFFF))
+    return bytes(buf)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                   HealthCheck.too_slow])
+@given(data=st.data())
+def test_whatever_the_verifier_accepts_unpacks(pristine, data):
+    """Soundness: a mutated buffer is either refused by the verifier or unpacked without error."""
+    buf = _mutated(pristine, data)
     try:
         verifier.verify_program(bytes(buf), "m.pt2b")
     except CorruptArtifactError:
         return
     _same_tree(fast_unpack.unpack_program(bytes(buf)), G.ProgramT.InitFromPackedBuf(bytes(buf), 0))
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                    HealthCheck.too_slow])
+@given(data=st.data())
+def test_fast_walk_accepts_exactly_what_the_descriptive_walk_accepts(pristine, data):
+    """verify_program decides with a message-free walk and runs the descriptive one only to explain
+    a refusal: on damaged buffers both must give the same verdict (a check missing from the fast
+    walk would let a damaged buffer through)."""
+    buf = _mutated(pristine, data)
+    assert verifier._fast_ok(buf, verifier.layout()) == (verifier.problem(buf) is None)
+
+
+def test_fast_walk_refuses_each_kind_of_damage(pristine):
+    """Single-byte changes across the first 3 kB (every other byte): same verdict from both walks,
+    and many refused."""
+    refused = 0
+    for pos in range(8, min(len(pristine), 3072), 2):
+        for value in (0x00, 0xFF):
+            buf = bytearray(pristine)
+            buf[pos] = value
+            fast = verifier._fast_ok(bytes(buf), verifier.layout())
+            assert fast == (verifier.problem(bytes(buf)) is None), pos
+            refused += not fast
+    assert refused > 100
 
 
 def _same_tree(a, b, path="program"):

@@ -109,13 +109,19 @@ _NAME_FIELDS = {"name": IDENT, "as_name": IDENT, "user_input_name": IDENT, "para
 _VALUE_MAPS = ("tensor_values", "sym_int_values", "sym_bool_values", "sym_float_values", "custom_obj_values")
 
 
-def check_name(value, pattern, where: str, what: str, *, may_be_self: bool = False) -> None:
+def _name_ok(value, pattern, may_be_self: bool = False) -> bool:
     # fx binds the module as `self` in generated code: a value, state path or forward argument
     # named "self..." would shadow it (only operator argument names, such as add's `self`, may be);
     # a dunder component of a state path makes unlifting getattr/setattr Python internals
-    shadows = isinstance(value, str) and not may_be_self and value.split(".")[0] == "self"
-    dunder = pattern is FQN and isinstance(value, str) and any(c.startswith("__") for c in value.split("."))
-    if not isinstance(value, str) or not pattern.fullmatch(value) or shadows or dunder:
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        return False
+    if not may_be_self and value.split(".")[0] == "self":
+        return False
+    return not (pattern is FQN and "__" in value and any(c.startswith("__") for c in value.split(".")))
+
+
+def check_name(value, pattern, where: str, what: str, *, may_be_self: bool = False) -> None:
+    if not _name_ok(value, pattern, may_be_self):
         raise CorruptArtifactError(
             f"{where}: {what} {str(value)[:80]!r} is not a valid "
             f"{'identifier' if pattern is IDENT else 'dotted name'}; names from a file end up in "
@@ -149,41 +155,85 @@ def _nested_fields(cls) -> tuple[tuple, frozenset]:
     return names, frozenset(name for name, _, desc, _ in fields if holds(desc))
 
 
+@functools.cache
+def _kind(cls):
+    """(is a union, name fields, nested fields) of a schema dataclass; None for anything else."""
+    if not dataclasses.is_dataclass(cls):
+        return None
+    names, nested = _nested_fields(cls)
+    return issubclass(cls, _Union), names, nested
+
+
+def _path_text(path) -> str:
+    """A walk path: a str, or (parent path, dict key) built lazily (only an error prints it)."""
+    if isinstance(path, str):
+        return path
+    parent, key = path
+    return f"{_path_text(parent)}[{key!r}]"
+
+
+_LEAF_TYPES = frozenset(_LEAVES)
+
+
 def check_program(ep: S.ExportedProgram, where: str) -> None:
-    """Walk every value of the decoded program (subgraphs included) and check it."""
+    """Walk every value of the decoded program (subgraphs included) and check it. Values are read
+    from the objects' __dict__ (torch's _Union answers attribute reads in Python code) and messages
+    are built only for a value that fails."""
     stack = [(ep, "program")]
+    pop, push, extend = stack.pop, stack.append, stack.extend
+    leaf = _LEAF_TYPES
     while stack:
-        obj, path = stack.pop()
-        if isinstance(obj, S.SymExpr):
-            check_expr(obj.expr_str, f"{where}: {path}")
-        elif isinstance(obj, S.Node):
-            check_target(obj.target, f"{where}: node {obj.name or '?'}")
-        elif isinstance(obj, S.Graph):
+        obj, path = pop()
+        cls = type(obj)
+        if cls is list or cls is tuple:
+            extend((x, path) for x in obj if type(x) not in leaf)
+            continue
+        if cls is dict:
+            extend((v, (path, k)) for k, v in obj.items() if type(v) not in leaf)
+            continue
+        kind = _kind(cls)
+        if kind is None:
+            continue
+        d = obj.__dict__
+        if cls is S.SymExpr:
+            check_expr(d["expr_str"], f"{where}: {_path_text(path)}")
+        elif cls is S.Node:
+            target = d["target"]
+            if not (isinstance(target, str) and (target in _PYTHON_TARGETS or _OP_TARGET.fullmatch(target))):
+                check_target(target, f"{where}: node {d['name'] or '?'}")
+        elif cls is S.Graph:
             for field in _VALUE_MAPS:
-                for key in getattr(obj, field):
-                    check_name(key, IDENT, f"{where}: {path}", f"value name in {field}")
-        elif isinstance(obj, S.ModuleCallEntry):
-            if obj.fqn:
-                check_name(obj.fqn, FQN, f"{where}: module_call_graph", "module path")
-            for arg_name in (obj.signature.forward_arg_names or []) if obj.signature else []:
-                check_name(arg_name, IDENT, f"{where}: module_call_graph {obj.fqn!r}", "forward argument name")
-        if isinstance(obj, _Union):
-            if obj.type in _nested_fields(type(obj))[1]:
-                stack.append((obj.value, path))
-        elif dataclasses.is_dataclass(obj):
-            names, nested = _nested_fields(type(obj))
-            for field, pattern in names:
-                value = getattr(obj, field)
-                if isinstance(value, str) and not (isinstance(obj, S.NamedArgument) and field == "name" and not value):
-                    check_name(value, pattern, f"{where}: {path}", f"{type(obj).__name__}.{field}",
-                               may_be_self=isinstance(obj, S.NamedArgument))
-            label = getattr(obj, "name", None) if isinstance(obj, S.Node) else None
-            for field in nested:
-                stack.append((getattr(obj, field), f"{path}.{label or field}" if label else path))
-        elif isinstance(obj, (list, tuple)):
-            stack.extend((x, path) for x in obj if not isinstance(x, _LEAVES))
-        elif isinstance(obj, dict):
-            stack.extend((v, f"{path}[{k!r}]") for k, v in obj.items() if not isinstance(v, _LEAVES))
+                for key in d[field]:
+                    if not _name_ok(key, IDENT):
+                        check_name(key, IDENT, f"{where}: {_path_text(path)}", f"value name in {field}")
+        elif cls is S.ModuleCallEntry:
+            if d["fqn"]:
+                check_name(d["fqn"], FQN, f"{where}: module_call_graph", "module path")
+            sig = d["signature"]
+            for arg_name in (sig.forward_arg_names or []) if sig else []:
+                check_name(arg_name, IDENT, f"{where}: module_call_graph {d['fqn']!r}", "forward argument name")
+        union, names, nested = kind
+        if union:
+            active = str.__str__(d["_type"])
+            if active in nested:
+                push((d[active], path))
+            continue
+        named_arg = cls is S.NamedArgument
+        for field, pattern in names:
+            value = d[field]
+            if isinstance(value, str) and not (named_arg and field == "name" and not value) \
+                    and not _name_ok(value, pattern, named_arg):
+                check_name(value, pattern, f"{where}: {_path_text(path)}", f"{cls.__name__}.{field}",
+                           may_be_self=named_arg)
+        if cls is S.Node:
+            label = d["name"]
+            if label:
+                base = _path_text(path)
+                for field in nested:
+                    push((d[field], f"{base}.{label}"))
+                continue
+        for field in nested:
+            push((d[field], path))
     for name in ep.range_constraints:
         if not _SYMBOL.fullmatch(name):
             check_expr(name, f"{where}: range constraint key")
