@@ -46,7 +46,23 @@ def _plan(table: str):
     return cls, plan
 
 
-def _table(buf: bytes, pos: int, table: str):
+class TableRef:
+    """A table left packed (``unpack_program(..., lazy=...)``): where it is in the verified buffer.
+    Pack() still works (the table is unpacked then); reader.decode_graph reads it directly."""
+
+    __slots__ = ("buf", "pos", "table")
+
+    def __init__(self, buf, pos: int, table: str):
+        self.buf, self.pos, self.table = buf, pos, table
+
+    def unpack(self):
+        return _table(self.buf, self.pos, self.table)
+
+    def Pack(self, builder):  # noqa: N802 (flatc's name)
+        return self.unpack().Pack(builder)
+
+
+def _table(buf: bytes, pos: int, table: str, lazy=()):
     cls, plan = _plan(table)
     obj = cls.__new__(cls)
     d = obj.__dict__
@@ -65,7 +81,8 @@ def _table(buf: bytes, pos: int, table: str):
             q = p + _U32(buf, p)[0]
             d[attr] = buf[q + 4:q + 4 + _U32(buf, q)[0]]
         elif kind == "table":
-            d[attr] = _table(buf, p + _U32(buf, p)[0], typ)
+            q = p + _U32(buf, p)[0]
+            d[attr] = TableRef(buf, q, typ) if attr in lazy else _table(buf, q, typ)
         else:  # vector
             q = p + _U32(buf, p)[0]
             n, start = _U32(buf, q)[0], q + 4
@@ -82,6 +99,7 @@ def _table(buf: bytes, pos: int, table: str):
     return obj
 
 
-def unpack_program(buf: bytes):
-    """The G.ProgramT of a verified program buffer (offset 0 holds the root table's offset)."""
-    return _table(buf, _U32(buf, 0)[0], fbs_layout.layout().root)
+def unpack_program(buf: bytes, lazy=()):
+    """The G.ProgramT of a verified program buffer (offset 0 holds the root table's offset); the
+    root's table fields named in ``lazy`` (object-API names) are left packed as TableRefs."""
+    return _table(buf, _U32(buf, 0)[0], fbs_layout.layout().root, frozenset(lazy))
