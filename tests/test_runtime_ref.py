@@ -7,8 +7,6 @@ import copy
 import functools
 import operator
 import re
-import statistics
-import time
 import weakref
 
 import pytest
@@ -419,27 +417,3 @@ def test_cpu_input_to_cuda_runtime_is_refused():
     rt = Runtime(_lowered("mlp", "core"), device="cuda")
     with pytest.raises(RuntimeInputError, match=r'input "x" is on cpu but this Runtime runs on cuda'):
         rt(torch.randn(4, 16))
-
-
-# ---- per-call overhead (slow: timing) ----
-
-@pytest.mark.slow
-def test_per_call_overhead_on_tiny_graph():
-    x, y = torch.ones(1), torch.ones(1)
-    ep = torch.export.export(_Chain(100), (x, y)).run_decompositions({})
-    rt, module, gm = Runtime(ep), ep.module(), ep.graph_module
-
-    def median_us(f, calls=500, repeats=9):
-        f()
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            for _ in range(calls):
-                f()
-            times.append((time.perf_counter() - start) / calls * 1e6)
-        return statistics.median(times)
-
-    with torch.no_grad():
-        t_rt, t_module, t_gm = median_us(lambda: rt(x, y)), median_us(lambda: module(x, y)), median_us(lambda: gm(x, y))
-    print(f"runtime {t_rt:.0f} us, ep.module() {t_module:.0f} us, GraphModule {t_gm:.0f} us")
-    assert t_rt < 0.8 * t_module and t_rt < t_gm
