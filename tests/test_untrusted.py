@@ -203,3 +203,20 @@ def test_symint_arithmetic_on_a_tensor_is_refused(tmp_path):
     _tamper(path, retarget)
     with pytest.raises(CorruptArtifactError, match="calls torch.sym_max on a tensor"):
         load(path)
+
+
+def test_signature_must_name_the_graphs_placeholders(tmp_path):
+    """Fuzz finding (seed 7, mutant 39102 of the default models): a user input's argument retagged
+    from as_tensor to as_floats left placeholder 'x' unnamed by the signature; load accepted it and
+    runtime_ref failed with KeyError while planning. Load now refuses it."""
+    path = tmp_path / "m.pt2b"
+    export_model(Dyn(), (torch.randn(4, 6),), path, dynamic_shapes={"x": {0: torch.export.Dim("b", max=64)}})
+    load(path)
+
+    def retag(ep):
+        spec = next(s for s in ep.graph_module.signature.input_specs if s.type == "user_input")
+        spec.user_input.arg = S.Argument.create(as_floats=[])
+
+    _tamper(path, retag)
+    with pytest.raises(CorruptArtifactError, match=r"signature's input 0 names '' but the graph's placeholder 0 is 'x'"):
+        load(path)

@@ -238,8 +238,22 @@ def rebuild(art: Artifact, *, verify: bool = False) -> torch.export.ExportedProg
         raise CorruptArtifactError(
             f"{where}: the program could not be rebuilt by torch ({type(e).__name__}: {e})."
         ) from e
+    _check_inputs_match_placeholders(ep, where)
     _restore_unused_ranges(ep, serialized)
     return ep
+
+
+def _check_inputs_match_placeholders(ep, where: str) -> None:
+    """The signature names the graph's placeholders, one input spec each, in order (torch's verifier
+    counts them only; a runtime binding inputs by these names would otherwise fail mid-setup)."""
+    placeholders = [n.name for n in ep.graph.nodes if n.op == "placeholder"]
+    named = [getattr(s.arg, "name", None) for s in ep.graph_signature.input_specs]
+    if named != placeholders:
+        bad = next((i for i, (a, b) in enumerate(zip(named, placeholders)) if a != b), min(len(named), len(placeholders)))
+        raise CorruptArtifactError(
+            f"{where}: the graph signature's input {bad} names {named[bad] if bad < len(named) else 'nothing'!r} but "
+            f"the graph's placeholder {bad} is {placeholders[bad] if bad < len(placeholders) else 'missing'!r} "
+            f"({len(named)} input specs, {len(placeholders)} placeholders); the file is damaged.")
 
 
 def _check_state_matches_signature(serialized: S.ExportedProgram, state_dict, constants, where: str) -> None:
