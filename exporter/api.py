@@ -10,6 +10,7 @@ from . import capture as _capture
 from .errors import ArtifactError, ExportError
 from .program import OperatorInfo, Pt2bProgram
 from .serialize import reader, writer
+from .serialize.gc_pause import gc_paused
 from .serialize.generated import pt2b_generated as G
 from .versioning.formats import parse_version
 
@@ -66,7 +67,7 @@ def load(path, *, verify: bool = False) -> Pt2bProgram:
 
     ``verify=True`` also checks every weight segment's checksum (reads all weights).
     """
-    with reader.gc_paused():
+    with gc_paused():
         return _program_of(reader.open_artifact(path), verify=verify)
 
 
@@ -115,7 +116,7 @@ def load_for_backend(path, preset: str = "core", *, supported_ops=None, decompos
     use_cache = _cache.enabled(cache) and plan.fingerprint is not None and device == "cpu"
     if use_cache:
         digest = reader.program_digest(path)
-        with reader.gc_paused():
+        with gc_paused():
             hit = _cache.Entry(_cache.cache_key(digest, plan.fingerprint, device)).load()
             if hit is not None and (not verify or _weights_verified(path, digest)):
                 source = Lazy(lambda: _same_content(path, digest))
@@ -125,7 +126,7 @@ def load_for_backend(path, preset: str = "core", *, supported_ops=None, decompos
                 return lowered
     # The miss path keys the entry by the digest of the artifact it actually read, so a file
     # replaced between the lookup and this open cannot file one version's lowering under another's.
-    with reader.gc_paused():  # the trace allocates fx nodes and fake tensors by the 10^4 as well
+    with gc_paused():  # the trace allocates fx nodes and fake tensors by the 10^4 as well
         art = reader.open_artifact(path)
         prog = _program_of(art, verify=verify)
         ep = prog.exported_program()
@@ -152,7 +153,7 @@ def _weights_verified(path, digest: str) -> bool:
 def _same_content(path, digest: str) -> Pt2bProgram:
     """The unlowered program behind a cache hit, read on first use; refuses a file whose
     content changed since the hit was served."""
-    with reader.gc_paused():
+    with gc_paused():
         art = reader.open_artifact(path)
         if art.digest != digest:
             raise ArtifactError(f"{art.path}: the file changed after load_for_backend served its lowering from "

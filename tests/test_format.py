@@ -178,7 +178,7 @@ def test_bad_model_and_inputs(tmp_path):
 def test_gc_is_paused_during_a_load_and_restored_after(tmp_path):
     import gc
 
-    from exporter.serialize.reader import gc_paused
+    from exporter.serialize.gc_pause import gc_paused
 
     path = tmp_path / "m.pt2b"
     export_model(torch.nn.Linear(3, 2), (torch.randn(1, 3),), path)

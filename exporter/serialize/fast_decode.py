@@ -25,13 +25,14 @@ _U32 = struct.Struct("<I").unpack_from
 _I32 = struct.Struct("<i").unpack_from
 _U16 = struct.Struct("<H").unpack_from
 _FMT = {name: fmt[1] for name, (fmt, _) in SCALARS.items()}
+_STR = ("str",)
 
 
 @functools.cache
 def _plan(cls):
     """(union tag reader or None, {tag: field index}, fields) of a schema dataclass; a field is
     (name, vtable entry, wire kind, vector element kind, wire type, scalar unpacker, wire default,
-    descriptor, has a dataclass default)."""
+    descriptor, has a dataclass default, the descriptor without "opt")."""
     layout = fbs_layout.layout().tables[cls.__name__]
     wire = {f.name: f for f in layout}
     defaults = dict(zip((f.name for f in layout), getattr(G, cls.__name__ + "T")().__dict__.values()))
@@ -40,7 +41,8 @@ def _plan(cls):
         f = wire[name]
         scalar = f.type if f.kind == "scalar" else ""
         unpack = struct.Struct("<" + _FMT[scalar]).unpack_from if scalar else None
-        fields.append((name, 4 + 2 * f.slot, f.kind, f.elem, f.type, unpack, defaults[name], desc, has_default))
+        fields.append((name, 4 + 2 * f.slot, f.kind, f.elem, f.type, unpack, defaults[name], desc, has_default,
+                       program_codec.strip_opt(desc)))
     tag = None
     by_tag = {}
     if issubclass(cls, _Union):
@@ -51,40 +53,8 @@ def _plan(cls):
     return tag, by_tag, tuple(fields)
 
 
-def _text(raw: bytes, where: str) -> str:
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise CorruptArtifactError(f"{where}: string is not valid UTF-8 ({e}).") from None
-
-
 def _string_at(buf, p: int) -> bytes:
     return buf[p + 4:p + 4 + _U32(buf, p)[0]]
-
-
-def _convert(desc: tuple, value, where: str):
-    """program_codec._dec for a scalar or string read from the wire (desc without "opt")."""
-    kind = desc[0]
-    if kind == "str":
-        return _text(value, where)
-    if kind == "int":
-        return int(value)
-    if kind == "float":
-        return float(value)
-    if kind == "bool":
-        return bool(value)
-    if kind == "enum":
-        try:
-            return desc[1](int(value))
-        except ValueError:
-            raise CorruptArtifactError(
-                f"{where}: value {value} is not a valid {desc[1].__name__}; the artifact is "
-                f"damaged or was written by a newer pt2b.") from None
-    raise AssertionError(kind)
-
-
-def _strip(desc: tuple) -> tuple:
-    return _strip(desc[1]) if desc[0] == "opt" else desc
 
 
 def _vector(buf, q: int, elem: str, typ: str, desc: tuple, where: str) -> list:
@@ -92,69 +62,64 @@ def _vector(buf, q: int, elem: str, typ: str, desc: tuple, where: str) -> list:
     element descriptor, or for listlist/dict fields the field's whole descriptor)."""
     n, start = _U32(buf, q)[0], q + 4
     if elem == "scalar":
-        desc = _strip(desc)
+        desc = program_codec.strip_opt(desc)
         values = struct.unpack_from(f"<{n}{_FMT[typ]}", buf, start)
         if desc[0] == "int":
             return list(values)
-        return [_convert(desc, v, where) for v in values]
+        return [program_codec.dec_leaf(desc, v, where) for v in values]
     offsets = [e + _U32(buf, e)[0] for e in range(start, start + 4 * n, 4)]
     if elem == "string":
-        return [_convert(_strip(desc), _string_at(buf, p), where) for p in offsets]
-    desc = _strip(desc)
+        return [program_codec.dec_leaf(program_codec.strip_opt(desc), _string_at(buf, p), where) for p in offsets]
+    desc = program_codec.strip_opt(desc)
     return [read(buf, p, desc[1], where) for p in offsets]
 
 
 def _field(buf, pos: int, vt: int, vt_len: int, field, where: str):
     """The field's value as program_codec's _dec gives it (None when absent and None-valued)."""
-    name, entry, kind, elem, typ, unpack, default, desc, _ = field
+    _, entry, kind, elem, typ, unpack, default, _, _, desc = field
     off = _U16(buf, vt + entry)[0] if entry < vt_len else 0
-    desc = _strip(desc)
     if off == 0:
         if kind != "scalar" or default is None:
             return None
-        return _convert(desc, default, where)
+        return program_codec.dec_leaf(desc, default, where)
     p = pos + off
     if kind == "scalar":
-        return _convert(desc, unpack(buf, p)[0], where)
+        return program_codec.dec_leaf(desc, unpack(buf, p)[0], where)
     q = p + _U32(buf, p)[0]
     if kind == "string":
-        return _convert(desc, _string_at(buf, q), where)
+        return program_codec.dec_leaf(desc, _string_at(buf, q), where)
     if kind == "table":
         return read(buf, q, desc[1], where)
     dk = desc[0]
     if dk == "list":
         return _vector(buf, q, elem, typ, desc[1], where)
     if dk == "listlist":  # [XList { items }]
+        (items,) = fbs_layout.layout().tables[typ]
         out = []
         for t in _table_offsets(buf, q):
             at = _field_at(buf, t, 0)
-            out.append([] if at is None else _vector(buf, _deref(buf, at), _LIST_ELEM[typ], _LIST_TYPE[typ],
-                                                      desc[1], where))
+            out.append([] if at is None else _vector(buf, _deref(buf, at), items.elem, items.type, desc[1], where))
         return out
     if dk == "dict":  # [XEntry { key, value }]
-        value_desc = _strip(desc[1])
+        value_desc = program_codec.strip_opt(desc[1])
         value_f = fbs_layout.layout().tables[typ][1]
         out = {}
         for t in _table_offsets(buf, q):
             at = _field_at(buf, t, 0)
-            key = None if at is None else _text(_string_at(buf, _deref(buf, at)), where)
+            key = None if at is None else program_codec.dec_leaf(_STR, _string_at(buf, _deref(buf, at)), where)
             at = _field_at(buf, t, 1)
             if value_f.kind == "scalar":  # absent: the wire default, 0
                 raw = 0 if at is None else struct.unpack_from("<" + _FMT[value_f.type], buf, at)[0]
-                value = _convert(value_desc, raw, where)
+                value = program_codec.dec_leaf(value_desc, raw, where)
             elif at is None:
                 value = None
             elif value_f.kind == "string":
-                value = _convert(value_desc, _string_at(buf, _deref(buf, at)), where)
+                value = program_codec.dec_leaf(value_desc, _string_at(buf, _deref(buf, at)), where)
             else:
                 value = read(buf, _deref(buf, at), value_desc[1], where)
             out[key] = value
         return out
     raise AssertionError(dk)
-
-
-_LIST_ELEM = {"IntList": "scalar", "DoubleList": "scalar", "TensorArgumentList": "table"}
-_LIST_TYPE = {"IntList": "long", "DoubleList": "double", "TensorArgumentList": "TensorArgument"}
 
 
 def _table_offsets(buf, q: int) -> list[int]:

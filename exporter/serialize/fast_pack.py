@@ -17,7 +17,6 @@ import flatbuffers.number_types as N
 import numpy as np
 from torch._export.serde.union import _Union
 
-from ..errors import ExportError
 from . import fbs_layout, program_codec
 from .generated import pt2b_generated as G
 
@@ -28,11 +27,6 @@ _FLAGS = {"bool": N.BoolFlags, "byte": N.Int8Flags, "int8": N.Int8Flags, "ubyte"
           "uint64": N.Uint64Flags, "float": N.Float32Flags, "float32": N.Float32Flags,
           "double": N.Float64Flags, "float64": N.Float64Flags}
 _NUMPY = {"long": "<i8", "int64": "<i8", "double": "<f8", "float64": "<f8"}
-_I64 = (-(2**63), 2**63)
-
-
-def _unwrap(desc: tuple) -> tuple:
-    return _unwrap(desc[1]) if desc[0] == "opt" else desc
 
 
 @functools.cache
@@ -47,25 +41,10 @@ def _plan(cls):
         if f.name == "tag" and issubclass(cls, _Union):
             plan.append((f, "<tag>", None, default))
         elif f.name in descs:
-            plan.append((f, f.name, _unwrap(descs[f.name]), default))
+            plan.append((f, f.name, program_codec.strip_opt(descs[f.name]), default))
         else:  # a table field no dataclass field maps to: flatc would write its default, i.e. nothing
             plan.append((f, None, None, default))
     return len(fields), tuple(plan)
-
-
-def _scalar(desc: tuple, value):
-    kind = desc[0]
-    if kind == "int":
-        if not _I64[0] <= value < _I64[1]:
-            raise ExportError(f"integer {value} does not fit in 64 bits; .pt2b stores int64.")
-        return int(value)
-    if kind == "float":
-        return float(value)
-    if kind == "bool":
-        return bool(value)
-    if kind == "enum":
-        return int(value)
-    raise AssertionError(kind)
 
 
 def _vector_of_offsets(builder, offsets: list) -> int:
@@ -84,7 +63,7 @@ def _child(builder, f, desc: tuple, value) -> int:
     # vectors
     kind = desc[0]
     if f.elem == "scalar":
-        items = [_scalar(desc[1], v) for v in value]
+        items = [program_codec.enc_scalar(desc[1], v) for v in value]
         if f.type in _NUMPY:
             return builder.CreateNumpyVector(np.array(items, dtype=_NUMPY[f.type]))
         flags = _FLAGS[f.type]
@@ -113,7 +92,7 @@ def _list_table(builder, desc: tuple, items) -> int:
 
 
 def _entry(builder, value_desc: tuple, key: str, value) -> int:
-    value_desc = _unwrap(value_desc)
+    value_desc = program_codec.strip_opt(value_desc)
     name = {"str": "StringEntry", "int": "IntEntry"}.get(value_desc[0]) or value_desc[1].__name__ + "Entry"
     key_f, value_f = fbs_layout.layout().tables[name]
     key_off = builder.CreateString(key)
@@ -122,7 +101,7 @@ def _entry(builder, value_desc: tuple, key: str, value) -> int:
     builder.PrependUOffsetTRelativeSlot(0, key_off, 0)
     if value_f.kind == "scalar":
         if value is not None:
-            _prepend_slot(builder, value_f, 1, _scalar(value_desc, value), 0)
+            _prepend_slot(builder, value_f, 1, program_codec.enc_scalar(value_desc, value), 0)
     elif value_off is not None:
         builder.PrependUOffsetTRelativeSlot(1, value_off, 0)
     return builder.EndObject()
@@ -155,7 +134,7 @@ def pack(builder, obj) -> int:
         if value is None:
             values.append(None)
         elif f.kind == "scalar":
-            values.append(_scalar(desc, value))
+            values.append(program_codec.enc_scalar(desc, value))
         else:
             values.append(_child(builder, f, desc, value))
     builder.StartObject(nfields)

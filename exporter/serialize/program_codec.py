@@ -78,13 +78,18 @@ def _tags(cls) -> tuple[dict[str, int], dict[int, str]]:
     return by_name, {v: k for k, v in by_name.items()}
 
 
+def strip_opt(desc: tuple) -> tuple:
+    """The descriptor under any ("opt", ...) wrapping."""
+    return strip_opt(desc[1]) if desc[0] == "opt" else desc
+
+
+_SCALAR_KINDS = frozenset({"int", "float", "bool", "enum"})
+
+
 # ---- encode: schema dataclass -> object API ----
-def _enc(desc: tuple, value):
+def enc_scalar(desc: tuple, value):
+    """A scalar field's value as it goes on the wire (int64 range checked, enums as ints)."""
     kind = desc[0]
-    if value is None:
-        return None
-    if kind == "str":
-        return value
     if kind == "int":
         if not -(2**63) <= value < 2**63:
             raise ExportError(f"integer {value} does not fit in 64 bits; .pt2b stores int64.")
@@ -95,6 +100,17 @@ def _enc(desc: tuple, value):
         return bool(value)
     if kind == "enum":
         return int(value)
+    raise AssertionError(kind)
+
+
+def _enc(desc: tuple, value):
+    kind = desc[0]
+    if value is None:
+        return None
+    if kind == "str":
+        return value
+    if kind in _SCALAR_KINDS:
+        return enc_scalar(desc, value)
     if kind == "dc":
         return encode(value)
     if kind == "opt":
@@ -137,17 +153,21 @@ def encode(obj):
 
 
 # ---- decode: object API -> schema dataclass ----
-def _dec(desc: tuple, value, where: str):
+def dec_leaf(desc: tuple, value, where: str):
+    """A string (bytes) or scalar read from the wire as the schema value: CorruptArtifactError for
+    invalid UTF-8 or an enum value the schema lacks."""
     kind = desc[0]
-    if value is None:
-        return None
     if kind == "str":
         try:
             return value.decode("utf-8")
         except UnicodeDecodeError as e:
             raise CorruptArtifactError(f"{where}: string is not valid UTF-8 ({e}).") from None
-    if kind in ("int", "float", "bool"):
-        return {"int": int, "float": float, "bool": bool}[kind](value)
+    if kind == "int":
+        return int(value)
+    if kind == "float":
+        return float(value)
+    if kind == "bool":
+        return bool(value)
     if kind == "enum":
         try:
             return desc[1](int(value))
@@ -156,6 +176,15 @@ def _dec(desc: tuple, value, where: str):
                 f"{where}: value {value} is not a valid {desc[1].__name__}; the artifact is "
                 f"damaged or was written by a newer pt2b."
             ) from None
+    raise AssertionError(kind)
+
+
+def _dec(desc: tuple, value, where: str):
+    kind = desc[0]
+    if value is None:
+        return None
+    if kind == "str" or kind in _SCALAR_KINDS:
+        return dec_leaf(desc, value, where)
     if kind == "dc":
         return decode(desc[1], value, where)
     if kind == "opt":

@@ -26,7 +26,6 @@ from ..errors import ArtifactError, CorruptArtifactError, NotAnArtifactError
 from ..versioning import formats, majors, schema_drift
 from . import deserialize, fast_decode, fast_unpack, program_codec, untrusted, verifier, weights
 from .container import FILE_IDENTIFIER, HEADER_SIZE, Header, read_preamble
-from .gc_pause import gc_paused  # noqa: F401  (api.py calls reader.gc_paused)
 from .generated import pt2b_generated as G
 
 # torch's GraphModuleDeserializer keeps the active deserializer in a module global, so two

@@ -129,8 +129,12 @@ def check_name(value, pattern, where: str, what: str, *, may_be_self: bool = Fal
         )
 
 
+def _target_ok(target) -> bool:
+    return isinstance(target, str) and (target in _PYTHON_TARGETS or _OP_TARGET.fullmatch(target) is not None)
+
+
 def check_target(target: str, where: str) -> None:
-    if _OP_TARGET.fullmatch(target) or target in _PYTHON_TARGETS:
+    if _target_ok(target):
         return
     raise CorruptArtifactError(
         f"{where}: node calls {target[:120]!r}, which is neither a torch.ops operator nor SymInt "
@@ -138,7 +142,7 @@ def check_target(target: str, where: str) -> None:
     )
 
 
-_LEAVES = (str, int, float, bool, type(None))
+_LEAF_TYPES = frozenset((str, int, float, bool, type(None)))  # values the walk does not descend into
 
 
 @functools.cache
@@ -172,9 +176,6 @@ def _path_text(path) -> str:
     return f"{_path_text(parent)}[{key!r}]"
 
 
-_LEAF_TYPES = frozenset(_LEAVES)
-
-
 def check_program(ep: S.ExportedProgram, where: str) -> None:
     """Walk every value of the decoded program (subgraphs included) and check it. Values are read
     from the objects' __dict__ (torch's _Union answers attribute reads in Python code) and messages
@@ -198,9 +199,8 @@ def check_program(ep: S.ExportedProgram, where: str) -> None:
         if cls is S.SymExpr:
             check_expr(d["expr_str"], f"{where}: {_path_text(path)}")
         elif cls is S.Node:
-            target = d["target"]
-            if not (isinstance(target, str) and (target in _PYTHON_TARGETS or _OP_TARGET.fullmatch(target))):
-                check_target(target, f"{where}: node {d['name'] or '?'}")
+            if not _target_ok(d["target"]):
+                check_target(d["target"], f"{where}: node {d['name'] or '?'}")
         elif cls is S.Graph:
             for field in _VALUE_MAPS:
                 for key in d[field]:

@@ -18,8 +18,8 @@ from ..versioning import majors, op_table
 from ..versioning.formats import FIELDS_ADDED, FORMAT_VERSION, version_str
 from . import fast_pack, weights
 from .atomic import atomic_write, check_destination
-from .gc_pause import gc_paused
 from .container import ALIGNMENT, FILE_IDENTIFIER, HEADER_SIZE, Header, align
+from .gc_pause import gc_paused
 from .generated import pt2b_generated as G
 
 MAX_METADATA_BYTES = 16 << 20
