@@ -33,15 +33,57 @@ def _normalize_text(entry: str) -> str:
     return s
 
 
+MAX_NAME = 1024  # longer operator names are not looked up at all
+
+
+def registered_overload(ns: str, name: str, overload: str = "default"):
+    """The OpOverload ``ns::name.overload`` if the running torch's operator registry holds it,
+    else None. The registry is asked first, so no text (from a file, say) ever reaches an attribute
+    of torch.ops that is not an operator (torch.ops.prim.name is a str, aten.__class__ a class)."""
+    if not all(type(p) is str and 0 < len(p) <= MAX_NAME for p in (ns, name, overload)):
+        return None
+    try:
+        torch._C._dispatch_find_schema_or_throw(f"{ns}::{name}", "" if overload == "default" else overload)
+        packet = getattr(getattr(torch.ops, ns), name)
+        op = getattr(packet, overload) if isinstance(packet, _PACKET) else None
+    except (AttributeError, RuntimeError):
+        return None
+    if isinstance(op, _OVERLOAD) and op._schema.name == f"{ns}::{name}" and op._overloadname == overload:
+        return op
+    return None
+
+
+def registered_hop(name: str):
+    """The HigherOrderOperator torch registers as ``torch.ops.higher_order.<name>``, or None."""
+    return torch._ops._higher_order_ops.get(name) if type(name) is str else None
+
+
+_KNOWN_TARGETS: dict[str, object] = {}  # target text -> op; positives only (registrations only grow)
+
+
+def op_of_target(target: str):
+    """The operator a serialized node target names ("torch.ops.aten.add.Tensor",
+    "torch.ops.higher_order.cond"), looked up in the registries; None when it names none."""
+    op = _KNOWN_TARGETS.get(target)
+    if op is not None or type(target) is not str or len(target) > 4 * MAX_NAME:
+        return op
+    parts = target.split(".")
+    if parts[:2] != ["torch", "ops"]:
+        return None
+    if len(parts) == 4 and parts[2] == "higher_order":
+        op = registered_hop(parts[3])
+    elif len(parts) == 5:
+        op = registered_overload(*parts[2:])
+    if op is not None:
+        _KNOWN_TARGETS[target] = op
+    return op
+
+
 def resolve_op(name: str):
     """The OpOverload for "aten::add.Tensor" (overload "default" if omitted), or None."""
     ns, _, rest = _normalize_text(name).partition("::")
     op, _, overload = rest.partition(".")
-    try:
-        packet = getattr(getattr(torch.ops, ns), op)
-        return getattr(packet, overload or "default")
-    except (AttributeError, RuntimeError):
-        return None
+    return registered_overload(ns, op, overload or "default")
 
 
 class OpMatcher:

@@ -240,9 +240,14 @@ def test_wrong_op_in_the_table_is_corruption():
             for q, o, s, k in reader.operator_records(art)]
     with pytest.raises(CorruptArtifactError, match="aten::gelu.default with the schema of aten::relu"):
         upgrade_program(reader.decode_graph(art), recs, "x")
-    for bad in [("aten::__class__", "default"), ("aten::gelu", "__call__"), ("os.system", "")]:
+    for bad in [("os.system", ""), ("aten::gelu", "a.b"), ("aten::", "default")]:
         with pytest.raises(CorruptArtifactError, match="malformed record"):
             upgrade_program(reader.decode_graph(art), [(*bad, "x", G.OperatorKind.ATEN)], "x")
+    # spelled like operators but not in the registry: refused by name, never looked up as attributes
+    # (torch.ops.aten.__class__ is a class, torch.ops.prim.name a str)
+    for qname, overload in [("aten::__class__", "default"), ("aten::gelu", "__call__"), ("prim::name", "default")]:
+        with pytest.raises(MissingOperatorError, match=f"{qname}.{overload}  schema: x  running: not registered"):
+            upgrade_program(reader.decode_graph(art), [(qname, overload, "x", G.OperatorKind.ATEN)], "x")
 
 
 def test_bad_old_node_is_reported_not_crashed(tmp_path):

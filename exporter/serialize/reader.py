@@ -22,9 +22,10 @@ from torch._export.serde import schema as S
 from torch.utils._sympy.numbers import int_oo
 from torch.utils._sympy.value_ranges import ValueRanges
 
+from .. import names
 from ..errors import ArtifactError, CorruptArtifactError, NotAnArtifactError
 from ..versioning import formats, majors, schema_drift
-from . import deserialize, fast_decode, fast_unpack, program_codec, untrusted, verifier, weights
+from . import deserialize, fast_decode, fast_unpack, module_stacks, program_codec, untrusted, verifier, weights
 from .container import FILE_IDENTIFIER, HEADER_SIZE, Header, read_preamble
 from .generated import pt2b_generated as G
 
@@ -152,6 +153,7 @@ def load_tensors(art: Artifact, *, verify: bool = False) -> dict[str, tuple[int,
     for rec in art.program.tensors or []:
         name = text(rec.name)
         untrusted.check_name(name, untrusted.FQN, where, "tensor name")
+        name = names.safe_path(name)
         if rec.kind not in weights.KIND_NAMES:
             raise CorruptArtifactError(f"{where}: tensor {name!r} has unknown kind {rec.kind}.")
         if name in out:
@@ -205,13 +207,30 @@ def _example_inputs(art: Artifact, tensors) -> object:
         raise CorruptArtifactError(f"{where}: example inputs are malformed ({type(e).__name__}: {e}).") from None
 
 
-def rebuild(art: Artifact, *, verify: bool = False) -> torch.export.ExportedProgram:
-    """The ExportedProgram the artifact holds, weights mapped from the file."""
+@dataclasses.dataclass
+class Checked:
+    """An artifact's program after every check pt2b makes before torch's deserializer runs."""
+
+    serialized: S.ExportedProgram
+    state_dict: dict
+    constants: dict
+    example_inputs: object
+
+
+def check(art: Artifact, *, verify: bool = False) -> Checked:
+    """Decode the program and run every check of the untrusted file that comes before torch's
+    deserializer: names and targets, op schemas (upgraded where they drifted), state against the
+    signature, example inputs, guards. The writer runs it on every file before renaming it into
+    place, so pt2b never writes what it would refuse to read."""
     where = _where(art.path)
     serialized = decode_graph(art)
-    untrusted.check_program(serialized, where)
+    records = operator_records(art)
+    recorded = frozenset(schema_drift.op_target(q, o) for q, o, _, kind in records
+                         if kind in (G.OperatorKind.ATEN, G.OperatorKind.CUSTOM))
+    untrusted.check_program(serialized, where, recorded)
     # recorded op schemas vs the running torch: missing ops, compatible drift, upgraders
-    serialized, art.upgrade_notes = schema_drift.upgrade_program(serialized, operator_records(art), where)
+    serialized, art.upgrade_notes = schema_drift.upgrade_program(serialized, records, where)
+    names.rename_state_paths(serialized, names.safe_path)  # what generated code cannot hold, aliased
     tensors = load_tensors(art, verify=verify)
     state_dict, constants = {}, {}
     for name, (kind, t, requires_grad) in tensors.items():
@@ -228,9 +247,16 @@ def rebuild(art: Artifact, *, verify: bool = False) -> torch.export.ExportedProg
     root = serialized.graph_module.module_call_graph[0].signature
     untrusted.check_guards(serialized.guards_code, example_inputs, list(root.forward_arg_names or []),
                            f"{where}: guards_code")
+    return Checked(serialized, state_dict, constants, example_inputs)
+
+
+def rebuild(art: Artifact, *, verify: bool = False) -> torch.export.ExportedProgram:
+    """The ExportedProgram the artifact holds, weights mapped from the file."""
+    where = _where(art.path)
+    c = check(art, verify=verify)
     try:
         with _DESERIALIZE_LOCK:
-            ep = deserialize.deserialize_program(serialized, state_dict, constants, example_inputs)
+            ep = deserialize.deserialize_program(c.serialized, c.state_dict, c.constants, c.example_inputs)
     except ArtifactError:
         raise
     except Exception as e:
@@ -238,7 +264,9 @@ def rebuild(art: Artifact, *, verify: bool = False) -> torch.export.ExportedProg
             f"{where}: the program could not be rebuilt by torch ({type(e).__name__}: {e})."
         ) from e
     _check_inputs_match_placeholders(ep, where)
-    _restore_unused_ranges(ep, serialized)
+    _restore_unused_ranges(ep, c.serialized)
+    if any(text(e.key) == module_stacks.PROVENANCE_KEY for e in art.program.provenance or []):
+        module_stacks.unescape(ep)
     return ep
 
 

@@ -1,13 +1,15 @@
 """Checks on a decoded program before torch's deserializer sees it, so that nothing in a file is
-evaluated or resolved to an arbitrary Python object: node targets must be operators (or SymInt
-arithmetic), symbolic expressions plain arithmetic over symbols (parsed, never evaluated, with
-bounded exponents), and every name that fx turns into Python source a plain identifier/path.
+evaluated or resolved to an arbitrary Python object: node targets must be registered operators
+(looked up in torch's operator registry) or SymInt arithmetic, symbolic expressions plain
+arithmetic over symbols (parsed, never evaluated, with bounded exponents), value and argument
+names Python identifiers, and state/module paths what nn.Module accepts (exporter/names.py gives
+the components torch would paste unsafely into generated code a safe alias in memory).
 
 Why: torch's deserializer parses expressions with sympy.sympify (which uses eval) and resolves a
 node's target by getattr from the torch module (so "torch.os.system" would resolve and be called);
 ep.module() exec()s input guards written from the program's guards_code, its string-valued inputs
-and its example inputs' keys; unlifting setattr()s along every state path (so a "__class__"
-component would reach nn.Module itself)."""
+and its example inputs' keys, and writes every state path into its generated source; unlifting
+setattr()s along every state path (so a "__class__" component would reach nn.Module itself)."""
 
 from __future__ import annotations
 
@@ -17,14 +19,15 @@ import functools
 import operator
 import re
 
+import torch
 from torch._export.serde import schema as S
 from torch._export.serde.serialize import _SYM_OPS
 from torch._export.serde.union import _Union
 
+from .. import names, ops
 from ..errors import CorruptArtifactError
 
 _PYTHON_TARGETS = {f"{fn.__module__}.{fn.__name__}" for fn in (*_SYM_OPS, operator.getitem)}
-_OP_TARGET = re.compile(r"torch\.ops\.(?!__)\w+\.(?!__)\w+(\.(?!__)\w+)?", re.ASCII)
 _SYMBOL = re.compile(r"[a-z]{1,8}\d+")
 _EXPR_FUNCTIONS = {
     # the functions torch's deserializer hands to sympify
@@ -101,44 +104,50 @@ def check_expr(expr: str, where: str) -> None:
             raise bad("raises to a large or nested power")
 
 
-IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
-FQN = re.compile(r"[A-Za-z0-9_]{1,255}(\.[A-Za-z0-9_]{1,255}){0,63}")
-# field -> pattern for names that torch turns into Python source (fx codegen) or attribute paths
+IDENT, FQN, CLASS = "identifier", "path", "class name"
+_CLASS_NAME = re.compile(r"[A-Za-z0-9_]{1,255}(\.[A-Za-z0-9_]{1,255}){0,63}")
+# field -> the kind of name it holds: fx value names and argument names become Python variables;
+# state paths are attribute paths (names.path_ok); torchbind class names are resolved by torch
 _NAME_FIELDS = {"name": IDENT, "as_name": IDENT, "user_input_name": IDENT, "parameter_name": FQN,
-                "buffer_name": FQN, "tensor_constant_name": FQN, "custom_obj_name": FQN, "class_fqn": FQN}
+                "buffer_name": FQN, "tensor_constant_name": FQN, "custom_obj_name": FQN, "class_fqn": CLASS}
 _VALUE_MAPS = ("tensor_values", "sym_int_values", "sym_bool_values", "sym_float_values", "custom_obj_values")
 
 
-def _name_ok(value, pattern, may_be_self: bool = False) -> bool:
-    # fx binds the module as `self` in generated code: a value, state path or forward argument
-    # named "self..." would shadow it (only operator argument names, such as add's `self`, may be);
-    # a dunder component of a state path makes unlifting getattr/setattr Python internals
-    if not isinstance(value, str) or not pattern.fullmatch(value):
-        return False
-    if not may_be_self and value.split(".")[0] == "self":
-        return False
-    return not (pattern is FQN and "__" in value and any(c.startswith("__") for c in value.split(".")))
+def _name_ok(value, kind, may_be_self: bool = False) -> bool:
+    # fx binds the module as `self` in generated code: a value or forward argument named "self"
+    # would shadow it (only operator argument names, such as add's `self`, may be). State paths
+    # may be anything nn.Module accepts: names.safe_path aliases what generated code cannot hold.
+    if kind is FQN:
+        return names.path_ok(value)
+    if kind is CLASS:
+        return type(value) is str and _CLASS_NAME.fullmatch(value) is not None
+    return names.identifier_ok(value) and (may_be_self or value != "self")
 
 
-def check_name(value, pattern, where: str, what: str, *, may_be_self: bool = False) -> None:
-    if not _name_ok(value, pattern, may_be_self):
+def check_name(value, kind, where: str, what: str, *, may_be_self: bool = False) -> None:
+    if not _name_ok(value, kind, may_be_self):
+        rule = {IDENT: "a Python identifier (not a keyword, not 'self')",
+                FQN: "a path of non-empty names joined by '.' (what nn.Module accepts)",
+                CLASS: "a dotted class name"}[kind]
         raise CorruptArtifactError(
-            f"{where}: {what} {str(value)[:80]!r} is not a valid "
-            f"{'identifier' if pattern is IDENT else 'dotted name'}; names from a file end up in "
-            f"generated Python code, so pt2b accepts only plain names."
-        )
+            f"{where}: {what} {str(value)[:80]!r} is not {rule}; names from a file end up in "
+            f"generated Python code or attribute paths, so pt2b accepts only such names.")
 
 
-def _target_ok(target) -> bool:
-    return isinstance(target, str) and (target in _PYTHON_TARGETS or _OP_TARGET.fullmatch(target) is not None)
+def _target_ok(target, recorded=frozenset()) -> bool:
+    """A registered operator, SymInt arithmetic, or an op the artifact's op table records (those
+    are resolved, upgraded or refused by name by versioning/schema_drift before anything runs)."""
+    return type(target) is str and (target in _PYTHON_TARGETS or ops.op_of_target(target) is not None
+                                    or target in recorded)
 
 
-def check_target(target: str, where: str) -> None:
-    if _target_ok(target):
+def check_target(target: str, where: str, recorded=frozenset()) -> None:
+    if _target_ok(target, recorded):
         return
     raise CorruptArtifactError(
-        f"{where}: node calls {target[:120]!r}, which is neither a torch.ops operator nor SymInt "
-        f"arithmetic; pt2b does not resolve or call arbitrary Python objects from a file."
+        f"{where}: node calls {str(target)[:120]!r}, which is neither an operator registered with this torch "
+        f"({torch.__version__}) nor SymInt arithmetic, and the artifact's op table does not record it; "
+        f"pt2b does not resolve or call arbitrary Python objects from a file."
     )
 
 
@@ -176,10 +185,11 @@ def _path_text(path) -> str:
     return f"{_path_text(parent)}[{key!r}]"
 
 
-def check_program(ep: S.ExportedProgram, where: str) -> None:
+def check_program(ep: S.ExportedProgram, where: str, recorded=frozenset()) -> None:
     """Walk every value of the decoded program (subgraphs included) and check it. Values are read
     from the objects' __dict__ (torch's _Union answers attribute reads in Python code) and messages
-    are built only for a value that fails."""
+    are built only for a value that fails. ``recorded``: the node targets of the op-table records
+    (accepted here although unregistered: schema_drift upgrades them or refuses them by name)."""
     stack = [(ep, "program")]
     pop, push, extend = stack.pop, stack.append, stack.extend
     leaf = _LEAF_TYPES
@@ -199,8 +209,8 @@ def check_program(ep: S.ExportedProgram, where: str) -> None:
         if cls is S.SymExpr:
             check_expr(d["expr_str"], f"{where}: {_path_text(path)}")
         elif cls is S.Node:
-            if not _target_ok(d["target"]):
-                check_target(d["target"], f"{where}: node {d['name'] or '?'}")
+            if not _target_ok(d["target"], recorded):
+                check_target(d["target"], f"{where}: node {d['name'] or '?'}", recorded)
         elif cls is S.Graph:
             for field in _VALUE_MAPS:
                 for key in d[field]:
@@ -241,7 +251,8 @@ def check_program(ep: S.ExportedProgram, where: str) -> None:
     if not calls or calls[0].fqn != "" or calls[0].signature is None:
         raise CorruptArtifactError(
             f"{where}: module_call_graph must start with the root module's entry (fqn '' with a signature).")
-    check_plain_strings((ep.graph_module.graph.inputs, ep.graph_module.signature.input_specs),
+    constant_inputs = [spec.value for spec in ep.graph_module.signature.input_specs if spec.type == "constant_input"]
+    check_plain_strings(([a for a in ep.graph_module.graph.inputs if a.type == "as_string"], constant_inputs),
                         f"{where}: program inputs", "string input value")
     _check_python_call_arguments(ep.graph_module.graph, where)
 
@@ -339,7 +350,7 @@ def check_guard(code, root_args: set, where: str) -> list[tuple]:
             raise bad("uses L other than to read an argument")
         if isinstance(node, ast.Constant):
             v = node.value
-            if isinstance(v, str) and not IDENT.fullmatch(v):
+            if isinstance(v, str) and not names.identifier_ok(v):
                 raise bad("contains a string that is not a name")
             if isinstance(v, int) and abs(v) > MAX_INT:
                 raise bad("contains an integer beyond 64 bits")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import zlib
 
 import flatbuffers
@@ -13,11 +14,12 @@ from torch._export.serde import schema as S
 from torch._export.serde.serialize import ExportedProgramSerializer
 
 from .. import __version__
-from ..errors import ExportError, UnsupportedValueError
+from .. import names
+from ..errors import ArtifactError, ExportError, UnsupportedValueError
 from ..versioning import majors, op_table
 from ..versioning.formats import FIELDS_ADDED, FORMAT_VERSION, version_str
-from . import fast_pack, weights
-from .atomic import atomic_write, check_destination
+from . import fast_pack, module_stacks, weights
+from .atomic import atomic_path, check_destination
 from .container import ALIGNMENT, FILE_IDENTIFIER, HEADER_SIZE, Header, align
 from .gc_pause import gc_paused
 from .generated import pt2b_generated as G
@@ -35,11 +37,13 @@ def serialize_graph(ep: torch.export.ExportedProgram):
                 f".pt2b stores only tensors and never pickles. Make it a tensor or a buffer."
             )
     try:
-        return _serialize_program(ep)
+        serialized = _serialize_program(ep)
     except ExportError:
         raise
     except Exception as e:
         raise ExportError(f"torch's export serializer rejected the program: {type(e).__name__}: {e}") from e
+    names.rename_state_paths(serialized, names.original_path)  # a loaded program's aliases, written back
+    return serialized
 
 
 def _serialize_program(ep) -> S.ExportedProgram:
@@ -71,9 +75,9 @@ def collect_tensors(ep) -> list[tuple[str, int, torch.Tensor]]:
     out = []
     for name, t in ep.state_dict.items():
         kind = G.TensorKind.PARAMETER if name in params else G.TensorKind.BUFFER
-        out.append((name, kind, t))
+        out.append((names.original_path(name), kind, t))
     for name, t in ep.constants.items():
-        out.append((name, G.TensorKind.CONSTANT, t))
+        out.append((names.original_path(name), G.TensorKind.CONSTANT, t))
     return out
 
 
@@ -149,7 +153,10 @@ def _write_artifact(ep, path, *, ir_level, metadata, provenance, version, loweri
             f"{version_str(missing[-1][0])} or later, or write the program without it (for a lowered "
             f"program: export_model(lowered.exported_program(), path=...) drops the lowering record).")
     dest = check_destination(path)
-    serialized = serialize_graph(ep)
+    with module_stacks.escaped(ep) as escaped:  # module names torch's metadata format cannot split
+        serialized = serialize_graph(ep)
+    if escaped:
+        provenance = {**(provenance or {}), module_stacks.PROVENANCE_KEY: module_stacks.PROVENANCE_VALUE}
     meta_bytes = pack_metadata(metadata)
     spec_str, leaves_bytes, example_tensors = example_inputs_payload(ep)
     wp = weights.plan(collect_tensors(ep) + example_tensors, ALIGNMENT)
@@ -175,27 +182,56 @@ def _write_artifact(ep, path, *, ir_level, metadata, provenance, version, loweri
         prog.lowering = low
 
     data_offset = align(HEADER_SIZE)
-    with atomic_write(dest) as f:
-        f.write(b"\0" * data_offset)
-        weights.write_segments(f, wp, data_offset)
-        segs = []
-        for s in wp.segments:
-            t = G.SegmentT()
-            t.offset, t.nbytes, t.checksum = s.offset, s.nbytes, s.checksum
-            segs.append(t)
-        prog.segments = segs
-        builder = flatbuffers.Builder(1 << 16)
-        builder.Finish(prog.Pack(builder), file_identifier=FILE_IDENTIFIER)
-        program = builder.Output()
-        program_offset = align(data_offset + wp.data_size, 8)
-        same_major = version[0] == FORMAT_VERSION[0]
-        header = Header(*(version if same_major else FORMAT_VERSION), data_offset, wp.data_size,
-                        program_offset, len(program), zlib.crc32(program))
-        if not same_major:  # an older major: the writer steps of versioning/majors.py rewrite both
-            raw = majors.downgrade(majors.RawProgram(FORMAT_VERSION, header, bytes(program)), version, dest)
-            header, program = raw.header, raw.program
-        f.write(b"\0" * (program_offset - data_offset - wp.data_size))
-        f.write(program)
-        f.seek(0)
-        f.write(header.pack())
+    with atomic_path(dest) as tmp:
+        with open(tmp, "wb") as f:
+            _write_file(f, prog, wp, data_offset, version, dest)
+            f.flush()
+            os.fsync(f.fileno())
+        check_readable(tmp, dest)
     return dest
+
+
+def check_readable(tmp: str, dest: str) -> None:
+    """Load the file written at ``tmp`` as `load` would (every check, then torch's deserializer)
+    before it is renamed to ``dest``: a program pt2b would refuse or fail to load is an
+    ExportError now, never a file."""
+    from . import reader
+
+    try:
+        reader.rebuild(reader.open_artifact(tmp))
+    except ArtifactError as e:
+        why = str(e).replace(tmp, dest)
+        raise ExportError(f"pt2b would refuse to load what it was about to write, so {dest!r} was not written: "
+                          f"{type(e).__name__}: {why}") from e
+
+
+def _write_file(f, prog, wp, data_offset: int, version, dest: str) -> None:
+    """Header, weight segments and the packed program table, in that order."""
+    f.write(b"\0" * data_offset)
+    weights.write_segments(f, wp, data_offset)
+    segs = []
+    for s in wp.segments:
+        t = G.SegmentT()
+        t.offset, t.nbytes, t.checksum = s.offset, s.nbytes, s.checksum
+        segs.append(t)
+    prog.segments = segs
+    builder = flatbuffers.Builder(1 << 16)
+    try:
+        builder.Finish(prog.Pack(builder), file_identifier=FILE_IDENTIFIER)
+    except UnicodeEncodeError as e:
+        bad = e.object[max(0, e.start - 40): e.end + 40]
+        raise ExportError(f"the program holds text that is not valid Unicode ({bad!r}: {e.reason}), e.g. a "
+                          f"module or argument name with a lone surrogate; .pt2b stores text as UTF-8. "
+                          f"Rename it.") from None
+    program = builder.Output()
+    program_offset = align(data_offset + wp.data_size, 8)
+    same_major = version[0] == FORMAT_VERSION[0]
+    header = Header(*(version if same_major else FORMAT_VERSION), data_offset, wp.data_size,
+                    program_offset, len(program), zlib.crc32(program))
+    if not same_major:  # an older major: the writer steps of versioning/majors.py rewrite both
+        raw = majors.downgrade(majors.RawProgram(FORMAT_VERSION, header, bytes(program)), version, dest)
+        header, program = raw.header, raw.program
+    f.write(b"\0" * (program_offset - data_offset - wp.data_size))
+    f.write(program)
+    f.seek(0)
+    f.write(header.pack())

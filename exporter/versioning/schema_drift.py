@@ -28,8 +28,10 @@ from . import op_table, upgraders
 
 MAX_CHAIN = 16
 MAX_SCHEMA_LEN = 1 << 16
-_NAME = re.compile(r"(?!__)[A-Za-z_]\w*")
-_QUALIFIED = re.compile(r"(?!__)[A-Za-z_]\w*::(?!__)[A-Za-z_]\w*")
+# the shape of an op-table record (operator names are identifiers, "__and__" included); whether it
+# names an operator is asked of torch's registry (exporter/ops.py), never read from the spelling
+_NAME = re.compile(r"[A-Za-z_]\w{0,1023}", re.ASCII)
+_QUALIFIED = re.compile(r"[A-Za-z_]\w{0,1023}::[A-Za-z_]\w{0,1023}", re.ASCII)
 _NO_DEFAULT = object()
 
 
@@ -220,11 +222,8 @@ def _running(qname: str, overload: str):
 
 
 def _overloads_hint(qname: str) -> str:
-    ns, _, name = qname.partition("::")
-    try:
-        packet = getattr(getattr(torch.ops, ns), name)
-        have = sorted(packet.overloads())
-    except Exception:
+    have = sorted(s.overload_name or "default" for s in torch._C._jit_get_schemas_for_operator(qname))
+    if not have:
         return f"this torch ({torch.__version__}) has no op {qname}"
     return f"this torch ({torch.__version__}) has {qname} only with overloads: {', '.join(have) or 'none'}"
 
