@@ -1,0 +1,621 @@
+"""Sweep real transformers models (exporter/corpus/transformers_zoo.py) through the pt2b pipeline, one subprocess per case.
+
+Stages per case: build, capture (torch.export, dynamic then static), eager, write, load (+ bitwise round trip vs
+ep.module()), then per preset none/core/max: lower (load_for_backend), run (runtime_ref.Runtime), match (vs eager).
+Writes one JSON record per case (--out) and prints a summary plus the distinct failures grouped with counts.
+
+  .venv/bin/python -m tools.real_models --stages capture              # what torch.export itself captures
+  .venv/bin/python -m tools.real_models --only llama,t5/seq2seq,vit    # full pipeline on a few cases
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import copy
+import json
+import multiprocessing as mp
+import multiprocessing.connection
+import os
+import re
+import sys
+import tempfile
+import time
+import traceback
+
+os.environ["PT2B_CACHE"] = "off"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+PRESETS = ("none", "core", "max")
+STAGE_ORDER = ["build", "capture", "eager", "write", "load", "bitwise"] + \
+    [f"{what}:{p}" for p in PRESETS for what in ("lower", "run", "match", "torch")]
+# "torch:<preset>" runs only where pt2b's lower/run/match failed: torch's own run_decompositions with the
+# preset's table, run and compared with eager; where it fails too the failure is torch's limitation
+STOP_AFTER = {"build": "build", "capture": "capture", "eager": "eager", "write": "write", "load": "bitwise",
+              "all": None}
+MSG_CHARS = 300
+
+
+# ------------------------------------------------------------------------------------------------
+# Child side: one case
+# ------------------------------------------------------------------------------------------------
+
+def _quiet_everything():
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except Exception:
+        pass
+
+
+_BOILERPLATE = [re.compile(r"\(accepted: [^)]*\)"), re.compile(r"Set TORCH_LOGS=[^\n]*"),
+                re.compile(r"For more information[^\n]*")]
+
+
+def _err(e: BaseException) -> dict:
+    msg = str(e).strip()
+    st = {"status": "fail", "error_type": type(e).__name__, "error": msg[:MSG_CHARS]}
+    key = msg
+    for rx in _BOILERPLATE:
+        key = rx.sub("", key)
+    key = re.sub(r"\s+", " ", key).strip()
+    if key[:MSG_CHARS] != msg[:MSG_CHARS]:
+        st["error_key"] = key[:MSG_CHARS]  # the message without boilerplate, used to group failures
+    return st
+
+
+def _leaves(out):
+    import torch.utils._pytree as pytree
+
+    return pytree.tree_flatten(out)[0]
+
+
+def _compare_bitwise(a, b) -> str | None:
+    import torch
+
+    la, lb = _leaves(a), _leaves(b)
+    if len(la) != len(lb):
+        return f"output leaf count differs: {len(la)} vs {len(lb)}"
+    for i, (x, y) in enumerate(zip(la, lb)):
+        if torch.is_tensor(x) or torch.is_tensor(y):
+            if not (torch.is_tensor(x) and torch.is_tensor(y)):
+                return f"leaf {i}: tensor vs {type(y).__name__ if torch.is_tensor(x) else type(x).__name__}"
+            if x.shape != y.shape or x.dtype != y.dtype:
+                return f"leaf {i}: {tuple(x.shape)}/{x.dtype} vs {tuple(y.shape)}/{y.dtype}"
+            if not torch.equal(x, y) and not (x.is_floating_point() and torch.equal(x.nan_to_num(), y.nan_to_num())
+                                              and torch.equal(x.isnan(), y.isnan())):
+                return f"leaf {i}: not bitwise equal (max abs diff {(x.double() - y.double()).abs().max().item():.3g})"
+        elif x != y:
+            return f"leaf {i}: {x!r} != {y!r}"
+    return None
+
+
+def _compare_close(out, ref, rtol, atol) -> str | None:
+    import torch
+
+    lo, lr = _leaves(out), _leaves(ref)
+    if len(lo) != len(lr):
+        return f"output leaf count differs: {len(lo)} (runtime) vs {len(lr)} (eager)"
+    for i, (x, y) in enumerate(zip(lo, lr)):
+        if torch.is_tensor(x) and torch.is_tensor(y):
+            try:
+                torch.testing.assert_close(x, y, rtol=rtol, atol=atol, equal_nan=True, check_device=False)
+            except AssertionError as e:
+                lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+                return f"leaf {i} {tuple(y.shape)}: " + " ".join(lines[:4])
+        elif torch.is_tensor(x) != torch.is_tensor(y):
+            return f"leaf {i}: {type(x).__name__} (runtime) vs {type(y).__name__} (eager)"
+    return None
+
+
+def _ops_of(ep) -> list[str]:
+    import torch.fx
+
+    ops = set()
+    for _, m in ep.graph_module.named_modules():
+        if isinstance(m, torch.fx.GraphModule):
+            ops.update(str(n.target) for n in m.graph.nodes if n.op == "call_function")
+    return sorted(ops)
+
+
+def _is_dynamic(ep) -> bool:
+    import torch
+
+    for n in ep.graph.nodes:
+        if n.op == "placeholder":
+            v = n.meta.get("val")
+            if isinstance(v, torch.Tensor) and any(not isinstance(s, int) for s in v.shape):
+                return True
+    return False
+
+
+def run_case(name: str, stop_after: str | None, conn, workdir: str) -> None:
+    """Run the stages for ``name``, sending the (growing) record through ``conn`` after each stage."""
+    _quiet_everything()
+    import torch
+
+    torch.set_num_threads(1)
+    rec = {"name": name, "stages": {}}
+
+    def send():
+        conn.send(rec)
+
+    def stage(key, fn):
+        """Run fn, record status/seconds; returns (ok, value)."""
+        rec["current"] = key
+        send()
+        t0 = time.perf_counter()
+        try:
+            value = fn()
+            st = {"status": "ok"}
+            ok = True
+        except Exception as e:  # noqa: BLE001 -- every failure is a result here
+            value, st, ok = None, _err(e), False
+            if os.environ.get("PT2B_SWEEP_TRACEBACK"):
+                st["traceback"] = traceback.format_exc()[-3000:]
+        st["seconds"] = round(time.perf_counter() - t0, 3)
+        rec["stages"][key] = st
+        rec.pop("current", None)
+        send()
+        return ok, value
+
+    def done(key):
+        return stop_after is not None and key == stop_after
+
+    def skip_rest(after, why="an earlier stage failed"):
+        started = False
+        for k in STAGE_ORDER:
+            if started and k not in rec["stages"]:
+                rec["stages"][k] = {"status": "skip", "why": why}
+            if k == after:
+                started = True
+            if k == stop_after:  # stages after --stages are not part of this run
+                break
+        send()
+
+    from exporter.corpus.transformers_zoo import CaseUnavailable, make_case
+
+    ok, case = stage("build", lambda: make_case(name))
+    if not ok:
+        st = rec["stages"]["build"]
+        st["unavailable"] = st.get("error_type") == "CaseUnavailable"
+        return skip_rest("build")
+    rec.update(model_type=case.model_type, task=case.task, model_class=case.model_class,
+               attn_implementation=case.attn_implementation, inputs=case.inputs, notes=case.notes,
+               params=sum(p.numel() for p in case.model.parameters()),
+               input_shapes={k: list(v.shape) for k, v in (case.kwargs or {}).items() if torch.is_tensor(v)},
+               rtol=case.rtol, atol=case.atol, strict=case.strict)
+    if done("build"):
+        return send()
+    eager_model = copy.deepcopy(case.model)  # export and the runs below must not see a mutated model
+    args, kwargs = case.args, case.kwargs or {}
+
+    def fresh():
+        return copy.deepcopy(args), copy.deepcopy(kwargs)
+
+    def capture():
+        a, k = fresh()
+        if case.dynamic_shapes is not None:
+            try:
+                ep = torch.export.export(case.model, a, k, dynamic_shapes=case.dynamic_shapes, strict=case.strict)
+                rec["dynamic"] = "dynamic" if _is_dynamic(ep) else "dynamic-requested-but-static"
+                return ep
+            except Exception as e:  # noqa: BLE001
+                rec["dynamic"] = "static-after-dynamic-failed"
+                rec["dynamic_error"] = f"{type(e).__name__}: {str(e).strip()[:MSG_CHARS]}"
+                a, k = fresh()
+        else:
+            rec["dynamic"] = "static"
+        try:
+            return torch.export.export(case.model, a, k, strict=case.strict)
+        except Exception as e:  # noqa: BLE001
+            if not case.strict:
+                raise
+            # transformers exports its static-cache wrappers strict; see what non-strict capture gives
+            rec["strict_error"] = f"{type(e).__name__}: {str(e).strip()[:MSG_CHARS]}"
+            rec["strict"] = "non-strict-after-strict-failed"
+            a, k = fresh()
+            return torch.export.export(case.model, a, k, strict=False)
+
+    ok, ep = stage("capture", capture)
+    if not ok:
+        return skip_rest("capture")
+    rec["ops"] = _ops_of(ep)
+    rec["n_nodes"] = sum(1 for n in ep.graph.nodes if n.op == "call_function")
+    if done("capture"):
+        return send()
+
+    def eager():
+        a, k = fresh()
+        with torch.no_grad():
+            return eager_model(*a, **k)
+
+    ok, ref = stage("eager", eager)
+    if not ok:
+        return skip_rest("eager")
+    if done("eager"):
+        return send()
+
+    import exporter
+    import runtime_ref
+
+    path = os.path.join(workdir, re.sub(r"[^A-Za-z0-9_.-]", "_", name) + ".pt2b")
+    ok, _ = stage("write", lambda: exporter.export_model(ep, path=path))
+    if not ok:
+        return skip_rest("write")
+    rec["artifact_bytes"] = os.path.getsize(path)
+    if done("write"):
+        return send()
+
+    def load():
+        prog = exporter.load(path)
+        a, k = fresh()
+        with torch.no_grad():
+            return prog(*a, **k)
+
+    ok, out = stage("load", load)
+    if ok:
+        def bitwise():
+            a, k = fresh()
+            with torch.no_grad():
+                want = ep.module()(*a, **k)
+            msg = _compare_bitwise(out, want)
+            if msg:
+                raise AssertionError(msg)
+
+        stage("bitwise", bitwise)
+    else:
+        rec["stages"]["bitwise"] = {"status": "skip", "why": "load failed"}
+    if done("bitwise"):
+        return send()
+
+    for preset in PRESETS:
+        ok, lp = stage(f"lower:{preset}", lambda: exporter.load_for_backend(path, preset, cache=False))
+        if not ok:
+            rec["stages"][f"run:{preset}"] = rec["stages"][f"match:{preset}"] = {"status": "skip",
+                                                                                   "why": "lower failed"}
+            stage(f"torch:{preset}", lambda: _torch_lowering(ep, preset, fresh, ref, case))
+            continue
+        if preset != "none":
+            rec.setdefault("lowered_op_counts", {})[preset] = len(_ops_of(lp.exported_program()))
+        custom = custom_ops(lp.exported_program())
+        if custom:  # ops of torch.library (transformers registers some): runtime_ref runs them when told to
+            rec["custom_ops"] = sorted(set(rec.get("custom_ops", [])) | set(custom))
+
+        def run():
+            a, k = fresh()
+            return runtime_ref.Runtime(lp, extra_ops=custom)(*a, **k)
+
+        ok, got = stage(f"run:{preset}", run)
+        if not ok:
+            rec["stages"][f"match:{preset}"] = {"status": "skip", "why": "run failed"}
+            stage(f"torch:{preset}", lambda: _torch_lowering(ep, preset, fresh, ref, case))
+            continue
+
+        def match():
+            msg = _compare_close(got, ref, case.rtol, case.atol)
+            if msg:
+                raise AssertionError(msg)
+
+        if not stage(f"match:{preset}", match)[0]:
+            stage(f"torch:{preset}", lambda: _torch_lowering(ep, preset, fresh, ref, case))
+    send()
+
+
+def custom_ops(ep) -> list[str]:
+    """Names of the torch.library operators (namespaces other than aten and prims) a program calls."""
+    return [op for op in _ops_of(ep) if op.count(".") == 2 and op.split(".")[0] not in ("aten", "prims")]
+
+
+def _torch_lowering(ep, preset, fresh, ref, case):
+    """What torch itself does where pt2b's lowering, run or match failed: torch's run_decompositions
+    with the preset's table, its module run on the inputs and compared with eager. Raises where torch
+    fails too (a torch limitation, recorded with torch's own error)."""
+    import torch
+
+    from exporter.lowering import tables
+
+    table = {"none": {}, "core": None, "max": tables.available_decompositions()}[preset]
+    lowered = ep.run_decompositions() if table is None else ep.run_decompositions(table)
+    a, k = fresh()
+    with torch.no_grad():
+        out = lowered.module()(*a, **k)
+    msg = _compare_close(out, ref, case.rtol, case.atol)
+    if msg:
+        raise AssertionError(f"torch's lowered module differs from eager: {msg}")
+
+
+def _child(name, stop_after, conn, workdir, log_path):
+    # silence the child: its own stdout/stderr go to a per-case log
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    try:
+        run_case(name, stop_after, conn, workdir)
+    except BaseException as e:  # noqa: BLE001
+        try:
+            conn.send({"name": name, "internal_error": f"{type(e).__name__}: {e}"[:MSG_CHARS]})
+        except Exception:
+            pass
+    finally:
+        conn.close()
+
+
+# ------------------------------------------------------------------------------------------------
+# Parent side: scheduling, records, summary
+# ------------------------------------------------------------------------------------------------
+
+def _preload():
+    """Import the heavy modules once so that forked children start warm."""
+    _quiet_everything()
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+
+    import exporter  # noqa: F401
+    import runtime_ref  # noqa: F401
+    from exporter.corpus import transformers_zoo
+
+    return transformers_zoo
+
+
+def _finish_dead(rec: dict, name: str, why: str, log_path: str, stop_after=None) -> dict:
+    rec = dict(rec or {"name": name, "stages": {}})
+    rec.setdefault("stages", {})
+    cur = rec.pop("current", None)
+    if cur is None:
+        cur = next((k for k in STAGE_ORDER if k not in rec["stages"]), "build")
+    tail = ""
+    try:
+        with open(log_path, errors="replace") as f:
+            tail = f.read()[-MSG_CHARS:]
+    except OSError:
+        pass
+    rec["stages"][cur] = {"status": "fail", "error_type": why.split(":")[0], "error": (why + " " + tail).strip()[:MSG_CHARS]}
+    started = False
+    for k in STAGE_ORDER:
+        if started and k not in rec["stages"]:
+            rec["stages"][k] = {"status": "skip", "why": why}
+        if k == cur:
+            started = True
+        if k == stop_after:
+            break
+    return rec
+
+
+def sweep(names, *, workers: int, timeout: float, stop_after, out_path: str, log_dir: str, resume: dict | None = None,
+          progress=True):
+    ctx = mp.get_context("fork")
+    records = dict(resume or {})
+    pending = [n for n in names if n not in records]
+    running = {}  # name -> (proc, conn, start, last_record, log)
+    workdir = tempfile.mkdtemp(prefix="pt2b_real_models_")
+    t_start = time.time()
+    done_count = len(records)
+
+    def flush():
+        tmp = out_path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"meta": {"stop_after": stop_after, "cases": len(names), "wall_seconds":
+                                round(time.time() - t_start, 1), "workers": workers, "timeout": timeout},
+                       "records": [records[n] for n in names if n in records]}, f, indent=1)
+        os.replace(tmp, out_path)
+
+    while pending or running:
+        while pending and len(running) < workers:
+            name = pending.pop(0)
+            parent_conn, child_conn = ctx.Pipe(duplex=False)
+            log = os.path.join(log_dir, re.sub(r"[^A-Za-z0-9_.-]", "_", name) + ".log")
+            p = ctx.Process(target=_child, args=(name, stop_after, child_conn, workdir, log), daemon=True)
+            p.start()
+            child_conn.close()
+            running[name] = [p, parent_conn, time.time(), None, log]
+        waitables = [r[1] for r in running.values()] + [r[0].sentinel for r in running.values()]
+        multiprocessing.connection.wait(waitables, timeout=1.0)
+        for name in list(running):
+            p, conn, start, last, log = running[name]
+            try:
+                while conn.poll():
+                    last = conn.recv()
+            except (EOFError, OSError):
+                pass
+            running[name][3] = last
+            finished = not p.is_alive()
+            if finished:
+                p.join()
+                if last is not None and "internal_error" in last:
+                    rec = _finish_dead(None, name, "internal_error: " + last["internal_error"], log, stop_after)
+                elif last is None or "current" in last or p.exitcode != 0:
+                    rec = _finish_dead(last, name, f"crash: exit code {p.exitcode}", log, stop_after)
+                else:
+                    rec = last
+            elif time.time() - start > timeout:
+                p.kill()
+                p.join()
+                rec = _finish_dead(last, name, f"timeout: {timeout:.0f}s", log, stop_after)
+            else:
+                continue
+            conn.close()
+            rec["wall_seconds"] = round(time.time() - start, 2)
+            records[name] = rec
+            del running[name]
+            done_count += 1
+            if progress:
+                last_status = _one_line(rec)
+                print(f"[{done_count}/{len(names)} {time.time() - t_start:6.0f}s] {name}: {last_status}", flush=True)
+            if done_count % 5 == 0 or not (pending or running):
+                flush()
+    flush()
+    return records, time.time() - t_start
+
+
+def _one_line(rec) -> str:
+    st = rec.get("stages", {})
+    for k in STAGE_ORDER:
+        s = st.get(k)
+        if s and s["status"] == "fail":
+            return f"FAIL at {k}: {s.get('error_type')}: {s.get('error', '')[:100]}"
+    last = [k for k in STAGE_ORDER if st.get(k, {}).get("status") == "ok"]
+    return f"ok through {last[-1] if last else '-'} ({rec.get('wall_seconds', 0)}s)"
+
+
+_NORMALIZERS = [
+    (re.compile(r"0x[0-9a-fA-F]+"), "0x…"),
+    (re.compile(r"/tmp/[^\s'\"]+"), "<tmp>"),
+    (re.compile(r"\b\d+(\.\d+)?(e[-+]?\d+)?\b"), "N"),
+    (re.compile(r"\s+"), " "),
+]
+
+
+def _group_key(stage: str, st: dict) -> str:
+    msg = st.get("error_key") or st.get("error", "")
+    for rx, rep in _NORMALIZERS:
+        msg = rx.sub(rep, msg)
+    return f"{stage} | {st.get('error_type')}: {msg[:160]}"
+
+
+def summarize(records: list[dict], wall: float | None = None, file=sys.stdout) -> None:
+    p = lambda *a: print(*a, file=file)  # noqa: E731
+    n = len(records)
+    cnt = collections.Counter()
+    for r in records:
+        for k, s in r.get("stages", {}).items():
+            cnt[(k, s["status"])] += 1
+    unavailable = sum(1 for r in records if r.get("stages", {}).get("build", {}).get("unavailable"))
+    p(f"\n== {n} cases" + (f", {wall:.0f}s wall" if wall is not None else ""))
+    p(f"{'stage':<14}{'ok':>6}{'fail':>6}{'skip':>6}")
+    for k in STAGE_ORDER:
+        if cnt[(k, "ok")] or cnt[(k, "fail")]:
+            p(f"{k:<14}{cnt[(k, 'ok')]:>6}{cnt[(k, 'fail')]:>6}{cnt[(k, 'skip')]:>6}")
+    p(f"(build failures that are CaseUnavailable: {unavailable})")
+    types = collections.defaultdict(set)
+    for r in records:
+        t = r["name"].split("/", 1)[0]
+        types["tried"].add(t)
+        st = r.get("stages", {})
+        for k in ("build", "capture", "write", "bitwise", "match:none", "match:core", "match:max"):
+            if st.get(k, {}).get("status") == "ok":
+                types[k].add(t)
+    p("model types (any case of the type): " + ", ".join(
+        f"{k}={len(types[k])}" for k in ("tried", "build", "capture", "write", "bitwise", "match:none", "match:core",
+                                          "match:max") if k == "tried" or types[k] or k in ("build", "capture")))
+    dyn = collections.Counter(r.get("dynamic") for r in records if r.get("stages", {}).get("capture", {}).get("status") == "ok")
+    if dyn:
+        p("captured programs: " + ", ".join(f"{k}={v}" for k, v in dyn.most_common()))
+    by_task = collections.defaultdict(collections.Counter)
+    for r in records:
+        task = r.get("task") or (r["name"].split("/", 1)[1] if "/" in r["name"] else "base")
+        st = r.get("stages", {})
+        by_task[task]["tried"] += 1
+        for k in ("build", "capture", "bitwise", "match:core"):
+            if st.get(k, {}).get("status") == "ok":
+                by_task[task][k] += 1
+    p(f"\n{'task':<24}{'tried':>6}{'built':>6}{'capt':>6}{'bitw':>6}{'core':>6}")
+    for task, c in sorted(by_task.items(), key=lambda kv: -kv[1]["tried"]):
+        p(f"{task:<24}{c['tried']:>6}{c['build']:>6}{c['capture']:>6}{c['bitwise']:>6}{c['match:core']:>6}")
+    groups = collections.defaultdict(list)
+    for r in records:
+        for k in STAGE_ORDER:
+            s = r.get("stages", {}).get(k)
+            if s and s["status"] == "fail":
+                groups[_group_key(k, s)].append(r["name"])
+    p(f"\n== {len(groups)} distinct failures (stage | error), by count")
+    for key, names in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        ex = ", ".join(names[:4]) + (" …" if len(names) > 4 else "")
+        p(f"{len(names):>4}  {key}\n      e.g. {ex}")
+
+
+def pick_sample(records: list[dict]) -> list[tuple[str, str]]:
+    """Cases for the default test run, chosen from a sweep's records: greedily, the case that adds the
+    most ops not yet called per second of its run, until every op any captured case calls is called
+    by a chosen one; then the quickest case of every task not yet represented. Returns (name, why)."""
+    captured = [r for r in records if r.get("stages", {}).get("capture", {}).get("status") == "ok"]
+    cost = {r["name"]: max(float(r.get("wall_seconds") or 1.0), 0.5) for r in captured}
+    ops = {r["name"]: set(r.get("ops", [])) for r in captured}
+    uncovered = set().union(*ops.values()) if ops else set()
+    chosen = []
+    while uncovered:
+        best = max(ops, key=lambda n: (len(ops[n] & uncovered) / cost[n], -cost[n], n))
+        gain = ops[best] & uncovered
+        if not gain:
+            break
+        chosen.append((best, f"{len(gain)} new ops, e.g. {', '.join(sorted(gain)[:3])}"))
+        uncovered -= gain
+    tasks = {n for n, _ in chosen}
+    have = {next(r.get("task") for r in captured if r["name"] == n) for n in tasks}
+    for r in sorted(captured, key=lambda r: cost[r["name"]]):
+        if r.get("task") not in have:
+            have.add(r.get("task"))
+            chosen.append((r["name"], f"task {r.get('task')}"))
+    return chosen
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m tools.real_models", description=__doc__.splitlines()[0])
+    ap.add_argument("--only", help="comma-separated case names")
+    ap.add_argument("--tasks", help="comma-separated tasks (default: the corpus' default set)")
+    ap.add_argument("--stages", default="all", choices=sorted(STOP_AFTER), help="stop after this stage")
+    ap.add_argument("--limit", type=int, help="first N cases only")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per case")
+    ap.add_argument("--out", default="/tmp/real_models.json")
+    ap.add_argument("--log-dir", default=None, help="per-case stdout/stderr logs (default: <out>.logs/)")
+    ap.add_argument("--resume", action="store_true", help="keep the records already in --out, run the rest")
+    ap.add_argument("--redo-failed", metavar="STAGE", help="with --resume: run again the cases whose STAGE failed")
+    ap.add_argument("--summary-only", action="store_true", help="print the summary of --out and exit")
+    ap.add_argument("--pick-sample", metavar="FILE", help="write the default test sample chosen from --out to FILE")
+    args = ap.parse_args(argv)
+    import signal
+
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends the output quietly
+
+    if args.summary_only or args.pick_sample:
+        with open(args.out) as f:
+            data = json.load(f)
+        if args.pick_sample:
+            chosen = pick_sample(data["records"])
+            with open(args.pick_sample, "w") as f:
+                f.write(f"# default-run sample of the real-model corpus: every op of {len(data['records'])} swept cases "
+                        f"and every task\n# written by `python -m tools.real_models --out SWEEP.json --pick-sample "
+                        f"FILE`\n")
+                f.writelines(f"{n}  # {why}\n" for n, why in chosen)
+            print(f"{len(chosen)} cases -> {args.pick_sample}")
+            return 0
+        summarize(data["records"], data.get("meta", {}).get("wall_seconds"))
+        return 0
+    zoo = _preload()
+    if args.only:
+        names = [n.strip() for n in args.only.split(",") if n.strip()]
+    else:
+        names = zoo.case_names(args.tasks.split(",") if args.tasks else None)
+    if args.limit:
+        names = names[: args.limit]
+    resume = None
+    if args.resume and os.path.exists(args.out):
+        with open(args.out) as f:
+            resume = {r["name"]: r for r in json.load(f)["records"]}
+        if args.redo_failed:
+            resume = {n: r for n, r in resume.items()
+                      if r.get("stages", {}).get(args.redo_failed, {}).get("status") != "fail"}
+    log_dir = args.log_dir or args.out + ".logs"
+    os.makedirs(log_dir, exist_ok=True)
+    print(f"{len(names)} cases, stages up to {args.stages}, {args.workers} workers, timeout {args.timeout:.0f}s, "
+          f"out {args.out}", flush=True)
+    records, wall = sweep(names, workers=args.workers, timeout=args.timeout, stop_after=STOP_AFTER[args.stages],
+                          out_path=args.out, log_dir=log_dir, resume=resume)
+    summarize([records[n] for n in names if n in records], wall)
+    print(f"\nJSON: {args.out}  logs: {log_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
