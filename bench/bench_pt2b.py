@@ -2,9 +2,11 @@
 by side in one process per model; prints medians and ratios (DESIGN.md section 6 targets).
 
 Usage: python bench/bench_pt2b.py [--models mlp,encoder_6x512,chain100,gpt_350m] [--repeat 5]
-                                  [--sweep 1,2,4,8,12]
+                                  [--sweep 1,2,4,8,12] [--real-models sample|NAME,NAME...]
 gpt_350m (355M parameters, 1.4 GB) runs with at most 2 repeats; --sweep times save/load/lower of the
-512-wide encoder at each layer count and prints the cost per added layer.
+512-wide encoder at each layer count and prints the cost per added layer; --real-models times save,
+load and cold lowering on real transformers architectures (exporter/corpus/transformers_zoo.py; "sample"
+is the default test sample, exporter/corpus/transformers_sample.txt) and prints each ratio's geometric mean.
 """
 
 from __future__ import annotations
@@ -184,11 +186,75 @@ def bench_eager_mode(case, n: int, t_eager: float) -> list:
             ("eager_decompositions('core') steady vs eager", t_steady, t_eager, "")]
 
 
+REAL_STEPS = ("save", "load", "lower_core_cold")
+
+
+def real_model_names(spec: str) -> list[str]:
+    from exporter.corpus.programs import transformers_sample
+
+    return transformers_sample() if spec == "sample" else [n for n in spec.split(",") if n]
+
+
+def bench_real_model(name: str, repeat: int, tmp: str) -> dict:
+    """pt2b / torch ratios of save (write step), load and cold core lowering on one real architecture;
+    a step either side cannot do is left out with the reason."""
+    from exporter.corpus.transformers_zoo import make_case as make_real
+
+    case = make_real(name)
+    args, kwargs = case.args, case.kwargs or {}
+    ep = torch.export.export(copy.deepcopy(case.model), copy.deepcopy(args), copy.deepcopy(kwargs),
+                             dynamic_shapes=case.dynamic_shapes, strict=case.strict)
+    pt2, pt2b = os.path.join(tmp, "r.pt2"), os.path.join(tmp, "r.pt2b")
+    out = {"name": name, "ratios": {}, "seconds": {}, "skipped": {}}
+    ours, theirs = interleaved([lambda: writer.write_artifact(ep, pt2b, ir_level="training"),
+                                lambda: torch.export.save(ep, pt2)], repeat)
+    out["seconds"]["save"] = (ours, theirs)
+    o_load, t_load = interleaved([lambda: load(pt2b), lambda: torch.export.load(pt2)], repeat)
+    out["seconds"]["load"] = (o_load, t_load)
+    with torch.no_grad():  # the benchmark times equal work: pt2b's load gives torch's module's outputs
+        a, k = copy.deepcopy(args), copy.deepcopy(kwargs)
+        got = load(pt2b)(*a, **k)
+        a, k = copy.deepcopy(args), copy.deepcopy(kwargs)
+        want = ep.module()(*a, **k)
+        for x, y in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want)):
+            assert not torch.is_tensor(x) or torch.equal(x, y), f"{name}: load differs from torch.export's module"
+    try:
+        torch.export.load(pt2).run_decompositions()
+        load_for_backend(pt2b, "core", cache=False)
+    except Exception as e:  # noqa: BLE001 -- a lowering either side cannot do is reported, not timed
+        out["skipped"]["lower_core_cold"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    else:
+        out["seconds"]["lower_core_cold"] = tuple(interleaved(
+            [lambda: load_for_backend(pt2b, "core", cache=False),
+             lambda: torch.export.load(pt2).run_decompositions()], repeat))
+    out["ratios"] = {k: o / t for k, (o, t) in out["seconds"].items()}
+    return out
+
+
+def print_real_models(results: list[dict], repeat: int) -> None:
+    print(f"\n## real models ({len(results)} transformers architectures; median of {repeat}; ratio = pt2b / torch)")
+    print("| model | " + " | ".join(REAL_STEPS) + " |")
+    print("|---|" + "---|" * len(REAL_STEPS))
+    for r in results:
+        cells = [f"{r['ratios'][k]:.3f}" if k in r["ratios"] else "n/a" for k in REAL_STEPS]
+        print(f"| {r['name']} | " + " | ".join(cells) + " |")
+    geo = []
+    for k in REAL_STEPS:
+        vals = [r["ratios"][k] for r in results if k in r["ratios"]]
+        geo.append(f"{statistics.geometric_mean(vals):.3f} (n={len(vals)})" if vals else "n/a")
+    print("| **geometric mean** | " + " | ".join(geo) + " |")
+    for r in results:
+        for k, why in r["skipped"].items():
+            print(f"  {r['name']}: {k} not timed: {why}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--models", default="mlp,encoder_6x512,chain100")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--json", help="also write the rows as JSON here")
+    ap.add_argument("--real-models", default="", help="'sample' (the test sample) or comma-separated case names "
+                                                       "of the real-model corpus; prints geometric-mean ratios")
     ap.add_argument("--sweep", default="", help="layer counts of the 512-wide encoder to time save/load/lower "
                                                 "over, e.g. 1,2,4,8,12 (growth with model size)")
     ns = ap.parse_args(argv)
@@ -214,6 +280,13 @@ def main(argv=None) -> int:
                 verdict = "" if target is None else (f"<= {target} {'met' if ratio <= target else 'MISSED'}")
                 unit = "" if "MB" in label else " s"
                 print(f"| {label} | {ours:.4g}{unit} | {anchor:.4g}{unit} | {ratio:.3f} | {verdict} |")
+        if ns.real_models:
+            import warnings
+
+            warnings.filterwarnings("ignore")  # transformers' and torch's chatter while building and tracing
+            real = [bench_real_model(n, ns.repeat, tmp) for n in real_model_names(ns.real_models)]
+            all_rows["real_models"] = real
+            print_real_models(real, ns.repeat)
     if ns.json:
         with open(ns.json, "w") as f:
             json.dump(all_rows, f, indent=1)

@@ -186,7 +186,7 @@ def cmd_opset(ns) -> int:
 
         supported = _read_ops_file(ns.supported) if ns.supported else None
         with tempfile.TemporaryDirectory() as tmp:
-            paths = coverage.artifacts(ns.corpus) if ns.corpus else _zoo_corpus(tmp)
+            paths = _corpus_artifacts(ns.corpus, tmp)
             rows = coverage.measure(paths, ns.preset, supported_ops=supported, keep=ns.keep or None)
             label = f"supported ops of {ns.supported}" if supported else f"preset {ns.preset}"
             print(coverage.report(rows, label))
@@ -198,7 +198,9 @@ def cmd_opset(ns) -> int:
 
         with warnings.catch_warnings():  # torch's deprecation chatter while tracing the corpus
             warnings.simplefilter("ignore")
-            corpus = explorer.artifact_corpus(ns.corpus) if ns.corpus else explorer.default_corpus()
+            named, paths = _split_corpus(ns.corpus)
+            corpus = (explorer.default_corpus(named, _progress) if named else []) + \
+                (explorer.artifact_corpus(paths) if paths else [])
             data = explorer.build_data(corpus)
         if ns.opset_command == "page":
             path = explorer.write_page(data, ns.output)
@@ -228,21 +230,35 @@ def cmd_opset(ns) -> int:
     return 0
 
 
-def _zoo_corpus(folder: str) -> list[str]:
-    """The built-in model zoo exported into ``folder`` (the default coverage corpus)."""
-    import copy
+def _split_corpus(entries) -> tuple[tuple[str, ...], list[str]]:
+    """--corpus entries: names of built-in corpora (exporter/corpus/programs.py) and artifact paths;
+    none given: the default named corpora."""
+    from .corpus import programs
+
+    if not entries:
+        return programs.DEFAULT, []
+    return tuple(e for e in entries if e in programs.NAMES), [e for e in entries if e not in programs.NAMES]
+
+
+def _progress(label: str) -> None:
+    print(f"capturing {label}", file=sys.stderr, flush=True)
+
+
+def _corpus_artifacts(entries, folder: str) -> list[str]:
+    """Artifact paths for --corpus: named corpora are captured and written into ``folder``."""
+    import re
 
     from .api import export_model
-    from .zoo import make_case, zoo_names
+    from .corpus import programs
+    from .lowering import coverage
 
+    named, paths = _split_corpus(entries)
     out = []
-    for name in zoo_names():
-        case = make_case(name)
-        path = f"{folder}/{name}.pt2b"
-        export_model(copy.deepcopy(case.model), case.args, path, kwargs=case.kwargs,
-                     dynamic_shapes=case.dynamic_shapes, strict=case.strict)
+    for label, ep in programs.programs(named, _progress):
+        path = f"{folder}/{re.sub(r'[^A-Za-z0-9_.-]', '_', label)}.pt2b"
+        export_model(ep, path=path)
         out.append(path)
-    return out
+    return out + (coverage.artifacts(paths) if paths else [])
 
 
 def cmd_demo(ns) -> int:
@@ -305,22 +321,22 @@ def build_parser() -> argparse.ArgumentParser:
     dif.add_argument("b")
     cov = osub.add_parser("coverage", help="how many models of a corpus a preset or supported-ops list covers, "
                                            "and which ops to implement next")
-    cov.add_argument("--corpus", nargs="*", metavar="PATH", help=".pt2b files or folders (default: the model zoo)")
+    corpus_help = (".pt2b files or folders, or built-in corpora: zoo, exportdb, transformers (every op of the "
+                   "transformers architectures), transformers-all (default: zoo transformers)")
+    cov.add_argument("--corpus", nargs="*", metavar="PATH|NAME", help=corpus_help)
     cov.add_argument("--preset", default="core")
     cov.add_argument("--supported", metavar="OPS.txt", help="file with one supported op per line (overrides --preset)")
     cov.add_argument("--keep", nargs="*", metavar="OP")
     page = osub.add_parser("page", help="write the opset explorer: one self-contained HTML page")
     page.add_argument("-o", "--output", default="opsets.html")
-    page.add_argument("--corpus", nargs="*", metavar="PATH",
-                      help=".pt2b files or folders (default: the model zoo and the ExportDB examples)")
+    page.add_argument("--corpus", nargs="*", metavar="PATH|NAME", help=corpus_help)
     clo = osub.add_parser("closure", help="what lowering to a supported-ops list (or a preset) leaves over a "
                                           "corpus: the op set, the ops that cannot be reached and their routes")
     clo.add_argument("--supported", metavar="OPS.txt", help="file with one supported op per line (overrides --preset)")
     clo.add_argument("--preset", default="core")
     clo.add_argument("--keep", nargs="*", metavar="OP")
     clo.add_argument("--decompose", nargs="*", metavar="OP")
-    clo.add_argument("--corpus", nargs="*", metavar="PATH",
-                     help=".pt2b files or folders (default: the model zoo and the ExportDB examples)")
+    clo.add_argument("--corpus", nargs="*", metavar="PATH|NAME", help=corpus_help)
     aud = osub.add_parser("audit", help="measure every preset decomposition on OpInfo samples; writes "
                                         "schemas/opsets/audit@<torch>.json")
     aud.add_argument("--ops", nargs="*", metavar="OP", help="only these ops (e.g. aten::var_mean.correction)")

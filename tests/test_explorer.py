@@ -39,7 +39,7 @@ def corpus(tmp_path_factory):
     folder = tmp_path_factory.mktemp("explorer_corpus")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for prog in explorer.default_corpus():
+        for prog in explorer.default_corpus(("zoo", "exportdb")):
             export_model(prog.ep, path=str(folder / (prog.name.replace(":", "__") + ".pt2b")))
         data = explorer.build_data(explorer.artifact_corpus([folder]))
     return folder, data

@@ -14,15 +14,14 @@ Outcomes:
   limitation; lowering you can trust is the subject of its own work);
 - anything else (pt2b cannot write, load, round-trip bitwise, or fails where torch succeeds): fails.
 
-The default run takes the sample in real_models_sample.txt (cases chosen so that every op any
+The default run takes the sample in exporter/corpus/transformers_sample.txt (cases chosen so that every op any
 captured architecture calls is called by one of them, and every task is represented:
-`python -m tools.real_models --pick-sample`); the full sweep over every case is `-m slow`.
+`python -m tools.real_models --out SWEEP.json --pick-sample exporter/corpus/transformers_sample.txt`); the full sweep over every case is `-m slow`.
 """
 
 from __future__ import annotations
 
 import os
-import pathlib
 import sys
 
 import pytest
@@ -35,8 +34,9 @@ pytest.importorskip("transformers")
 
 from tools import real_models as rm  # noqa: E402
 
-SAMPLE = [ln.split("#")[0].strip() for ln in (pathlib.Path(__file__).with_name("real_models_sample.txt")
-                                              .read_text().splitlines()) if ln.split("#")[0].strip()]
+from exporter.corpus.programs import transformers_sample  # noqa: E402
+
+SAMPLE = transformers_sample()
 
 
 class _Collector:
@@ -94,7 +94,7 @@ def test_sample_names_are_in_the_corpus():
     from exporter.corpus import transformers_zoo
 
     missing = sorted(set(SAMPLE) - set(transformers_zoo.case_names()))
-    assert not missing, f"real_models_sample.txt names cases the corpus does not hold: {missing}"
+    assert not missing, f"transformers_sample.txt names cases the corpus does not hold: {missing}"
 
 
 def _all_cases():
@@ -107,3 +107,20 @@ def _all_cases():
 @pytest.mark.parametrize("name", _all_cases())
 def test_real_model_sweep(name, tmp_path):
     check_case(name, tmp_path)
+
+
+def test_named_corpora_feed_the_explorer_and_coverage(monkeypatch, tmp_path, capsys):
+    """`pt2b opset coverage/page --corpus transformers` capture the real-model sample; a case torch
+    cannot capture is left out (here a name the corpus cannot build)."""
+    from exporter import cli
+    from exporter.corpus import programs
+
+    monkeypatch.setattr(programs, "transformers_sample", lambda: ["llama", "no_such_model_type"])
+    got = [label for label, _ in programs.programs(("transformers",))]
+    assert got == ["transformers:llama"]
+    assert cli.main(["opset", "coverage", "--corpus", "transformers", "--preset", "core"]) == 0
+    out = capsys.readouterr()
+    assert "capturing transformers:llama" in out.err
+    assert "preset core: 1 of 1 models fully covered" in out.out and "transformers_llama.pt2b: covered" in out.out
+    with pytest.raises(ValueError, match="unknown corpus 'nope'; named corpora: zoo, exportdb, transformers"):
+        list(programs.programs(("nope",)))

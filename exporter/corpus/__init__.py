@@ -1,1 +1,2 @@
-"""Corpora of real models for sweeping the pt2b pipeline (transformers_zoo: models from transformers' registry)."""
+"""Corpora of programs for sweeping the pt2b pipeline and for the opset explorer: transformers_zoo (every
+transformers architecture buildable offline) and programs (named corpora: zoo, exportdb, transformers)."""

@@ -36,35 +36,12 @@ class CorpusProgram:
     ep: torch.export.ExportedProgram
 
 
-def default_corpus() -> list[CorpusProgram]:
-    """The built-in model zoo and the ExportDB examples that torch.export captures (strict, as ExportDB
-    documents them)."""
-    from torch._export.db.examples import all_examples
+def default_corpus(names=None, progress=None) -> list[CorpusProgram]:
+    """The programs of the named corpora (exporter/corpus/programs.py; default: the model zoo and the
+    transformers sample, every op any transformers architecture of the corpus calls)."""
+    from ..corpus import programs
 
-    from ..zoo import make_case, zoo_names
-
-    out = []
-    for name in zoo_names():
-        c = make_case(name)
-        ep = torch.export.export(copy.deepcopy(c.model), c.args, c.kwargs or {}, dynamic_shapes=c.dynamic_shapes,
-                                 strict=c.strict)
-        out.append(CorpusProgram(f"zoo:{name}", ep))
-    torch_log = logging.getLogger("torch")
-    level = torch_log.level
-    torch_log.setLevel(logging.CRITICAL)  # ExportDB also documents what export refuses, loudly
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            for name, case in sorted(all_examples().items()):
-                try:
-                    ep = torch.export.export(copy.deepcopy(case.model), case.example_args,
-                                             case.example_kwargs or {}, dynamic_shapes=case.dynamic_shapes, strict=True)
-                except Exception:
-                    continue
-                out.append(CorpusProgram(f"exportdb:{name}", ep))
-    finally:
-        torch_log.setLevel(level)
-    return out
+    return [CorpusProgram(label, ep) for label, ep in programs.programs(names or programs.DEFAULT, progress)]
 
 
 def artifact_corpus(paths) -> list[CorpusProgram]:

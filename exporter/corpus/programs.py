@@ -1,0 +1,101 @@
+"""Named corpora of captured programs, shared by the opset explorer, `pt2b opset coverage` and the tests.
+
+- "zoo": the built-in model zoo (exporter/zoo.py);
+- "exportdb": the ExportDB examples inside torch that torch.export captures (strict, as ExportDB
+  documents them);
+- "transformers": the real-model sample (transformers_sample.txt: every op any transformers
+  architecture of the corpus calls, and every task), built offline with random weights;
+- "transformers-all": every architecture of the real-model corpus (about a thousand; hours).
+A case torch.export cannot capture is left out (the real-model sweep reports those with torch's reason).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import pathlib
+import warnings
+from collections.abc import Iterator
+
+import torch
+
+NAMES = ("zoo", "exportdb", "transformers", "transformers-all")
+DEFAULT = ("zoo", "transformers")
+SAMPLE_FILE = pathlib.Path(__file__).with_name("transformers_sample.txt")
+
+
+def transformers_sample() -> list[str]:
+    """The case names of the real-model sample, in file order."""
+    lines = (ln.split("#")[0].strip() for ln in SAMPLE_FILE.read_text().splitlines())
+    return [ln for ln in lines if ln]
+
+
+def _zoo():
+    from ..zoo import make_case, zoo_names
+
+    for name in zoo_names():
+        c = make_case(name)
+        yield f"zoo:{name}", lambda c=c: torch.export.export(copy.deepcopy(c.model), c.args, c.kwargs or {},
+                                                             dynamic_shapes=c.dynamic_shapes, strict=c.strict)
+
+
+def _exportdb():
+    from torch._export.db.examples import all_examples
+
+    for name, case in sorted(all_examples().items()):
+        yield f"exportdb:{name}", lambda case=case: torch.export.export(
+            copy.deepcopy(case.model), case.example_args, case.example_kwargs or {},
+            dynamic_shapes=case.dynamic_shapes, strict=True)
+
+
+def _transformers(names):
+    from . import transformers_zoo
+
+    def capture(name):
+        c = transformers_zoo.make_case(name)
+        try:
+            return torch.export.export(c.model, copy.deepcopy(c.args), copy.deepcopy(c.kwargs or {}),
+                                       dynamic_shapes=c.dynamic_shapes, strict=c.strict)
+        except Exception:  # noqa: BLE001 -- as the sweep does: static shapes when dynamic ones are refused
+            if c.dynamic_shapes is None:
+                raise
+            return torch.export.export(c.model, copy.deepcopy(c.args), copy.deepcopy(c.kwargs or {}), strict=c.strict)
+
+    for name in names:
+        yield f"transformers:{name}", lambda name=name: capture(name)
+
+
+def _sources(name: str):
+    if name == "zoo":
+        return _zoo()
+    if name == "exportdb":
+        return _exportdb()
+    if name == "transformers":
+        return _transformers(transformers_sample())
+    if name == "transformers-all":
+        from . import transformers_zoo
+
+        return _transformers(transformers_zoo.case_names())
+    raise ValueError(f"unknown corpus {name!r}; named corpora: {', '.join(NAMES)}")
+
+
+def programs(names=DEFAULT, progress=None) -> Iterator[tuple[str, torch.export.ExportedProgram]]:
+    """(name, ExportedProgram) for every program of the named corpora that torch.export captures.
+    ``progress(label)`` is called before each capture."""
+    torch_log = logging.getLogger("torch")
+    level = torch_log.level
+    torch_log.setLevel(logging.CRITICAL)  # ExportDB also documents what export refuses, loudly
+    try:
+        for corpus in names:
+            for label, capture in _sources(corpus):
+                if progress is not None:
+                    progress(label)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    try:
+                        ep = capture()
+                    except Exception:  # noqa: BLE001 -- what torch.export cannot capture is not in the corpus
+                        continue
+                yield label, ep
+    finally:
+        torch_log.setLevel(level)
