@@ -1,5 +1,6 @@
 """Graph-structure helpers for the reference runtime: walking higher-order-op subgraphs and
-retargeting the devices baked into graphs (factory ops' device=, _to_copy, ...) to the runtime's."""
+retargeting the devices baked into graphs (factory ops' device=, _to_copy, autocast regions' device
+type, ...) to the runtime's."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import copy
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
+
+from .regions import is_autocast_marker, retarget_autocast
 
 __all__ = ["walk_graphs", "subgraph_of", "retarget_devices", "uses_other_device"]
 
@@ -40,17 +43,30 @@ def _node_devices(node: torch.fx.Node):
     return [x for x in leaves if isinstance(x, torch.device)]
 
 
-def uses_other_device(gm: torch.fx.GraphModule, device: torch.device) -> bool:
-    """Whether any node in gm or its subgraphs bakes in a device other than `device`, or any
-    tensor the module holds lies elsewhere."""
+def _moved_autocast(node: torch.fx.Node, autocast_from: frozenset, device: torch.device):
+    """The node's args with its autocast device type retargeted, or None (not an autocast region
+    of a recorded device type other than the runtime's)."""
+    if node.op != "call_function" or not is_autocast_marker(node.target):
+        return None
+    args = retarget_autocast(tuple(node.args), autocast_from, device)
+    return args if args != tuple(node.args) else None
+
+
+def uses_other_device(gm: torch.fx.GraphModule, device: torch.device, autocast_from: frozenset = frozenset()) -> bool:
+    """Whether any node in gm or its subgraphs bakes in a device other than `device` (or autocasts
+    a device type of `autocast_from` other than device's), or any tensor the module holds lies elsewhere."""
     if any(t.device != device for t in (*gm.parameters(), *gm.buffers())):
         return True
-    return any(d != device for _, g in walk_graphs(gm) for n in g.graph.nodes for d in _node_devices(n))
+    nodes = [n for _, g in walk_graphs(gm) for n in g.graph.nodes]
+    return (any(d != device for n in nodes for d in _node_devices(n))
+            or any(_moved_autocast(n, autocast_from, device) is not None for n in nodes))
 
 
-def retarget_devices(gm: torch.fx.GraphModule, device: torch.device) -> torch.fx.GraphModule:
-    """A copy of a (sub)graph module whose baked-in devices all read `device` (gm itself if none differ)."""
-    if not uses_other_device(gm, device):
+def retarget_devices(gm: torch.fx.GraphModule, device: torch.device,
+                     autocast_from: frozenset = frozenset()) -> torch.fx.GraphModule:
+    """A copy of a (sub)graph module whose baked-in devices all read `device`, and whose autocast
+    regions for a device type in `autocast_from` autocast device's type (gm itself if nothing differs)."""
+    if not uses_other_device(gm, device, autocast_from):
         return gm
     gm = copy.deepcopy(gm)
     for _, g in walk_graphs(gm):
@@ -58,5 +74,8 @@ def retarget_devices(gm: torch.fx.GraphModule, device: torch.device) -> torch.fx
             if _node_devices(node):
                 node.args = _map_devices(node.args, device)
                 node.kwargs = _map_devices(node.kwargs, device)
+            moved = _moved_autocast(node, autocast_from, device)
+            if moved is not None:
+                node.args = moved
         g.recompile()
     return gm.to(device)

@@ -10,7 +10,9 @@ A step runs in place only when all of this holds, decided once at planning time:
 - no alias of it is alive: every value that may alias it (the output of a view op, or of any
   non-operator step reading it) died before this step;
 - the recorded output has the input's dtype, device, shape and strides (so no promotion, no
-  broadcasting of the first input, no layout change).
+  broadcasting of the first input, no layout change);
+- it does not run inside an autocast region (`skip`): autocast may cast the functional op's inputs,
+  never the in-place variant's.
 """
 
 from __future__ import annotations
@@ -58,11 +60,12 @@ def _same_layout(a, b) -> bool:
 
 
 def plan_in_place(step_nodes: list, outs: list, reads: list, slot_of: dict, n_user: int,
-                  last_use: dict) -> dict[int, object]:
+                  last_use: dict, skip=frozenset()) -> dict[int, object]:
     """step index -> in-place callable for the steps that may run in place (see the module doc).
 
     step_nodes[k]: the fx node of step k; outs[k]: its output slot; reads[k]: slots it reads;
-    last_use: slot -> step after which it is dead (slots absent from it never die: outputs, state).
+    last_use: slot -> step after which it is dead (slots absent from it never die: outputs, state);
+    skip: indices of steps that must not run in place (inside autocast regions).
     """
     fresh: set[int] = set()
     aliases: dict[int, set[int]] = {}  # slot -> slots that may share its memory
@@ -71,7 +74,7 @@ def plan_in_place(step_nodes: list, outs: list, reads: list, slot_of: dict, n_us
         target, out = node.target, outs[k]
         fn = IN_PLACE.get(target)
         first = node.args[0] if node.args else None
-        if fn is not None and isinstance(first, torch.fx.Node):
+        if fn is not None and isinstance(first, torch.fx.Node) and k not in skip:
             s = slot_of[first]
             others = [a for a in (*node.args[1:], *node.kwargs.values()) if a is first]
             if (s in fresh and s >= n_user and last_use.get(s) == k and not others

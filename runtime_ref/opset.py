@@ -13,6 +13,7 @@ from torch._ops import HigherOrderOperator, OpOverload, OpOverloadPacket
 from exporter.errors import OpsetError
 
 from .graphs import walk_graphs
+from .regions import REGION_HOP_NAMES, is_region_marker
 
 __all__ = [
     "op_name",
@@ -36,7 +37,8 @@ _SYM_PYTHON = frozenset({
     torch.sym_sum, torch._sym_sqrt,
 })
 
-# Accepted whatever opset is chosen: tuple unpacking, shape queries, runtime assertions.
+# Accepted whatever opset is chosen: tuple unpacking, shape queries, runtime assertions, and the
+# grad-mode/autocast region markers (regions.py: torch._C._set_grad_enabled, _enter/_exit_autocast).
 _ALWAYS_NAMES = frozenset({
     "aten::sym_size.int", "aten::sym_size.default", "aten::sym_stride.int", "aten::sym_stride.default",
     "aten::sym_numel.default", "aten::sym_storage_offset.default",
@@ -47,7 +49,7 @@ _ALWAYS_NAMES = frozenset({
     "aten::_functional_sym_constrain_range_for_size.default",
 })
 
-HOP_NAMES = frozenset({"cond", "while_loop", "map_impl", "with_effects"})
+HOP_NAMES = frozenset({"cond", "while_loop", "map_impl", "with_effects"}) | REGION_HOP_NAMES
 
 
 def op_name(target) -> str:
@@ -68,6 +70,8 @@ def is_mutating(target) -> bool:
 
 def _always_accepted(target) -> bool:
     if target is operator.getitem or (getattr(target, "__hash__", None) is not None and target in _SYM_PYTHON):
+        return True
+    if is_region_marker(target):
         return True
     if isinstance(target, HigherOrderOperator):
         return target.name() in HOP_NAMES
@@ -90,7 +94,8 @@ def _resolve(op) -> object:
 def default_opset_accepts(op) -> bool:
     """Whether the default "functional ATen" opset accepts `op` (an OpOverload, a HOP, a Python
     callable, or a name like "aten::add.Tensor"): functional aten/prims overloads, getitem, SymInt
-    arithmetic, runtime assertions and the cond/while_loop/map_impl higher-order ops."""
+    arithmetic, runtime assertions, the cond/while_loop/map_impl/with_effects higher-order ops and
+    grad-mode/autocast regions (flat markers and the wrap_with_* higher-order ops)."""
     op = _resolve(op)
     if _always_accepted(op):
         return True
@@ -145,7 +150,8 @@ class Acceptor:
         else:
             base = "the default opset (functional aten/prims ops)"
         extra = f" plus extra_ops {sorted(self.extra)}" if self.extra else ""
-        return base + extra + ", getitem, SymInt arithmetic, runtime assertions and cond/while_loop/map_impl/with_effects"
+        return (base + extra + ", getitem, SymInt arithmetic, runtime assertions, cond/while_loop/map_impl/with_effects"
+                " and grad-mode/autocast regions")
 
 
 # ---- graph checks ----

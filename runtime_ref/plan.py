@@ -15,6 +15,7 @@ from .codegen import compile_steps
 from .getters import SlotRef, call_with_kwargs, has_slot, slots_getter, value_getter
 from .graphs import retarget_devices, subgraph_of
 from .inplace import plan_in_place
+from .regions import autocast_steps, is_autocast_marker, recorded_device_types, region_callable, retarget_autocast
 
 __all__ = ["Plan"]
 
@@ -25,6 +26,7 @@ class _Builder:
 
     device: torch.device
     n_user: int
+    recorded: frozenset = frozenset()  # device types the program's tensors were recorded on
     constants: list = dataclasses.field(default_factory=list)  # values of slots n_user, n_user+1, ...
     slot_of: dict = dataclasses.field(default_factory=dict)  # fx.Node -> slot
     node_slots: set = dataclasses.field(default_factory=set)  # slots whose values can be freed
@@ -70,11 +72,12 @@ def _reads(template, acc: set) -> set:
 
 
 def _callable(node, cache: dict):
-    """The fastest equivalent callable for a node's target (see bindings.fast_callable)."""
+    """The fastest equivalent callable for a node's target (see bindings.fast_callable); the
+    runtime's own runner for a grad-mode/autocast region higher-order op (regions.py)."""
     target = node.target
     if isinstance(target, OpOverload) and type(target).__call__ is OpOverload.__call__:
         return fast_callable(target, meta_args(node), cache)
-    return target
+    return region_callable(target) or target
 
 
 def _returns_nothing(target) -> bool:
@@ -91,7 +94,7 @@ class Plan:
     """
 
     def __init__(self, gm: torch.fx.GraphModule, user_inputs: list[str], state: dict, device: torch.device):
-        b = _Builder(device=device, n_user=len(user_inputs))
+        b = _Builder(device=device, n_user=len(user_inputs), recorded=recorded_device_types(gm))
         index = {name: i for i, name in enumerate(user_inputs)}
         self._trash = int(b.const_slot(None))  # result of ops that return nothing
         outputs = None
@@ -99,7 +102,7 @@ class Plan:
             if node.op == "placeholder":
                 self._place(b, node, index, state)
             elif node.op == "get_attr":
-                b.slot_of[node] = int(b.const_slot(self._attr(gm, node, device)))
+                b.slot_of[node] = int(b.const_slot(self._attr(gm, node, device, b.recorded)))
             elif node.op == "call_function":
                 self._add_step(b, node)
             elif node.op == "output":
@@ -116,10 +119,10 @@ class Plan:
             b.slot_of[node] = int(b.const_slot(state[node.name]))
 
     @staticmethod
-    def _attr(gm, node, device):
+    def _attr(gm, node, device, recorded):
         sub = subgraph_of(gm, node)
         if sub is not None:
-            return retarget_devices(sub, device)
+            return retarget_devices(sub, device, recorded)
         value = gm
         for part in str(node.target).split("."):
             value = getattr(value, part)
@@ -128,6 +131,8 @@ class Plan:
     def _add_step(self, b: _Builder, node) -> None:
         """Record the step; its callable is bound in _finish, once whether it runs in place is known."""
         args = b.template(tuple(node.args))
+        if is_autocast_marker(node.target):
+            args = retarget_autocast(args, b.recorded, b.device)
         kwargs = b.template(dict(node.kwargs))
         out = self._trash if _returns_nothing(node.target) else b.value_slot(node)
         b.steps.append((node, _callable(node, b.bindings), args, kwargs, out, _reads((args, kwargs), set())))
@@ -148,7 +153,9 @@ class Plan:
         outs, reads = [st[4] for st in b.steps], [st[5] for st in b.steps]
         last_use = self._last_uses(outs, reads, b.node_slots, {int(s) for s in out_slots})
         # a step whose first input dies there and is aliased by nothing alive writes into it (inplace.py)
-        in_place = plan_in_place([st[0] for st in b.steps], outs, reads, b.slot_of, b.n_user, last_use)
+        nodes = [st[0] for st in b.steps]
+        in_place = plan_in_place(nodes, outs, reads, b.slot_of, b.n_user, last_use,
+                                 skip=autocast_steps([n.target for n in nodes]))
         free = [[] for _ in b.steps]
         for slot, k in last_use.items():
             free[k].append(slot)

@@ -10,6 +10,7 @@ from .inputs import InputChecker
 from .opset import Acceptor, check_program_ops, count_ops
 from .outputs import OutputHandler
 from .plan import Plan
+from .regions import RegionGuard, autocast_devices, has_regions
 from .state import RuntimeState
 
 __all__ = ["Runtime"]
@@ -45,6 +46,10 @@ class Runtime:
     Everything is decided at construction: the opset check (one OpsetError listing every refused
     op), the state moved to `device`, the execution plan. A call only checks its inputs, runs the
     planned steps without autograd, writes back mutated buffers and returns the outputs.
+
+    Grad-mode and autocast regions of the program (no_grad/enable_grad/autocast in model code) run as
+    torch's GraphModule runs them (regions.py); the caller's grad mode and autocast state are the same
+    after a call as before, also when it raises, and outputs never carry autograd history.
     """
 
     def __init__(self, program, device="cpu", opset=None, extra_ops=()):
@@ -57,13 +62,17 @@ class Runtime:
         self._outputs = OutputHandler(ep, self._state.named, user_inputs)
         self._inputs = InputChecker(ep, self.device)
         self.plan = Plan(ep.graph_module, user_inputs, self._state.by_placeholder, self.device)
+        self._run = self.plan.run
+        if has_regions(ep.graph_module):
+            autocast = autocast_devices(ep.graph_module)
+            self._run = RegionGuard(autocast | {self.device.type} if autocast else ()).wrap(self.plan.run)
 
     def __call__(self, *args, **kwargs):
         leaves = self._inputs(args, kwargs)
         grad = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)  # torch.no_grad() minus its ~2 us of context-manager overhead
         try:
-            return self._outputs(self.plan.run(leaves), leaves)
+            return self._outputs(self._run(leaves), leaves)
         finally:
             torch._C._set_grad_enabled(grad)
 

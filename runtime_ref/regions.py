@@ -1,0 +1,181 @@
+"""Grad-mode and autocast regions of a program (`with torch.no_grad()`, `torch.enable_grad()`,
+`torch.autocast(...)` in model code): the call targets that mark them, how the runtime runs them, and
+the guard that gives the caller back its grad mode and autocast state after every run, also when a
+run raises midway.
+
+Lowered graphs carry these regions in two forms; each op runs under the grad mode and autocast that
+torch's own GraphModule gives it (outside any region: no grad, as for every Runtime call):
+- flat markers: `torch._C._set_grad_enabled(flag)` calls, and `_enter_autocast(device_type, dtype,
+  enabled, cache_enabled)` ... `_exit_autocast(mode)` pairs (presets core, max, ...);
+- wrapped bodies: the higher-order ops `wrap_with_set_grad_enabled(flag, body, *args)` and
+  `wrap_with_autocast(device_type, dtype, enabled, cache_enabled, body, *args)` (preset none).
+
+Autocast changes dtypes and kernels may choose their path by grad mode (state.py), so the markers
+are executed, not dropped. An autocast region's device type follows the runtime's device
+like every device baked into the graph does (a program recorded on cpu, run on cuda, autocasts cuda).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+from torch._higher_order_ops.wrap import wrap_with_autocast, wrap_with_set_grad_enabled
+from torch.amp.autocast_mode import _enter_autocast, _exit_autocast
+
+__all__ = ["REGION_HOP_NAMES", "is_region_marker", "is_autocast_marker", "has_regions", "autocast_devices",
+           "recorded_device_types", "retarget_autocast", "region_callable", "autocast_steps", "RegionGuard"]
+
+_SET_GRAD = torch._C._set_grad_enabled
+_MARKERS = (_SET_GRAD, _enter_autocast, _exit_autocast)
+REGION_HOP_NAMES = frozenset({"wrap_with_set_grad_enabled", "wrap_with_autocast"})
+
+
+def is_region_marker(target) -> bool:
+    """A flat grad-mode or autocast marker (accepted whatever opset is chosen, like getitem)."""
+    return any(target is m for m in _MARKERS)
+
+
+def is_autocast_marker(target) -> bool:
+    """A call whose first argument is an autocast device type ('cpu', 'cuda')."""
+    return target is _enter_autocast or target is wrap_with_autocast
+
+
+def _is_region(target) -> bool:
+    return is_region_marker(target) or target is wrap_with_set_grad_enabled or target is wrap_with_autocast
+
+
+def _walk(gm: torch.fx.GraphModule):
+    from .graphs import walk_graphs
+
+    for _, g in walk_graphs(gm):
+        yield from (n for n in g.graph.nodes if n.op == "call_function")
+
+
+def has_regions(gm: torch.fx.GraphModule) -> bool:
+    """Whether gm or any of its subgraphs marks a grad-mode or autocast region."""
+    return any(_is_region(n.target) for n in _walk(gm))
+
+
+def autocast_devices(gm: torch.fx.GraphModule) -> frozenset[str]:
+    """Device types of all autocast regions in gm and its subgraphs, as recorded."""
+    return frozenset(n.args[0] for n in _walk(gm) if is_autocast_marker(n.target) and isinstance(n.args[0], str))
+
+
+def recorded_device_types(gm: torch.fx.GraphModule) -> frozenset[str]:
+    """Device types of the tensors the program was recorded with (its placeholders' values)."""
+    return frozenset(n.meta["val"].device.type for n in gm.graph.nodes
+                     if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor))
+
+
+def retarget_autocast(args: tuple, recorded: frozenset[str], device: torch.device) -> tuple:
+    """An autocast marker's args with its device type moved to the runtime's, when the region autocasts
+    the device the program was recorded on (a region for another device type is left as it is)."""
+    if args and isinstance(args[0], str) and args[0] in recorded and args[0] != device.type:
+        return (device.type, *args[1:])
+    return args
+
+
+def _grad_region(enable_grad, body, *args, **kwargs):
+    """wrap_with_set_grad_enabled, run by the runtime: torch's minus the dynamo wrapper, and the
+    grad mode is restored also when the body raises."""
+    prev = torch.is_grad_enabled()
+    _SET_GRAD(enable_grad)
+    try:
+        return body(*args, **kwargs)
+    finally:
+        _SET_GRAD(prev)
+
+
+def _autocast_region(device_type, dtype, enabled, cache_enabled, body, *args, **kwargs):
+    """wrap_with_autocast, run by the runtime: the body under torch.autocast, minus the dynamo wrapper."""
+    with torch.autocast(device_type, dtype, enabled, cache_enabled):
+        return body(*args, **kwargs)
+
+
+_HOP_CALLS = {wrap_with_set_grad_enabled: _grad_region, wrap_with_autocast: _autocast_region}
+
+
+def region_callable(target):
+    """What a step calls for a region higher-order op, or None when target is not one."""
+    return _HOP_CALLS.get(target) if isinstance(target, torch._ops.HigherOrderOperator) else None
+
+
+def autocast_steps(targets: list) -> set[int]:
+    """Indices of the steps that run inside a flat autocast region (between _enter_autocast and its
+    _exit_autocast, nesting counted), given the steps' call targets in order."""
+    inside, depth = set(), 0
+    for k, target in enumerate(targets):
+        if target is _enter_autocast:
+            depth += 1
+        elif target is _exit_autocast:
+            depth = max(depth - 1, 0)
+        elif depth:
+            inside.add(k)
+    return inside
+
+
+# ---- the caller's state, given back after every run ----
+
+def _autocast_nesting() -> int:
+    torch.autocast_increment_nesting()
+    return torch.autocast_decrement_nesting()
+
+
+class RegionGuard:
+    """Wraps a plan's `run(leaves)` for a program with regions: the caller's autocast state (per device
+    type the program autocasts, the cache flag, the nesting level) is restored after the run, raised
+    or not, grad mode is left off (Runtime.__call__ restores the caller's), and outputs that recorded
+    autograd history inside an enable_grad region are detached, so no run hands out autograd graphs."""
+
+    def __init__(self, device_types):
+        self.device_types = tuple(sorted(device_types))
+
+    def _save(self):
+        return ([(t, torch.is_autocast_enabled(t), torch.get_autocast_dtype(t)) for t in self.device_types],
+                torch.is_autocast_cache_enabled(), _autocast_nesting())
+
+    @staticmethod
+    def _restore(saved) -> None:
+        per_device, cache, nesting = saved
+        now = _autocast_nesting()
+        while now > nesting:  # a region entered and never exited (the run raised inside it)
+            now = torch.autocast_decrement_nesting()
+            if now == 0:
+                torch.clear_autocast_cache()
+        while now < nesting:
+            now = torch.autocast_increment_nesting()
+        for t, enabled, dtype in per_device:
+            torch.set_autocast_enabled(t, enabled)
+            torch.set_autocast_dtype(t, dtype)
+        torch.set_autocast_cache_enabled(cache)
+
+    def wrap(self, run):
+        save, restore = self._save, self._restore
+
+        def guarded(leaves):
+            saved = save()
+            try:
+                outs = run(leaves)
+            finally:
+                _SET_GRAD(False)
+                restore(saved)
+            return _detached(outs)
+
+        guarded.__wrapped__ = run
+        return guarded
+
+
+def _detached(outs: tuple) -> tuple:
+    """outs with every tensor that has autograd history (a grad_fn) detached; leaves stay as they are,
+    as in runs without regions, and an output object returned twice stays one object."""
+    if not any(isinstance(o, torch.Tensor) and o.grad_fn is not None for o in outs):
+        return outs
+    done: dict[int, torch.Tensor] = {}
+    result = []
+    for o in outs:
+        if isinstance(o, torch.Tensor) and o.grad_fn is not None:
+            if id(o) not in done:
+                done[id(o)] = o.detach()
+            o = done[id(o)]
+        result.append(o)
+    return tuple(result)
