@@ -534,6 +534,54 @@ def summarize(records: list[dict], wall: float | None = None, file=sys.stdout) -
         p(f"{len(names):>4}  {key}\n      e.g. {ex}")
 
 
+def _ok(rec: dict, stage: str) -> bool:
+    return rec.get("stages", {}).get(stage, {}).get("status") == "ok"
+
+
+def _torch_fails_too(rec: dict, preset: str) -> bool:
+    return rec.get("stages", {}).get(f"torch:{preset}", {}).get("status") == "fail"
+
+
+def markdown(records: list[dict], wall: float | None = None) -> str:
+    """The README table: cases and model types through each step, then every failure grouped by cause."""
+    rows = [("tried", lambda r: True), ("built offline (random weights)", lambda r: _ok(r, "build")),
+            ("captured by torch.export", lambda r: _ok(r, "capture")),
+            ("written by pt2b", lambda r: _ok(r, "write")),
+            ("read back, bitwise equal to torch.export's module", lambda r: _ok(r, "bitwise"))]
+    for p in PRESETS:
+        rows.append((f"`{p}`: lowered, run on runtime_ref, close to eager",
+                     lambda r, p=p: _ok(r, f"match:{p}")))
+        rows.append((f"`{p}`: fails where torch's own run_decompositions fails too",
+                     lambda r, p=p: not _ok(r, f"match:{p}") and _torch_fails_too(r, p)))
+    out = ["| | cases | model types |", "|---|---|---|"]
+    for label, pred in rows:
+        hit = [r for r in records if pred(r)]
+        out.append(f"| {label} | {len(hit)} | {len({r['name'].split('/', 1)[0] for r in hit})} |")
+    dyn = collections.Counter(r.get("dynamic") for r in records if _ok(r, "capture"))
+    out.append("")
+    out.append(f"Captured with a dynamic sequence length: {dyn.get('dynamic', 0)}; static shapes: "
+               f"{sum(dyn.values()) - dyn.get('dynamic', 0)} (torch.export refused the dynamic dimension or the "
+               f"model has none)." + (f" Sweep wall time: {wall / 60:.0f} min." if wall else ""))
+    groups = collections.defaultdict(list)
+    for r in records:
+        for k in STAGE_ORDER:
+            st = r.get("stages", {}).get(k)
+            if st and st["status"] == "fail" and not k.startswith("torch:"):
+                preset = k.partition(":")[2]
+                cause = ("torch too" if preset and _torch_fails_too(r, preset) else
+                         "corpus" if k == "build" else "torch.export" if k == "capture" else "pt2b")
+                groups[(cause, _group_key(k, st))].append(r["name"])
+                if k != "build" and preset == "":
+                    break
+    out.append("")
+    out.append("| cause | stage and error | cases | e.g. |")
+    out.append("|---|---|---|---|")
+    order = {"pt2b": 0, "torch too": 1, "torch.export": 2, "corpus": 3}
+    for (cause, key), names in sorted(groups.items(), key=lambda kv: (order[kv[0][0]], -len(kv[1]))):
+        out.append(f"| {cause} | {key.replace('|', '/')[:200]} | {len(names)} | {', '.join(names[:3])} |")
+    return "\n".join(out)
+
+
 def pick_sample(records: list[dict]) -> list[tuple[str, str]]:
     """Cases for the default test run, chosen from a sweep's records: greedily, the case that adds the
     most ops not yet called per second of its run, until every op any captured case calls is called
@@ -572,15 +620,19 @@ def main(argv=None):
     ap.add_argument("--resume", action="store_true", help="keep the records already in --out, run the rest")
     ap.add_argument("--redo-failed", metavar="STAGE", help="with --resume: run again the cases whose STAGE failed")
     ap.add_argument("--summary-only", action="store_true", help="print the summary of --out and exit")
+    ap.add_argument("--markdown", action="store_true", help="print the README table of --out and exit")
     ap.add_argument("--pick-sample", metavar="FILE", help="write the default test sample chosen from --out to FILE")
     args = ap.parse_args(argv)
     import signal
 
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends the output quietly
 
-    if args.summary_only or args.pick_sample:
+    if args.summary_only or args.pick_sample or args.markdown:
         with open(args.out) as f:
             data = json.load(f)
+        if args.markdown:
+            print(markdown(data["records"], data.get("meta", {}).get("wall_seconds")))
+            return 0
         if args.pick_sample:
             chosen = pick_sample(data["records"])
             with open(args.pick_sample, "w") as f:
