@@ -16,7 +16,9 @@ gets the path torch's entry takes with mkldnn off (it reads the global flag; fla
 ops are threaded on effect tokens (_thread_effects), conjugate views are materialized before ops
 without a conjugate kernel (_materialize_conj), decompositions that write in place are
 functionalized after the fact (_retrace), and torch.export's detach_ after a constant is skipped
-(_without_detach_). Nothing global is written;
+(_without_detach_); the trace runs in the program's own fake mode and ShapeEnv, found as torch
+finds it, also for a program without tensor inputs (_fake_mode), so the graph's unbacked symbols
+and their ranges are the trace's. Nothing global is written;
 grad mode and the trace's modes are thread-local. The result is an ATen-dialect ExportedProgram
 whose op set equals run_decompositions' (tests/test_lowering.py, test_decompose.py).
 """
@@ -191,7 +193,7 @@ def _thread_effects(gm, aot_sig) -> list:
     they stay plain calls). [the token placeholder] or []."""
     import operator
 
-    from torch._guards import detect_fake_mode
+    from torch._export.utils import _detect_fake_mode_from_gm
     from torch._higher_order_ops.effects import has_effects, with_effects
 
     calls = [n for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
@@ -199,7 +201,7 @@ def _thread_effects(gm, aot_sig) -> list:
     if not calls:
         return []
     graph = gm.graph
-    fake_mode = detect_fake_mode([n.meta.get("val") for n in graph.nodes if n.op == "placeholder"])
+    fake_mode = _detect_fake_mode_from_gm(gm)  # also a program without tensor inputs
     with graph.inserting_before(next(iter(graph.nodes))):
         token = graph.placeholder("token")
     with fake_mode or contextlib.nullcontext():
@@ -244,14 +246,35 @@ def _split_tokens(gm, aot_sig):
     return tokens, rest
 
 
-def _fake_inputs(placeholders):
-    """(the program's fake mode, or a fresh one; the placeholders' values detached in it)."""
-    from torch._guards import detect_fake_mode
+def _fake_mode(gm):
+    """The program's fake mode, found as torch's retrace finds it: from the placeholders' fake
+    tensors, else (a program without tensor inputs) from the other nodes' values; else a fresh mode
+    on the ShapeEnv of the program's symbols, else on a fresh ShapeEnv. Retracing in another
+    ShapeEnv than the one that made the graph's unbacked symbols (u0, ...) breaks the trace: the new
+    env names its own data-dependent sizes u0, ... again, and rebinding them to the graph's
+    ("u0 possible memo disaster") or reasoning across the two envs fails."""
+    from torch._export.utils import _detect_fake_mode_from_gm
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
+    fake_mode = _detect_fake_mode_from_gm(gm)
+    if fake_mode is not None:
+        return fake_mode
+    shape_env = None
+    for node in gm.graph.nodes:
+        for v in torch.utils._pytree.tree_leaves(node.meta.get("val")):
+            if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                shape_env = v.node.shape_env
+                break
+        if shape_env is not None:
+            break
+    return FakeTensorMode(shape_env=shape_env or ShapeEnv(), export=True)
+
+
+def _fake_inputs(gm, placeholders):
+    """(the program's fake mode (_fake_mode), the placeholders' values detached in it)."""
+    fake_mode = _fake_mode(gm)
     vals = [n.meta.get("val") for n in placeholders]
-    fake_mode = detect_fake_mode(vals) or FakeTensorMode(shape_env=ShapeEnv(), export=True)
     with fake_mode:
         return fake_mode, [v.detach() if isinstance(v, torch.Tensor) else v for v in vals]
 
@@ -260,7 +283,7 @@ def _trace(gm, placeholders, table):
     """aot_export_module above autograd: functionalized, ``table`` applied, on fresh fake inputs."""
     from torch._functorch.aot_autograd import aot_export_module
 
-    fake_mode, args = _fake_inputs(placeholders)
+    fake_mode, args = _fake_inputs(gm, placeholders)
     with fake_mode, torch.no_grad():
         return aot_export_module(_without_detach_(gm), args, decompositions=table, trace_joint=False,
                                  pre_dispatch=True)
@@ -295,7 +318,7 @@ def _decomposed(gm, placeholders, table):
     """``gm`` retraced above autograd with ``table`` applied and nothing else (mutations stay)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    fake_mode, args = _fake_inputs(placeholders)
+    fake_mode, args = _fake_inputs(gm, placeholders)
     with fake_mode, torch.no_grad():
         out = make_fx(torch.fx.Interpreter(gm).run, decomposition_table=table, pre_dispatch=True)(*args)
     for old, new in zip(placeholders, [n for n in out.graph.nodes if n.op == "placeholder"]):
