@@ -18,7 +18,7 @@ from .. import names
 from ..errors import ArtifactError, ExportError, UnsupportedValueError
 from ..versioning import majors, op_table
 from ..versioning.formats import FIELDS_ADDED, FORMAT_VERSION, version_str
-from . import fast_pack, module_stacks, weights
+from . import fast_pack, module_stacks, serde_repairs, weights
 from .atomic import atomic_path, check_destination
 from .container import ALIGNMENT, FILE_IDENTIFIER, HEADER_SIZE, Header, align
 from .gc_pause import gc_paused
@@ -43,6 +43,7 @@ def serialize_graph(ep: torch.export.ExportedProgram):
     except Exception as e:
         raise ExportError(f"torch's export serializer rejected the program: {type(e).__name__}: {e}") from e
     names.rename_state_paths(serialized, names.original_path)  # a loaded program's aliases, written back
+    serde_repairs.repair(serialized)  # what torch's deserializer could not read back
     return serialized
 
 
