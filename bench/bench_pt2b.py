@@ -1,5 +1,5 @@
 """pt2b against its anchors (torch.export.save/load, run_decompositions, GraphModule, eager), side
-by side in one process per model; prints medians and ratios (DESIGN.md section 6 targets).
+by side in one process per model; prints medians and ratios (targets: docs/benchmarks.md).
 
 Usage: python bench/bench_pt2b.py [--models mlp,encoder_6x512,chain100,gpt_350m] [--repeat 5]
                                   [--sweep 1,2,4,8,12] [--real-models sample|NAME,NAME...]

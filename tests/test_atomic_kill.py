@@ -1,5 +1,5 @@
 """Writes are atomic: a failure or a kill at any point of export or upgrade leaves either no
-file or the previous file intact (README "Untrusted artifacts", exporter/serialize/atomic.py).
+file or the previous file intact (docs/format.md "Files and concurrency", exporter/serialize/atomic.py).
 
 Kills are real: a child process exports (or upgrades) a ~170 MB artifact and is SIGKILLed at
 points found by polling the folder (the temp file appears, it has grown) or at a stall the child

@@ -1,4 +1,4 @@
-"""The container rules of DESIGN.md section 3: preamble, header, alignment, checksums,
+"""The container rules of docs/format.md: preamble, header, alignment, checksums,
 version refusal, atomic writes and the errors for files that are not artifacts."""
 
 import os

@@ -1,5 +1,5 @@
 """Op-schema drift: artifacts whose op table holds REAL schemas of earlier torch releases
-(tests/golden/ops/, from ../shared/facts/historical-op-schemas.md) load, are upgraded with the
+(tests/golden/ops/, from docs/op-schema-history.md) load, are upgraded with the
 expected notes, run and match their stored outputs; without their upgrader they are rejected
 with one error naming the op and both schemas."""
 
@@ -25,7 +25,7 @@ from golden_io import load_io
 GOLDEN = pathlib.Path(__file__).parent / "golden"
 OPS = GOLDEN / "ops"
 
-# Recorded (old) schema per golden, verbatim from the facts file, and the running op.
+# Recorded (old) schema per golden, verbatim from docs/op-schema-history.md, and the running op.
 GOLDENS = {
     "sdpa_2_0": ("aten::scaled_dot_product_attention", "default",
                  "aten::scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "

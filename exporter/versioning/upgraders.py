@@ -4,7 +4,7 @@ running torch's op. Keyed by qualified op name + overload + the old schema strin
 exporter/versioning/schema_drift.py on PARSED schemas, never as text).
 
 Every upgrader here comes from a real change in PyTorch's release history
-(../shared/facts/historical-op-schemas.md, row numbers in ``history``). Changes that only add
+(docs/op-schema-history.md, row numbers in ``history``). Changes that only add
 arguments with defaults need no upgrader: schema_drift accepts them as compatible drift.
 """
 

@@ -1,5 +1,5 @@
 """Write the op-schema drift goldens into tests/golden/ops/: artifacts whose op table holds REAL
-schema strings of earlier torch releases (../shared/facts/historical-op-schemas.md) and whose
+schema strings of earlier torch releases (docs/op-schema-history.md) and whose
 nodes are shaped the way that torch took the op's arguments.
 
 Each case exports a small model with the running torch, then tests/artifact_surgery.py replaces
@@ -34,7 +34,7 @@ from exporter import export_model  # noqa: E402
 OUT = ROOT / "ops"
 PROVENANCE = "tests/golden/make_op_schema_goldens.py: exported by torch {now}, op table and nodes rewritten to torch {old}"
 
-# Verbatim OLD schema strings (facts file rows in brackets).
+# Verbatim OLD schema strings (rows of docs/op-schema-history.md in brackets).
 OLD = {
     # [7] torch 2.0 (scale added in 2.1, enable_gqa in 2.5)
     "sdpa": "aten::scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
