@@ -19,6 +19,7 @@ from exporter import export_model, load_for_backend
 from exporter.lowering import tables
 from exporter.lowering.decompose import run_decompositions
 from exporter.lowering.graph_ops import op_counts
+from runtime_ref import Runtime
 
 
 def global_state() -> dict:
@@ -227,3 +228,34 @@ def test_corpus_lowers_as_torchs_run_decompositions(program, table_name):
             assert torch.equal(x, y)
         else:
             assert x == y
+
+
+class _DropoutThenInPlace(torch.nn.Module):
+    """What XLM/Flaubert's embeddings do: dropout (an alias of its input in eval mode), then write
+    into its result in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, 8)
+        self.ln = torch.nn.LayerNorm(8)
+
+    def forward(self, ids, mask):
+        t = torch.nn.functional.dropout(self.ln(self.emb(ids)), p=0.1, training=self.training)
+        t *= mask.unsqueeze(-1).to(t.dtype)
+        return t
+
+
+@pytest.mark.parametrize("preset", ["none", "core", "max"])
+def test_in_place_write_into_an_eval_dropout_lowers_as_torch_does(tmp_path, preset):
+    """Export-mode functionalization freezes dropout's result; torch decomposes dropout first (a
+    clone in eval mode) and lowers the program: so does pt2b, with torch's op counts."""
+    model = _DropoutThenInPlace().eval()
+    ids, mask = torch.randint(0, 10, (2, 5)), (torch.rand(2, 5) > 0.3).float()
+    path = tmp_path / "m.pt2b"
+    ep = export_model(model, (ids, mask), path)
+    lowered = load_for_backend(path, preset, cache=False)
+    table = {"none": {}, "core": None, "max": tables.available_decompositions()}[preset]
+    theirs = ep.run_decompositions() if table is None else ep.run_decompositions(table)
+
+    assert op_counts(lowered.exported_program().graph_module) == op_counts(theirs.graph_module)
+    torch.testing.assert_close(Runtime(lowered)(ids, mask), model(ids, mask))

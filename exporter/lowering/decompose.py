@@ -15,8 +15,11 @@ ops with a Python kernel at the Autograd key) get those decompositions (_forced)
 gets the path torch's entry takes with mkldnn off (it reads the global flag; flag_free), effectful
 ops are threaded on effect tokens (_thread_effects), conjugate views are materialized before ops
 without a conjugate kernel (_materialize_conj), decompositions that write in place are
-functionalized after the fact (_retrace), and torch.export's detach_ after a constant is skipped
-(_without_detach_); the trace runs in the program's own fake mode and ShapeEnv, found as torch
+functionalized after the fact: when one does, the decompositions torch applies above
+functionalization (those of CompositeImplicitAutograd ops and Autograd-key Python kernels) are
+applied first and the rest of the table, whose PrimTorch views functionalization cannot take, in
+the functionalizing trace below it, as in torch (_trace_in_two_steps); and torch.export's detach_
+after a constant is skipped (_without_detach_); the trace runs in the program's own fake mode and ShapeEnv, found as torch
 finds it, also for a program without tensor inputs (_fake_mode), so the graph's unbacked symbols
 and their ranges are the trace's. Nothing global is written;
 grad mode and the trace's modes are thread-local. The result is an ATen-dialect ExportedProgram
@@ -132,13 +135,15 @@ def _retrace(ep, table: dict):
     old_phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
     try:
         new_gm, aot_sig = _trace(gm, old_phs, table)
-    except AssertionError:
-        # A decomposition wrote in place (isclose's bitwise_or_, quantile's squeeze_, ...): where
-        # torch runs it, above functionalization, that is functionalized; here the table runs below
-        # it. So: decompose first (unfunctionalized; in-place ops stay for functionalization to turn
-        # into the functional ops the table then decomposes), then functionalize that.
-        functional = {op: fn for op, fn in table.items() if not op._schema.is_mutable}
-        new_gm, aot_sig = _trace(_decomposed(gm, old_phs, functional), old_phs, table)
+    except AssertionError as e:
+        new_gm, aot_sig = _trace_in_two_steps(gm, old_phs, table, e)
+    except RuntimeError as e:
+        # export-mode functionalization freezes aten.dropout's result (in eval mode an alias of its
+        # input), so model code that writes into it (`x = dropout(x); x *= mask`, XLM/Flaubert)
+        # fails; torch decomposes dropout above functionalization first (eval: a clone), as here
+        if "frozen storage" not in str(e):
+            raise
+        new_gm, aot_sig = _trace_in_two_steps(gm, old_phs, table, e)
     # as torch's retrace does, an unused random draw is dead code too
     new_gm.graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure(impure_random=False))
     _materialize_conj(new_gm)
@@ -156,6 +161,109 @@ def _retrace(ep, table: dict):
         if new.target in sig.inputs_to_parameters or new.target in sig.inputs_to_buffers:
             new.meta.update(old.meta)
     return _program(ep, new_gm, sig)  # threaded effect tokens stay, as in torch's result
+
+
+def _trace_in_two_steps(gm, placeholders, table: dict, error: Exception):
+    """The retrace when a decomposition wrote in place (``error``: the functionalized graph is not
+    functional), such as isclose's bitwise_or_, quantile's squeeze_ or the as_strided_ that
+    adaptive_avg_pool2d's CIA kernel applies to a channels-last result. Where torch runs those,
+    above functionalization, the write is functionalized; here the whole table runs below it. So
+    the decompositions torch applies above functionalization (_above_functionalization) are
+    applied first, unfunctionalized (the in-place ops stay for functionalization to turn into the
+    functional ops the table then decomposes), then that is functionalized with the whole table,
+    whose other entries run below functionalization, as in torch's retrace.
+
+    Applying the whole table first instead would leave the PrimTorch views that the other entries
+    emit (prims.collapse_view for aten.view, prims.broadcast_in_dim for aten.expand, ...) for
+    functionalization, which refuses a non-ATen op that returns an alias.
+
+    If a decomposition torch runs below functionalization writes in place (torch._refs.polar sets
+    ``result.real``), torch's retrace fails (with ``error``); pt2b then applies those
+    decompositions above functionalization too (_writing_in_place), else raises ``error``."""
+    above = _above_functionalization(table)
+    while True:
+        first = _decomposed(gm, placeholders, above)
+        try:
+            return _trace(first, placeholders, table)
+        except AssertionError:
+            writers = _writing_in_place(first, table, above)
+            if not writers:
+                raise error from None
+            above.update(writers)
+
+
+def _writing_in_place(gm, table: dict, applied: dict) -> dict:
+    """The entries of ``table`` (not in ``applied``) whose decomposition of one of ``gm``'s calls,
+    traced alone, writes in place; and, as they will be applied with it, those of the calls that
+    their decompositions make."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    out, seen = {}, set()
+    fake_mode = _fake_mode(gm)
+    graphs = [m.graph for m in gm.modules() if isinstance(m, torch.fx.GraphModule)]
+    while graphs:
+        for node in graphs.pop().nodes:
+            op = node.target
+            if node.op != "call_function" or not isinstance(op, torch._ops.OpOverload) or op not in table \
+                    or op in applied or op in out or op._schema.is_mutable:
+                continue
+            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
+            leaves, spec = torch.utils._pytree.tree_flatten((args, kwargs))
+            key = (op, tuple(_signature_of(v) for v in leaves))
+            if key in seen:
+                continue
+            seen.add(key)
+            inputs = [i for i, v in enumerate(leaves) if isinstance(v, (torch.Tensor, torch.SymInt))]
+
+            def run(*vals, fn=table[op], leaves=leaves, spec=spec, inputs=inputs):
+                leaves = list(leaves)
+                for i, v in zip(inputs, vals):
+                    leaves[i] = v
+                a, k = torch.utils._pytree.tree_unflatten(leaves, spec)
+                return fn(*a, **k)
+
+            try:
+                with fake_mode, torch.no_grad():
+                    traced = make_fx(run, pre_dispatch=True)(*[leaves[i] for i in inputs])
+            except Exception:  # noqa: BLE001 -- not traceable alone: it stays below functionalization
+                continue
+            if any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+                   and n.target._schema.is_mutable for n in traced.graph.nodes):
+                out[op] = table[op]
+                graphs.append(traced.graph)
+    return out
+
+
+def _signature_of(v):
+    if isinstance(v, torch.Tensor):
+        return ("tensor", str(v.shape), v.dtype, str(v.stride()), v.is_conj())
+    if isinstance(v, torch.SymInt):
+        return ("symint", str(v))
+    return ("value", repr(v))
+
+
+def _above_functionalization(table: dict) -> dict:
+    """The part of ``table`` torch's retrace applies above functionalization: the decompositions of
+    CompositeImplicitAutograd ops (run at the Autograd key, as the op's CIA kernel or as the
+    py_kernel torch installs for the table's entry) and of ops with a Python kernel at the Autograd
+    key (_forced); ops they emit are functionalized, then decomposed by the rest of the table. The
+    rest (aten.view -> prims.collapse_view, aten.expand -> prims.broadcast_in_dim, ...) runs in the
+    tracer below functionalization, which never sees what they emit: applied above it, their
+    PrimTorch views would reach functionalization, which has no rule for a non-ATen op returning
+    an alias. In-place entries stay out: functionalization removes the ops they decompose."""
+    from torch._export.utils import _is_cia_op
+
+    def above(op) -> bool:
+        if op._schema.is_mutable:
+            return False
+        if op in _forced():
+            return True
+        try:
+            return _is_cia_op(op)
+        except RuntimeError:  # not a dispatcher op
+            return False
+
+    return {op: fn for op, fn in table.items() if above(op)}
 
 
 def _conj_view(node) -> bool:
