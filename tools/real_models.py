@@ -37,6 +37,9 @@ STAGE_ORDER = ["build", "capture", "eager", "write", "load", "bitwise"] + \
 STOP_AFTER = {"build": "build", "capture": "capture", "eager": "eager", "write": "write", "load": "bitwise",
               "all": None}
 MSG_CHARS = 300
+# address-space limit of one case's process: a program that asks for more (a decomposition that
+# materializes a huge broadcast) fails with torch's allocation error instead of being killed
+MEMORY_LIMIT_GB = 10
 
 
 # ------------------------------------------------------------------------------------------------
@@ -337,9 +340,13 @@ def _torch_lowering(ep, preset, fresh, ref, case):
 
 def _child(name, stop_after, conn, workdir, log_path):
     # silence the child: its own stdout/stderr go to a per-case log
+    import resource
+
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
+    limit = MEMORY_LIMIT_GB << 30
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     try:
         run_case(name, stop_after, conn, workdir)
     except BaseException as e:  # noqa: BLE001
@@ -618,7 +625,7 @@ def main(argv=None):
     ap.add_argument("--out", default="/tmp/real_models.json")
     ap.add_argument("--log-dir", default=None, help="per-case stdout/stderr logs (default: <out>.logs/)")
     ap.add_argument("--resume", action="store_true", help="keep the records already in --out, run the rest")
-    ap.add_argument("--redo-failed", metavar="STAGE", help="with --resume: run again the cases whose STAGE failed")
+    ap.add_argument("--redo-failed", metavar="STAGE", help="with --resume: run again the cases whose STAGE failed ('any': any stage after capture)")
     ap.add_argument("--summary-only", action="store_true", help="print the summary of --out and exit")
     ap.add_argument("--markdown", action="store_true", help="print the README table of --out and exit")
     ap.add_argument("--pick-sample", metavar="FILE", help="write the default test sample chosen from --out to FILE")
@@ -656,8 +663,13 @@ def main(argv=None):
         with open(args.out) as f:
             resume = {r["name"]: r for r in json.load(f)["records"]}
         if args.redo_failed:
-            resume = {n: r for n, r in resume.items()
-                      if r.get("stages", {}).get(args.redo_failed, {}).get("status") != "fail"}
+            def failed(r):
+                st = r.get("stages", {})
+                if args.redo_failed == "any":  # every failure after capture (pt2b's stages)
+                    return any(v.get("status") == "fail" for k, v in st.items() if k not in ("build", "capture"))
+                return st.get(args.redo_failed, {}).get("status") == "fail"
+
+            resume = {n: r for n, r in resume.items() if not failed(r)}
     log_dir = args.log_dir or args.out + ".logs"
     os.makedirs(log_dir, exist_ok=True)
     print(f"{len(names)} cases, stages up to {args.stages}, {args.workers} workers, timeout {args.timeout:.0f}s, "
