@@ -121,13 +121,23 @@ def _compare_close(out, ref, rtol, atol) -> str | None:
     return None
 
 
+def _op_label(target) -> str:
+    """A stable name of a call target: "aten.add.Tensor", "operator.mul", "torch.sym_min"."""
+    import torch
+
+    if isinstance(target, (torch._ops.OpOverload, torch._ops.HigherOrderOperator)):
+        return str(target)
+    module = {"_operator": "operator", "builtins": "operator"}.get(target.__module__, target.__module__)
+    return f"{module}.{target.__name__}"
+
+
 def _ops_of(ep) -> list[str]:
     import torch.fx
 
     ops = set()
     for _, m in ep.graph_module.named_modules():
         if isinstance(m, torch.fx.GraphModule):
-            ops.update(str(n.target) for n in m.graph.nodes if n.op == "call_function")
+            ops.update(_op_label(n.target) for n in m.graph.nodes if n.op == "call_function")
     return sorted(ops)
 
 
@@ -589,13 +599,28 @@ def markdown(records: list[dict], wall: float | None = None) -> str:
     return "\n".join(out)
 
 
-def pick_sample(records: list[dict]) -> list[tuple[str, str]]:
+SAMPLE_CASE_SECONDS = 40.0  # a case slower than this in the sweep stays in the slow sweep only
+
+
+def _stable_op(op: str) -> str:
+    """Op names of records written before _op_label (a function's repr held its address)."""
+    m = re.fullmatch(r"<(?:built-in )?function (\w+)(?: at 0x[0-9a-f]+)?>", op)
+    if m is None:
+        return op
+    return ("torch." if m.group(1).startswith("sym_") else "operator.") + m.group(1)
+
+
+def pick_sample(records: list[dict], max_seconds: float = SAMPLE_CASE_SECONDS) -> list[tuple[str, str]]:
     """Cases for the default test run, chosen from a sweep's records: greedily, the case that adds the
     most ops not yet called per second of its run, until every op any captured case calls is called
-    by a chosen one; then the quickest case of every task not yet represented. Returns (name, why)."""
+    by a chosen one; then the quickest case of every task not yet represented. Cases that took longer
+    than ``max_seconds`` are not chosen (their ops are listed as left to the slow sweep). Returns
+    (name, why) pairs; a name of None carries a note."""
     captured = [r for r in records if r.get("stages", {}).get("capture", {}).get("status") == "ok"]
     cost = {r["name"]: max(float(r.get("wall_seconds") or 1.0), 0.5) for r in captured}
-    ops = {r["name"]: set(r.get("ops", [])) for r in captured}
+    every = set().union(*({_stable_op(o) for o in r.get("ops", [])} for r in captured)) if captured else set()
+    captured = [r for r in captured if cost[r["name"]] <= max_seconds]
+    ops = {r["name"]: {_stable_op(o) for o in r.get("ops", [])} for r in captured}
     uncovered = set().union(*ops.values()) if ops else set()
     chosen = []
     while uncovered:
@@ -611,6 +636,10 @@ def pick_sample(records: list[dict]) -> list[tuple[str, str]]:
         if r.get("task") not in have:
             have.add(r.get("task"))
             chosen.append((r["name"], f"task {r.get('task')}"))
+    left = sorted(every - set().union(*(ops[n] for n, _ in chosen)) if chosen else every)
+    if left:
+        chosen.append((None, f"ops called only by cases slower than {max_seconds:.0f} s (slow sweep): "
+                             + ", ".join(left)))
     return chosen
 
 
@@ -646,8 +675,8 @@ def main(argv=None):
                 f.write(f"# default-run sample of the real-model corpus: every op of {len(data['records'])} swept cases "
                         f"and every task\n# written by `python -m tools.real_models --out SWEEP.json --pick-sample "
                         f"FILE`\n")
-                f.writelines(f"{n}  # {why}\n" for n, why in chosen)
-            print(f"{len(chosen)} cases -> {args.pick_sample}")
+                f.writelines(f"{n}  # {why}\n" if n else f"# {why}\n" for n, why in chosen)
+            print(f"{sum(1 for n, _ in chosen if n)} cases -> {args.pick_sample}")
             return 0
         summarize(data["records"], data.get("meta", {}).get("wall_seconds"))
         return 0
