@@ -198,12 +198,12 @@ def real_model_names(spec: str) -> list[str]:
 def bench_real_model(name: str, repeat: int, tmp: str) -> dict:
     """pt2b / torch ratios of save (write step), load and cold core lowering on one real architecture;
     a step either side cannot do is left out with the reason."""
+    from exporter.corpus.programs import capture_real
     from exporter.corpus.transformers_zoo import make_case as make_real
 
     case = make_real(name)
     args, kwargs = case.args, case.kwargs or {}
-    ep = torch.export.export(copy.deepcopy(case.model), copy.deepcopy(args), copy.deepcopy(kwargs),
-                             dynamic_shapes=case.dynamic_shapes, strict=case.strict)
+    ep = capture_real(case)
     pt2, pt2b = os.path.join(tmp, "r.pt2"), os.path.join(tmp, "r.pt2b")
     out = {"name": name, "ratios": {}, "seconds": {}, "skipped": {}}
     ours, theirs = interleaved([lambda: writer.write_artifact(ep, pt2b, ir_level="training"),

@@ -141,17 +141,6 @@ def _ops_of(ep) -> list[str]:
     return sorted(ops)
 
 
-def _is_dynamic(ep) -> bool:
-    import torch
-
-    for n in ep.graph.nodes:
-        if n.op == "placeholder":
-            v = n.meta.get("val")
-            if isinstance(v, torch.Tensor) and any(not isinstance(s, int) for s in v.shape):
-                return True
-    return False
-
-
 def run_case(name: str, stop_after: str | None, conn, workdir: str) -> None:
     """Run the stages for ``name``, sending the (growing) record through ``conn`` after each stage."""
     _quiet_everything()
@@ -217,28 +206,13 @@ def run_case(name: str, stop_after: str | None, conn, workdir: str) -> None:
         return copy.deepcopy(args), copy.deepcopy(kwargs)
 
     def capture():
-        a, k = fresh()
-        if case.dynamic_shapes is not None:
-            try:
-                ep = torch.export.export(case.model, a, k, dynamic_shapes=case.dynamic_shapes, strict=case.strict)
-                rec["dynamic"] = "dynamic" if _is_dynamic(ep) else "dynamic-requested-but-static"
-                return ep
-            except Exception as e:  # noqa: BLE001
-                rec["dynamic"] = "static-after-dynamic-failed"
-                rec["dynamic_error"] = f"{type(e).__name__}: {str(e).strip()[:MSG_CHARS]}"
-                a, k = fresh()
-        else:
-            rec["dynamic"] = "static"
+        from exporter.corpus.programs import capture_real
+
+        notes = {}
         try:
-            return torch.export.export(case.model, a, k, strict=case.strict)
-        except Exception as e:  # noqa: BLE001
-            if not case.strict:
-                raise
-            # transformers exports its static-cache wrappers strict; see what non-strict capture gives
-            rec["strict_error"] = f"{type(e).__name__}: {str(e).strip()[:MSG_CHARS]}"
-            rec["strict"] = "non-strict-after-strict-failed"
-            a, k = fresh()
-            return torch.export.export(case.model, a, k, strict=False)
+            return capture_real(case, notes)
+        finally:
+            rec.update(notes)
 
     ok, ep = stage("capture", capture)
     if not ok:

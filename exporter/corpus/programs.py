@@ -48,21 +48,47 @@ def _exportdb():
             dynamic_shapes=case.dynamic_shapes, strict=True)
 
 
+def capture_real(case, notes: dict | None = None) -> torch.export.ExportedProgram:
+    """torch.export of a real-model case (transformers_zoo.RealCase) as the corpus captures it: with
+    its dynamic shapes, else static shapes where torch refuses them; a strict capture (transformers'
+    static-cache recipe) that fails is tried non-strict. ``notes`` receives how it was captured
+    ("dynamic", "strict" and, where a first try failed, torch's error)."""
+    notes = {} if notes is None else notes
+
+    def export(dynamic_shapes, strict):
+        return torch.export.export(case.model, copy.deepcopy(case.args), copy.deepcopy(case.kwargs or {}),
+                                   dynamic_shapes=dynamic_shapes, strict=strict)
+
+    def static(strict):
+        try:
+            return export(None, strict)
+        except Exception as e:  # noqa: BLE001
+            if not strict:
+                raise
+            notes["strict"] = "non-strict-after-strict-failed"
+            notes["strict_error"] = f"{type(e).__name__}: {str(e).strip()[:300]}"
+            return export(None, False)
+
+    if case.dynamic_shapes is None:
+        notes["dynamic"] = "static"
+        return static(case.strict)
+    try:
+        ep = export(case.dynamic_shapes, case.strict)
+    except Exception as e:  # noqa: BLE001 -- torch refused the dynamic dimension
+        notes["dynamic"] = "static-after-dynamic-failed"
+        notes["dynamic_error"] = f"{type(e).__name__}: {str(e).strip()[:300]}"
+        return static(case.strict)
+    dynamic = any(isinstance(s, torch.SymInt) for n in ep.graph.nodes if n.op == "placeholder"
+                  and isinstance(n.meta.get("val"), torch.Tensor) for s in n.meta["val"].shape)
+    notes["dynamic"] = "dynamic" if dynamic else "dynamic-requested-but-static"
+    return ep
+
+
 def _transformers(names):
     from . import transformers_zoo
 
-    def capture(name):
-        c = transformers_zoo.make_case(name)
-        try:
-            return torch.export.export(c.model, copy.deepcopy(c.args), copy.deepcopy(c.kwargs or {}),
-                                       dynamic_shapes=c.dynamic_shapes, strict=c.strict)
-        except Exception:  # noqa: BLE001 -- as the sweep does: static shapes when dynamic ones are refused
-            if c.dynamic_shapes is None:
-                raise
-            return torch.export.export(c.model, copy.deepcopy(c.args), copy.deepcopy(c.kwargs or {}), strict=c.strict)
-
     for name in names:
-        yield f"transformers:{name}", lambda name=name: capture(name)
+        yield f"transformers:{name}", lambda name=name: capture_real(transformers_zoo.make_case(name))
 
 
 def _sources(name: str):
