@@ -172,7 +172,8 @@ _HIDDEN_KEYS = {
     "encoder_hidden_dim", "lm_hidden_size", "mm_hidden_size", "vision_output_dim", "adapter_out_dim",
     "memory_attention_hidden_size", "memory_encoder_hidden_size", "fpn_hidden_size", "reassemble_hidden_size",
     "classifier_proj_size", "xvector_output_dim", "codevector_dim", "proj_codevector_dim", "text_proj_dim",
-    "attention_hidden_size", "hidden_size_per_layer_input", "speech_decoder_postnet_units",
+    "attention_hidden_size", "hidden_size_per_layer_input", "speech_decoder_postnet_units", "projection_size",
+    "pooler_output_size", "mit_hidden_size", "pred_hidden_size", "output_dim",
 }
 _INTERMEDIATE_RE = re.compile(r"(intermediate|ffn_dim$|^d_ff$|^n_inner$|^mlp_dim$|linear_units$|ffn_hidden_size$|"
                               r"^decoder_intermediate_size$)")
@@ -181,13 +182,13 @@ _LAYER_KEYS = {
     "num_decoder_layers", "decoder_num_hidden_layers", "encoder_num_hidden_layers", "depth", "layers",
     "num_text_layers", "num_vision_layers", "text_num_hidden_layers", "vision_num_hidden_layers",
     "memory_attention_num_layers", "memory_fuser_num_layers", "num_mel_attn_blocks", "resampler_depth",
-    "aligner_num_add_layers", "num_lstm_layers", "num_single_layers", "num_cross_layers",
+    "aligner_num_add_layers", "num_lstm_layers", "num_single_layers", "num_cross_layers", "pred_num_hidden_layers",
 }
 _HEAD_KEYS = {
     "num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads", "decoder_attention_heads",
     "attention_heads", "decoder_num_attention_heads", "encoder_num_attention_heads", "cross_num_attention_heads",
     "resampler_n_heads", "resampler_heads", "swa_num_attention_heads", "text_num_attention_heads",
-    "vision_num_attention_heads", "index_n_heads",
+    "vision_num_attention_heads", "index_n_heads", "pred_num_attention_heads",
 }
 _KV_HEAD_KEYS = {"num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num",
                  "cross_num_key_value_heads", "swa_num_key_value_heads", "n_head_kv", "num_kv_heads_per_layer"}
@@ -247,7 +248,8 @@ _MROPE_TYPES = re.compile(r"(_vl|vl_|omni|glm4v|glm_image|glm_ocr|compass|qwen3_
 
 def _shrink_rope(rp: dict, old_hd, new_hd, model_type: str = "") -> dict:
     rp = dict(rp)
-    if "mrope_section" not in rp and _MROPE_TYPES.search(model_type or "") and "vision" not in model_type.split("|")[0]:
+    if "mrope_section" not in rp and rp and _MROPE_TYPES.search(model_type or "") and \
+            "vision" not in model_type.split("|")[0]:  # (an empty dict is filled in by the config class)
         rp["mrope_section"] = [16, 24, 24]  # modeling code's default, rescaled below
     if "mrope_section" in rp and isinstance(rp["mrope_section"], list):
         sec = rp["mrope_section"]
@@ -274,6 +276,17 @@ _NOT_WIDTH_RE = re.compile(r"(vocab|image|patch|kernel|stride|window|position|ma
                            r"sample|context|tokens|num_)")
 
 
+def _round_filters(cfg: dict, channels: int) -> int:
+    """EfficientNet's channel rounding (modeling_efficientnet.round_filters) on a config dict."""
+    divisor = cfg.get("depth_divisor", 8)
+    channels *= cfg["width_coefficient"]
+    new = max(divisor, int(channels + divisor / 2) // divisor * divisor)
+    return int(new + divisor if new < 0.9 * channels else new)
+
+
+_TIED_WIDTH_RE = re.compile(r"(_dim$|hidden|adapter|_width$|input_size$|_features$)")
+
+
 def _scale_width(v, f):
     if isinstance(v, bool):
         return v
@@ -291,6 +304,7 @@ def _shrink_level(d: dict, top: dict, mode: str = "small", f: int = 8) -> dict:
     cross-config widths stay consistent. mode "scaled" (the fallback): every width divided by ``f``, heads
     and image/audio sizes kept, so that proportions between widths survive.
     """
+    nested = d is not top
     d = dict(d)
     for k, v in list(d.items()):
         if _is_cfg_dict(k, v):
@@ -299,6 +313,7 @@ def _shrink_level(d: dict, top: dict, mode: str = "small", f: int = 8) -> dict:
             d[k] = [_shrink_level(x, top, mode, f) for x in v]
     if mode == "scaled":
         return _scale_level(d, top, f)
+    d0 = dict(d)
 
     old_layers = _layer_count_keys(d)
     old_heads = next((d[k] for k in ("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads")
@@ -350,8 +365,14 @@ def _shrink_level(d: dict, top: dict, mode: str = "small", f: int = 8) -> dict:
             d[k] = min(v, V)
         elif k in _POS_KEYS and isinstance(v, int) and v > 0:
             d[k] = min(v, 512)
+        elif k == "frames_per_clip" and isinstance(v, int):  # V-JEPA 2: (a multiple of tubelet_size)
+            d[k] = min(v, 4)
+        elif k == "crop_size" and isinstance(v, int) and v > IMG:
+            d[k] = IMG
         elif k == "max_source_positions" and isinstance(v, int):
             d[k] = min(v, 32)
+        elif k == "max_length" and isinstance(v, int) and "num_mel_bins" in d:  # AST: frames per spectrogram
+            d[k] = min(v, 64)
         elif k == "sliding_window" and isinstance(v, int) and v > 0:
             d[k] = min(v, 8)
         elif k == "attention_window":
@@ -367,7 +388,8 @@ def _shrink_level(d: dict, top: dict, mode: str = "small", f: int = 8) -> dict:
             elif isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) for x in v):
                 d[k] = [min(x, PATCH) for x in v]
         elif k in ("hidden_sizes", "embed_dim_per_stage", "neck_hidden_sizes", "encoder_hidden_sizes",
-                   "backbone_channel_list") and isinstance(v, list) and v and all(isinstance(x, int) for x in v):
+                   "backbone_channel_list", "post_process_channels") and isinstance(v, list) and v and \
+                all(isinstance(x, int) for x in v):
             inc = v == sorted(v)
             base = [min(256, 16 * 2 ** i) for i in range(len(v))]
             d[k] = base if inc else base[::-1]
@@ -425,7 +447,7 @@ def _shrink_level(d: dict, top: dict, mode: str = "small", f: int = 8) -> dict:
         elif re.search(r"^num_self_attends|^num_blocks$|_num_blocks$|^num_res_blocks$", k) and isinstance(v, int):
             d[k] = min(v, 1)
         elif k in ("width_coefficient",) and isinstance(v, (int, float)):
-            d[k] = min(v, 0.25)
+            d[k] = min(v, 0.2)  # EfficientNet: last stage 320 * 0.2 = 64 channels (ALIGN's image embedding == H)
         elif k in ("depth_coefficient",) and isinstance(v, (int, float)):
             d[k] = min(v, 0.5)
         elif re.search(r"(base_channels|upsample_initial_channel|initial_channel|_channels)$", k) and \
@@ -433,7 +455,44 @@ def _shrink_level(d: dict, top: dict, mode: str = "small", f: int = 8) -> dict:
             d[k] = 32
         elif k in ("num_embeddings",) and isinstance(v, int) and v > 256:
             d[k] = 128
+        elif k == "num_filters" and isinstance(v, int):  # SEANet codecs: channels double at every stage
+            d[k] = min(v, 8)
+        elif k in ("prompt_length", "prompt_types") and isinstance(v, int):  # cpmant: learned prompt tokens
+            d[k] = min(v, 4)
+        elif k in ("prediction_length", "horizon_length") and isinstance(v, int):  # time series
+            d[k] = min(v, 16)
+        elif k == "context_length" and isinstance(v, int) and \
+                any(x in d for x in ("prediction_length", "horizon_length")):
+            d[k] = min(v, 64)
 
+    # widths tied to a shrunk width follow it: depthwise groups (Mimi's upsampler), codec codebooks without
+    # projections (EnCodec, WavTokenizer: codebook_dim == hidden_size), adapters' input widths (checked by
+    # validators), ZoeDepth's bottleneck_features == fusion_hidden_size
+    tie = {}
+    for k in ("hidden_size", "d_model", "n_embd", *sorted(_HIDDEN_KEYS)):
+        if isinstance(d0.get(k), int) and not isinstance(d0[k], bool) and isinstance(d.get(k), int) and d[k] != d0[k]:
+            tie.setdefault(d0[k], d[k])
+    for k, v in list(d.items()):
+        if isinstance(v, bool) or not isinstance(v, int) or v not in tie or d0.get(k) != v:
+            continue
+        if k.endswith("groups") or k == "codebook_dim" or (
+                _TIED_WIDTH_RE.search(k) and not re.search(r"(head|vocab|position|max_|num_)", k)):
+            d[k] = tie[v]
+    for lk in ("embed_dim_per_stage", "hidden_sizes"):  # hidden_size naming a stage's width (Hiera: the first)
+        if isinstance(d0.get(lk), list) and d0[lk] and isinstance(d.get(lk), list) and \
+                isinstance(d0.get("hidden_size"), int) and d0["hidden_size"] in (d0[lk][0], d0[lk][-1]):
+            d["hidden_size"] = d[lk][0] if d0["hidden_size"] == d0[lk][0] else d[lk][-1]
+    if all(isinstance(d0.get(k), int) for k in ("image_embedding_size", "image_size", "patch_size")) and \
+            d0["image_embedding_size"] == d0["image_size"] // d0["patch_size"]:
+        d["image_embedding_size"] = d["image_size"] // d["patch_size"]  # SAM prompt encoder: the patch grid
+    if isinstance(d.get("downsampling_ratios"), list) and isinstance(d.get("encoder_hidden_size"), int):
+        d["encoder_hidden_size"] = 8  # DAC: channels double at every downsampling stage (x16 for 4 stages)
+    if isinstance(d0.get("attention_hidden_size"), int) and isinstance(d0.get("hidden_size"), int) and \
+            d0["attention_hidden_size"] == 2 * d0["hidden_size"]:  # Zamba: attention over [hidden, embeddings]
+        d["attention_hidden_size"] = 2 * d["hidden_size"]
+    if isinstance(d.get("width_coefficient"), (int, float)) and isinstance(d0.get("hidden_dim"), int) and \
+            d0["hidden_dim"] == _round_filters(d0, 1280):  # EfficientNet's top conv: hidden_dim channels
+        d["hidden_dim"] = _round_filters(d, 1280)
     heads = next((d[k] for k in ("num_attention_heads", "n_head", "n_heads", "num_heads") if isinstance(d.get(k), int)),
                  None)
     for k in _KV_HEAD_KEYS:
@@ -448,6 +507,8 @@ def _shrink_level(d: dict, top: dict, mode: str = "small", f: int = 8) -> dict:
     for k in _HEAD_DIM_KEYS:
         if isinstance(d.get(k), int) and d[k] > 0:
             d[k] = HD
+    if isinstance(d.get("v_head_dim"), int) and d["v_head_dim"] > HD:  # value head width (MLA resets it below)
+        d["v_head_dim"] = HD
     if any(isinstance(d.get(k), int) and d[k] > 1 for k in _EXPERT_KEYS):
         for k in _TOPK_KEYS:
             if k in d and d[k] is None:
@@ -460,15 +521,17 @@ def _shrink_level(d: dict, top: dict, mode: str = "small", f: int = 8) -> dict:
         d.update(qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=HD)
         if "qk_head_dim" in d:
             d["qk_head_dim"] = 16
-        if "head_dim" in d:
-            d["head_dim"] = 8
+        if "head_dim" in d:  # keep the original relation: the rotary part (DeepSeek) or the whole q/k head
+            whole = d0.get("head_dim") == (d0.get("qk_nope_head_dim") or 0) + d0["qk_rope_head_dim"]
+            d["head_dim"] = 16 if whole and isinstance(d0.get("head_dim"), int) else 8
     # mamba-style: heads * head_dim == expand * hidden
     expand = d.get("mamba_expand", d.get("expand"))
     if isinstance(expand, (int, float)) and not isinstance(expand, bool):
         inner = int(expand * H)
-        for nk, hk in (("mamba_n_heads", "mamba_d_head"), ("mamba_num_heads", "mamba_head_dim"), ("num_heads", "head_dim")):
+        for nk, hk in (("mamba_n_heads", "mamba_d_head"), ("mamba_num_heads", "mamba_head_dim"),
+                       ("num_heads", "head_dim"), ("n_mamba_heads", "mamba_headdim")):
             if isinstance(d.get(nk), int) and isinstance(d.get(hk), int) and "state_size" in d or \
-                    (nk.startswith("mamba") and isinstance(d.get(nk), int) and isinstance(d.get(hk), int)):
+                    ("mamba" in nk and isinstance(d.get(nk), int) and isinstance(d.get(hk), int)):
                 d[nk] = 4
                 d[hk] = inner // 4
     # rope
@@ -476,6 +539,22 @@ def _shrink_level(d: dict, top: dict, mode: str = "small", f: int = 8) -> dict:
         if isinstance(d.get(rk), dict):
             d[rk] = _shrink_rope(d[rk], old_hd, d.get("head_dim") if isinstance(d.get("head_dim"), int) else HD,
                                  str(d.get("model_type", "")) + "|" + str(top.get("model_type", "")))
+    # layer stacks split in parts (Dory: n_input_layers + n_recurrent_layers + n_output_layers == num_hidden_layers)
+    parts = [k for k, v in d0.items() if re.fullmatch(r"n_\w+_layers", k) and isinstance(v, int) and v > 0]
+    for lk, old_n in old_layers.items():
+        if len(parts) > 1 and sum(d0[k] for k in parts) == old_n:
+            per = 2 if all(d0[k] % 2 == 0 for k in parts) else 1  # (Dory counts attention and mlp blocks)
+            d.update({k: per for k in parts})
+            d[lk] = per * len(parts)
+    # a single-stage backbone (ViT-like) feeding a multi-scale neck (DPT, Depth Anything, ZoeDepth) keeps one
+    # layer per output index, so the neck still receives as many feature maps as it has stages
+    oi = d0.get("out_indices")
+    new_oi = None
+    if nested and not has_stages and "num_hidden_layers" in old_layers and isinstance(oi, list) and oi and \
+            all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in oi):
+        d["num_hidden_layers"] = max(d["num_hidden_layers"], min(len(oi), old_layers["num_hidden_layers"]))
+        n = d["num_hidden_layers"]
+        new_oi = list(range(n - len(oi) + 1, n + 1))
     # per-layer lists, per-layer config dicts and layer-index lists follow the new layer count
     new_layers = _layer_count_keys(d)
     for lk, old_n in old_layers.items():
@@ -487,7 +566,8 @@ def _shrink_level(d: dict, top: dict, mode: str = "small", f: int = 8) -> dict:
             if k in ("depths", "hidden_sizes", "conv_dim", "conv_kernel", "conv_stride"):
                 continue
             if isinstance(v, dict) and v and all(str(x).isdigit() for x in v):  # per_layer_config {"05": {...}}
-                d[k] = {str(keep.index(int(x))): (_shrink_level(sub, top) if isinstance(sub, dict) else sub)
+                d[k] = {str(keep.index(int(x))): (_shrink_layer_diff(sub, d0, d, k, top) if isinstance(sub, dict)
+                                                  else sub)
                         for x, sub in v.items() if int(x) in keep}
                 continue
             if not isinstance(v, list):
@@ -501,7 +581,20 @@ def _shrink_level(d: dict, top: dict, mode: str = "small", f: int = 8) -> dict:
         for k in ("stage_names", "out_indices", "out_features"):
             if k in d and not has_stages:
                 d.pop(k)
+        if new_oi is not None:
+            d["out_indices"] = new_oi
     return d
+
+
+def _shrink_layer_diff(sub: dict, base0: dict, base: dict, key: str, top: dict) -> dict:
+    """A per-layer override (only the fields that differ from the base config) shrunk as a whole layer: the
+    base merged with it is shrunk, and the fields that then differ from the shrunk base are kept, so that
+    relations between fields (head_dim == qk_nope_head_dim + qk_rope_head_dim) hold in the layer."""
+    scalar = (int, float, str, type(None))
+    merged0 = {k: v for k, v in base0.items() if k != key and (isinstance(v, scalar) or k in sub)}
+    merged = _shrink_level({**merged0, **sub}, top)
+    return {k: v for k, v in merged.items()
+            if k in sub or (isinstance(v, scalar) and k in base and v != base[k])}
 
 
 def _scale_level(d: dict, top: dict, f: int) -> dict:
@@ -535,7 +628,7 @@ def _scale_level(d: dict, top: dict, f: int) -> dict:
         rp = d.get(rk)
         if isinstance(rp, dict):
             rp = dict(rp)
-            if "mrope_section" not in rp and "vision" not in str(d.get("model_type", "")) and \
+            if "mrope_section" not in rp and rp and "vision" not in str(d.get("model_type", "")) and \
                     _MROPE_TYPES.search(str(d.get("model_type", "")) + "|" + str(top.get("model_type", ""))):
                 rp["mrope_section"] = [16, 24, 24]
             if isinstance(rp.get("mrope_section"), list):
@@ -642,6 +735,25 @@ def _ov_sub(sub, **kv):
     return f
 
 
+_QWEN4_INDEXER = dict(indexer_n_heads=4, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=8,
+                      indexer_compress_ratio=4)
+
+
+def _ov_per_layer_type_rope(sub=None, theta=10000.0):
+    """Configs whose rope_parameters default to {} but whose modeling reads one entry per layer type (with an
+    M-RoPE section over the rotary half of head_dim)."""
+    def f(d):
+        t = d[sub] if sub else d
+        if not isinstance(t, dict) or t.get("rope_parameters"):
+            return d
+        half = (t.get("head_dim") or HD) // 2
+        sec = [half - 2 * (half // 3), half // 3, half // 3]
+        rp = {"rope_type": "default", "rope_theta": theta, "mrope_section": sec}
+        t = {**t, "rope_parameters": {"full_attention": dict(rp), "sliding_attention": dict(rp)}}
+        return {**d, sub: t} if sub else t
+    return f
+
+
 _OVERRIDES: dict[str, callable] = {
     "dots1": _ov_update(n_shared_experts=1, n_routed_experts=4, num_experts_per_tok=2),
     "esm": _ov_update(vocab_size=33, mask_token_id=32, pad_token_id=1, emb_layer_norm_before=False),
@@ -649,11 +761,41 @@ _OVERRIDES: dict[str, callable] = {
     "diffusion_gemma": _ov_sub("text_config", num_experts=4, top_k_experts=2, moe_intermediate_size=H,
                                use_bidirectional_attention="all"),
     "gemma3": _ov_gemma3,
-    "shieldgemma2": _ov_gemma3,
+    # the classifier reads the logits of the "Yes" / "No" tokens (ids 10784 / 3771 in the real vocabulary)
+    "shieldgemma2": lambda d: _ov_update(yes_token_index=100, no_token_index=101)(_ov_gemma3(d)),
     "whisper": _ov_whisper_like,
     "reformer": _ov_update(axial_pos_shape=[4, 4], axial_pos_embds_dim=[32, 32], lsh_attn_chunk_length=4,
                            local_attn_chunk_length=4, num_buckets=4, max_position_embeddings=16,
                            attn_layers=["local", "lsh"], num_hidden_layers=2),
+    # the default attn_config lacks fields DBRX's modeling reads unconditionally; values of databricks/dbrx-base
+    "dbrx": _ov_sub("attn_config", rope_theta=500000.0, clip_qkv=8.0),
+    # the query-sparse-attention indexer has no defaults (None) and no published checkpoint: small values
+    "qwen4_exp": _ov_sub("text_config", **_QWEN4_INDEXER),
+    "qwen4_exp_text": _ov_update(**_QWEN4_INDEXER),
+    "cohere_compass": _ov_per_layer_type_rope("text_config"),
+    "cohere_compass_text": _ov_per_layer_type_rope(),
+    # Dory's config.json lists (attention, mlp) block pairs; three layers (input, recurrent, output parts)
+    "dory": _ov_update(layer_types=["sliding_attention", "mlp", "full_attention", "mlp", "sliding_attention", "mlp"]),
+    "bros": _ov_update(dim_bbox_projection=HD),  # the box bias is added per attention head: head width
+    # the shared attention block is weight-tied across hybrid layers: keep two of them (one alone has nothing to
+    # tie to, and transformers refuses the tying spec)
+    "zamba": _ov_update(num_hidden_layers=3, layers_block_type=["linear_attention", "hybrid", "hybrid"]),
+    # SAM: the vision neck's output channels are the prompt encoder's / mask decoder's width (and SAM-HQ's
+    # mask decoder reads the ViT's width), widths the per-config shrinking sets independently
+    "sam": _ov_sub("vision_config", output_channels=H, num_pos_feats=H // 2),
+    "sam_hq": lambda d: _ov_sub("mask_decoder_config", vit_dim=H)(
+        _ov_sub("vision_config", output_channels=H, num_pos_feats=H // 2)(d)),
+    # SAM2: the Hiera backbone sees 64x64 images (strides 4, 8, 16 give these feature maps); the prompt encoder's
+    # image / patch size must describe the same image and the 16x-downsampled embedding grid
+    "sam2": lambda d: _ov_sub("prompt_encoder_config", image_size=64, patch_size=16)(
+        _ov_sub("vision_config", backbone_feature_sizes=[[16, 16], [8, 8], [4, 4]])(d)),
+    # the prompt/query features merge before the first encoder output taken (merge_index < output indices); the
+    # model sees prompt and input stacked vertically (image_size is 2:1, like the released 896x448)
+    "seggpt": _ov_update(num_hidden_layers=5, intermediate_hidden_state_indices=[1, 2, 3, 4], merge_index=0,
+                         image_size=[2 * IMG, IMG]),
+    # the spatial embedding concatenates 4 coordinate and 2 shape embeddings: 4 * 12 + 2 * 8 == H; the patch
+    # embedding's position grid is input_size / patch_size
+    "layoutlmv3": _ov_update(coordinate_size=12, shape_size=8, input_size=64),
     "big_bird": _ov_update(attention_type="original_full"),
     "bigbird_pegasus": _ov_update(attention_type="original_full"),
 }
@@ -669,16 +811,85 @@ def _max_width(d: dict) -> int:
     return best
 
 
-def _shrunk_config(model_type: str, mode: str = "small"):
+def _static_cache_fixups(d: dict) -> dict:
+    """Shapes transformers' static-cache export wrapper can hold (TorchExportableModuleWithStaticCache sizes
+    every layer's key and value cache alike, (num_key_value_heads, head_dim), from the text config)."""
+    text_key = next((k for k in ("text_config", "language_config", "llm_config") if isinstance(d.get(k), dict)), None)
+    t = dict(d[text_key]) if text_key else d
+    if isinstance(t.get("kv_lora_rank"), int) and isinstance(t.get("qk_rope_head_dim"), int):
+        # multi-head latent attention caches one shared latent "head": keys (kv_lora_rank wide) and the rotary
+        # key (qk_rope_head_dim wide); the wrapper can only hold them when both widths equal its head_dim and
+        # num_key_value_heads is 1. The attention also reads num_key_value_heads (num_attention_heads // it
+        # key/value repeats, under tracing), so query heads are 1 as well: a single-head MLA model
+        r = t["qk_rope_head_dim"]
+        t.update(kv_lora_rank=r, head_dim=r, num_key_value_heads=1, num_attention_heads=1)
+    if t.get("multi_query") is True and "num_kv_heads" in t and t.get("num_key_value_heads") is None:
+        # falcon: multi_query keys/values have one head but the config reports none, so the wrapper sizes
+        # the cache with num_attention_heads; falcon's own non-multi-query variant (falcon-rw) is sized right
+        t["multi_query"] = False
+        t["num_kv_heads"] = t.get("num_attention_heads", t["num_kv_heads"])
+    if text_key:
+        d = {**d, text_key: t}
+    return d
+
+
+def _native_backbones(d: dict) -> dict:
+    """Without timm installed, a timm backbone of a known family becomes transformers' own implementation of
+    that family (as the "no_timm" revisions of the DETR checkpoints do: ResNetConfig / SwinConfig backbones)."""
+    import importlib.util
+
+    if importlib.util.find_spec("timm") is not None:
+        return d
+    from transformers import AutoConfig
+
+    d = dict(d)
+    for k, v in list(d.items()):
+        if not isinstance(v, dict):
+            continue
+        if v.get("model_type") == "timm_backbone":
+            family = next((f for f in ("resnet", "swin", "convnext") if str(v.get("backbone", "")).startswith(f)), None)
+            if family is None:
+                continue
+            kw = {"out_indices": v["out_indices"]} if isinstance(v.get("out_indices"), list) else {}
+            if isinstance(v.get("num_channels"), int):
+                kw["num_channels"] = v["num_channels"]
+            d[k] = AutoConfig.for_model(family, **kw).to_dict()
+        elif _is_cfg_dict(k, v):
+            d[k] = _native_backbones(v)
+    return d
+
+
+def _validity_fixups(d: dict) -> dict:
+    """Fields a config needs set to be buildable at all (both shrinking modes, top level)."""
+    if "prediction_length" in d and d["prediction_length"] is None:  # GluonTS-style forecasters: no default
+        d["prediction_length"] = 8
+        if d.get("context_length") is None:
+            d["context_length"] = 2 * d["prediction_length"]
+    if "num_query_tokens" in d:  # BLIP-2 family: checkpoints set the image placeholder id (the class default is None)
+        for k in ("image_token_index", "image_token_id", "video_token_index", "video_token_id"):
+            if k in d and d[k] is None:
+                d[k] = 0  # moved into the reserved special-id band by _remap_special_ids
+    if d.get("default_language") is None and isinstance(d.get("languages"), list) and d["languages"]:
+        d["default_language"] = d["languages"][0]  # X-MOD: what set_default_language() sets
+    if "lags_sequence" in d:
+        if d.get("num_time_features") == 0:  # published checkpoints have time features (age, month...)
+            d["num_time_features"] = 2
+        if isinstance(d.get("label_length"), int) and isinstance(d.get("context_length"), int):  # autoformer
+            d["label_length"] = min(d["label_length"], d["context_length"])
+        d.pop("feature_size", None)  # derived from the fields above when the config is rebuilt
+    return d
+
+
+def _shrunk_config(model_type: str, mode: str = "small", task: str = "base"):
     from transformers import AutoConfig
 
     try:
         cfg0 = AutoConfig.for_model(model_type)
     except Exception as e:
         raise CaseUnavailable(f"config: {type(e).__name__}: {str(e)[:300]}", retry=False) from None
-    d = cfg0.to_dict()
+    d = _native_backbones(cfg0.to_dict())
     f = 16 if _max_width(d) >= 2048 else 8
-    d = _shrink_level(d, d, mode, f)
+    d = _validity_fixups(_shrink_level(d, d, mode, f))
     top_vocab = d.get("vocab_size") if isinstance(d.get("vocab_size"), int) else V
     d = _remap_special_ids(d, top_vocab, [])
     d = _set_everywhere(d, use_cache=False, dtype=None, torch_dtype=None, output_attentions=False,
@@ -686,6 +897,8 @@ def _shrunk_config(model_type: str, mode: str = "small"):
     d.pop("transformers_version", None)
     if model_type in _OVERRIDES:
         d = _OVERRIDES[model_type](d)
+    if task == STATIC_CACHE:
+        d = _static_cache_fixups(d)
     try:
         cfg = type(cfg0).from_dict(d)
     except Exception as e:
@@ -727,9 +940,16 @@ def _model_class(model_type: str, task: str):
 
 def _build_model(cls, cfg):
     # as the Auto classes do: a text-only class of a composite model takes the text sub-config
-    text_cls = getattr(cfg, "sub_configs", {}).get("text_config")
-    if text_cls is not None and getattr(cls, "config_class", None) == text_cls:
+    subs = getattr(cfg, "sub_configs", {}) or {}
+    text_cls = subs.get("text_config")
+    want = getattr(cls, "config_class", None)
+    if text_cls is not None and want == text_cls:
         cfg = cfg.get_text_config()
+    elif want is not None and not isinstance(cfg, want):
+        # a part of a composite model (MusicgenModel is the decoder of MusicgenConfig): its own sub-config
+        sub = next((getattr(cfg, k, None) for k, c in subs.items() if c == want), None)
+        if sub is not None:
+            cfg = sub
     errors = []
     for attn in ("sdpa", "eager", None):
         kw = {"dtype": torch.float32}
@@ -790,7 +1010,13 @@ def _special_ids(cfg) -> set[int]:
 
 def _text_vocab(cfg) -> int:
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-    return _int(text, "vocab_size", default=None) or _int(cfg, "vocab_size", default=V)
+    vocab = _int(text, "vocab_size", default=None) or _int(cfg, "vocab_size", default=V)
+    # input_ids feed a text encoder with its own, smaller vocabulary (Dia's encoder, FastSpeech2 with HiFi-GAN)
+    for k in ("encoder_config", "model_config"):
+        sub_vocab = _int(getattr(cfg, k, None), "vocab_size", default=None)
+        if sub_vocab:
+            vocab = min(vocab, sub_vocab)
+    return vocab
 
 
 def _ids(cfg, shape, gen):
@@ -868,22 +1094,46 @@ def _input_variants(model, cfg, task):
         for s in (32, 64, 128, 224):
             if (s, s) != (h, w):
                 variants.append((f"pixel_values({s}x{s})", {"pixel_values": pixels(hh=s, ww=s)}))
+        if required <= {"pixel_values"}:  # keypoint matching (SuperGlue, LightGlue, EfficientLoFTR): image pairs
+            variants.append(("pixel_values(pair)", {"pixel_values": torch.stack([pixels(), pixels()], dim=1)}))
+        if "decoder_input_ids" in text:  # image encoder + text decoder (VisionEncoderDecoder, Donut)
+            enc = _sub(cfg, "encoder", "vision_config") or vcfg
+            eh, ew = _image_size(enc)
+            variants.append(("pixel_values+decoder_input_ids", {
+                "pixel_values": pixels(c=_int(enc, "num_channels", default=channels), hh=eh, ww=ew), **text}))
     if audio_keys:
         base = dict(text) if text else {}
         masks = [k for k in _AUDIO_MASK_KEYS if k in params]
         if "input_values" in audio_keys:
             variants.append(("input_values", {**base, "input_values": torch.randn(BATCH, 4000, generator=gen)}))
+            # codecs (DAC, EnCodec, Mimi, X-codec...): (batch, audio channels, samples)
+            ch = _int(acfg, "audio_channels", "num_channels", "in_channels", default=1)
+            variants.append(("input_values(B,C,T)", {**base, "input_values": torch.randn(BATCH, ch, 4000,
+                                                                                       generator=gen)}))
+            mel = _int(acfg, "num_mel_bins", default=None)
+            max_len = _int(acfg, "max_length", default=None)
+            if mel and max_len:  # spectrogram transformers (AST): (batch, max_length frames, mel bins)
+                variants.append(("input_values(B,T,mel)", {**base, "input_values": torch.randn(
+                    BATCH, max_len, mel, generator=gen)}))
+            if "decoder_input_values" in params:  # SpeechT5Model without pre-nets: hidden states in and out
+                hid = _int(acfg, "hidden_size", "d_model", default=H)
+                variants.append(("input_values(B,T,H)+decoder_input_values", {
+                    **base, "input_values": torch.randn(BATCH, SEQ, hid, generator=gen),
+                    "decoder_input_values": torch.randn(BATCH, DEC_SEQ, hid, generator=gen)}))
         if "input_features" in audio_keys:
             mel = _int(acfg, "num_mel_bins", "feature_size", "input_feat_per_channel", "n_mels", "mel_dim",
                        "input_dim", default=80)
             src = _int(acfg, "max_source_positions", default=None)
-            frames = 2 * src if src else 64
+            win = _int(acfg, "n_window", default=None)  # Qwen3-ASR: chunks of 2 * n_window frames
+            frames = 2 * src if src else 2 * win if win else 64
             chans = _int(acfg, "input_channels", default=1)
             mk = {k: torch.ones(BATCH, frames, dtype=torch.long) for k in masks}
             variants.append(("input_features(B,mel,T)", {**base, **mk, "input_features": torch.randn(
                 BATCH, mel, frames, generator=gen)}))
+            # stacked frames (w2v-BERT, SeamlessM4T: feature_size * stride features per frame)
+            feat = _int(acfg, "feature_projection_input_dim", default=None) or mel * chans
             variants.append(("input_features(B,T,F)", {**base, **mk, "input_features": torch.randn(
-                BATCH, frames, mel * chans, generator=gen)}))
+                BATCH, frames, feat, generator=gen)}))
             if frames != 3000:
                 variants.append(("input_features(B,mel,3000)",
                                  {**base, "input_features": torch.randn(BATCH, mel, 3000, generator=gen)}))
@@ -891,8 +1141,32 @@ def _input_variants(model, cfg, task):
         variants.append(("input_ids", dict(text)))
         if "attention_mask" in params:
             variants.append(("input_ids+attention_mask", {**text, "attention_mask": torch.ones_like(ids)}))
+        if "bbox" in params and "bbox" not in required:  # layout models that cannot run without boxes (BROS)
+            boxes = _boxes(gen, (BATCH, SEQ))
+            variants.append(("input_ids+bbox", {**text, "bbox": boxes}))
+            variants.append(("input_ids+bbox(normalized)", {**text, "bbox": boxes.float() / 1000}))
+        if "visual_feats" in params:  # LXMERT: detector region features and their boxes
+            nv = 8
+            variants.append(("input_ids+visual_feats+visual_pos", {
+                **text, "visual_feats": torch.randn(BATCH, nv, _int(cfg, "visual_feat_dim", default=H), generator=gen),
+                "visual_pos": torch.rand(BATCH, nv, _int(cfg, "visual_pos_dim", default=4), generator=gen)}))
+        dec = _sub(cfg, "decoder_config")
+        dec_books = _int(dec, "num_codebooks", "num_channels", default=None)
+        if dec_books and "decoder_input_ids" in text:  # Dia: the decoder reads (B, T, codebooks) audio tokens
+            variants.append(("input_ids+decoder_input_ids(B,T,codebooks)", {
+                **text, "decoder_input_ids": _ids(cfg, (BATCH, DEC_SEQ, dec_books), gen)}))
+        books = _int(text_cfg, "num_codebooks", default=None) or _int(cfg, "num_codebooks", default=None)
+        if books and "input_ids" in text:  # audio-token LMs: one token stream per codebook
+            variants.append(("input_ids(B*codebooks,T)", {**text, "input_ids": _ids(cfg, (BATCH * books, SEQ), gen)}))
+            variants.append(("input_ids(B,T,codebooks)", {**text, "input_ids": _ids(cfg, (BATCH, SEQ, books), gen)}))
+            variants.append(("input_ids(B,codebooks,T)", {**text, "input_ids": _ids(cfg, (BATCH, books, SEQ), gen)}))
     if audio_keys and "input_ids" in params:
         variants[:0] = _audio_multimodal_inputs(model, cfg, gen, acfg, params)
+        if text and not has_pixels and not required & set(audio_keys):  # last resort: the text path alone
+            variants.append(("text-only(audio)", dict(text)))
+    if "latents" in required:  # codec decoders (Mimi, Pocket-TTS): continuous latents (B, hidden, frames)
+        variants.append(("latents", {"latents": torch.randn(BATCH, _int(cfg, "hidden_size", default=H), 8,
+                                                            generator=gen)}))
     if "qformer_input_ids" in params:
         for _, kw in variants:
             kw.setdefault("qformer_input_ids", ids)
@@ -904,7 +1178,8 @@ def _input_variants(model, cfg, task):
         hidden = _int(text_cfg, "hidden_size", "d_model", default=H)
         variants.append(("inputs_embeds", {"inputs_embeds": torch.randn(BATCH, SEQ, hidden, generator=gen)}))
     if "past_values" in params:  # time series
-        variants.append(("time-series", _time_series_inputs(cfg, gen)))
+        variants.extend(_time_series_inputs(cfg, gen, params))
+    variants.extend(_other_family_inputs(cfg, vcfg, gen, params, required, text))
     # fill other required tensor inputs we know how to make
     out = []
     for desc, kw in variants:
@@ -917,6 +1192,13 @@ def _input_variants(model, cfg, task):
             kw["attention_mask"] = torch.ones_like(kw["input_ids"])
         if "bbox" in required and "bbox" not in kw and "input_ids" in kw:
             kw["bbox"] = torch.zeros(*kw["input_ids"].shape, 4, dtype=torch.long)
+        if "prompt_pixel_values" in required and "pixel_values" in kw:  # SegGPT: an example image and its mask
+            kw.setdefault("prompt_pixel_values", torch.randn(kw["pixel_values"].shape, generator=gen))
+            kw.setdefault("prompt_masks", torch.randn(kw["pixel_values"].shape, generator=gen))
+        if "task_inputs" in required and "task_inputs" not in kw:  # OneFormer: the tokenized task prompt
+            n = _int(cfg, "task_seq_len", default=SEQ)
+            kw["task_inputs"] = torch.randint(0, _int(cfg, "text_encoder_vocab_size", default=V), (BATCH, n),
+                                              generator=gen)
         missing = required - set(kw)
         if missing:
             desc += f" (missing {sorted(missing)})"
@@ -924,21 +1206,85 @@ def _input_variants(model, cfg, task):
     return out
 
 
-def _time_series_inputs(cfg, gen):
+def _other_family_inputs(cfg, vcfg, gen, params, required, text):
+    """(description, kwargs) for families whose forward takes neither token ids nor images / audio as such."""
+    out = []
+    if "pixel_values_videos" in params and "pixel_values" not in params:  # VideoPrism, V-JEPA 2
+        frames = _int(vcfg, "num_frames", "frames_per_clip", default=8)
+        c = _int(vcfg, "num_channels", "in_chans", default=3)
+        h, w = _image_size(vcfg) if getattr(vcfg, "image_size", None) else (_int(vcfg, "crop_size", default=32),) * 2
+        kw = {"pixel_values_videos": torch.randn(BATCH, frames, c, h, w, generator=gen)}
+        if "input_ids" in text:
+            kw["input_ids"] = text["input_ids"]
+        out.append(("pixel_values_videos" + ("+input_ids" if "input_ids" in text else ""), kw))
+    if "flattened_patches" in params:  # Pix2Struct: (row, column, patch pixels) per patch
+        g, width = 4, _int(vcfg, "patch_embed_hidden_size", default=H)
+        rows = torch.arange(1, g + 1).repeat_interleave(g).float()
+        cols = torch.arange(1, g + 1).repeat(g).float()
+        patches = torch.cat([rows[:, None], cols[:, None], torch.randn(g * g, width, generator=gen)], dim=-1)
+        out.append(("flattened_patches" + ("+decoder_input_ids" if "decoder_input_ids" in params else ""), {
+            "flattened_patches": patches.expand(BATCH, -1, -1).clone(),
+            "attention_mask": torch.ones(BATCH, g * g, dtype=torch.long),
+            **({"decoder_input_ids": _ids(cfg, (BATCH, DEC_SEQ), gen)} if "decoder_input_ids" in params else {})}))
+    if "inputs" in required:  # PerceiverModel without a preprocessor: (batch, positions, d_model) inputs
+        out.append(("inputs", {"inputs": torch.randn(BATCH, SEQ, _int(cfg, "d_model", default=H), generator=gen)}))
+    if "states" in params and "actions" in params:  # Decision Transformer: one step = (return, state, action)
+        t = SEQ // 2
+        out.append(("states+actions+returns_to_go", {
+            "states": torch.randn(BATCH, t, _int(cfg, "state_dim", default=8), generator=gen),
+            "actions": torch.randn(BATCH, t, _int(cfg, "act_dim", default=4), generator=gen),
+            "rewards": torch.randn(BATCH, t, 1, generator=gen),
+            "returns_to_go": torch.randn(BATCH, t, 1, generator=gen),
+            "timesteps": torch.arange(t).expand(BATCH, t).clone(),
+            "attention_mask": torch.ones(BATCH, t, dtype=torch.long)}))
+    if "query_embeds" in required:  # a Q-Former alone: learned queries attending to image features
+        nq = _int(cfg, "num_query_tokens", default=8)
+        out.append(("query_embeds+encoder_hidden_states", {
+            "query_embeds": torch.randn(BATCH, nq, _int(cfg, "hidden_size", default=H), generator=gen),
+            "encoder_hidden_states": torch.randn(BATCH, 16, _int(cfg, "encoder_hidden_size", default=H),
+                                                 generator=gen)}))
+    return out
+
+
+def _boxes(gen, shape):
+    """Token boxes (x0, y0, x1, y1) with x0 < x1, y0 < y1 on the 0..1000 grid the layout models use."""
+    lo = torch.randint(0, 500, (*shape, 2), generator=gen)
+    size = torch.randint(1, 500, (*shape, 2), generator=gen)
+    return torch.cat([lo, lo + size], dim=-1)
+
+
+def _time_series_inputs(cfg, gen, params):
+    """(description, kwargs) for the time-series families, by what their forward takes."""
     ctx = _int(cfg, "context_length", default=32) or 32
+    pred = _int(cfg, "prediction_length", "horizon_length", default=8) or 8
+    if "past_values_padding" in params:  # TimesFM: (B, T) series, T a whole number of patches, 1 = padded
+        kw = {"past_values": torch.randn(BATCH, ctx, generator=gen),
+              "past_values_padding": torch.zeros(BATCH, ctx, dtype=torch.long)}
+        if "freq" in params:
+            kw["freq"] = torch.zeros(BATCH, 1, dtype=torch.long)
+        return [("time-series(B,T)+padding", kw)]
+    nch = _int(cfg, "num_input_channels", default=None)
+    if nch is not None:  # PatchTST / PatchTSMixer: (B, context_length, channels)
+        kw = {"past_values": torch.randn(BATCH, ctx, nch, generator=gen)}
+        mask = next((k for k in ("past_observed_mask", "observed_mask") if k in params), None)
+        if mask:
+            kw[mask] = torch.ones(BATCH, ctx, nch)
+        return [("time-series(B,T,C)", kw)]
+    # GluonTS-style encoder-decoders (TimeSeriesTransformer, Informer, Autoformer): the past window holds
+    # context_length steps plus the largest lag; time features always have at least one column
     lags = getattr(cfg, "lags_sequence", None) or [1]
     past_len = ctx + max(lags)
-    pred = _int(cfg, "prediction_length", default=8) or 8
     nin = _int(cfg, "input_size", default=1) or 1
     shape = (BATCH, past_len) if nin == 1 else (BATCH, past_len, nin)
     kw = {"past_values": torch.randn(*shape, generator=gen), "past_observed_mask": torch.ones(*shape)}
     ntf = _int(cfg, "num_time_features", default=0) or 0
-    if ntf:
+    if "past_time_features" in params:
         kw["past_time_features"] = torch.randn(BATCH, past_len, ntf, generator=gen)
+    if "future_time_features" in params:
         kw["future_time_features"] = torch.randn(BATCH, pred, ntf, generator=gen)
     fshape = (BATCH, pred) if nin == 1 else (BATCH, pred, nin)
     kw["future_values"] = torch.randn(*fshape, generator=gen)
-    return kw
+    return [("time-series", kw)]
 
 
 def _grid_patches(vcfg, gen, n_images=BATCH, t=None):
@@ -966,11 +1312,29 @@ def _pixel_recipes(model, cfg, gen, pixels, params):
         if gk in params:
             for t in _grid_ts(vcfg):
                 flat, grid, _ = _grid_patches(vcfg, gen, t=t)
-                out.append(("grid" if t != 1 else "grid,t=1", {"pixel_values": flat, gk: grid}))
+                kw = {"pixel_values": flat, gk: grid}
+                if "merge_sizes" in params:  # VideoLLaMA3: the spatial merge of each image
+                    kw["merge_sizes"] = torch.tensor([_int(vcfg, "spatial_merge_size", "merge_size", default=2)]
+                                                     * grid.shape[0])
+                out.append(("grid" if t != 1 else "grid,t=1", kw))
             break
+    if "spatial_shapes" in params and "pixel_attention_mask" in params:  # NaFlex (SigLIP2): flattened patches
+        p = _int(vcfg, "patch_size", default=PATCH)
+        c = _int(vcfg, "num_channels", default=3)
+        g = 4
+        out.append(("patches+spatial_shapes", {
+            "pixel_values": torch.randn(BATCH, g * g, c * p * p, generator=gen),
+            "pixel_attention_mask": torch.ones(BATCH, g * g, dtype=torch.long),
+            "spatial_shapes": torch.tensor([[g, g]] * BATCH)}))
     pv = pixels()
     out.append(("4d", {"pixel_values": pv}))
     out.append(("5d", {"pixel_values": pv.unsqueeze(1)}))
+    if "image_attention_mask" in params and "input_ids" in params:  # IDEFICS: images per sample, which tokens see them
+        out.append(("5d+image_attention_mask", {"pixel_values": pv.unsqueeze(1),
+                                                "image_attention_mask": torch.ones(BATCH, SEQ, 1, dtype=torch.long)}))
+    frames = _int(vcfg, "num_frames", default=None)
+    if frames and "input_ids" in params:  # video-text models (X-CLIP): (batch, frames, channels, h, w)
+        out.append(("video", {"pixel_values": torch.stack([pixels() for _ in range(frames)], dim=1)}))
     if "image_sizes" in params:
         sizes = torch.tensor([list(pv.shape[-2:])] * BATCH)
         out.append(("4d+image_sizes", {"pixel_values": pv, "image_sizes": sizes}))
@@ -996,6 +1360,15 @@ def _count_features(feats) -> int | None:
     return None
 
 
+def _find_getter(model, name):
+    """model.<name>, or that of the model it wraps (ShieldGemma2ForImageClassification wraps a Gemma 3 model)."""
+    getter = getattr(model, name, None)
+    inner = getattr(model, "model", None)
+    if getter is None and isinstance(inner, torch.nn.Module):
+        getter = getattr(inner, name, None)
+    return getter
+
+
 def _multimodal_inputs(model, cfg, gen, pixels, params):
     """input_ids holding as many image tokens as the model makes image features, plus the pixel inputs."""
     tok = None
@@ -1004,16 +1377,89 @@ def _multimodal_inputs(model, cfg, gen, pixels, params):
         if isinstance(v, int):
             tok = v
             break
-    getter = getattr(model, "get_image_features", None)
-    if tok is None or getter is None:
+    getter = _find_getter(model, "get_image_features")
+    queries = getattr(cfg, "num_query_tokens", None)  # Q-Former models: one image token per query (the processor's)
+    queries = queries if isinstance(queries, int) and queries > 0 else None
+    video = False
+    latents = getattr(cfg, "latent_query_num", None)
+    if tok is None and "image_embeds_position_mask" in params and isinstance(latents, int):
+        # Kosmos-2: no image token id; the processor inserts latent_query_num placeholder tokens whose positions
+        # image_embeds_position_mask marks, where the image features replace the embeddings
+        tok, queries = max(_special_ids(cfg) | {V - 1}), latents
+    if tok is None and queries:  # InstructBLIP-Video: one placeholder per query and frame
+        tok = next((v for v in (getattr(cfg, k, None) for k in ("video_token_id", "video_token_index"))
+                    if isinstance(v, int)), None)
+        video = True
+    if tok is None or (getter is None and not queries):
         return []
     try:
-        getter_params = inspect.signature(getter).parameters
+        getter_params = inspect.signature(getter).parameters if getter is not None else {}
     except (TypeError, ValueError):
         getter_params = {}
     out = []
     for desc, pix in _pixel_recipes(model, cfg, gen, pixels, params):
         kw = {k: v for k, v in pix.items() if k in getter_params or "kwargs" in getter_params}
+        if queries:
+            pv = pix["pixel_values"]
+            if video and pv.dim() != 5:
+                continue
+            n = queries * (pv.shape[1] if video else 1)
+        else:
+            try:
+                with torch.no_grad(), _quiet():
+                    n = _count_features(getter(**kw))
+            except Exception:
+                continue
+        if not n or n <= 0 or n > 4096:
+            continue
+        ids = _ids(cfg, (BATCH, SEQ + n), gen)
+        ids[:, 2:2 + n] = tok
+        kw = {"input_ids": ids, **pix}
+        if "mm_token_type_ids" in params:  # 1 marks image tokens (what the processors return)
+            kw["mm_token_type_ids"] = (ids == tok).long()
+        if "image_embeds_position_mask" in params:  # Kosmos-2 marks the image tokens' positions
+            kw["image_embeds_position_mask"] = (ids == tok).long()
+        out.append((f"input_ids+pixel_values(image tokens, {desc})", kw))
+    return out
+
+
+_AUDIO_MASK_KEYS = ("input_features_mask", "feature_attention_mask", "audio_attention_mask", "input_features_attention_mask")
+
+
+def _audio_multimodal_inputs(model, cfg, gen, acfg, params):
+    """input_ids holding as many audio tokens as the model makes audio features, plus the audio input
+    (input_features spectrograms, or input_values waveforms)."""
+    tok = None
+    for k in ("audio_token_id", "audio_token_index"):
+        v = getattr(cfg, k, None)
+        if isinstance(v, int):
+            tok = v
+            break
+    getter = _find_getter(model, "get_audio_features")
+    if tok is None or getter is None:
+        return []
+    try:
+        gp = inspect.signature(getter).parameters
+    except (TypeError, ValueError):
+        gp = {}
+    candidates = []  # (description, audio kwargs)
+    if "input_features" in params:
+        mel = _int(acfg, "num_mel_bins", "feature_size", "n_mels", "input_dim", default=80)
+        src = _int(acfg, "max_source_positions", default=None)
+        win = _int(acfg, "n_window", default=None)
+        for frames in ([2 * src] if src else [2 * win] if win else []) + [64, 128, 3000]:
+            for layout in ("BFT", "BTF"):
+                feats = torch.randn(BATCH, mel, frames, generator=gen) if layout == "BFT" else \
+                    torch.randn(BATCH, frames, mel, generator=gen)
+                extra = {k: torch.ones(BATCH, frames, dtype=torch.long) for k in _AUDIO_MASK_KEYS if k in params}
+                candidates.append((f"input_features(audio tokens, {layout}, T={frames})",
+                                   {"input_features": feats, **extra}))
+    if "input_values" in params:
+        wav = torch.randn(BATCH, 4000, generator=gen)
+        candidates.append(("input_values(audio tokens)", {"input_values": wav}))
+        candidates.append(("input_values(audio tokens, B,C,T)", {"input_values": wav.unsqueeze(1)}))
+    for desc, audio in candidates:
+        kw = {k: v for i, (k, v) in enumerate(audio.items()) if i == 0 or k in gp}
         try:
             with torch.no_grad(), _quiet():
                 n = _count_features(getter(**kw))
@@ -1023,66 +1469,29 @@ def _multimodal_inputs(model, cfg, gen, pixels, params):
             continue
         ids = _ids(cfg, (BATCH, SEQ + n), gen)
         ids[:, 2:2 + n] = tok
-        kw = {"input_ids": ids, **pix}
-        if "mm_token_type_ids" in params:  # 1 marks image tokens (what the processors return)
-            kw["mm_token_type_ids"] = (ids == tok).long()
-        out.append((f"input_ids+pixel_values(image tokens, {desc})", kw))
-    return out
-
-
-_AUDIO_MASK_KEYS = ("input_features_mask", "feature_attention_mask", "audio_attention_mask", "input_features_attention_mask")
-
-
-def _audio_multimodal_inputs(model, cfg, gen, acfg, params):
-    """input_ids holding as many audio tokens as the model makes audio features, plus input_features."""
-    tok = None
-    for k in ("audio_token_id", "audio_token_index"):
-        v = getattr(cfg, k, None)
-        if isinstance(v, int):
-            tok = v
-            break
-    getter = getattr(model, "get_audio_features", None)
-    if tok is None or getter is None:
-        return []
-    try:
-        gp = inspect.signature(getter).parameters
-    except (TypeError, ValueError):
-        gp = {}
-    mel = _int(acfg, "num_mel_bins", "feature_size", "n_mels", "input_dim", default=80)
-    src = _int(acfg, "max_source_positions", default=None)
-    out = []
-    for frames in ([2 * src] if src else []) + [64, 128, 3000]:
-        for layout in ("BFT", "BTF"):
-            feats = torch.randn(BATCH, mel, frames, generator=gen) if layout == "BFT" else \
-                torch.randn(BATCH, frames, mel, generator=gen)
-            extra = {k: torch.ones(BATCH, frames, dtype=torch.long) for k in _AUDIO_MASK_KEYS if k in params}
-            kw = {"input_features": feats, **{k: v for k, v in extra.items() if k in gp}}
-            try:
-                with torch.no_grad(), _quiet():
-                    n = _count_features(getter(**kw))
-            except Exception:
-                continue
-            if not n or n <= 0 or n > 4096:
-                continue
-            ids = _ids(cfg, (BATCH, SEQ + n), gen)
-            ids[:, 2:2 + n] = tok
-            out.append((f"input_ids+input_features(audio tokens, {layout}, T={frames})",
-                        {"input_ids": ids, "input_features": feats, **extra}))
-            return out
-    return out
+        return [(f"input_ids+{desc}", {"input_ids": ids, **audio})]
+    return []
 
 
 _DYN_TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids", "position_ids", "decoder_input_ids",
-                  "decoder_attention_mask")
+                  "decoder_attention_mask", "bbox")
 
 
 def _dynamic_shapes(kw: dict):
     """Dynamic sequence length for token inputs (Dim.DYNAMIC: torch.export errors if it must specialize)."""
     if not any(k in kw for k in _DYN_TEXT_KEYS) or "pixel_values" in kw:
         return None
+    keys = set(_DYN_TEXT_KEYS)
+    if "input_ids" not in kw:  # masks / boxes of other inputs (Pix2Struct's patches, Decision Transformer's steps)
+        keys -= {"attention_mask", "token_type_ids", "position_ids", "bbox"}
+        if not keys & set(kw):
+            return None
     dyn = torch.export.Dim.DYNAMIC
-    return {k: ({1: dyn} if k in _DYN_TEXT_KEYS and torch.is_tensor(v) and v.dim() >= 2 else None)
+    return {k: ({1: dyn} if k in keys and torch.is_tensor(v) and v.dim() >= 2 else None)
             for k, v in kw.items()}
+
+
+_NOT_EXERCISED = {"text-only": "vision path not exercised", "text-only(audio)": "audio path not exercised"}
 
 
 def _eager_ok(model, kw):
@@ -1122,7 +1531,7 @@ def make_case(name: str) -> RealCase:
 
 
 def _make(name, model_type, task, mode) -> RealCase:
-    cfg = _shrunk_config(model_type, mode)
+    cfg = _shrunk_config(model_type, mode, task)
     cls = _model_class(model_type, task)
     if task == STATIC_CACHE:
         return _static_cache_case(name, model_type, cls, cfg)
@@ -1136,7 +1545,7 @@ def _make(name, model_type, task, mode) -> RealCase:
         if err is None:
             return RealCase(name=name, model_type=model_type, task=task, model=model, args=(), kwargs=kw,
                             dynamic_shapes=_dynamic_shapes(kw), model_class=cls.__name__, attn_implementation=attn,
-                            inputs=desc, notes="vision path not exercised" if desc == "text-only" else "")
+                            inputs=desc, notes=_NOT_EXERCISED.get(desc, ""))
         errors.append(f"[{desc}] {err}")
     if not errors:
         raise CaseUnavailable(f"no input recipe for {cls.__name__}.forward{tuple(_forward_params(model))[:8]}",
