@@ -175,14 +175,7 @@ def run_case(name: str, stop_after: str | None, conn, workdir: str) -> None:
         return stop_after is not None and key == stop_after
 
     def skip_rest(after, why="an earlier stage failed"):
-        started = False
-        for k in STAGE_ORDER:
-            if started and k not in rec["stages"]:
-                rec["stages"][k] = {"status": "skip", "why": why}
-            if k == after:
-                started = True
-            if k == stop_after:  # stages after --stages are not part of this run
-                break
+        _skip_after(rec["stages"], after, why, stop_after)
         send()
 
     from exporter.corpus.transformers_zoo import CaseUnavailable, make_case
@@ -372,15 +365,21 @@ def _finish_dead(rec: dict, name: str, why: str, log_path: str, stop_after=None)
     except OSError:
         pass
     rec["stages"][cur] = {"status": "fail", "error_type": why.split(":")[0], "error": (why + " " + tail).strip()[:MSG_CHARS]}
+    _skip_after(rec["stages"], cur, why, stop_after)
+    return rec
+
+
+def _skip_after(stages: dict, after: str, why: str, stop_after) -> None:
+    """Mark every stage after ``after`` that has no result as skipped, up to ``stop_after`` (stages
+    after --stages are not part of the run)."""
     started = False
     for k in STAGE_ORDER:
-        if started and k not in rec["stages"]:
-            rec["stages"][k] = {"status": "skip", "why": why}
-        if k == cur:
+        if started and k not in stages:
+            stages[k] = {"status": "skip", "why": why}
+        if k == after:
             started = True
         if k == stop_after:
             break
-    return rec
 
 
 def sweep(names, *, workers: int, timeout: float, stop_after, out_path: str, log_dir: str, resume: dict | None = None,

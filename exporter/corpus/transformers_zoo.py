@@ -1342,6 +1342,22 @@ def _pixel_recipes(model, cfg, gen, pixels, params):
     return out
 
 
+def _features_of(getter, kw) -> int | None:
+    """How many placeholder tokens the features ``getter(**kw)`` returns stand for (None: it fails)."""
+    try:
+        with torch.no_grad(), _quiet():
+            return _count_features(getter(**kw))
+    except Exception:  # noqa: BLE001 -- this recipe does not fit the model
+        return None
+
+
+def _ids_with_placeholders(cfg, gen, tok: int, n: int):
+    """Text ids with ``n`` placeholder tokens ``tok`` (image or audio) from position 2 on."""
+    ids = _ids(cfg, (BATCH, SEQ + n), gen)
+    ids[:, 2:2 + n] = tok
+    return ids
+
+
 def _count_features(feats) -> int | None:
     if hasattr(feats, "pooler_output") and feats.pooler_output is not None:
         feats = feats.pooler_output
@@ -1405,15 +1421,10 @@ def _multimodal_inputs(model, cfg, gen, pixels, params):
                 continue
             n = queries * (pv.shape[1] if video else 1)
         else:
-            try:
-                with torch.no_grad(), _quiet():
-                    n = _count_features(getter(**kw))
-            except Exception:
-                continue
+            n = _features_of(getter, kw)
         if not n or n <= 0 or n > 4096:
             continue
-        ids = _ids(cfg, (BATCH, SEQ + n), gen)
-        ids[:, 2:2 + n] = tok
+        ids = _ids_with_placeholders(cfg, gen, tok, n)
         kw = {"input_ids": ids, **pix}
         if "mm_token_type_ids" in params:  # 1 marks image tokens (what the processors return)
             kw["mm_token_type_ids"] = (ids == tok).long()
@@ -1460,15 +1471,10 @@ def _audio_multimodal_inputs(model, cfg, gen, acfg, params):
         candidates.append(("input_values(audio tokens, B,C,T)", {"input_values": wav.unsqueeze(1)}))
     for desc, audio in candidates:
         kw = {k: v for i, (k, v) in enumerate(audio.items()) if i == 0 or k in gp}
-        try:
-            with torch.no_grad(), _quiet():
-                n = _count_features(getter(**kw))
-        except Exception:
-            continue
+        n = _features_of(getter, kw)
         if not n or n <= 0 or n > 4096:
             continue
-        ids = _ids(cfg, (BATCH, SEQ + n), gen)
-        ids[:, 2:2 + n] = tok
+        ids = _ids_with_placeholders(cfg, gen, tok, n)
         return [(f"input_ids+{desc}", {"input_ids": ids, **audio})]
     return []
 
