@@ -124,3 +124,21 @@ def test_make_case_builds_deterministically(name, inputs):
         assert torch.equal(a.kwargs[k], b.kwargs[k]), k
     for (n1, p1), (n2, p2) in zip(a.model.state_dict().items(), b.model.state_dict().items()):
         assert n1 == n2 and torch.equal(p1, p2), n1
+
+
+def test_a_missing_optional_dependency_is_case_unavailable(monkeypatch):
+    """transformers hands out a placeholder class when a model's dependency (torchaudio, ...) is
+    missing; reading any attribute of it raises ImportError. The corpus reports that as
+    CaseUnavailable (the sweep's "corpus" cause), never as a raw ImportError."""
+
+    class Dummy(type):  # as transformers' DummyObject: every public attribute raises
+        def __getattribute__(cls, name):
+            if name.startswith("__"):
+                return super().__getattribute__(name)
+            raise ImportError(f"{cls.__name__} requires the torchaudio library")
+
+    class NeedsTorchaudioModel(metaclass=Dummy):
+        pass
+
+    with pytest.raises(z.CaseUnavailable, match="construct .*ImportError: NeedsTorchaudioModel requires the torchaudio"):
+        z._build_model(NeedsTorchaudioModel, SimpleNamespace(sub_configs={}))

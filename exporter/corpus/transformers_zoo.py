@@ -942,7 +942,10 @@ def _build_model(cls, cfg):
     # as the Auto classes do: a text-only class of a composite model takes the text sub-config
     subs = getattr(cfg, "sub_configs", {}) or {}
     text_cls = subs.get("text_config")
-    want = getattr(cls, "config_class", None)
+    try:
+        want = getattr(cls, "config_class", None)
+    except ImportError as e:  # a placeholder class: its optional dependency (torchaudio, ...) is missing
+        raise CaseUnavailable(f"construct {cls.__name__}: ImportError: {str(e).strip()[:300]}", retry=False) from None
     if text_cls is not None and want == text_cls:
         cfg = cfg.get_text_config()
     elif want is not None and not isinstance(cfg, want):
