@@ -220,8 +220,9 @@ class Checked:
 def check(art: Artifact, *, verify: bool = False) -> Checked:
     """Decode the program and run every check of the untrusted file that comes before torch's
     deserializer: names and targets, op schemas (upgraded where they drifted), state against the
-    signature, example inputs, guards. The writer runs it on every file before renaming it into
-    place, so pt2b never writes what it would refuse to read."""
+    signature, example inputs, guards. rebuild runs it, then torch's deserializer; the writer runs
+    rebuild on every file before renaming it into place, so pt2b never writes what it would refuse
+    to read."""
     where = _where(art.path)
     serialized = decode_graph(art)
     records = operator_records(art)
