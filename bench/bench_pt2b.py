@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from exporter import eager_decompositions, export_model, load, load_for_backend  # noqa: E402
 from exporter.serialize import writer  # noqa: E402
-from exporter.zoo import encoder_6x512, gpt_350m, make_case  # noqa: E402
+from exporter.corpus.zoo import encoder_6x512, gpt_350m, make_case  # noqa: E402
 from runtime_ref import Runtime  # noqa: E402
 
 TARGETS = {"save": 0.25, "size": 1.01, "load": 0.05, "lower_core_cold": 0.3, "lower_core_cached": 0.05,

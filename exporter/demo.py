@@ -13,7 +13,7 @@ def run_demo(path: str = "demo_transformer.pt2b") -> None:
     from runtime_ref import Runtime
 
     from . import export_model, load, load_for_backend
-    from .zoo import small_transformer
+    from .corpus.zoo import small_transformer
 
     case = small_transformer()
     args, kwargs = case.args, case.kwargs or {}

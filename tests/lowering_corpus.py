@@ -19,7 +19,7 @@ class Program:
 
 
 def zoo_programs() -> list[Program]:
-    from exporter.zoo import make_case, zoo_names
+    from exporter.corpus.zoo import make_case, zoo_names
 
     def maker(name):
         def make():

@@ -15,7 +15,7 @@ from exporter.lowering import presets, tables
 from exporter.lowering.graph_ops import mutating_ops, op_counts, op_nodes
 from exporter.lowering.verify import is_infrastructure
 from exporter.ops import op_name, resolve_op
-from exporter.zoo import make_case
+from exporter.corpus.zoo import make_case
 from helpers import assert_close_to_eager
 from runtime_ref import Runtime
 from lowering_corpus import exportdb_programs, opinfo_programs, zoo_programs

@@ -16,7 +16,7 @@ from exporter import export_model, load_for_backend
 from exporter.errors import ArtifactError, CorruptArtifactError, OpsetError
 from exporter.lowering import cache
 from exporter.serialize import reader
-from exporter.zoo import make_case
+from exporter.corpus.zoo import make_case
 from runtime_ref import Runtime
 
 
@@ -190,7 +190,7 @@ def test_concurrent_cold_lowerings_agree(cache_dir, artifact, case):
     # run after the join: matmuls running side by side in threads may block differently (last-bit noise)
     results = [_run(lp, case) for lp in results]
     assert all(torch.equal(r, results[0]) for r in results)
-    script = ("import sys, torch; from exporter import load_for_backend; from exporter.zoo import make_case; "
+    script = ("import sys, torch; from exporter import load_for_backend; from exporter.corpus.zoo import make_case; "
               "from runtime_ref import Runtime; c = make_case('mlp'); "
               f"lp = load_for_backend({os.fspath(artifact)!r}, 'core'); "
               "print(lp.from_cache, Runtime(lp)(*c.args).sum().item())")

@@ -9,7 +9,7 @@ from torch import nn
 
 from exporter import export_model, load_for_backend
 from exporter.lowering import reuse
-from exporter.zoo import GPT
+from exporter.corpus.zoo import GPT
 from helpers import assert_bitwise
 from runtime_ref import Runtime
 

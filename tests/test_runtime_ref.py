@@ -16,7 +16,7 @@ from torch.export import Dim
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from exporter.errors import OpsetError, RuntimeInputError
-from exporter.zoo import make_case, zoo_names
+from exporter.corpus.zoo import make_case, zoo_names
 from helpers import assert_bitwise, assert_close_to_eager
 from runtime_ref import Runtime, default_opset_accepts
 

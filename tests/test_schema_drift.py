@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch._export.serde.serialize import ExportedProgramDeserializer, SerializeError
 
-import exporter.zoo  # noqa: F401  registers pt2b_zoo::scaled_add
+import exporter.corpus.zoo  # noqa: F401  registers pt2b_zoo::scaled_add
 from artifact_surgery import add_op_record, drop_inputs, find_nodes, rewrite_artifact, set_op_record
 from exporter import load
 from exporter.errors import CorruptArtifactError, MissingOperatorError

@@ -19,7 +19,7 @@ from exporter.errors import CorruptArtifactError
 from exporter.serialize import fast_unpack, fbs_layout, reader, verifier
 from exporter.serialize.container import FILE_IDENTIFIER, Header
 from exporter.serialize.generated import pt2b_generated as G
-from exporter.zoo import make_case
+from exporter.corpus.zoo import make_case
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
 

@@ -160,7 +160,7 @@ def allowed(outcome: str, changed: bool | None, phase: str | None = None) -> boo
 def export_seeds(models, folder) -> dict[str, str]:
     """Export each zoo case in ``models`` to ``folder``/<name>.pt2b; name -> path."""
     from exporter import export_model
-    from exporter.zoo import make_case
+    from exporter.corpus.zoo import make_case
 
     os.makedirs(folder, exist_ok=True)
     out = {}
@@ -937,7 +937,7 @@ class Reference:
     def __init__(self, name: str, path: str):
         from exporter import load
         from exporter.api import load_for_backend
-        from exporter.zoo import make_case
+        from exporter.corpus.zoo import make_case
         from runtime_ref import Runtime
 
         case = make_case(name)

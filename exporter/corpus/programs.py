@@ -1,6 +1,6 @@
 """Named corpora of captured programs, shared by the opset explorer, `pt2b opset coverage` and the tests.
 
-- "zoo": the built-in model zoo (exporter/zoo.py);
+- "zoo": the built-in model zoo (exporter/corpus/zoo.py);
 - "exportdb": the ExportDB examples inside torch that torch.export captures (strict, as ExportDB
   documents them);
 - "transformers": the real-model sample (transformers_sample.txt: every op any transformers
@@ -31,7 +31,7 @@ def transformers_sample() -> list[str]:
 
 
 def _zoo():
-    from ..zoo import make_case, zoo_names
+    from .zoo import make_case, zoo_names
 
     for name in zoo_names():
         c = make_case(name)

@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT.parents[1]))
 
 from exporter import export_model, load, load_for_backend  # noqa: E402
 from exporter.versioning.formats import FORMAT_VERSION, version_str  # noqa: E402
-from exporter.zoo import make_case  # noqa: E402
+from exporter.corpus.zoo import make_case  # noqa: E402
 
 CASES = ["mlp", "cnn_bn", "cnn_bn_train", "lstm", "transformer_encoder", "transformer_decoder",
          "buffer_mutation", "pytree_io", "kwargs_only", "dynamic_shapes", "cond", "map", "while_loop",
