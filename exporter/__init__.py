@@ -3,11 +3,10 @@
 Public API: export_model, load, load_for_backend, eager_decompositions, plus errors.
 """
 
-__version__ = "0.1.0"
-
 from . import errors  # noqa: E402
 from .api import export_model, load, load_for_backend  # noqa: E402
 from .eager import eager_decompositions  # noqa: E402
 from .program import Pt2bProgram  # noqa: E402
+from .version import __version__  # noqa: E402
 
 __all__ = ["__version__", "errors", "export_model", "load", "load_for_backend", "eager_decompositions", "Pt2bProgram"]

@@ -1,14 +1,543 @@
-"""Remove mutation and aliasing after load, the way torch.export does: in-place ops become
-functional ones, buffer and user-input mutations become extra outputs for the caller to apply."""
+"""Functionalization: remove mutation and aliasing from an ExportedProgram, the way torch.export does
+(in-place ops become functional ones, buffer and user-input mutations become extra outputs for the
+caller to apply), applying a decomposition table in the same trace, without touching process-global
+state. The lowering (lowering/decompose.py) builds the table and calls down into this module.
+
+torch's ExportedProgram.run_decompositions gets its result by retracing below autograd, where
+CompositeImplicitAutograd (CIA) ops would decompose by themselves; to keep the ones the table does
+not decompose it rewrites their ``py_kernels`` (and registers fake-tensor rules) for the whole
+process while it runs, and it turns mkldnn, nnpack and cudnn off process-wide. Eager code in
+another thread meanwhile runs other kernels.
+
+Here the program is retraced ABOVE autograd instead (aot_export_module with pre_dispatch=True):
+there a functional CIA op is seen as itself, so it stays unless the table holds it, and the table
+alone says what decomposes; functionalization happens in the same trace. What torch's retrace does
+implicitly is made explicit: ops it decomposes whatever its table says (CIA ops it cannot preserve,
+ops with a Python kernel at the Autograd key) get those decompositions (_forced), aten.lstm.input
+gets the path torch's entry takes with mkldnn off (it reads the global flag; flag_free), effectful
+ops are threaded on effect tokens (_thread_effects), conjugate views are materialized before ops
+without a conjugate kernel (_materialize_conj), decompositions that write in place are
+functionalized after the fact: when one does, the decompositions torch applies above
+functionalization (those of CompositeImplicitAutograd ops and Autograd-key Python kernels) are
+applied first and the rest of the table, whose PrimTorch views functionalization cannot take, in
+the functionalizing trace below it, as in torch (_trace_in_two_steps); and torch.export's detach_
+after a constant is skipped (_without_detach_); the trace runs in the program's own fake mode and ShapeEnv, found as torch
+finds it, also for a program without tensor inputs (_fake_mode), so the graph's unbacked symbols
+and their ranges are the trace's. Nothing global is written;
+grad mode and the trace's modes are thread-local. The result is an ATen-dialect ExportedProgram
+whose op set equals run_decompositions' (tests/test_lowering.py, test_decompose.py).
+"""
 
 from __future__ import annotations
 
-from .lowering.decompose import run_decompositions
-from .lowering.graph_ops import may_mutate
+import contextlib
+import functools
+import threading
+
+import torch
+
+from .errors import LoweringError
+from .ops import op_name
+from .versioning.op_table import iter_graphs
+
+__all__ = ["forced_ops", "functionalize", "is_mutating", "may_mutate", "updates_hidden_state"]
+
+# Lowerings are serialized: two threads lowering programs that share a FakeTensorMode (one
+# loaded program lowered twice at once) would interleave inside it.
+_LOCK = threading.RLock()
 
 
-def functionalize(ep):
-    """``ep`` functionalized and otherwise unchanged; ``ep`` itself when it has no mutation."""
-    if not may_mutate(ep):
-        return ep
-    return run_decompositions(ep, {})
+def functionalize(ep, table: dict | None = None):
+    """``ep`` functionalized, with ``table`` (op -> decomposition, applied exactly as given, in the
+    same trace) as a new ATen-dialect ExportedProgram. Without a table only the decompositions every
+    retrace applies (forced_ops) are, and ``ep`` itself is returned when it has no mutation."""
+    if table is None:
+        if not may_mutate(ep):
+            return ep
+        table = _forced()
+    with _LOCK:
+        try:
+            return _retrace(ep, table)
+        except LoweringError:
+            raise
+        except Exception as e:
+            raise LoweringError(f"decomposition failed: {type(e).__name__}: {e}") from e
+
+
+# ---- what functionalization removes ----
+
+# Ops whose schemas do not declare that they update an argument, but do (running stats).
+HIDDEN_MUTATION = {
+    "aten::batch_norm.default", "aten::_batch_norm_impl_index.default", "aten::instance_norm.default",
+    "aten::native_batch_norm.default", "aten::_native_batch_norm_legit.default",
+    "aten::cudnn_batch_norm.default", "aten::miopen_batch_norm.default",
+}
+
+
+def is_mutating(op) -> bool:
+    """In-place, out= and other ops that write an argument: functionalization removes them."""
+    return isinstance(op, torch._ops.OpOverload) and any(
+        a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
+
+
+def updates_hidden_state(node) -> bool:
+    """A call whose schema declares no write but that updates running stats in place (HIDDEN_MUTATION)."""
+    return op_name(node.target) in HIDDEN_MUTATION and _updates_running_stats(node)
+
+
+def may_mutate(ep) -> bool:
+    """True when functionalization has work to do on ``ep``."""
+    for graph in iter_graphs(ep.graph_module):
+        for node in graph.nodes:
+            if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) and (
+                    is_mutating(node.target) or updates_hidden_state(node)):
+                return True
+    return False
+
+
+def _updates_running_stats(node) -> bool:
+    """A batch/instance norm node updates its running stats unless its training (use_input_stats)
+    flag is literally False (eval mode), or it has no running stats."""
+    names = [a.name for a in node.target._schema.arguments]
+
+    def arg(name):
+        if name not in names:
+            return None
+        i = names.index(name)
+        return node.args[i] if i < len(node.args) else node.kwargs.get(name)
+
+    flag = arg("training") if "training" in names else arg("use_input_stats")
+    return flag is not False and not (arg("running_mean") is None and arg("running_var") is None)
+
+
+
+# ---- what every retrace decomposes ----
+
+@functools.cache
+def _forced() -> dict:
+    """aten ops torch's retrace decomposes whatever its table says, with what it runs for them:
+    CompositeImplicitAutograd ops it cannot preserve (aliasing, mutating, or declaring a functional
+    schema they do not keep) decompose by their CIA kernel; ops with a Python kernel at the Autograd
+    key (hardshrink, upsample_bilinear2d, ...) by that kernel."""
+    from torch._export.utils import _get_decomp_for_cia, _is_cia_op, _is_preservable_cia_op, _materialize_cpp_cia_ops
+
+    _materialize_cpp_cia_ops()
+    autograd = torch._C.DispatchKey.Autograd
+    out = {}
+    for packet in list(torch.ops.aten):
+        packet = getattr(torch.ops.aten, packet)
+        for overload in packet.overloads():
+            op = getattr(packet, overload)
+            try:
+                cia = _is_cia_op(op)
+            except RuntimeError:  # a TorchScript-only overload (aten::add.t): not a dispatcher op
+                continue
+            if cia:
+                if not _is_preservable_cia_op(op):
+                    out[op] = _get_decomp_for_cia(op)
+            elif callable(op.py_kernels.get(autograd)) and not isinstance(op.py_kernels[autograd], torch._C.DispatchKey):
+                out[op] = op.py_kernels[autograd]
+    return out
+
+
+def forced_ops() -> frozenset:
+    """The ops every lowering decomposes, whatever its table says."""
+    return frozenset(_forced())
+
+
+# ---- the retrace ----
+
+def _retrace(ep, table: dict):
+    gm = ep.graph_module
+    old_phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    try:
+        new_gm, aot_sig = _trace(gm, old_phs, table)
+    except AssertionError as e:
+        new_gm, aot_sig = _trace_in_two_steps(gm, old_phs, table, e)
+    except RuntimeError as e:
+        # export-mode functionalization freezes aten.dropout's result (in eval mode an alias of its
+        # input), so model code that writes into it (`x = dropout(x); x *= mask`, XLM/Flaubert)
+        # fails; torch decomposes dropout above functionalization first (eval: a clone), as here
+        if "frozen storage" not in str(e):
+            raise
+        new_gm, aot_sig = _trace_in_two_steps(gm, old_phs, table, e)
+    # as torch's retrace does, an unused random draw is dead code too
+    new_gm.graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure(impure_random=False))
+    _materialize_conj(new_gm)
+    tokens, new_phs = _split_tokens(new_gm, aot_sig)
+    if not tokens:
+        tokens = _thread_effects(new_gm, aot_sig)
+    if len(new_phs) != len(old_phs):
+        raise LoweringError(f"the retrace has {len(new_phs)} inputs where the program has {len(old_phs)}.")
+    _rename(new_gm, old_phs, new_phs)
+    _insert_runtime_asserts(new_gm)  # (ExportedProgram generates the code once, in _program)
+    sig = _signature(ep, new_gm, tokens, new_phs, aot_sig)
+    for old, new in zip(old_phs, new_phs):
+        if not isinstance(old.meta.get("val"), torch.Tensor):
+            new.meta["val"] = old.meta.get("val")
+        if new.target in sig.inputs_to_parameters or new.target in sig.inputs_to_buffers:
+            new.meta.update(old.meta)
+    return _program(ep, new_gm, sig)  # threaded effect tokens stay, as in torch's result
+
+
+def _trace_in_two_steps(gm, placeholders, table: dict, error: Exception):
+    """The retrace when a decomposition wrote in place (``error``: the functionalized graph is not
+    functional), such as isclose's bitwise_or_, quantile's squeeze_ or the as_strided_ that
+    adaptive_avg_pool2d's CIA kernel applies to a channels-last result. Where torch runs those,
+    above functionalization, the write is functionalized; here the whole table runs below it. So
+    the decompositions torch applies above functionalization (_above_functionalization) are
+    applied first, unfunctionalized (the in-place ops stay for functionalization to turn into the
+    functional ops the table then decomposes), then that is functionalized with the whole table,
+    whose other entries run below functionalization, as in torch's retrace.
+
+    Applying the whole table first instead would leave the PrimTorch views that the other entries
+    emit (prims.collapse_view for aten.view, prims.broadcast_in_dim for aten.expand, ...) for
+    functionalization, which refuses a non-ATen op that returns an alias.
+
+    If a decomposition torch runs below functionalization writes in place (torch._refs.polar sets
+    ``result.real``), torch's retrace fails (with ``error``); pt2b then applies those
+    decompositions above functionalization too (_writing_in_place), else raises ``error``."""
+    above = _above_functionalization(table)
+    while True:
+        first = _decomposed(gm, placeholders, above)
+        try:
+            return _trace(first, placeholders, table)
+        except AssertionError:
+            writers = _writing_in_place(first, table, above)
+            if not writers:
+                raise error from None
+            above.update(writers)
+
+
+def _writing_in_place(gm, table: dict, applied: dict) -> dict:
+    """The entries of ``table`` (not in ``applied``) whose decomposition of one of ``gm``'s calls,
+    traced alone, writes in place; and, as they will be applied with it, those of the calls that
+    their decompositions make."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    out, seen = {}, set()
+    fake_mode = _fake_mode(gm)
+    graphs = [m.graph for m in gm.modules() if isinstance(m, torch.fx.GraphModule)]
+    while graphs:
+        for node in graphs.pop().nodes:
+            op = node.target
+            if node.op != "call_function" or not isinstance(op, torch._ops.OpOverload) or op not in table \
+                    or op in applied or op in out or op._schema.is_mutable:
+                continue
+            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
+            leaves, spec = torch.utils._pytree.tree_flatten((args, kwargs))
+            key = (op, tuple(_signature_of(v) for v in leaves))
+            if key in seen:
+                continue
+            seen.add(key)
+            inputs = [i for i, v in enumerate(leaves) if isinstance(v, (torch.Tensor, torch.SymInt))]
+
+            def run(*vals, fn=table[op], leaves=leaves, spec=spec, inputs=inputs):
+                leaves = list(leaves)
+                for i, v in zip(inputs, vals):
+                    leaves[i] = v
+                a, k = torch.utils._pytree.tree_unflatten(leaves, spec)
+                return fn(*a, **k)
+
+            try:
+                with fake_mode, torch.no_grad():
+                    traced = make_fx(run, pre_dispatch=True)(*[leaves[i] for i in inputs])
+            except Exception:  # noqa: BLE001 -- not traceable alone: it stays below functionalization
+                continue
+            if any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+                   and n.target._schema.is_mutable for n in traced.graph.nodes):
+                out[op] = table[op]
+                graphs.append(traced.graph)
+    return out
+
+
+def _signature_of(v):
+    if isinstance(v, torch.Tensor):
+        return ("tensor", str(v.shape), v.dtype, str(v.stride()), v.is_conj())
+    if isinstance(v, torch.SymInt):
+        return ("symint", str(v))
+    return ("value", repr(v))
+
+
+def _above_functionalization(table: dict) -> dict:
+    """The part of ``table`` torch's retrace applies above functionalization: the decompositions of
+    CompositeImplicitAutograd ops (run at the Autograd key, as the op's CIA kernel or as the
+    py_kernel torch installs for the table's entry) and of ops with a Python kernel at the Autograd
+    key (_forced); ops they emit are functionalized, then decomposed by the rest of the table. The
+    rest (aten.view -> prims.collapse_view, aten.expand -> prims.broadcast_in_dim, ...) runs in the
+    tracer below functionalization, which never sees what they emit: applied above it, their
+    PrimTorch views would reach functionalization, which has no rule for a non-ATen op returning
+    an alias. In-place entries stay out: functionalization removes the ops they decompose."""
+    from torch._export.utils import _is_cia_op
+
+    def above(op) -> bool:
+        if op._schema.is_mutable:
+            return False
+        if op in _forced():
+            return True
+        try:
+            return _is_cia_op(op)
+        except RuntimeError:  # not a dispatcher op
+            return False
+
+    return {op: fn for op, fn in table.items() if above(op)}
+
+
+def _conj_view(node) -> bool:
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return isinstance(val, torch.Tensor) and val.is_conj()
+
+
+def _materialize_conj(gm) -> None:
+    """A conjugate view (conj bit set) read by an op without a kernel for it is first cloned into
+    plain memory, as the dispatcher's conjugate fallback does below autograd, where torch retraces
+    (above it the op is recorded on the view itself)."""
+    for module in gm.modules():
+        if not isinstance(module, torch.fx.GraphModule):
+            continue
+        graph = module.graph
+        if not any(_conj_view(n) for n in graph.nodes):
+            continue
+        for node in list(graph.nodes):
+            if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload) \
+                    or torch._C._dispatch_has_kernel_for_dispatch_key(node.target.name(), "Conjugate"):
+                continue
+            views = {a for a in node.all_input_nodes if _conj_view(a)}
+            for view in views:
+                with graph.inserting_before(node):
+                    clone = graph.call_function(torch.ops.aten.clone.default, (view,))
+                clone.meta.update({k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack")})
+                clone.meta["val"] = view.meta["val"].clone()
+                node.replace_input_with(view, clone)
+        module.recompile()
+
+
+def _thread_effects(gm, aot_sig) -> list:
+    """Side-effecting ops (linalg's error checks, prints) called through with_effects on a token
+    that the program takes and returns, as torch's retrace below autograd leaves them (above it
+    they stay plain calls). [the token placeholder] or []."""
+    import operator
+
+    from torch._export.utils import _detect_fake_mode_from_gm
+    from torch._higher_order_ops.effects import has_effects, with_effects
+
+    calls = [n for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+             and has_effects(n.target)]
+    if not calls:
+        return []
+    graph = gm.graph
+    fake_mode = _detect_fake_mode_from_gm(gm)  # also a program without tensor inputs
+    with graph.inserting_before(next(iter(graph.nodes))):
+        token = graph.placeholder("token")
+    with fake_mode or contextlib.nullcontext():
+        token.meta["val"] = torch.empty(0)
+    for call in calls:
+        val = call.meta.get("val")
+        results = () if val is None else tuple(val) if isinstance(val, (tuple, list)) else (val,)
+        with graph.inserting_before(call):
+            node = graph.call_function(with_effects, (token, call.target, *call.args), dict(call.kwargs))
+            node.meta.update(call.meta)
+            node.meta["val"] = (token.meta["val"], *results)
+            token = graph.call_function(operator.getitem, (node, 0))
+            token.meta["val"] = node.meta["val"][0]
+            if isinstance(val, (tuple, list)):
+                for user in list(call.users):  # getitem(call, i) -> getitem(node, i + 1)
+                    user.args = (node, user.args[1] + 1)
+            elif results:
+                single = graph.call_function(operator.getitem, (node, 1))
+                single.meta["val"] = val
+                call.replace_all_uses_with(single)
+        graph.erase_node(call)
+    out = graph.output_node()
+    out.args = ((token, *out.args[0]),)
+    aot_sig.output_tokens[:] = [token.name]
+    return [n for n in graph.nodes if n.op == "placeholder"][:1]
+
+
+def _split_tokens(gm, aot_sig):
+    """(effect-token placeholders, the others). Tokens no op threads (the trace adds one when an
+    op it looked into, such as linalg_inv's error check, has effects) are taken out at once."""
+    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    tokens, rest = phs[:len(aot_sig.input_tokens)], phs[len(aot_sig.input_tokens):]
+    out = gm.graph.output_node()
+    outs = list(out.args[0])
+    n_out = len(aot_sig.output_tokens)
+    if tokens and all(o in tokens for o in outs[:n_out]) and all(set(t.users) <= {out} for t in tokens):
+        out.args = (tuple(outs[n_out:]),)
+        for t in tokens:
+            gm.graph.erase_node(t)
+        aot_sig.output_tokens.clear()
+        tokens = []
+    return tokens, rest
+
+
+def _fake_mode(gm):
+    """The program's fake mode, found as torch's retrace finds it: from the placeholders' fake
+    tensors, else (a program without tensor inputs) from the other nodes' values; else a fresh mode
+    on the ShapeEnv of the program's symbols, else on a fresh ShapeEnv. Retracing in another
+    ShapeEnv than the one that made the graph's unbacked symbols (u0, ...) breaks the trace: the new
+    env names its own data-dependent sizes u0, ... again, and rebinding them to the graph's
+    ("u0 possible memo disaster") or reasoning across the two envs fails."""
+    from torch._export.utils import _detect_fake_mode_from_gm
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    fake_mode = _detect_fake_mode_from_gm(gm)
+    if fake_mode is not None:
+        return fake_mode
+    shape_env = None
+    for node in gm.graph.nodes:
+        for v in torch.utils._pytree.tree_leaves(node.meta.get("val")):
+            if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                shape_env = v.node.shape_env
+                break
+        if shape_env is not None:
+            break
+    return FakeTensorMode(shape_env=shape_env or ShapeEnv(), export=True)
+
+
+def _fake_inputs(gm, placeholders):
+    """(the program's fake mode (_fake_mode), the placeholders' values detached in it)."""
+    fake_mode = _fake_mode(gm)
+    vals = [n.meta.get("val") for n in placeholders]
+    with fake_mode:
+        return fake_mode, [v.detach() if isinstance(v, torch.Tensor) else v for v in vals]
+
+
+def _trace(gm, placeholders, table):
+    """aot_export_module above autograd: functionalized, ``table`` applied, on fresh fake inputs."""
+    from torch._functorch.aot_autograd import aot_export_module
+
+    fake_mode, args = _fake_inputs(gm, placeholders)
+    with fake_mode, torch.no_grad():
+        return aot_export_module(_without_detach_(gm), args, decompositions=table, trace_joint=False,
+                                 pre_dispatch=True)
+
+
+class _SkipDetach_(torch.fx.Interpreter):
+    def call_function(self, target, args, kwargs):
+        if target is torch.ops.aten.detach_.default:
+            return args[0]
+        return super().call_function(target, args, kwargs)
+
+
+class _Run(torch.nn.Module):
+    def __init__(self, gm):
+        super().__init__()
+        self.gm = gm
+
+    def forward(self, *args):
+        return _SkipDetach_(self.gm).run(*args)
+
+
+def _without_detach_(gm):
+    """``gm``, run so that its in-place detach_ calls (torch.export records one after each
+    torch.tensor(...) constant) do nothing: below autograd, where torch retraces, they vanish;
+    above it they would leave a detach."""
+    if not any(n.target is torch.ops.aten.detach_.default for n in gm.graph.nodes):
+        return gm
+    return _Run(gm)
+
+
+def _decomposed(gm, placeholders, table):
+    """``gm`` retraced above autograd with ``table`` applied and nothing else (mutations stay)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    fake_mode, args = _fake_inputs(gm, placeholders)
+    with fake_mode, torch.no_grad():
+        out = make_fx(torch.fx.Interpreter(gm).run, decomposition_table=table, pre_dispatch=True)(*args)
+    for old, new in zip(placeholders, [n for n in out.graph.nodes if n.op == "placeholder"]):
+        new.meta.update(old.meta)
+    return out
+
+
+def _rename(gm, old_phs, new_phs) -> None:
+    """Placeholders take the program's names; other nodes move aside where they would clash."""
+    from torch._export.utils import _name_hoo_subgraph_placeholders
+
+    for old, new in zip(old_phs, new_phs):
+        new.name = new.target = old.name
+    taken = {n.name for n in new_phs}
+    everything = {n.name for n in gm.graph.nodes}
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            continue
+        if node.name in taken:
+            i = 1
+            while f"{node.name}_{i}" in taken or f"{node.name}_{i}" in everything:
+                i += 1
+            node.name = f"{node.name}_{i}"
+        taken.add(node.name)
+    _name_hoo_subgraph_placeholders(gm)
+
+
+def _insert_runtime_asserts(gm) -> None:
+    """The deferred shape checks of a symbolic program, as torch's retrace inserts them."""
+    from torch.export.exported_program import _get_shape_env
+    from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
+
+    if torch._dynamo.config.do_not_emit_runtime_asserts:
+        return
+    shape_env = _get_shape_env(gm)
+    if shape_env is not None:
+        insert_deferred_runtime_asserts(gm, shape_env, "exported program", export=True)
+
+
+def _signature(ep, gm, tokens, new_phs, aot_sig):
+    from torch.export.graph_signature import (ConstantArgument, ExportGraphSignature, InputKind, InputSpec,
+                                              OutputKind, OutputSpec, SymBoolArgument, SymFloatArgument,
+                                              SymIntArgument, TensorArgument, TokenArgument)
+
+    def arg(old, node):
+        if isinstance(old, ConstantArgument):
+            return old
+        for kind in (TensorArgument, SymIntArgument, SymFloatArgument, SymBoolArgument):
+            if isinstance(old, kind):
+                return kind(name=node.name)
+        raise LoweringError(f"the program's signature holds an argument pt2b cannot retrace: {old!r}.")
+
+    old_sig = ep.graph_signature
+    outs = list(gm.graph.output_node().args[0])
+    n_tok = len(aot_sig.output_tokens)
+    input_specs = [InputSpec(InputKind.TOKEN, TokenArgument(name=t.name), None) for t in tokens]
+    input_specs += [InputSpec(s.kind, arg(s.arg, new_phs[i]), s.target, s.persistent)
+                    for i, s in enumerate(old_sig.input_specs)]
+    output_specs = [OutputSpec(OutputKind.TOKEN, TokenArgument(name=o.name), None) for o in outs[:n_tok]]
+    outs = outs[n_tok:]
+    position = {name: i for i, name in enumerate(aot_sig.user_inputs)}
+    mutated = list(aot_sig.user_inputs_to_mutate.items())
+    if [name for name, _ in mutated] != [n.name for n in outs[:len(mutated)]]:
+        raise LoweringError("the retrace's mutation outputs are out of order.")
+    for out_name, in_name in mutated:
+        spec = old_sig.input_specs[position[in_name]]
+        if spec.kind == InputKind.BUFFER:
+            output_specs.append(OutputSpec(OutputKind.BUFFER_MUTATION, TensorArgument(name=out_name), spec.target))
+        elif spec.kind == InputKind.USER_INPUT:
+            output_specs.append(OutputSpec(OutputKind.USER_INPUT_MUTATION, TensorArgument(name=out_name),
+                                           spec.arg.name))
+        else:
+            raise LoweringError(f"the program mutates {spec.kind.name.lower()} {spec.target!r}, which pt2b "
+                                f"cannot write back (only buffers and user inputs can be mutated).")
+    renamed = {s.arg.name: new_phs[i].name for i, s in enumerate(old_sig.input_specs)
+               if not isinstance(s.arg, ConstantArgument)}
+    user_outs = list(old_sig.output_specs)
+    if len(outs) != len(mutated) + len(user_outs):
+        raise LoweringError(f"the retrace returns {len(outs)} values where {len(mutated) + len(user_outs)} "
+                            f"are expected.")
+    for i, s in enumerate(user_outs):
+        output_specs.append(OutputSpec(s.kind, arg(s.arg, outs[len(mutated) + i]), renamed.get(s.target, s.target)))
+    return ExportGraphSignature(input_specs=input_specs, output_specs=output_specs)
+
+
+def _program(ep, gm, sig):
+    from torch.export import ExportedProgram
+    from torch.export.exported_program import _get_updated_module_call_graph, _get_updated_range_constraints
+
+    gm.meta.update(ep.graph_module.meta)
+    return ExportedProgram(
+        root=gm, graph=gm.graph, graph_signature=sig, state_dict=ep.state_dict,
+        range_constraints=_get_updated_range_constraints(gm, ep.range_constraints),
+        module_call_graph=_get_updated_module_call_graph(ep.graph_module, ep.graph_signature, gm, sig,
+                                                         ep.module_call_graph),
+        example_inputs=ep.example_inputs, constants=ep.constants)
+

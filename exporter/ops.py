@@ -20,10 +20,12 @@ def op_name(op) -> str:
         return f"higher_order::{op.name()}"
     if isinstance(op, _PACKET):
         return op._qualified_op_name
-    return f"{getattr(op, '__module__', '?')}.{getattr(op, '__qualname__', repr(op))}"
+    module = getattr(op, "__module__", None) or "?"
+    module = "operator" if module == "_operator" else module
+    return f"{module}.{getattr(op, '__qualname__', None) or getattr(op, '__name__', repr(op))}"
 
 
-def _normalize_text(entry: str) -> str:
+def normalize_text(entry: str) -> str:
     """"torch.ops.aten.add.Tensor" / "aten.add.Tensor" / "aten::add.Tensor" -> "aten::add.Tensor"."""
     s = entry.strip()
     s = s.removeprefix("torch.ops.")
@@ -81,7 +83,7 @@ def op_of_target(target: str):
 
 def resolve_op(name: str):
     """The OpOverload for "aten::add.Tensor" (overload "default" if omitted), or None."""
-    ns, _, rest = _normalize_text(name).partition("::")
+    ns, _, rest = normalize_text(name).partition("::")
     op, _, overload = rest.partition(".")
     return registered_overload(ns, op, overload or "default")
 
@@ -103,7 +105,7 @@ class OpMatcher:
         elif isinstance(entry, _PACKET):
             self.patterns.append(re.compile(re.escape(entry._qualified_op_name) + r"\..*"))
         elif isinstance(entry, str):
-            text = _normalize_text(entry)
+            text = normalize_text(entry)
             ns, _, rest = text.partition("::")
             if any(c in text for c in "*?["):
                 self.patterns.append(re.compile(fnmatch.translate(text)))

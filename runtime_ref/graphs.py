@@ -1,6 +1,5 @@
-"""Graph-structure helpers for the reference runtime: walking higher-order-op subgraphs and
-retargeting the devices baked into graphs (factory ops' device=, _to_copy, autocast regions' device
-type, ...) to the runtime's."""
+"""Retargeting the devices baked into a program's graphs and subgraphs (factory ops' device=,
+_to_copy, autocast regions' device type, ...) to the runtime's."""
 
 from __future__ import annotations
 
@@ -11,27 +10,9 @@ import torch.fx
 import torch.utils._pytree as pytree
 
 from .regions import is_autocast_marker, retarget_autocast
+from .walk import walk_graphs
 
-__all__ = ["walk_graphs", "subgraph_of", "retarget_devices", "uses_other_device"]
-
-
-def subgraph_of(gm: torch.fx.GraphModule, node: torch.fx.Node):
-    """The GraphModule a get_attr node refers to, or None when it names something else."""
-    if node.op != "get_attr":
-        return None
-    obj = gm
-    for part in str(node.target).split("."):
-        obj = getattr(obj, part, None)
-    return obj if isinstance(obj, torch.fx.GraphModule) else None
-
-
-def walk_graphs(gm: torch.fx.GraphModule, prefix: str = ""):
-    """Yield (prefix, graph module) for gm and, recursively, every get_attr'd GraphModule."""
-    yield prefix, gm
-    for node in gm.graph.nodes:
-        sub = subgraph_of(gm, node)
-        if sub is not None:
-            yield from walk_graphs(sub, f"{prefix}{node.target}.")
+__all__ = ["retarget_devices", "uses_other_device"]
 
 
 def _map_devices(value, device: torch.device):

@@ -11,8 +11,10 @@ import torch
 from torch._ops import HigherOrderOperator, OpOverload, OpOverloadPacket
 
 from exporter.errors import OpsetError
+from exporter.functionalize import is_mutating, updates_hidden_state
+from exporter.ops import normalize_text, op_name, resolve_op
 
-from .graphs import walk_graphs
+from .walk import walk_graphs
 from .regions import REGION_HOP_NAMES, is_region_marker
 
 __all__ = [
@@ -52,22 +54,6 @@ _ALWAYS_NAMES = frozenset({
 HOP_NAMES = frozenset({"cond", "while_loop", "map_impl", "with_effects"}) | REGION_HOP_NAMES
 
 
-def op_name(target) -> str:
-    """'aten::add.Tensor' for an OpOverload, 'higher_order::cond' for a HOP, 'operator.getitem'..."""
-    if isinstance(target, OpOverload):
-        return f"{target._schema.name}.{target._overloadname}"
-    if isinstance(target, HigherOrderOperator):
-        return f"higher_order::{target.name()}"
-    module = getattr(target, "__module__", None) or "?"
-    module = "operator" if module == "_operator" else module
-    return f"{module}.{getattr(target, '__qualname__', None) or getattr(target, '__name__', repr(target))}"
-
-
-def is_mutating(target) -> bool:
-    """An OpOverload whose schema writes to an argument (in-place and out= overloads)."""
-    return isinstance(target, OpOverload) and target._schema.is_mutable
-
-
 def _always_accepted(target) -> bool:
     if target is operator.getitem or (getattr(target, "__hash__", None) is not None and target in _SYM_PYTHON):
         return True
@@ -82,13 +68,10 @@ def _resolve(op) -> object:
     """A string op name resolved to its OpOverload (or the object itself)."""
     if not isinstance(op, str):
         return op
-    name = _normalize_name(op)
-    ns, rest = name.split("::", 1)
-    packet, overload = rest.rsplit(".", 1)
-    try:
-        return getattr(getattr(getattr(torch.ops, ns), packet), overload)
-    except (AttributeError, RuntimeError):
-        raise ValueError(f"unknown operator {op!r} (looked up torch.ops.{ns}.{packet}.{overload})") from None
+    resolved = resolve_op(_normalize_name(op))
+    if resolved is None:
+        raise ValueError(f"unknown operator {op!r}: the running torch registers no {_normalize_name(op)}")
+    return resolved
 
 
 def default_opset_accepts(op) -> bool:
@@ -103,12 +86,10 @@ def default_opset_accepts(op) -> bool:
 
 
 def _normalize_name(name: str) -> str:
-    """'aten.add.Tensor' / 'aten::add.Tensor' -> 'aten::add.Tensor'; 'aten::relu' -> 'aten::relu.default'."""
-    if "::" not in name:
-        ns, _, rest = name.partition(".")
-        name = f"{ns}::{rest}"
-    ns, rest = name.split("::", 1)
-    return name if "." in rest else f"{name}.default"
+    """'aten.add.Tensor' / 'aten::add.Tensor' -> 'aten::add.Tensor'; 'aten::relu' -> 'aten::relu.default'
+    (here an overload-less name means the default overload, not every overload as in OpMatcher)."""
+    name = normalize_text(name)
+    return name if "." in name.split("::", 1)[1] else f"{name}.default"
 
 
 def normalize_ops(ops: Iterable) -> frozenset[str]:
@@ -156,16 +137,6 @@ class Acceptor:
 
 # ---- graph checks ----
 
-def _hidden_mutation(node) -> bool:
-    """Ops whose schema carries no write annotation but that update running stats in place."""
-    t, args = node.target, node.args
-    if t is torch.ops.aten.batch_norm.default:
-        return len(args) > 5 and bool(args[5]) and (args[3] is not None or args[4] is not None)
-    if t is torch.ops.aten.instance_norm.default:
-        return len(args) > 5 and bool(args[5]) and (args[3] is not None or args[4] is not None)
-    return False
-
-
 def _offenders(gm: torch.fx.GraphModule, acceptor: Acceptor):
     """{op name: [node paths]} for refused ops and {op name} of those refused for mutating."""
     refused: dict[str, list[str]] = {}
@@ -176,7 +147,7 @@ def _offenders(gm: torch.fx.GraphModule, acceptor: Acceptor):
             if name is None:
                 continue
             refused.setdefault(name, []).append(prefix + node.name)
-            if node.op == "call_function" and (is_mutating(node.target) or _hidden_mutation(node)):
+            if node.op == "call_function" and (is_mutating(node.target) or updates_hidden_state(node)):
                 mutating.add(name)
     return refused, mutating
 
@@ -186,7 +157,7 @@ def _refused_name(node, acceptor: Acceptor) -> str | None:
         return f"{node.op}:{node.target}"
     if node.op != "call_function":
         return None
-    if _hidden_mutation(node):
+    if updates_hidden_state(node):
         return op_name(node.target) + " (training mode, updates running stats)"
     return None if acceptor.accepts(node.target) else op_name(node.target)
 

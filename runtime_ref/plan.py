@@ -13,7 +13,8 @@ from torch._ops import OpOverload
 from .bindings import fast_callable, meta_args
 from .codegen import compile_steps
 from .getters import SlotRef, call_with_kwargs, has_slot, slots_getter, value_getter
-from .graphs import retarget_devices, subgraph_of
+from .graphs import retarget_devices
+from .walk import subgraph_of
 from .inplace import plan_in_place
 from .regions import autocast_steps, is_autocast_marker, recorded_device_types, region_callable, retarget_autocast
 

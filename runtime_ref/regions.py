@@ -22,6 +22,8 @@ import torch.fx
 from torch._higher_order_ops.wrap import wrap_with_autocast, wrap_with_set_grad_enabled
 from torch.amp.autocast_mode import _enter_autocast, _exit_autocast
 
+from .walk import walk_graphs
+
 __all__ = ["REGION_HOP_NAMES", "is_region_marker", "is_autocast_marker", "has_regions", "autocast_devices",
            "recorded_device_types", "retarget_autocast", "region_callable", "autocast_steps", "RegionGuard"]
 
@@ -45,8 +47,6 @@ def _is_region(target) -> bool:
 
 
 def _walk(gm: torch.fx.GraphModule):
-    from .graphs import walk_graphs
-
     for _, g in walk_graphs(gm):
         yield from (n for n in g.graph.nodes if n.op == "call_function")
 

@@ -202,7 +202,7 @@ def test_guard_in_a_decomposition_fails_as_torchs(artifacts):
 
 
 def test_program_without_tensor_inputs_is_retraced_in_its_own_shape_env():
-    from exporter.lowering.decompose import _fake_mode
+    from exporter.functionalize import _fake_mode
 
     model = ItemNoInputs()
     ep = torch.export.export(model, ())

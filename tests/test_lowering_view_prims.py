@@ -98,7 +98,8 @@ def test_adaptive_pool_writes_in_place_under_max(name):
     channels-last as_strided_), and torch's own graph holds the functionalized as_strided."""
     from torch._functorch.aot_autograd import aot_export_module
 
-    from exporter.lowering.decompose import _fake_inputs, trace_table
+    from exporter.functionalize import _fake_inputs
+    from exporter.lowering.decompose import trace_table
 
     _, _, ep = _program(name)
     gm = ep.graph_module

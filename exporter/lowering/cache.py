@@ -20,7 +20,7 @@ import warnings
 
 import torch
 
-from .. import __version__
+from ..version import __version__
 from ..errors import ArtifactError, ExportError
 from ..versioning.formats import FORMAT_VERSION
 
@@ -61,21 +61,25 @@ class Entry:
         """The stored lowered ExportedProgram, or None on a miss (absent, damaged or not this key's).
         An entry made by reusing repeated layers holds the collapsed lowering and its recipe, and is
         expanded here exactly as the lowering that stored it was."""
-        from ..api import load
+        from ..serialize import reader
+        from ..serialize.gc_pause import gc_paused
         from .reuse import expand, valid_recipe
 
         if not self.path.exists():
             return None
         try:
-            prog = load(self.path)
+            with gc_paused():
+                art = reader.open_artifact(self.path)
+                metadata = reader.read_metadata(art)
+                if metadata.get(_KEY_FIELD) != self.key:
+                    return None
+                ep = reader.rebuild(art)
         except ArtifactError:
             return None
-        if prog.metadata.get(_KEY_FIELD) != self.key:
-            return None
-        recipe = prog.metadata.get(_RECIPE_FIELD)
+        recipe = metadata.get(_RECIPE_FIELD)
         if recipe is None:
-            return prog.exported_program()
-        return expand(prog.exported_program(), recipe) if valid_recipe(recipe) else None
+            return ep
+        return expand(ep, recipe) if valid_recipe(recipe) else None
 
     def store(self, lowered, *, source_path: str) -> bool:
         """Write the LoweredProgram ``lowered`` to the slot, with its lowering record; a cache that

@@ -3,7 +3,7 @@ a backend author needs (ops to implement, why each op is there, what fell outsid
 
 from __future__ import annotations
 
-from ..ops import _normalize_text, op_name
+from ..ops import normalize_text, op_name
 from ..program import ProgramHandle
 from . import routes, tables
 from .graph_ops import op_counts, op_nodes
@@ -78,7 +78,7 @@ class LoweredProgram(ProgramHandle):
 
     def explain(self, op) -> str:
         """Why ``op`` is in the result (supported, kept, no decomposition, ...) or how it was decomposed."""
-        name = op if not isinstance(op, str) else _normalize_text(op)
+        name = op if not isinstance(op, str) else normalize_text(op)
         name = name if isinstance(name, str) else op_name(name)
         if "." not in name.partition("::")[2]:
             name += ".default"

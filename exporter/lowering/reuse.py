@@ -28,7 +28,7 @@ import torch.utils._pytree as pytree
 from torch.export.exported_program import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, OutputKind, OutputSpec, TensorArgument
 
-from .graph_ops import may_mutate
+from ..functionalize import may_mutate
 
 __all__ = ["find_blocks", "lower_with_reuse"]
 

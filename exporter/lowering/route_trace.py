@@ -25,7 +25,8 @@ from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
 from ..ops import op_name
 from . import tables
-from .decompose import flag_free, forced_ops, run_decompositions
+from ..functionalize import forced_ops, may_mutate
+from .decompose import flag_free, run_decompositions
 from .graph_ops import op_nodes
 from .verify import INFRASTRUCTURE, is_infrastructure
 
@@ -110,7 +111,6 @@ class ProgramRoutes:
 
 def record(ep: torch.export.ExportedProgram) -> ProgramRoutes:
     """The routes of every call site of ``ep`` (an undecomposed program)."""
-    from .graph_ops import may_mutate
 
     available = tables.available_decompositions()
     rec = _Recorder()

@@ -9,8 +9,8 @@ import torch
 from torch._decomp import decomposition_table as _REGISTRY
 from torch._export.utils import _collect_all_valid_cia_ops_for_aten_namespace, _get_decomp_for_cia
 
+from ..functionalize import is_mutating
 from ..ops import op_name
-
 
 # Registered decompositions that produce a non-functional graph (prims.copy_to, in-place batch
 # norm) which torch's functionalizing tracer rejects; the default table's choice is kept instead.
@@ -21,11 +21,6 @@ NON_FUNCTIONAL = {
     "aten::native_batch_norm.default",
     "aten::constant_pad_nd.default",  # torch._refs.constant_pad_nd writes into a view (copy_to)
 }
-
-
-def is_mutating(op) -> bool:
-    """In-place, out= and other ops that write an argument: functionalization removes them."""
-    return any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
 
 
 @functools.cache
