@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Union
 
 import torch
 
@@ -14,11 +16,21 @@ from .serialize.gc_pause import gc_paused
 from .serialize.generated import pt2b_generated as G
 from .versioning.formats import parse_version
 
+if TYPE_CHECKING:
+    from .lowering.lowered import LoweredProgram
+    from .ops import OpSpec
+
+StrPath = Union[str, "os.PathLike[str]"]
+
 _KIND_NAMES = {v: k.lower() for k, v in vars(G.OperatorKind).items() if not k.startswith("_")}
 
 
-def export_model(m, args=None, path=None, *, kwargs=None, dynamic_shapes=None, metadata=None,
-                 strict: bool = False, format_version: str | None = None) -> torch.export.ExportedProgram:
+def export_model(m: torch.nn.Module | Callable[..., Any] | torch.export.ExportedProgram | LoweredProgram,
+                 args: tuple[Any, ...] | StrPath | None = None, path: StrPath | None = None, *,
+                 kwargs: dict[str, Any] | None = None,
+                 dynamic_shapes: dict[str, Any] | tuple[Any, ...] | list[Any] | None = None,
+                 metadata: dict[str, Any] | None = None, strict: bool = False,
+                 format_version: str | None = None) -> torch.export.ExportedProgram:
     """Capture ``m`` with torch.export (undecomposed, unfunctionalized) and write ``path``.
 
     ``m`` may also be an ExportedProgram: it is written as given and its IR level recorded
@@ -62,7 +74,7 @@ def export_model(m, args=None, path=None, *, kwargs=None, dynamic_shapes=None, m
     return ep
 
 
-def load(path, *, verify: bool = False) -> Pt2bProgram:
+def load(path: StrPath, *, verify: bool = False) -> Pt2bProgram:
     """Read a .pt2b artifact at its recorded (undecomposed) level; weights are mmap'd.
 
     ``verify=True`` also checks every weight segment's checksum (reads all weights).
@@ -90,8 +102,11 @@ def _program_of(art, *, verify: bool) -> Pt2bProgram:
     )
 
 
-def load_for_backend(path, preset: str = "core", *, supported_ops=None, decompositions=None, keep=None,
-                     decompose=None, device: str = "cpu", verify: bool = False, cache: bool | None = None, strict: bool = False):
+def load_for_backend(path: StrPath, preset: str = "core", *, supported_ops: Iterable[OpSpec] | None = None,
+                     decompositions: Mapping[torch._ops.OpOverload, Callable[..., Any]] | None = None,
+                     keep: Iterable[OpSpec] | None = None, decompose: Iterable[OpSpec] | None = None,
+                     device: str = "cpu", verify: bool = False, cache: bool | None = None,
+                     strict: bool = False) -> LoweredProgram:
     """Load ``path`` and lower it for a backend: functionalize, then decompose with a preset
     ("none", "core", "core-tag", "max", optionally "@<torch version>") or until only
     ``supported_ops`` remain; ``keep`` protects ops; ``decompose`` names more ops to decompose with

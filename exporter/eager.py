@@ -19,12 +19,14 @@ decomposition (fused kernels such as mkldnn_rnn_layer) run as they are and are c
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .ops import op_name
+from .ops import OpSpec, op_name
 
 # Ops that only move or describe data; no decomposition can remove them from eager execution.
 _ALWAYS = {"aten::copy_.default", "aten::_local_scalar_dense.default", "aten::detach.default",
@@ -45,6 +47,9 @@ def _functional_twin(func):
 
 
 class EagerDecompositions(TorchDispatchMode):
+    """The dispatch mode of eager_decompositions: runs each op as is when the lowering keeps it, else
+    its decomposition; counts what it did in ``decomposed``, ``unsupported`` and ``ran``."""
+
     def __init__(self, preset: str = "core", *, supported_ops=None, keep=None, decompositions=None, strict=False):
         super().__init__()
         from .lowering.lower import plan_lowering
@@ -57,7 +62,7 @@ class EagerDecompositions(TorchDispatchMode):
         self.unsupported: collections.Counter = collections.Counter()
         self.ran: collections.Counter = collections.Counter()
 
-    def runs_as_is(self, func) -> bool:
+    def runs_as_is(self, func: torch._ops.OpOverload) -> bool:
         """Accepted by the opset, or plumbing: data movement (_ALWAYS), in-place view metadata
         changes (transpose_) and allocations."""
         name = op_name(func)
@@ -122,7 +127,7 @@ class _NoFastPaths(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-class _EagerContext:
+class EagerContext:
     """``with eager_decompositions(...) as mode``: enters _NoFastPaths and the dispatch mode (in that
     order), leaves both (also on exceptions); re-enterable; yields the EagerDecompositions."""
 
@@ -131,6 +136,7 @@ class _EagerContext:
         self._stack: list = []
 
     def __enter__(self) -> EagerDecompositions:
+        """Enter the mode; returns it, to read its counters after the block."""
         guard = _NoFastPaths()
         guard.__enter__()
         try:
@@ -150,12 +156,14 @@ class _EagerContext:
         return False
 
 
-def eager_decompositions(preset: str = "core", *, supported_ops=None, keep=None, decompositions=None,
-                         strict: bool = False) -> _EagerContext:
+def eager_decompositions(preset: str = "core", *, supported_ops: Iterable[OpSpec] | None = None,
+                         keep: Iterable[OpSpec] | None = None,
+                         decompositions: Mapping[torch._ops.OpOverload, Callable[..., Any]] | None = None,
+                         strict: bool = False) -> EagerContext:
     """A context manager running eager PyTorch with the lowering of ``preset`` (or ``supported_ops``,
     ``keep``, ``decompositions``, ``strict``: as in load_for_backend) applied op by op; ``as`` gives
     the EagerDecompositions mode (``.decomposed``, ``.unsupported``, ``.ran``)."""
-    return _EagerContext(EagerDecompositions(preset, supported_ops=supported_ops, keep=keep,
+    return EagerContext(EagerDecompositions(preset, supported_ops=supported_ops, keep=keep,
                                              decompositions=decompositions, strict=strict))
 
 

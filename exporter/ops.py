@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+from typing import Union
 
 import torch
 
@@ -12,8 +13,9 @@ _OVERLOAD = torch._ops.OpOverload
 _PACKET = torch._ops.OpOverloadPacket
 
 
-def op_name(op) -> str:
-    """Canonical name: "aten::add.Tensor" for overloads, "higher_order::cond" for HOPs."""
+def op_name(op: object) -> str:
+    """Canonical name: "aten::add.Tensor" for overloads, "higher_order::cond" for HOPs,
+    "operator.getitem" for Python callables."""
     if isinstance(op, _OVERLOAD):
         return f"{op._schema.name}.{op._overloadname}"
     if isinstance(op, torch._ops.HigherOrderOperator):
@@ -34,6 +36,10 @@ def normalize_text(entry: str) -> str:
         s = f"{ns}::{rest}" if rest else f"{ns}::*"
     return s
 
+
+OpSpec = Union[str, torch._ops.OpOverload, torch._ops.OpOverloadPacket, torch._ops.HigherOrderOperator]
+"""How the API takes an op: an OpOverload, a packet (every overload), or a name such as "aten::add.Tensor",
+"aten.add" or a glob "aten::*pool*"."""
 
 MAX_NAME = 1024  # longer operator names are not looked up at all
 

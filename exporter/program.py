@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 
@@ -11,6 +12,10 @@ from .errors import CorruptArtifactError
 
 @dataclasses.dataclass(frozen=True)
 class OperatorInfo:
+    """One operator a program calls, as the artifact's op table records it: its qualified name
+    ("aten::add"), overload ("Tensor"), schema string, kind ("aten", "custom", "higher_order", ...)
+    and number of call sites."""
+
     qualified_name: str
     overload: str
     schema: str
@@ -19,6 +24,7 @@ class OperatorInfo:
 
     @property
     def name(self) -> str:
+        """The full name, \"aten::add.Tensor\"."""
         return f"{self.qualified_name}.{self.overload}" if self.overload else self.qualified_name
 
 
@@ -29,6 +35,7 @@ class ProgramHandle:
     _module: torch.nn.Module | None = None
 
     def exported_program(self) -> torch.export.ExportedProgram:
+        """The program as a torch.export ExportedProgram, for existing tools."""
         return self._ep
 
     def module(self) -> torch.nn.Module:
@@ -42,7 +49,8 @@ class ProgramHandle:
                     f"({type(e).__name__}: {e}); the artifact is malformed.") from e
         return self._module
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the program like the model it was captured from."""
         return self.module()(*args, **kwargs)
 
 
@@ -73,7 +81,8 @@ class Pt2bProgram(ProgramHandle):
         return {op.name: op.count for op in self.operators}
 
     @property
-    def graph_signature(self):
+    def graph_signature(self) -> torch.export.ExportGraphSignature:
+        """The program's graph signature (inputs, outputs, parameters, buffers, mutations)."""
         return self._ep.graph_signature
 
     def __repr__(self) -> str:

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from torch._ops import HigherOrderOperator, OpOverload, OpOverloadPacket
 
 from exporter.errors import OpsetError
 from exporter.functionalize import is_mutating, updates_hidden_state
-from exporter.ops import normalize_text, op_name, resolve_op
+from exporter.ops import OpSpec, normalize_text, op_name, resolve_op
 
 from .walk import walk_graphs
 from .regions import REGION_HOP_NAMES, is_region_marker
@@ -74,7 +75,7 @@ def _resolve(op) -> object:
     return resolved
 
 
-def default_opset_accepts(op) -> bool:
+def default_opset_accepts(op: OpSpec | Callable[..., Any]) -> bool:
     """Whether the default "functional ATen" opset accepts `op` (an OpOverload, a HOP, a Python
     callable, or a name like "aten::add.Tensor"): functional aten/prims overloads, getitem, SymInt
     arithmetic, runtime assertions, the cond/while_loop/map_impl/with_effects higher-order ops and

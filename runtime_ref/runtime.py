@@ -3,6 +3,9 @@ Owns construction (opset check, state, plan, input checks) and the per-call path
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
 import torch
 from torch.export.graph_signature import InputKind
 
@@ -12,6 +15,10 @@ from .outputs import OutputHandler
 from .plan import Plan
 from .regions import RegionGuard, autocast_devices, has_regions
 from .state import RuntimeState
+
+if TYPE_CHECKING:
+    from exporter.lowering.lowered import LoweredProgram
+    from exporter.ops import OpSpec
 
 __all__ = ["Runtime"]
 
@@ -52,7 +59,8 @@ class Runtime:
     after a call as before, also when it raises, and outputs never carry autograd history.
     """
 
-    def __init__(self, program, device="cpu", opset=None, extra_ops=()):
+    def __init__(self, program: LoweredProgram | torch.export.ExportedProgram, device: str | torch.device = "cpu",
+                 opset: Iterable[OpSpec] | None = None, extra_ops: Iterable[OpSpec] = ()) -> None:
         ep = _exported_program(program)
         self.device = _device(device)
         check_program_ops(ep.graph_module, Acceptor(opset, extra_ops))
@@ -67,7 +75,8 @@ class Runtime:
             autocast = autocast_devices(ep.graph_module)
             self._run = RegionGuard(autocast | {self.device.type} if autocast else ()).wrap(self.plan.run)
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the program on ``args``/``kwargs`` (checked against the program's inputs)."""
         leaves = self._inputs(args, kwargs)
         grad = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)  # torch.no_grad() minus its ~2 us of context-manager overhead

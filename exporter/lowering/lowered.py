@@ -3,11 +3,17 @@ a backend author needs (ops to implement, why each op is there, what fell outsid
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ..ops import normalize_text, op_name
 from ..program import ProgramHandle
 from . import routes, tables
 from .graph_ops import op_counts, op_nodes
 from .verify import route_lines
+
+if TYPE_CHECKING:
+    from ..ops import OpSpec
+    from ..program import Pt2bProgram
 
 
 class Lazy:
@@ -23,6 +29,10 @@ class Lazy:
 
 
 class LoweredProgram(ProgramHandle):
+    """What load_for_backend returns: the lowered program (callable; ``exported_program()``), the ops
+    a backend must implement (``ops()``), why each op is there (``explain(op)``, ``report()``), and
+    what fell outside the declared opset (``outside_opset``)."""
+
     def __init__(self, ep, *, source_ep, preset: str, table: dict, keep, supported, accepts,
                  outside: dict[str, int], description: str, source=None, fingerprint: str | None = None):
         self._ep = ep
@@ -40,7 +50,7 @@ class LoweredProgram(ProgramHandle):
         self.reused = None  # reuse.Reused when repeated layers were lowered once
 
     @property
-    def source(self):
+    def source(self) -> Pt2bProgram | None:
         """The Pt2bProgram this was lowered from, when it was loaded from a file."""
         if isinstance(self._source_prog, Lazy):
             self._source_prog = self._source_prog.get()
@@ -52,7 +62,7 @@ class LoweredProgram(ProgramHandle):
             self._source = self._source.get()
         return self._source
 
-    def lowering_record(self) -> dict:
+    def lowering_record(self) -> dict[str, Any]:
         """What a .pt2b written from this program records about its lowering (format 1.1+)."""
         import hashlib
 
@@ -67,6 +77,7 @@ class LoweredProgram(ProgramHandle):
         return op_counts(self._ep.graph_module)
 
     def report(self) -> str:
+        """A text report: the preset, every op with its call sites, and what fell outside the opset."""
         lines = [f"preset {self.preset}: {self.description}",
                  f"{len(self.ops())} distinct ops, {sum(self.ops().values())} call sites:"]
         lines += [f"  {n:5d}  {name}" for name, n in self.ops().items()]
@@ -76,7 +87,7 @@ class LoweredProgram(ProgramHandle):
                       for name, n in self.outside_opset.items()]
         return "\n".join(lines)
 
-    def explain(self, op) -> str:
+    def explain(self, op: OpSpec) -> str:
         """Why ``op`` is in the result (supported, kept, no decomposition, ...) or how it was decomposed."""
         name = op if not isinstance(op, str) else normalize_text(op)
         name = name if isinstance(name, str) else op_name(name)
