@@ -4,8 +4,8 @@ older torch wrote (old schema strings, node inputs as the old op took them).
     rewrite_artifact(src, dst, edit=fn, ops={...}, torch_version="2.0.0")
 
 ``edit(serialized_ep, program)`` mutates torch's schema dataclasses (``torch._export.serde.schema``)
-and/or the flatc object-API ProgramT; the result is re-encoded (program_codec.encode), re-packed
-with flatbuffers.Builder + container.Header exactly like exporter/serialize/writer.py, with the
+and/or the flatc object-API ProgramT; the result is re-packed (the schema tree through
+exporter/serialize/encode_schema.py, as the writer packs it) with flatbuffers.Builder + container.Header exactly like exporter/serialize/writer.py, with the
 weight segments copied byte for byte, and written atomically.
 """
 
@@ -15,7 +15,7 @@ import zlib
 
 import flatbuffers
 
-from exporter.serialize import program_codec, reader
+from exporter.serialize import encode_schema, reader
 from exporter.serialize.atomic import atomic_write
 from exporter.serialize.container import FILE_IDENTIFIER, Header, align
 from exporter.serialize.generated import pt2b_generated as G
@@ -67,7 +67,7 @@ def rewrite_artifact(src, dst, *, edit=None, ops: dict | None = None, torch_vers
             set_op_record(prog, qname, overload, schema)
         if edit is not None:
             edit(serialized, prog)
-        prog.exportedProgram = program_codec.encode(serialized)
+        prog.exportedProgram = encode_schema.Packed(serialized)
         if torch_version is not None:
             prog.torchVersion = torch_version
         if provenance:

@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from exporter.serialize import program_codec, regen
+from exporter.serialize import regen, schema_map
 from exporter.serialize.generated import pt2b_generated as G
 
 
@@ -18,12 +18,12 @@ def test_generated_code_is_reproducible():
 
 
 def test_schema_mirrors_every_torch_serde_field():
-    classes = program_codec.schema_dataclasses()
+    classes = schema_map.schema_dataclasses()
     assert len(classes) >= 40
     for cls in classes:
         table = getattr(G, cls.__name__ + "T", None)
         assert table is not None, f"schemas/pt2b.fbs has no table {cls.__name__}"
         inst = table()
         for f in dataclasses.fields(cls):
-            attr = program_codec._camel(f.name)
+            attr = schema_map.camel(f.name)
             assert hasattr(inst, attr), f"table {cls.__name__} lacks field {f.name}"

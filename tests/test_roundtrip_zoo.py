@@ -169,19 +169,20 @@ def test_fast_tensor_meta_equals_torchs_deserializer(tmp_path, name):
 
 
 @pytest.mark.parametrize("name", zoo_names())
-def test_fast_pack_writes_the_object_apis_bytes(name):
-    """The writer packs torch's schema tree straight into the builder (serialize/fast_pack.py):
-    the program table must be byte for byte what flatc's object API (program_codec.encode + Pack)
-    writes."""
+def test_encode_schema_writes_the_object_apis_bytes(name):
+    """The writer packs torch's schema tree straight into the builder (serialize/encode_schema.py):
+    the program table must be byte for byte what flatc's object API writes for the tree the oracle
+    (tests/oracle_codec.py) builds."""
     import flatbuffers
+    import oracle_codec
 
-    from exporter.serialize import fast_pack, program_codec, writer
+    from exporter.serialize import encode_schema, writer
 
     case = make_case(name)
     ep = torch.export.export(copy.deepcopy(case.model), case.args, case.kwargs or {},
                              dynamic_shapes=case.dynamic_shapes, strict=case.strict)
     serialized = writer.serialize_graph(ep)
     reference, ours = flatbuffers.Builder(1024), flatbuffers.Builder(1024)
-    reference.Finish(program_codec.encode(serialized).Pack(reference))
-    ours.Finish(fast_pack.pack(ours, serialized))
+    reference.Finish(oracle_codec.encode(serialized).Pack(reference))
+    ours.Finish(encode_schema.pack(ours, serialized))
     assert bytes(ours.Output()) == bytes(reference.Output())

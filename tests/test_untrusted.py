@@ -9,7 +9,7 @@ from torch._export.serde import schema as S
 
 from exporter import export_model, load, names
 from exporter.errors import CorruptArtifactError
-from exporter.serialize import program_codec, reader, untrusted
+from exporter.serialize import encode_schema, reader, untrusted
 
 
 class Dyn(torch.nn.Module):
@@ -46,7 +46,7 @@ def _tamper(path, edit, edit_table=None):
     art = reader.open_artifact(path)
     ep = reader.decode_graph(art)
     edit(ep)
-    art.program.exportedProgram = program_codec.encode(ep)
+    art.program.exportedProgram = encode_schema.Packed(ep)
     if edit_table is not None:
         edit_table(art.program)
     b = flatbuffers.Builder(1 << 16)

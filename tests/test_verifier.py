@@ -4,11 +4,13 @@ accepts the FlatBuffers object API unpacks without error (hypothesis over byte m
 
 import inspect
 import pathlib
+import re
 import struct
 import zlib
 
 import flatbuffers
 import numpy as np
+import oracle_codec
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -16,7 +18,7 @@ from hypothesis import strategies as st
 
 from exporter import export_model, load
 from exporter.errors import CorruptArtifactError
-from exporter.serialize import fast_unpack, fbs_layout, reader, verifier
+from exporter.serialize import decode_schema, fbs_layout, reader, unpack_tables, verifier
 from exporter.serialize.container import FILE_IDENTIFIER, Header
 from exporter.serialize.generated import pt2b_generated as G
 from exporter.corpus.zoo import make_case
@@ -235,42 +237,82 @@ def _mutated(pristine, data) -> bytes:
     return bytes(buf)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                   HealthCheck.too_slow])
-@given(data=st.data())
-def test_whatever_the_verifier_accepts_unpacks(pristine, data):
-    """Soundness: a mutated buffer is either refused by the verifier or unpacked without error."""
-    buf = _mutated(pristine, data)
+_MALFORMED = "m.pt2b: program section is malformed: "
+
+
+def _refusal(buf) -> str | None:
+    """The verifier's message for ``buf`` without the common prefix, or None when it accepts."""
     try:
-        verifier.verify_program(bytes(buf), "m.pt2b")
-    except CorruptArtifactError:
-        return
-    _same_tree(fast_unpack.unpack_program(bytes(buf)), G.ProgramT.InitFromPackedBuf(bytes(buf), 0))
+        verifier.verify_program(buf, "m.pt2b")
+    except CorruptArtifactError as e:
+        msg = str(e)
+        assert msg.startswith(_MALFORMED) and msg.endswith("."), msg
+        return msg[len(_MALFORMED):-1]
+    return None
 
 
-@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+_DAMAGE = ("lies outside", "misaligned", "vtable", "table size", "NUL-terminated", "not a value of enum",
+           "referenced more often", "nested deeper")
+
+
+_PLACE = re.compile(r"(\.\w+|\[\d+\])")
+
+
+def _assert_names_a_place(why: str) -> None:
+    """The refusal starts with a place in the program (``Program.tensors[0].kind``) that exists in
+    the schema's layout, then says which kind of damage is there."""
+    lay = fbs_layout.layout()
+    assert why.startswith(lay.root), why
+    rest, at = why[len(lay.root):], ("table", lay.root)  # what the place reached so far is
+    while (m := _PLACE.match(rest)):
+        part, rest = m.group(1), rest[m.end():]
+        if part.startswith("["):  # an element of a vector
+            assert at[0] == "vector", why
+            at = ("table", at[1].type) if at[1].elem == "table" else ("element", None)
+            continue
+        assert at[0] == "table", why
+        fields = [f for f in lay.tables[at[1]] if f.name == part[1:]]
+        assert fields, f"{why}: {at[1]} has no field {part[1:]}"
+        f = fields[0]
+        at = ("table", f.type) if f.kind == "table" else (f.kind, f)
+    assert rest.startswith((" ", ":")) and any(k in rest for k in _DAMAGE), why
+    typed = re.match(r" \((\w+)\)", rest)  # a table's own damage names its type
+    assert typed is None or at == ("table", typed.group(1)), why
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                     HealthCheck.too_slow])
 @given(data=st.data())
-def test_fast_walk_accepts_exactly_what_the_descriptive_walk_accepts(pristine, data):
-    """verify_program decides with a message-free walk and runs the descriptive one only to explain
-    a refusal: on damaged buffers both must give the same verdict (a check missing from the fast
-    walk would let a damaged buffer through)."""
+def test_whatever_the_verifier_accepts_unpacks_and_every_refusal_names_a_place(pristine, data):
+    """Soundness: a mutated buffer is either refused, with a message naming the place of the damage,
+    or unpacked without error, identically by flatc's own object API and by unpack_tables."""
     buf = _mutated(pristine, data)
-    assert verifier._fast_ok(buf, verifier.layout()) == (verifier.problem(buf) is None)
+    why = _refusal(buf)
+    if why is not None:
+        _assert_names_a_place(why)  # (the mutations leave the root offset and identifier alone)
+        return
+    _same_tree(unpack_tables.unpack_program(buf), G.ProgramT.InitFromPackedBuf(buf, 0))
 
 
-def test_fast_walk_refuses_each_kind_of_damage(pristine):
-    """Single-byte changes across the first 3 kB (every other byte): same verdict from both walks,
-    and many refused."""
-    refused = 0
+def test_single_byte_damage_is_refused_with_its_place(pristine):
+    """Single-byte changes across the first 3 kB (every other byte): many are refused, each refusal
+    in the one form (``<where>: program section is malformed: <place> <damage>.``) and of many kinds;
+    what is accepted the reader's unpacker reads."""
+    refused, kinds = 0, set()
     for pos in range(8, min(len(pristine), 3072), 2):
         for value in (0x00, 0xFF):
             buf = bytearray(pristine)
             buf[pos] = value
-            fast = verifier._fast_ok(bytes(buf), verifier.layout())
-            assert fast == (verifier.problem(bytes(buf)) is None), pos
-            refused += not fast
+            buf = bytes(buf)
+            why = _refusal(buf)
+            if why is None:
+                unpack_tables.unpack_program(buf)
+                continue
+            _assert_names_a_place(why)
+            kinds.update(k for k in _DAMAGE if k in why)
+            refused += 1
     assert refused > 100
+    assert len(kinds) >= 5, kinds  # bounds, alignment, vtables, strings, enums...
 
 
 def _same_tree(a, b, path="program"):
@@ -290,24 +332,21 @@ def _same_tree(a, b, path="program"):
         assert a == b or (a != a and b != b), f"{path}: {a!r} vs {b!r}"
 
 
-def test_fast_unpack_equals_the_object_api_on_every_golden(tmp_path):
-    """reader.open_artifact unpacks with fast_unpack; it must build exactly what flatc's code builds."""
+def test_unpack_tables_equals_the_object_api_on_every_golden(tmp_path):
+    """reader.open_artifact unpacks with unpack_tables; it must build exactly what flatc's code builds."""
     paths = sorted(GOLDEN.rglob("*.pt2b"))
     assert len(paths) >= 40
     case = make_case("dtypes")  # scalars and tensors of every dtype
     export_model(case.model, case.args, tmp_path / "dtypes.pt2b")
     for p in paths + [tmp_path / "dtypes.pt2b"]:
         buf = _program_bytes(p)
-        _same_tree(fast_unpack.unpack_program(buf), G.ProgramT.InitFromPackedBuf(buf, 0), str(p))
+        _same_tree(unpack_tables.unpack_program(buf), G.ProgramT.InitFromPackedBuf(buf, 0), str(p))
 
 
-
-def test_fast_decode_equals_the_two_step_decode_on_every_golden(tmp_path):
-    """reader.decode_graph reads the graph straight from the buffer (fast_decode); it must give the
-    schema tree that unpacking to the object API and decoding that (program_codec) gives."""
+def test_decode_schema_equals_the_oracle_on_every_golden(tmp_path):
+    """reader.decode_graph reads the graph straight from the buffer (decode_schema); it must give the
+    schema tree that flatc's object API and the oracle decoding that (tests/oracle_codec.py) give."""
     from torch._export.serde import schema as S
-
-    from exporter.serialize import fast_decode, program_codec
 
     paths = sorted(GOLDEN.rglob("*.pt2b"))
     for name in ("dtypes", "dynamic_shapes", "cond", "pytree_io"):  # every dtype, symbols, subgraphs, pytrees
@@ -318,29 +357,30 @@ def test_fast_decode_equals_the_two_step_decode_on_every_golden(tmp_path):
     for p in paths:
         art = reader.open_artifact(p)
         graph = art.program.exportedProgram
-        assert isinstance(graph, fast_unpack.TableRef)
-        ours = fast_decode.read(graph.buf, graph.pos, S.ExportedProgram, str(p))
-        theirs = program_codec.decode(S.ExportedProgram, graph.unpack(), str(p))
+        assert isinstance(graph, unpack_tables.TableRef)
+        ours = decode_schema.read(graph.buf, graph.pos, S.ExportedProgram, str(p))
+        theirs = oracle_codec.decode(S.ExportedProgram, G.ExportedProgramT.InitFromBuf(graph.buf, graph.pos),
+                                     str(p))
         assert ours == theirs, p
         assert repr(ours) == repr(theirs), p  # also int vs bool vs float, which == would let pass
+        assert reader.decode_graph(art) == ours
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                    HealthCheck.too_slow])
 @given(data=st.data())
-def test_fast_decode_agrees_on_damaged_buffers(pristine, data):
-    """On any buffer the verifier accepts, the direct decode and the two-step decode give the same
-    tree or the same typed refusal (bad UTF-8, unknown enum value or union tag)."""
+def test_decode_schema_agrees_with_the_oracle_on_damaged_buffers(pristine, data):
+    """On any buffer the verifier accepts, the direct decode and the oracle's decode of flatc's
+    object API give the same tree or the same typed refusal (bad UTF-8, unknown enum value or
+    union tag, missing required table)."""
     from torch._export.serde import schema as S
-
-    from exporter.serialize import fast_decode, program_codec
 
     buf = _mutated(pristine, data)
     try:
         verifier.verify_program(buf, "m.pt2b")
     except CorruptArtifactError:
         return
-    graph = fast_unpack.unpack_program(buf, lazy=("exportedProgram",)).exportedProgram
+    graph = unpack_tables.unpack_program(buf, lazy=("exportedProgram",)).exportedProgram
     if graph is None:
         return
 
@@ -350,5 +390,21 @@ def test_fast_decode_agrees_on_damaged_buffers(pristine, data):
         except CorruptArtifactError as e:
             return f"refused: {e}"
 
-    assert outcome(lambda: fast_decode.read(graph.buf, graph.pos, S.ExportedProgram, "m")) == \
-        outcome(lambda: program_codec.decode(S.ExportedProgram, graph.unpack(), "m"))
+    assert outcome(lambda: decode_schema.read(graph.buf, graph.pos, S.ExportedProgram, "m")) == \
+        outcome(lambda: oracle_codec.decode(S.ExportedProgram,
+                                            G.ExportedProgramT.InitFromBuf(graph.buf, graph.pos), "m"))
+
+
+def test_decode_graph_of_a_tree_set_in_memory(artifact):
+    """A graph set on an opened artifact in memory (an object-API tree, or encode_schema.Packed)
+    decodes through the same path; an absent one is a missing required table."""
+    from exporter.serialize import encode_schema
+
+    art = reader.open_artifact(artifact)
+    ep = reader.decode_graph(art)
+    for tree in (encode_schema.Packed(ep), oracle_codec.encode(ep), art.program.exportedProgram.unpack()):
+        art.program.exportedProgram = tree
+        assert reader.decode_graph(art) == ep
+    art.program.exportedProgram = None
+    with pytest.raises(CorruptArtifactError, match="a required ExportedProgram table is missing"):
+        reader.decode_graph(art)

@@ -25,7 +25,7 @@ from torch.utils._sympy.value_ranges import ValueRanges
 from .. import names
 from ..errors import ArtifactError, CorruptArtifactError, NotAnArtifactError
 from ..versioning import formats, majors, schema_drift
-from . import deserialize, fast_decode, fast_unpack, module_stacks, program_codec, untrusted, verifier, weights
+from . import decode_schema, deserialize, module_stacks, unpack_tables, untrusted, verifier, weights
 from .container import FILE_IDENTIFIER, HEADER_SIZE, Header, read_preamble
 from .generated import pt2b_generated as G
 
@@ -105,7 +105,7 @@ def open_artifact(path) -> Artifact:
     verifier.verify_program(program_bytes, where)  # bounds, enums, depth, work: before any unpacking
     try:
         # = G.ProgramT.InitFromPackedBuf, 4x faster; the graph is left packed for decode_graph to read directly
-        program = fast_unpack.unpack_program(program_bytes, lazy=("exportedProgram",))
+        program = unpack_tables.unpack_program(program_bytes, lazy=("exportedProgram",))
     except Exception as e:  # the verifier should make this unreachable; any failure still means damage
         raise CorruptArtifactError(f"{where}: program section is malformed ({type(e).__name__}: {e}).") from None
     return Artifact(path, header, program, mm, digest=digest, format_notes=notes)
@@ -174,10 +174,13 @@ def operator_records(art: Artifact) -> list[tuple[str, str, str, int]]:
 
 
 def decode_graph(art: Artifact) -> S.ExportedProgram:
+    """torch's schema tree of the program, read straight from the verified buffer (decode_schema)."""
+    where = _where(art.path)
     graph = art.program.exportedProgram
-    if isinstance(graph, fast_unpack.TableRef):  # straight from the buffer (fast_decode), one pass
-        return fast_decode.read(graph.buf, graph.pos, S.ExportedProgram, _where(art.path))
-    return program_codec.decode(S.ExportedProgram, graph, _where(art.path))
+    if graph is None:
+        raise CorruptArtifactError(f"{where}: a required ExportedProgram table is missing.")
+    graph = unpack_tables.packed(graph, "ExportedProgram")  # (a tree set in memory is packed first)
+    return decode_schema.read(graph.buf, graph.pos, S.ExportedProgram, where)
 
 
 def _example_inputs(art: Artifact, tensors) -> object:

@@ -158,12 +158,12 @@ _LEAF_TYPES = frozenset((str, int, float, bool, type(None)))  # values the walk 
 def _nested_fields(cls) -> tuple[tuple, frozenset]:
     """((name field, pattern), ...) checked on ``cls``, and the fields (union members) whose values
     can hold further schema dataclasses: the only ones the walk descends into."""
-    from .program_codec import _fields
+    from .schema_map import fields as schema_fields
 
     def holds(desc) -> bool:
         return desc[0] == "dc" or (desc[0] in ("list", "opt", "dict", "listlist") and holds(desc[1]))
 
-    fields = _fields(cls)
+    fields = schema_fields(cls)
     names = tuple((f, p) for f, p in _NAME_FIELDS.items() if any(f == name for name, *_ in fields))
     return names, frozenset(name for name, _, desc, _ in fields if holds(desc))
 

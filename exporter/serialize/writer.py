@@ -13,12 +13,12 @@ import torch.utils._pytree as pytree
 from torch._export.serde import schema as S
 from torch._export.serde.serialize import ExportedProgramSerializer
 
-from .. import __version__
+from ..version import __version__
 from .. import names
 from ..errors import ArtifactError, ExportError, UnsupportedValueError
 from ..versioning import majors, op_table
 from ..versioning.formats import FIELDS_ADDED, FORMAT_VERSION, version_str
-from . import fast_pack, module_stacks, serde_repairs, weights
+from . import encode_schema, module_stacks, serde_repairs, weights
 from .atomic import atomic_path, check_destination
 from .container import ALIGNMENT, FILE_IDENTIFIER, HEADER_SIZE, Header, align
 from .gc_pause import gc_paused
@@ -166,7 +166,7 @@ def _write_artifact(ep, path, *, ir_level, metadata, provenance, version, loweri
     prog.producer = f"pt2b {__version__}"
     prog.torchVersion = torch.__version__
     prog.irLevel = ir_level
-    prog.exportedProgram = fast_pack.Packed(serialized)  # packed in place by ProgramT.Pack, no object-API tree
+    prog.exportedProgram = encode_schema.Packed(serialized)  # packed in place by ProgramT.Pack, no object-API tree
     prog.tensors = wp.records
     prog.checksumKind = G.ChecksumKind.CRC32
     prog.operators = op_table.collect(ep.graph_module)

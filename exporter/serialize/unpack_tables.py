@@ -1,10 +1,13 @@
-"""Unpack a VERIFIED program buffer into flatc's object-API classes (G.<Table>T), field for field
-what `G.ProgramT.InitFromPackedBuf` builds, about 4x faster.
+"""Unpack the tables of a VERIFIED program buffer into flatc's object-API classes (G.<Table>T): how
+the reader gets pt2b's own tables (the Program table: tensor records, segments, op table, metadata,
+provenance), field for field what `G.ProgramT.InitFromPackedBuf` builds, about 4x faster. The graph
+(torch's schema, ExportedProgram) is left packed as a TableRef for decode_schema to read directly.
 
 flatc's Python object API reads every field through flatbuffers' generic Table accessors (several
 Python calls per field). Here each table kind gets a plan once (field slot, kind, struct format,
-default) from the schema's layout (fbs_layout, the same data the verifier checks with), and a
-table is read with direct struct reads. It trusts offsets: run verifier.verify_program first.
+default) from the schema's layout (fbs_layout, the same data the verifier checks with) and the
+object API's attributes and defaults (schema_map.table_defaults), and a table is read with direct
+struct reads. It trusts offsets: run verifier.verify_program first.
 
 The result is made of the generated classes themselves (Pack() works, tests and tools treat it as
 the object API's); tests/test_verifier.py compares both on every artifact it has.
@@ -15,34 +18,27 @@ from __future__ import annotations
 import functools
 import struct
 
+import flatbuffers
 import numpy as np
 
-from . import fbs_layout
+from . import fbs_layout, schema_map
 from .generated import pt2b_generated as G
 
 _U32 = struct.Struct("<I").unpack_from
 _I32 = struct.Struct("<i").unpack_from
 _U16 = struct.Struct("<H").unpack_from
-_NUMPY = {"bool": np.bool_, "byte": np.int8, "ubyte": np.uint8, "int8": np.int8, "uint8": np.uint8,
-          "short": np.int16, "ushort": np.uint16, "int16": np.int16, "uint16": np.uint16, "int": np.int32,
-          "uint": np.uint32, "int32": np.int32, "uint32": np.uint32, "long": np.int64, "ulong": np.uint64,
-          "int64": np.int64, "uint64": np.uint64, "float": np.float32, "double": np.float64,
-          "float32": np.float32, "float64": np.float64}
 
 
 @functools.cache
 def _plan(table: str):
-    """(class, [(attr, vtable entry offset, kind, type, elem, struct unpacker, default)])."""
+    """(class, [(attr, vtable entry offset, kind, type, elem, struct unpacker, numpy dtype, default)])."""
     cls = getattr(G, table + "T")
-    defaults = cls().__dict__  # flatc assigns the attributes in declaration order, with defaults
-    fields = fbs_layout.layout().tables[table]
-    if len(defaults) != len(fields):
-        raise fbs_layout.SchemaLayoutError(f"{table}T has {len(defaults)} attributes, pt2b.fbs {len(fields)} fields.")
     plan = []
-    for (attr, default), f in zip(defaults.items(), fields):
+    for (attr, default), f in zip(schema_map.table_defaults(table), fbs_layout.layout().tables[table]):
         scalar = f.type if f.kind == "scalar" else (f.type if f.kind == "vector" and f.elem == "scalar" else "")
-        unpack = struct.Struct("<" + fbs_layout.SCALARS[scalar][0][1:]).unpack_from if scalar else None
-        plan.append((attr, 4 + 2 * f.slot, f.kind, f.type, f.elem, unpack, default))
+        unpack = struct.Struct(fbs_layout.SCALARS[scalar][0]).unpack_from if scalar else None
+        dtype = schema_map.wire_dtype(scalar) if f.kind == "vector" and scalar else None
+        plan.append((attr, 4 + 2 * f.slot, f.kind, f.type, f.elem, unpack, dtype, default))
     return cls, plan
 
 
@@ -62,13 +58,24 @@ class TableRef:
         return self.unpack().Pack(builder)
 
 
+def packed(obj, table: str) -> TableRef:
+    """A TableRef to ``obj`` (anything with flatc's Pack: an object-API tree, a TableRef,
+    encode_schema.Packed) packed on its own: for a table built in memory, which is trusted."""
+    if isinstance(obj, TableRef):
+        return obj
+    builder = flatbuffers.Builder(1 << 12)
+    builder.Finish(obj.Pack(builder))
+    buf = bytes(builder.Output())
+    return TableRef(buf, _U32(buf, 0)[0], table)
+
+
 def _table(buf: bytes, pos: int, table: str, lazy=()):
     cls, plan = _plan(table)
     obj = cls.__new__(cls)
     d = obj.__dict__
     vt = pos - _I32(buf, pos)[0]
     vt_len = _U16(buf, vt)[0]
-    for attr, entry, kind, typ, elem, unpack, default in plan:
+    for attr, entry, kind, typ, elem, unpack, dtype, default in plan:
         off = _U16(buf, vt + entry)[0] if entry < vt_len else 0
         if off == 0:
             d[attr] = default
@@ -87,7 +94,7 @@ def _table(buf: bytes, pos: int, table: str, lazy=()):
             q = p + _U32(buf, p)[0]
             n, start = _U32(buf, q)[0], q + 4
             if elem == "scalar":
-                d[attr] = np.frombuffer(buf, dtype=np.dtype(_NUMPY[typ]).newbyteorder("<"), count=n, offset=start)
+                d[attr] = np.frombuffer(buf, dtype=dtype, count=n, offset=start)
             elif elem == "string":
                 out = []
                 for e in range(start, start + 4 * n, 4):

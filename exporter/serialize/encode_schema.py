@@ -1,12 +1,13 @@
-"""Pack torch's export-schema dataclasses straight into a flatbuffers.Builder: the bytes that
-``program_codec.encode(obj).Pack(builder)`` writes, without building the object-API tree first and
-without flatc's per-field helper calls (40% of a save of the 6x512 encoder).
+"""Encode torch's export-schema dataclasses as pt2b.fbs tables, straight into a flatbuffers.Builder:
+the writer's one path from a schema tree to bytes (no object-API tree in between, no flatc per-field
+helper calls; 40% of a save of the 6x512 encoder would go to those).
 
 Each table kind gets a plan once, from the schema's layout (fbs_layout: slots, wire types) and
-program_codec's field descriptors (how a dataclass value maps to the wire); packing then follows
+schema_map's field descriptors (how a dataclass value maps to the wire); packing then follows
 flatc's generated Pack order exactly: children (strings, vectors, sub-tables) in declaration order,
-then the table's fields in declaration order, scalars equal to their default left out.
-tests/test_roundtrip_zoo.py checks the bytes equal the object API's on every zoo program.
+then the table's fields in declaration order, scalars equal to their default left out. So the bytes
+are those flatc's object API would write for the same tree (tests/test_roundtrip_zoo.py compares
+them with the object-API oracle of tests/oracle_codec.py on every zoo program).
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ import flatbuffers.number_types as N
 import numpy as np
 from torch._export.serde.union import _Union
 
-from . import fbs_layout, program_codec
-from .generated import pt2b_generated as G
+from . import fbs_layout, schema_map
 
 _FLAGS = {"bool": N.BoolFlags, "byte": N.Int8Flags, "int8": N.Int8Flags, "ubyte": N.Uint8Flags,
           "uint8": N.Uint8Flags, "short": N.Int16Flags, "int16": N.Int16Flags, "ushort": N.Uint16Flags,
@@ -26,7 +26,6 @@ _FLAGS = {"bool": N.BoolFlags, "byte": N.Int8Flags, "int8": N.Int8Flags, "ubyte"
           "uint32": N.Uint32Flags, "long": N.Int64Flags, "int64": N.Int64Flags, "ulong": N.Uint64Flags,
           "uint64": N.Uint64Flags, "float": N.Float32Flags, "float32": N.Float32Flags,
           "double": N.Float64Flags, "float64": N.Float64Flags}
-_NUMPY = {"long": "<i8", "int64": "<i8", "double": "<f8", "float64": "<f8"}
 
 
 @functools.cache
@@ -34,14 +33,13 @@ def _plan(cls):
     """(table field count, [(fbs field, dataclass field name or None, descriptor, default)]) for a
     schema dataclass; the union tag comes first as the pseudo-name "<tag>"."""
     fields = fbs_layout.layout().tables[cls.__name__]
-    descs = {name: desc for name, _, desc, _ in program_codec._fields(cls)}
-    defaults = getattr(G, cls.__name__ + "T")().__dict__
+    descs = {name: desc for name, _, desc, _ in schema_map.fields(cls)}
     plan = []
-    for f, default in zip(fields, defaults.values()):
+    for f, (_, default) in zip(fields, schema_map.table_defaults(cls.__name__)):
         if f.name == "tag" and issubclass(cls, _Union):
             plan.append((f, "<tag>", None, default))
         elif f.name in descs:
-            plan.append((f, f.name, program_codec.strip_opt(descs[f.name]), default))
+            plan.append((f, f.name, schema_map.strip_opt(descs[f.name]), default))
         else:  # a table field no dataclass field maps to: flatc would write its default, i.e. nothing
             plan.append((f, None, None, default))
     return len(fields), tuple(plan)
@@ -63,14 +61,9 @@ def _child(builder, f, desc: tuple, value) -> int:
     # vectors
     kind = desc[0]
     if f.elem == "scalar":
-        items = [program_codec.enc_scalar(desc[1], v) for v in value]
-        if f.type in _NUMPY:
-            return builder.CreateNumpyVector(np.array(items, dtype=_NUMPY[f.type]))
-        flags = _FLAGS[f.type]
-        builder.StartVector(flags.bytewidth, len(items), flags.bytewidth)
-        for v in reversed(items):
-            builder.Prepend(flags, v)
-        return builder.EndVector()
+        elem = schema_map.strip_opt(desc[1])
+        items = [schema_map.enc_scalar(elem, v) for v in value]
+        return builder.CreateNumpyVector(np.array(items, dtype=schema_map.wire_dtype(f.type)))
     if f.elem == "string":
         return _vector_of_offsets(builder, [builder.CreateString(v) for v in value])
     if kind == "list":
@@ -78,30 +71,30 @@ def _child(builder, f, desc: tuple, value) -> int:
     if kind == "listlist":  # [XList { items }]
         return _vector_of_offsets(builder, [_list_table(builder, desc, items) for items in value])
     if kind == "dict":  # [XEntry { key, value }]
-        return _vector_of_offsets(builder, [_entry(builder, desc[1], k, v) for k, v in value.items()])
+        return _vector_of_offsets(builder, [_entry(builder, desc, k, v) for k, v in value.items()])
     raise AssertionError((f, kind))
 
 
 def _list_table(builder, desc: tuple, items) -> int:
-    """One XList { items } table of a list[list[X]] field (desc: ("listlist", elem, XListT))."""
-    (f,) = fbs_layout.layout().tables[desc[2].__name__[:-1]]
+    """One XList { items } table of a list[list[X]] field (desc: ("listlist", elem, "XList"))."""
+    (f,) = fbs_layout.layout().tables[desc[2]]
     off = _child(builder, f, ("list", desc[1]), items)
     builder.StartObject(1)
     builder.PrependUOffsetTRelativeSlot(0, off, 0)
     return builder.EndObject()
 
 
-def _entry(builder, value_desc: tuple, key: str, value) -> int:
-    value_desc = program_codec.strip_opt(value_desc)
-    name = {"str": "StringEntry", "int": "IntEntry"}.get(value_desc[0]) or value_desc[1].__name__ + "Entry"
-    key_f, value_f = fbs_layout.layout().tables[name]
+def _entry(builder, desc: tuple, key: str, value) -> int:
+    """One XEntry { key, value } table of a dict[str, X] field (desc: ("dict", value, "XEntry"))."""
+    value_desc = schema_map.strip_opt(desc[1])
+    key_f, value_f = fbs_layout.layout().tables[desc[2]]
     key_off = builder.CreateString(key)
     value_off = None if value is None or value_f.kind == "scalar" else _child(builder, value_f, value_desc, value)
     builder.StartObject(2)
     builder.PrependUOffsetTRelativeSlot(0, key_off, 0)
     if value_f.kind == "scalar":
         if value is not None:
-            _prepend_slot(builder, value_f, 1, program_codec.enc_scalar(value_desc, value), 0)
+            _prepend_slot(builder, value_f, 1, schema_map.enc_scalar(value_desc, value), 0)
     elif value_off is not None:
         builder.PrependUOffsetTRelativeSlot(1, value_off, 0)
     return builder.EndObject()
@@ -121,7 +114,7 @@ def pack(builder, obj) -> int:
     union = isinstance(obj, _Union)
     if union:
         active = str.__str__(state["_type"])
-        tag = program_codec._tags(cls)[0][active]
+        tag = schema_map.tags(cls)[0][active]
     values = []
     for f, name, desc, default in plan:
         if name is None:
@@ -134,7 +127,7 @@ def pack(builder, obj) -> int:
         if value is None:
             values.append(None)
         elif f.kind == "scalar":
-            values.append(program_codec.enc_scalar(desc, value))
+            values.append(schema_map.enc_scalar(desc, value))
         else:
             values.append(_child(builder, f, desc, value))
     builder.StartObject(nfields)
@@ -149,8 +142,9 @@ def pack(builder, obj) -> int:
 
 
 class Packed:
-    """Stands in an object-API tree for ``obj`` (a schema dataclass): its Pack writes the same bytes
-    through ``pack``. Lets flatc's generated ProgramT.Pack embed the graph table in place."""
+    """Stands in an object-API tree for ``obj`` (a schema dataclass): its Pack writes the table
+    through ``pack``. Lets flatc's generated ProgramT.Pack embed the graph table in place
+    (``program.exportedProgram = Packed(serialized)``)."""
 
     def __init__(self, obj):
         self.obj = obj
