@@ -26,6 +26,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from exporter import eager_decompositions, export_model, load, load_for_backend  # noqa: E402
+from exporter import progress  # noqa: E402
 from exporter.serialize import writer  # noqa: E402
 from exporter.corpus.zoo import encoder_6x512, gpt_350m, make_case  # noqa: E402
 from runtime_ref import Runtime  # noqa: E402
@@ -92,45 +93,54 @@ def tiny_case():
 
 
 def bench_model(case, repeat: int, tmp: str) -> list[tuple[str, float, float, str]]:
+    def step(what):  # a line under the model's bar, on a terminal
+        return progress.status(f"{case.name}: {what}")
+
     rows = []
     args, kwargs = case.args, case.kwargs or {}
-    ep = torch.export.export(copy.deepcopy(case.model), args, kwargs, dynamic_shapes=case.dynamic_shapes)
+    with step("export"):
+        ep = torch.export.export(copy.deepcopy(case.model), args, kwargs, dynamic_shapes=case.dynamic_shapes)
     pt2, pt2b = os.path.join(tmp, "m.pt2"), os.path.join(tmp, "m.pt2b")
-    ours, t_save = interleaved([lambda: writer.write_artifact(ep, pt2b, ir_level="training"),
-                                lambda: torch.export.save(ep, pt2)], repeat)
-    rows.append(("save (write step)", ours, t_save, "save"))
-    e2e_t = median_time(lambda: torch.export.save(torch.export.export(case.model, args, kwargs,
-                                                                      dynamic_shapes=case.dynamic_shapes), pt2), 1)
-    e2e_o = median_time(lambda: export_model(case.model, args, pt2b, kwargs=case.kwargs,
-                                             dynamic_shapes=case.dynamic_shapes), 1)
-    rows.append(("export + save end to end", e2e_o, e2e_t, ""))
-    rows.append(("file size (MB)", os.path.getsize(pt2b) / 1e6, os.path.getsize(pt2) / 1e6, "size"))
-    o_load, t_load = interleaved([lambda: load(pt2b), lambda: torch.export.load(pt2)], repeat)
-    rows.append(("load (undecomposed)", o_load, t_load, "load"))
-    rows.append(("load RSS growth (MB)", peak_rss_of_load(pt2b, "pt2b"), peak_rss_of_load(pt2, "pt2"), ""))
-    o_low, t_low = interleaved([lambda: load_for_backend(pt2b, "core", cache=False),
-                                lambda: torch.export.load(pt2).run_decompositions()], repeat)
-    rows.append(("load_for_backend('core') cold", o_low, t_low, "lower_core_cold"))
-    load_for_backend(pt2b, "core", cache=True)  # fills the lowering cache (a folder under tmp)
-    o_hit = median_time(lambda: load_for_backend(pt2b, "core", cache=True), repeat)
-    assert load_for_backend(pt2b, "core", cache=True).from_cache
-    rows.append(("load_for_backend('core') cached", o_hit, t_low, "lower_core_cached"))
-    lowered = load_for_backend(pt2b, "core", cache=False)
-    gm = lowered.exported_program().module()
-    rt = Runtime(lowered)
-    with torch.no_grad():
-        ref = gm(*args, **kwargs)
-        out = rt(*args, **kwargs)
-        eager = case.model(*args, **kwargs)
-        assert torch.allclose(out, ref, rtol=1e-4, atol=1e-4), "runtime_ref differs from the GraphModule"
-        assert torch.allclose(load(pt2b)(*args, **kwargs), ep.module()(*args, **kwargs)), "load differs from anchor"
-        n = max(repeat * 4, 20)
-        t_rt, t_gm, t_eager = interleaved([lambda: rt(*args, **kwargs), lambda: gm(*args, **kwargs),
-                                           lambda: case.model(*args, **kwargs)], n)
-    kind = "runtime_tiny" if case.name == "chain100" else "runtime_large"
-    rows.append(("runtime_ref vs lowered GraphModule", t_rt, t_gm, kind))
-    rows.append(("runtime_ref vs eager", t_rt, t_eager, ""))
-    rows += bench_eager_mode(case, n, t_eager)
+    with step("save"):
+        ours, t_save = interleaved([lambda: writer.write_artifact(ep, pt2b, ir_level="training"),
+                                    lambda: torch.export.save(ep, pt2)], repeat)
+        rows.append(("save (write step)", ours, t_save, "save"))
+        e2e_t = median_time(lambda: torch.export.save(torch.export.export(case.model, args, kwargs,
+                                                                          dynamic_shapes=case.dynamic_shapes), pt2), 1)
+        e2e_o = median_time(lambda: export_model(case.model, args, pt2b, kwargs=case.kwargs,
+                                                 dynamic_shapes=case.dynamic_shapes), 1)
+        rows.append(("export + save end to end", e2e_o, e2e_t, ""))
+        rows.append(("file size (MB)", os.path.getsize(pt2b) / 1e6, os.path.getsize(pt2) / 1e6, "size"))
+    with step("load"):
+        o_load, t_load = interleaved([lambda: load(pt2b), lambda: torch.export.load(pt2)], repeat)
+        rows.append(("load (undecomposed)", o_load, t_load, "load"))
+        rows.append(("load RSS growth (MB)", peak_rss_of_load(pt2b, "pt2b"), peak_rss_of_load(pt2, "pt2"), ""))
+    with step("lowering"):
+        o_low, t_low = interleaved([lambda: load_for_backend(pt2b, "core", cache=False),
+                                    lambda: torch.export.load(pt2).run_decompositions()], repeat)
+        rows.append(("load_for_backend('core') cold", o_low, t_low, "lower_core_cold"))
+        load_for_backend(pt2b, "core", cache=True)  # fills the lowering cache (a folder under tmp)
+        o_hit = median_time(lambda: load_for_backend(pt2b, "core", cache=True), repeat)
+        assert load_for_backend(pt2b, "core", cache=True).from_cache
+        rows.append(("load_for_backend('core') cached", o_hit, t_low, "lower_core_cached"))
+        lowered = load_for_backend(pt2b, "core", cache=False)
+    with step("runtime"):
+        gm = lowered.exported_program().module()
+        rt = Runtime(lowered)
+        with torch.no_grad():
+            ref = gm(*args, **kwargs)
+            out = rt(*args, **kwargs)
+            eager = case.model(*args, **kwargs)
+            assert torch.allclose(out, ref, rtol=1e-4, atol=1e-4), "runtime_ref differs from the GraphModule"
+            assert torch.allclose(load(pt2b)(*args, **kwargs), ep.module()(*args, **kwargs)), "load differs from anchor"
+            n = max(repeat * 4, 20)
+            t_rt, t_gm, t_eager = interleaved([lambda: rt(*args, **kwargs), lambda: gm(*args, **kwargs),
+                                               lambda: case.model(*args, **kwargs)], n)
+        kind = "runtime_tiny" if case.name == "chain100" else "runtime_large"
+        rows.append(("runtime_ref vs lowered GraphModule", t_rt, t_gm, kind))
+        rows.append(("runtime_ref vs eager", t_rt, t_eager, ""))
+    with step("eager mode"):
+        rows += bench_eager_mode(case, n, t_eager)
     del eager
     return rows
 
@@ -139,7 +149,7 @@ def sweep(layers: list[int], tmp: str) -> list[dict]:
     """save / load / load_for_backend('core') cold of the 512-wide encoder at each layer count, pt2b and
     anchor, with the least-squares cost per added layer."""
     out = []
-    for n in layers:
+    for n in progress.track(layers, "layer sweep", unit="size", label=lambda n: f"{n} layers"):
         case = encoder_6x512(n)
         ep = torch.export.export(case.model, case.args)
         pt2, pt2b = os.path.join(tmp, f"s{n}.pt2"), os.path.join(tmp, f"s{n}.pt2b")
@@ -257,7 +267,15 @@ def main(argv=None) -> int:
                                                        "of the real-model corpus; prints geometric-mean ratios")
     ap.add_argument("--sweep", default="", help="layer counts of the 512-wide encoder to time save/load/lower "
                                                 "over, e.g. 1,2,4,8,12 (growth with model size)")
+    ap.add_argument("-q", "--quiet", action="store_true",
+                    help="no progress bars (drawn on stderr only when it is a terminal)")
     ns = ap.parse_args(argv)
+    progress.set_quiet(True if ns.quiet else None)
+    with progress.torch_internals_quiet():  # torch's warnings about its own internals
+        return _run(ns)
+
+
+def _run(ns) -> int:
     factories = {"mlp": lambda: make_case("mlp"), "encoder_6x512": encoder_6x512, "chain100": tiny_case,
                  "gpt_350m": gpt_350m}
     all_rows = {}
@@ -266,25 +284,29 @@ def main(argv=None) -> int:
         os.environ.pop("PT2B_CACHE", None)
         if ns.sweep:
             all_rows["sweep"] = sweep([int(n) for n in ns.sweep.split(",")], tmp)
-        for name in [n for n in ns.models.split(",") if n]:
+        models = [n for n in ns.models.split(",") if n]
+        for name in progress.track(models, "benchmarking", unit="model", label=str):
             case = factories[name]()
             repeat = min(ns.repeat, 2) if name == "gpt_350m" else ns.repeat  # 1.4 GB: each step takes seconds
             rows = bench_model(case, repeat, tmp)
             all_rows[name] = rows
-            print(f"\n## {name}  (median of {repeat}; ratio = pt2b / anchor)")
-            print("| measure | pt2b | anchor | ratio | target |")
-            print("|---|---|---|---|---|")
-            for label, ours, anchor, key in rows:
-                ratio = ours / anchor if anchor else float("nan")
-                target = TARGETS.get(key)
-                verdict = "" if target is None else (f"<= {target} {'met' if ratio <= target else 'MISSED'}")
-                unit = "" if "MB" in label else " s"
-                print(f"| {label} | {ours:.4g}{unit} | {anchor:.4g}{unit} | {ratio:.3f} | {verdict} |")
+            with progress.printing():
+                print(f"\n## {name}  (median of {repeat}; ratio = pt2b / anchor)")
+                print("| measure | pt2b | anchor | ratio | target |")
+                print("|---|---|---|---|---|")
+                for label, ours, anchor, key in rows:
+                    ratio = ours / anchor if anchor else float("nan")
+                    target = TARGETS.get(key)
+                    verdict = "" if target is None else (f"<= {target} {'met' if ratio <= target else 'MISSED'}")
+                    unit = "" if "MB" in label else " s"
+                    print(f"| {label} | {ours:.4g}{unit} | {anchor:.4g}{unit} | {ratio:.3f} | {verdict} |")
+                sys.stdout.flush()
         if ns.real_models:
             import warnings
 
             warnings.filterwarnings("ignore")  # transformers' and torch's chatter while building and tracing
-            real = [bench_real_model(n, ns.repeat, tmp) for n in real_model_names(ns.real_models)]
+            real = [bench_real_model(n, ns.repeat, tmp)
+                    for n in progress.track(real_model_names(ns.real_models), "real models", unit="model", label=str)]
             all_rows["real_models"] = real
             print_real_models(real, ns.repeat)
     if ns.json:

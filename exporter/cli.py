@@ -6,6 +6,7 @@ import argparse
 import importlib
 import sys
 
+from . import progress
 from .errors import ArtifactError, ExportError, Pt2bError
 
 
@@ -42,8 +43,10 @@ def _unpack_factory_result(res):
 def cmd_export(ns) -> int:
     from .api import export_model
 
-    model, args, kwargs, dyn, strict = _unpack_factory_result(_load_factory(ns.factory)())
-    export_model(model, args, ns.output, kwargs=kwargs, dynamic_shapes=dyn, strict=strict or ns.strict)
+    with progress.status(f"building {ns.factory}"):
+        model, args, kwargs, dyn, strict = _unpack_factory_result(_load_factory(ns.factory)())
+    with progress.status(f"capturing and writing {ns.output}"):
+        export_model(model, args, ns.output, kwargs=kwargs, dynamic_shapes=dyn, strict=strict or ns.strict)
     print(f"wrote {ns.output}")
     return 0
 
@@ -58,7 +61,8 @@ def cmd_inspect(ns) -> int:
 def cmd_convert(ns) -> int:
     from .convert import convert
 
-    direction = convert(ns.source, ns.dest)
+    with progress.status(f"converting {ns.source}"):
+        direction = convert(ns.source, ns.dest)
     print(f"converted {ns.source} -> {ns.dest} ({direction})")
     return 0
 
@@ -66,8 +70,9 @@ def cmd_convert(ns) -> int:
 def cmd_verify(ns) -> int:
     from .serialize import reader
 
-    art = reader.open_artifact(ns.artifact)
-    n = reader.verify_weights(art)
+    with progress.status(f"verifying {ns.artifact}"):
+        art = reader.open_artifact(ns.artifact)
+        n = reader.verify_weights(art)
     print(f"{ns.artifact}: OK (program and {n} bytes of weights verified)")
     return 0
 
@@ -84,8 +89,10 @@ def _lower_from_args(ns):
     from .api import load_for_backend
 
     supported = _read_ops_file(ns.supported) if ns.supported else None
-    return load_for_backend(ns.artifact, ns.preset, supported_ops=supported, keep=ns.keep or None,
-                            decompose=ns.decompose or None, cache=False if ns.no_cache else None, strict=ns.strict)
+    with progress.status(f"lowering {ns.artifact}"):
+        return load_for_backend(ns.artifact, ns.preset, supported_ops=supported, keep=ns.keep or None,
+                                decompose=ns.decompose or None, cache=False if ns.no_cache else None,
+                                strict=ns.strict)
 
 
 def cmd_cache(ns) -> int:
@@ -108,7 +115,8 @@ def cmd_lower(ns) -> int:
     lowered = _lower_from_args(ns)
     print(lowered.report())
     if ns.output:
-        export_model(lowered, path=ns.output)  # with the record of how it was lowered
+        with progress.status(f"writing {ns.output}"):
+            export_model(lowered, path=ns.output)  # with the record of how it was lowered
         print(f"wrote {ns.output}")
     return 0
 
@@ -137,9 +145,10 @@ def cmd_run(ns) -> int:
     from runtime_ref import Runtime
 
     lowered = _lower_from_args(ns)
-    rt = Runtime(lowered, device=ns.device)
-    args, kwargs = _read_inputs(ns.inputs, lowered)
-    out = rt(*args, **kwargs)
+    with progress.status(f"running {ns.artifact} on runtime_ref"):
+        rt = Runtime(lowered, device=ns.device)
+        args, kwargs = _read_inputs(ns.inputs, lowered)
+        out = rt(*args, **kwargs)
     for i, leaf in enumerate(pytree.tree_leaves(out)):
         desc = f"{str(leaf.dtype).removeprefix('torch.')}{list(leaf.shape)}" if hasattr(leaf, "dtype") else repr(leaf)
         print(f"output {i}: {desc}")
@@ -154,7 +163,8 @@ def cmd_upgrade(ns) -> int:
         to = parse_version(ns.to) if ns.to else None
     except ValueError as e:
         raise ExportError(str(e)) from None
-    results = upgrade_path(ns.source, ns.dest, check=ns.check, to=to)
+    results = upgrade_path(ns.source, ns.dest, check=ns.check, to=to,
+                           track=progress.tracker("checking" if ns.check else "upgrading", unit="file"))
     for r in results:
         print(r.line())
     failed = sum(r.failed for r in results)
@@ -187,7 +197,8 @@ def cmd_opset(ns) -> int:
         supported = _read_ops_file(ns.supported) if ns.supported else None
         with tempfile.TemporaryDirectory() as tmp:
             paths = _corpus_artifacts(ns.corpus, tmp)
-            rows = coverage.measure(paths, ns.preset, supported_ops=supported, keep=ns.keep or None)
+            rows = coverage.measure(paths, ns.preset, supported_ops=supported, keep=ns.keep or None,
+                                    track=progress.tracker("lowering", unit="model"))
             label = f"supported ops of {ns.supported}" if supported else f"preset {ns.preset}"
             print(coverage.report(rows, label))
         return 0
@@ -199,9 +210,15 @@ def cmd_opset(ns) -> int:
         with warnings.catch_warnings():  # torch's deprecation chatter while tracing the corpus
             warnings.simplefilter("ignore")
             named, paths = _split_corpus(ns.corpus)
-            corpus = (explorer.default_corpus(named, _progress) if named else []) + \
-                (explorer.artifact_corpus(paths) if paths else [])
-            data = explorer.build_data(corpus)
+            corpus = []
+            if named:
+                corpus += explorer.default_corpus(named, progress.tracker("capturing", unit="program"))
+            if paths:
+                corpus += explorer.artifact_corpus(paths, progress.tracker("loading", unit="artifact"))
+            data = explorer.build_data(corpus, progress.tracker("tracing routes", unit="program"))
+        for m in data["left_out"]:
+            print(f"pt2b: left out {m['name']}: its lowering with every decomposition fails ({m['error']})",
+                  file=sys.stderr)
         if ns.opset_command == "page":
             path = explorer.write_page(data, ns.output)
             print(f"wrote {path} ({len(data['models'])} corpus programs, {len(data['available'])} decompositions); "
@@ -215,11 +232,13 @@ def cmd_opset(ns) -> int:
     if ns.opset_command == "audit":
         from .lowering import audit
 
-        def progress(i, n, name, rec):
+        def finding(i, n, name, rec):
             if rec["verdict"] in ("wrong", "lossy"):
-                print(f"[{i}/{n}] {rec['verdict']:6s} {name}: {audit.describe(rec)}", flush=True)
+                progress.write(f"[{i}/{n}] {rec['verdict']:6s} {name}: {audit.describe(rec)}")
+                sys.stdout.flush()
 
-        results = audit.run_audit(only=ns.ops or None, progress=progress)
+        results = audit.run_audit(only=ns.ops or None, progress=finding,
+                                  track=progress.tracker("auditing", unit="op"))
         path = audit.write(results, ns.output)
         print(f"{len(results)} decompositions audited: {audit.totals(results)}; wrote {path}")
         return 0
@@ -240,10 +259,6 @@ def _split_corpus(entries) -> tuple[tuple[str, ...], list[str]]:
     return tuple(e for e in entries if e in programs.NAMES), [e for e in entries if e not in programs.NAMES]
 
 
-def _progress(label: str) -> None:
-    print(f"capturing {label}", file=sys.stderr, flush=True)
-
-
 def _corpus_artifacts(entries, folder: str) -> list[str]:
     """Artifact paths for --corpus: named corpora are captured and written into ``folder``."""
     import re
@@ -254,7 +269,7 @@ def _corpus_artifacts(entries, folder: str) -> list[str]:
 
     named, paths = _split_corpus(entries)
     out = []
-    for label, ep in programs.programs(named, _progress):
+    for label, ep in programs.programs(named, progress.tracker("capturing", unit="program")):
         path = f"{folder}/{re.sub(r'[^A-Za-z0-9_.-]', '_', label)}.pt2b"
         export_model(ep, path=path)
         out.append(path)
@@ -270,9 +285,12 @@ def cmd_demo(ns) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pt2b", description=__doc__)
+    p.add_argument("--version", action="store_true", help="print the versions of pt2b, its artifact format and torch")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress bars (they are drawn on stderr only when it is a terminal; also PT2B_QUIET=1)")
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="import MODULE first (e.g. the library that registers your custom ops); repeatable")
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command")  # required, unless --version (main checks)
     e = sub.add_parser("export", help="capture a model from MODULE:CALLABLE and write a .pt2b")
     e.add_argument("factory", help="MODULE:CALLABLE returning (model, args[, kwargs[, dynamic_shapes]])")
     e.add_argument("output")
@@ -351,19 +369,41 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def versions() -> str:
+    """`pt2b --version`: pt2b's version, the artifact format version it writes, torch's version."""
+    import torch
+
+    from .version import __version__
+    from .versioning.formats import FORMAT_VERSION, version_str
+
+    return f"pt2b {__version__}\nformat {version_str(FORMAT_VERSION)}\ntorch {torch.__version__}"
+
+
 def main(argv=None) -> int:
-    ns = build_parser().parse_args(argv)
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    if ns.version:
+        print(versions())
+        return 0
+    if ns.command is None:
+        parser.error("the following arguments are required: command")
+    progress.set_quiet(True if ns.quiet else None)
     try:
         for mod in ns.imports:
             try:
                 importlib.import_module(mod)
             except ImportError as e:
                 raise ExportError(f"--import {mod}: {e}") from e
-        return ns.func(ns)
+        with progress.torch_internals_quiet():
+            return ns.func(ns)
     except Pt2bError as e:
+        progress.close_all()
         kind = "artifact error" if isinstance(e, ArtifactError) else "error"
         print(f"pt2b: {kind} ({type(e).__name__}): {e}", file=sys.stderr)
         return 2
+    except BaseException:  # a bug, Ctrl-C: the traceback starts below the bars, not on their line
+        progress.close_all()
+        raise
 
 
 if __name__ == "__main__":

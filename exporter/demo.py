@@ -10,6 +10,13 @@ import torch
 
 
 def run_demo(path: str = "demo_transformer.pt2b") -> None:
+    from .progress import torch_internals_quiet
+
+    with torch_internals_quiet():  # torch's warnings about its own internals are not the demo's story
+        _run_demo(path)
+
+
+def _run_demo(path: str) -> None:
     from runtime_ref import Runtime
 
     from . import export_model, load, load_for_backend

@@ -300,3 +300,30 @@ def test_page_supported_ops_mode_route_and_keyboard(browser_page):
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "opset-explorer.png"), full_page=False)
     assert (ARTIFACTS / "opset-explorer.png").stat().st_size > 10_000
+
+
+def test_a_program_whose_full_lowering_fails_is_left_out_and_named(tmp_path, monkeypatch, capsys):
+    """Tracing routes lowers with every decomposition; where that fails (transformers' gpt-sw3 under
+    torch 2.13: the sdpa decomposition views a non-contiguous tensor, torch's run_decompositions fails
+    too) the page and `pt2b opset closure` leave the program out and say so, instead of failing."""
+    from exporter import cli
+    from exporter.corpus.zoo import make_case
+    from exporter.lowering import route_trace
+
+    for name in ("mlp", "cnn_bn"):
+        case = make_case(name)
+        export_model(case.model, case.args, tmp_path / f"{name}.pt2b")
+    real = route_trace.record
+
+    def record(ep):
+        if any("conv" in str(n.target) for n in ep.graph.nodes):
+            raise LoweringError("decomposition failed: RuntimeError: Cannot view a tensor")
+        return real(ep)
+
+    monkeypatch.setattr(route_trace, "record", record)
+    data = explorer.build_data(explorer.artifact_corpus([tmp_path]))
+    assert [m["name"] for m in data["models"]] == ["mlp.pt2b"]
+    assert data["left_out"] == [{"name": "cnn_bn.pt2b", "error": "decomposition failed: RuntimeError: Cannot view a tensor"}]
+    assert cli.main(["opset", "closure", "--corpus", str(tmp_path), "--preset", "core"]) == 0
+    err = capsys.readouterr().err
+    assert "pt2b: left out cnn_bn.pt2b: its lowering with every decomposition fails (decomposition failed" in err

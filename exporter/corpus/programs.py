@@ -105,23 +105,48 @@ def _sources(name: str):
     raise ValueError(f"unknown corpus {name!r}; named corpora: {', '.join(NAMES)}")
 
 
-def programs(names=DEFAULT, progress=None) -> Iterator[tuple[str, torch.export.ExportedProgram]]:
+def count(names=DEFAULT) -> int:
+    """How many programs the named corpora try to capture (those torch.export refuses included)."""
+    n = 0
+    for name in names:
+        if name == "zoo":
+            from .zoo import zoo_names
+
+            n += len(zoo_names())
+        elif name == "exportdb":
+            from torch._export.db.examples import all_examples
+
+            n += len(all_examples())
+        elif name == "transformers":
+            n += len(transformers_sample())
+        elif name == "transformers-all":
+            from . import transformers_zoo
+
+            n += len(transformers_zoo.case_names())
+        else:
+            _sources(name)  # raises: unknown corpus
+    return n
+
+
+def programs(names=DEFAULT, track=None) -> Iterator[tuple[str, torch.export.ExportedProgram]]:
     """(name, ExportedProgram) for every program of the named corpora that torch.export captures.
-    ``progress(label)`` is called before each capture."""
+    ``track`` (exporter.progress.tracker) reports each capture: one item per program tried, done when
+    the caller asks for the next program."""
+    names = tuple(names)
+    sources = (src for corpus in names for src in _sources(corpus))
+    if track is not None:
+        sources = track(sources, total=count(names), label=lambda src: src[0])
     torch_log = logging.getLogger("torch")
     level = torch_log.level
     torch_log.setLevel(logging.CRITICAL)  # ExportDB also documents what export refuses, loudly
     try:
-        for corpus in names:
-            for label, capture in _sources(corpus):
-                if progress is not None:
-                    progress(label)
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    try:
-                        ep = capture()
-                    except Exception:  # noqa: BLE001 -- what torch.export cannot capture is not in the corpus
-                        continue
-                yield label, ep
+        for label, capture in sources:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                try:
+                    ep = capture()
+                except Exception:  # noqa: BLE001 -- what torch.export cannot capture is not in the corpus
+                    continue
+            yield label, ep
     finally:
         torch_log.setLevel(level)

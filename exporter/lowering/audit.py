@@ -312,8 +312,9 @@ def audited_ops(preset_names=("core", "core-tag", "max")) -> dict:
     return dict(sorted(out.items()))
 
 
-def run_audit(only: list[str] | None = None, progress=None) -> dict:
-    """{op name: verdict record} for every decomposed op (or the ``only`` ones)."""
+def run_audit(only: list[str] | None = None, progress=None, track=None) -> dict:
+    """{op name: verdict record} for every decomposed op (or the ``only`` ones). ``progress(i, n, name,
+    record)`` is called after each op; ``track`` (exporter.progress.tracker) reports each op."""
     from .tables import available_decompositions
 
     table = available_decompositions()
@@ -321,7 +322,8 @@ def run_audit(only: list[str] | None = None, progress=None) -> dict:
     if only:
         ops = {k: v for k, v in ops.items() if k in only}
     out = {}
-    for i, (name, op) in enumerate(ops.items()):
+    items = ops.items()
+    for i, (name, op) in enumerate(track(items, label=lambda kv: kv[0]) if track is not None else items):
         torch.manual_seed(0)
         out[name] = audit_op(op, table[op])
         if progress:

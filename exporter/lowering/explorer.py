@@ -36,27 +36,29 @@ class CorpusProgram:
     ep: torch.export.ExportedProgram
 
 
-def default_corpus(names=None, progress=None) -> list[CorpusProgram]:
+def default_corpus(names=None, track=None) -> list[CorpusProgram]:
     """The programs of the named corpora (exporter/corpus/programs.py; default: the model zoo and the
-    transformers sample, every op any transformers architecture of the corpus calls)."""
+    transformers sample, every op any transformers architecture of the corpus calls). ``track``
+    (exporter.progress.tracker) reports each capture."""
     from ..corpus import programs
 
-    return [CorpusProgram(label, ep) for label, ep in programs.programs(names or programs.DEFAULT, progress)]
+    return [CorpusProgram(label, ep) for label, ep in programs.programs(names or programs.DEFAULT, track)]
 
 
-def artifact_corpus(paths) -> list[CorpusProgram]:
-    """The programs of .pt2b artifacts (files, or folders searched recursively)."""
-    from ..api import load
-    from .coverage import artifacts
+def artifact_corpus(paths, track=None) -> list[CorpusProgram]:
+    """The programs of .pt2b artifacts (files, or folders searched recursively); ``track`` reports each load."""
+    from .coverage import artifacts, exported_program
 
     files = artifacts(paths)
     if not files:
         raise LoweringError(f"no .pt2b artifacts found in {', '.join(map(str, paths))}.")
-    return [CorpusProgram(os.path.basename(f), load(f).exported_program()) for f in files]
+    files = track(files, label=os.path.basename) if track is not None else files
+    return [CorpusProgram(os.path.basename(f), exported_program(f)) for f in files]
 
 
-def build_data(corpus: list[CorpusProgram]) -> dict:
-    """Everything the page needs, as plain JSON-able data."""
+def build_data(corpus: list[CorpusProgram], track=None) -> dict:
+    """Everything the page needs, as plain JSON-able data. ``track`` (exporter.progress.tracker)
+    reports the lowering of each corpus program."""
     from . import audit
 
     available = sorted(op_name(op) for op in tables.available_decompositions())
@@ -70,9 +72,13 @@ def build_data(corpus: list[CorpusProgram]) -> dict:
                              "opset": None if p.opset is None else list(p.opset)}
     trees: dict[str, int] = {}
     tree_list: list = []
-    models = []
-    for prog in corpus:
-        r = route_trace.record(prog.ep)
+    models, left_out = [], []
+    for prog in (track(corpus, label=lambda p: p.name) if track is not None else corpus):
+        try:
+            r = route_trace.record(prog.ep)
+        except LoweringError as e:  # tracing routes lowers with every decomposition: where that fails
+            left_out.append({"name": prog.name, "error": str(e).splitlines()[0]})
+            continue
         ids = []
         for t in r.trees:
             key = json.dumps(t, sort_keys=True)
@@ -85,7 +91,7 @@ def build_data(corpus: list[CorpusProgram]) -> dict:
     verdicts = {n: {"verdict": rec["verdict"], "detail": audit.describe(rec), "emits": rec.get("emits", [])}
                 for n, rec in stored["ops"].items() if n in avail_set}
     return {"torch": torch.__version__, "pt2b_format": _format_version(), "available": available,
-            "presets": preset_data, "trees": tree_list, "models": models, "audit": verdicts,
+            "presets": preset_data, "trees": tree_list, "models": models, "left_out": left_out, "audit": verdicts,
             "infrastructure": sorted(route_trace.INFRASTRUCTURE)}
 
 

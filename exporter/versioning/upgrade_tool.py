@@ -81,17 +81,19 @@ def upgrade_file(source, dest=None, *, check: bool = False, to: tuple[int, int] 
     return result
 
 
-def upgrade_path(path, dest=None, *, check: bool = False, to=None) -> list[UpgradeResult]:
-    """A file, or every *.pt2b in a folder (in place); errors are reported per file."""
+def upgrade_path(path, dest=None, *, check: bool = False, to=None, track=None) -> list[UpgradeResult]:
+    """A file, or every *.pt2b in a folder (in place); errors are reported per file. ``track``
+    (exporter.progress.tracker) reports each file."""
     p = pathlib.Path(path)
     if not p.is_dir():
-        return [upgrade_file(p, dest, check=check, to=to)]
+        files = track([p], label=lambda f: f.name) if track is not None else [p]
+        return [upgrade_file(f, dest, check=check, to=to) for f in files]
     if dest is not None:
         raise ExportError("a folder is upgraded in place: give no destination.")
+    # a leftover .<name>.upgrade.pt2b is a temp file an older pt2b's killed upgrade left behind, not an artifact
+    files = [f for f in sorted(p.rglob("*.pt2b")) if not (f.name.startswith(".") and f.name.endswith(".upgrade.pt2b"))]
     out = []
-    for f in sorted(p.rglob("*.pt2b")):
-        if f.name.startswith(".") and f.name.endswith(".upgrade.pt2b"):
-            continue  # a temp file an older pt2b's killed upgrade left behind, not an artifact
+    for f in (track(files, label=lambda f: str(f.relative_to(p))) if track is not None else files):
         try:
             out.append(upgrade_file(f, check=check, to=to))
         except (ArtifactError, ExportError) as e:

@@ -1,0 +1,8 @@
+"""`python -m exporter ...`: the same command line as `pt2b ...` (exporter/cli.py)."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())
