@@ -1,10 +1,10 @@
-"""Bounded mutation fuzzing of .pt2b artifacts (tools/fuzz_artifacts.py; the long run is
-`python tools/fuzz_artifacts.py --mutants 100000 --seed 1 --workers 2`).
+"""Bounded mutation fuzzing of .pt2b artifacts (the tools/fuzz/ package; the long run is
+`python -m tools.fuzz --mutants 100000 --seed 1 --workers 2`).
 
 Every mutant (bit flips, byte runs, truncation at every section boundary, swapped sections, huge
 lengths, random garbage, the empty file, checksum-repaired program/header edits and structured
 edits of the decoded program) is loaded, run, lowered and run with runtime_ref in a worker process
-with a time and memory limit. Allowed outcomes are those of `fuzz_artifacts.allowed` (its module
+with a time and memory limit. Allowed outcomes are those of `tools.fuzz.oracle.allowed` (its module
 docstring has the rule): an ArtifactError, or success with the seed's outputs; a genuinely changed
 program may also mismatch or be refused by lowering/torch while running. Crashes, hangs, memory
 blow-ups and any other exception fail.
@@ -25,7 +25,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from tools import fuzz_artifacts as fz  # noqa: E402
+from tools.fuzz.campaign import run_campaign  # noqa: E402
+from tools.fuzz.cli import main  # noqa: E402
+from tools.fuzz.mutators import KINDS, Mutator  # noqa: E402
+from tools.fuzz.oracle import allowed  # noqa: E402
+from tools.fuzz.seeds import export_seeds  # noqa: E402
 
 MODELS = ("mlp", "cond", "buffer_mutation")
 SEED = 0
@@ -87,8 +91,8 @@ def campaign(tmp_path_factory):
     seeds_dir = str(tmp_path_factory.mktemp("fuzz_seeds"))
     jobs = [(SEED, i) for i in range(N_MUTANTS)]
     jobs += [k for k in (*FIXED, *KNOWN_BUGS) if k not in set(jobs)]
-    camp = fz.run_campaign(SEED, 0, indices=jobs, workers=2, models=MODELS, seeds_dir=seeds_dir,
-                           timeout=TIMEOUT_S, mem_gib=6, keep_results=True)
+    camp = run_campaign(SEED, 0, indices=jobs, workers=2, models=MODELS, seeds_dir=seeds_dir,
+                        timeout=TIMEOUT_S, mem_gib=6, keep_results=True)
     camp.seeds_dir = seeds_dir
     camp.by_job = {(r["seed"], r["index"]): r for r in camp.results}
     assert len(camp.by_job) == len(jobs)
@@ -112,7 +116,7 @@ def test_campaign_reaches_every_layer(campaign):
     some were refused, and checksum-repaired ones got past the checksums."""
     results = [campaign.by_job[(SEED, i)] for i in range(N_MUTANTS)]
     kinds = {r["kind"] for r in results}
-    assert kinds == set(fz.KINDS) | {"struct_guards"}, f"kinds never drawn: {set(fz.KINDS) - kinds}"
+    assert kinds == set(KINDS) | {"struct_guards"}, f"kinds never drawn: {set(KINDS) - kinds}"
     guards = [r for r in results if r["kind"] == "struct_guards"]
     assert any(r["outcome"] == "ok_equal" or r.get("phase") not in (None, "load") for r in guards)  # some load
     outcomes = {r["outcome"] for r in results}
@@ -140,30 +144,30 @@ def test_known_bug(campaign, job):
 
 
 def test_allowed_rule():
-    assert fz.allowed("ok_equal", False) and fz.allowed("ok_equal", True) and fz.allowed("ok_equal", None)
-    assert fz.allowed("artifact_error:CorruptArtifactError", None)
+    assert allowed("ok_equal", False) and allowed("ok_equal", True) and allowed("ok_equal", None)
+    assert allowed("artifact_error:CorruptArtifactError", None)
     for o in ("mismatch", "lowering_error:OpsetError", "run_error:RuntimeError"):
-        assert fz.allowed(o, True, "run") and not fz.allowed(o, False, "run") and not fz.allowed(o, None, "load")
-    assert fz.allowed("memory", True, "run") and not fz.allowed("memory", None, "load")
+        assert allowed(o, True, "run") and not allowed(o, False, "run") and not allowed(o, None, "load")
+    assert allowed("memory", True, "run") and not allowed("memory", None, "load")
     for o in ("crash", "timeout", "other:KeyError", "other:CodeExecution", "fuzzer_error"):
-        assert not fz.allowed(o, False, "eager") and not fz.allowed(o, True, "load_for_backend")
+        assert not allowed(o, False, "eager") and not allowed(o, True, "load_for_backend")
     for o in ("crash", "other:KeyError", "other:CodeExecution", "fuzzer_error"):
-        assert not fz.allowed(o, True, "run")
+        assert not allowed(o, True, "run")
     # torch computing what a changed size literal asks for may take any time; pt2b's own phases may not
-    assert fz.allowed("timeout", True, "run") and fz.allowed("timeout", True, "eager")
-    assert not fz.allowed("timeout", None, "eager") and not fz.allowed("timeout", True, "fingerprint")
+    assert allowed("timeout", True, "run") and allowed("timeout", True, "eager")
+    assert not allowed("timeout", None, "eager") and not allowed("timeout", True, "fingerprint")
 
 
 def test_mutants_are_deterministic_and_replayable(campaign, tmp_path):
-    paths = fz.export_seeds(MODELS, campaign.seeds_dir)
+    paths = export_seeds(MODELS, campaign.seeds_dir)
     seeds = {n: open(p, "rb").read() for n, p in paths.items()}
-    a, b = fz.Mutator(seeds), fz.Mutator(seeds)
+    a, b = Mutator(seeds), Mutator(seeds)
     for i in (0, 1, 7, 123):
         ma, mb = a.mutant(SEED, i), b.mutant(SEED, i)
         assert (ma.data, ma.desc, ma.kind, ma.verify, ma.preset) == (mb.data, mb.desc, mb.kind, mb.verify, mb.preset)
         assert (ma.desc, ma.kind) == (campaign.by_job[(SEED, i)]["desc"], campaign.by_job[(SEED, i)]["kind"])
     assert len({a.mutant(SEED, i).data for i in range(20)}) > 15
     out = tmp_path / "m.pt2b"
-    rc = fz.main(["--replay", f"{SEED}:7", "--out", str(out), "--models", ",".join(MODELS),
-                  "--seeds-dir", campaign.seeds_dir])
+    rc = main(["--replay", f"{SEED}:7", "--out", str(out), "--models", ",".join(MODELS),
+               "--seeds-dir", campaign.seeds_dir])
     assert rc == 0 and out.read_bytes() == a.mutant(SEED, 7).data

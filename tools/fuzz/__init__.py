@@ -1,0 +1,21 @@
+"""Mutation fuzzer for .pt2b artifacts: every mutant is loaded, lowered and run in an isolated worker.
+
+    python -m tools.fuzz --mutants 100000 --seed 1 --workers 2 [--json out.json]
+    python -m tools.fuzz --replay 1:4711 [--out mutant.pt2b] [--run]
+
+Seed artifacts: small zoo models (``--models``) exported to a temporary folder. Mutant ``i`` of seed
+``s`` depends only on (s, i) and the seed artifacts (which export byte-for-byte deterministically),
+so any finding is replayed with ``--replay s:i``, whatever the number of workers.
+
+Modules, by concern:
+  seeds        the seed artifacts: export, layout facts, the strings of their schema trees
+  schema_tree  the only conversion between flatc's object API and torch's schema dataclasses
+  slots        every field of an object tree as (parent, key, value, path)
+  layout       the .pt2b header: its fields, CRC repair, a seed rebuilt around a new program
+  values       mutated field values: hostile targets, expressions, code-injection payloads
+  mutators     the mutation kinds (KINDS) and Mutator: mutant i of seed s
+  oracle       running one mutant and the rule deciding which outcomes are allowed (allowed())
+  worker       the worker process: references built once, then one mutant at a time
+  campaign     the parent: a pool of workers with limits, totals, findings, report, replay
+  cli          the command line (``python -m tools.fuzz`` runs cli.main)
+"""

@@ -1,0 +1,49 @@
+"""The fuzzer's command line (``python -m tools.fuzz --help``): a campaign, or the replay of one mutant."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from . import __doc__ as OVERVIEW
+from .campaign import print_report, replay, run_campaign
+from .seeds import DEFAULT_MODELS
+
+
+def main(argv=None) -> int:
+    """Run a campaign and print its report (exit status 1 if it found anything), or --replay one mutant."""
+    ap = argparse.ArgumentParser(prog="python -m tools.fuzz", description=OVERVIEW.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mutants", type=int, default=1000)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--start", type=int, default=0, help="first mutant index")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma-separated zoo cases")
+    ap.add_argument("--seeds-dir", help="where seed artifacts are (re)used; default: a temporary folder")
+    ap.add_argument("--timeout", type=float, default=20.0, help="seconds per mutant")
+    ap.add_argument("--mem-gib", type=float, default=6.0, help="RLIMIT_AS of each worker")
+    ap.add_argument("--time-budget", type=float, help="stop dispatching after this many seconds")
+    ap.add_argument("--json", help="write totals and findings here")
+    ap.add_argument("--log", help="worker stdout/stderr go here (default: discarded)")
+    ap.add_argument("--replay", metavar="SEED:INDEX", help="save that mutant (see --out) and describe it")
+    ap.add_argument("--out", help="with --replay: file to write (default fuzz_SEED_INDEX.pt2b)")
+    ap.add_argument("--run", action="store_true", help="with --replay: also run it in a worker, print the traceback")
+    a = ap.parse_args(argv)
+    models = tuple(m for m in a.models.split(",") if m)
+    if a.replay:
+        return replay(a.replay, models, a.out, a.run, a.seeds_dir, a.timeout, a.mem_gib)
+
+    def progress(camp, elapsed):
+        bad = len(camp.findings)
+        print(f"[{elapsed:6.0f} s] {camp.done} mutants, {camp.done / elapsed:.1f}/s, {bad} findings",
+              file=sys.stderr, flush=True)
+
+    camp = run_campaign(a.seed, a.mutants, workers=a.workers, models=models, seeds_dir=a.seeds_dir,
+                        timeout=a.timeout, mem_gib=a.mem_gib, time_budget=a.time_budget, start=a.start,
+                        progress=progress, log=a.log)
+    print_report(camp)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(camp.summary(), f, indent=1, default=str)
+    return 1 if camp.findings else 0
