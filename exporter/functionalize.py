@@ -153,14 +153,14 @@ def _retrace(ep, table: dict):
     try:
         new_gm, aot_sig = _trace(gm, old_phs, table)
     except AssertionError as e:
-        new_gm, aot_sig = _trace_in_two_steps(gm, old_phs, table, e)
+        new_gm, aot_sig = _trace_in_two_steps(gm, old_phs, table, e, writers_only=True)
     except RuntimeError as e:
         # export-mode functionalization freezes aten.dropout's result (in eval mode an alias of its
         # input), so model code that writes into it (`x = dropout(x); x *= mask`, XLM/Flaubert)
         # fails; torch decomposes dropout above functionalization first (eval: a clone), as here
         if "frozen storage" not in str(e):
             raise
-        new_gm, aot_sig = _trace_in_two_steps(gm, old_phs, table, e)
+        new_gm, aot_sig = _trace_in_two_steps(gm, old_phs, table, e, writers_only=False)
     # as torch's retrace does, an unused random draw is dead code too
     new_gm.graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure(impure_random=False))
     _materialize_conj(new_gm)
@@ -180,15 +180,16 @@ def _retrace(ep, table: dict):
     return _program(ep, new_gm, sig)  # threaded effect tokens stay, as in torch's result
 
 
-def _trace_in_two_steps(gm, placeholders, table: dict, error: Exception):
+def _trace_in_two_steps(gm, placeholders, table: dict, error: Exception, writers_only: bool):
     """The retrace when a decomposition wrote in place (``error``: the functionalized graph is not
     functional), such as isclose's bitwise_or_, quantile's squeeze_ or the as_strided_ that
     adaptive_avg_pool2d's CIA kernel applies to a channels-last result. Where torch runs those,
     above functionalization, the write is functionalized; here the whole table runs below it. So
-    the decompositions torch applies above functionalization (_above_functionalization) are
-    applied first, unfunctionalized (the in-place ops stay for functionalization to turn into the
-    functional ops the table then decomposes), then that is functionalized with the whole table,
-    whose other entries run below functionalization, as in torch's retrace.
+    the decompositions among those torch applies above functionalization (_above_functionalization)
+    that write in place, also through the calls they make, are applied first, unfunctionalized (the
+    in-place ops stay for functionalization to turn into the functional ops the table then
+    decomposes), then that is functionalized with the whole table, as in torch's retrace. (After a
+    frozen-storage error, ``writers_only=False``: all of them but aliasing ops run first.)
 
     Applying the whole table first instead would leave the PrimTorch views that the other entries
     emit (prims.collapse_view for aten.view, prims.broadcast_in_dim for aten.expand, ...) for
@@ -197,7 +198,17 @@ def _trace_in_two_steps(gm, placeholders, table: dict, error: Exception):
     If a decomposition torch runs below functionalization writes in place (torch._refs.polar sets
     ``result.real``), torch's retrace fails (with ``error``); pt2b then applies those
     decompositions above functionalization too (_writing_in_place), else raises ``error``."""
-    above = _above_functionalization(table)
+    # Only the decompositions that write in place run first: the others run in the second trace, where
+    # they see the strides and values the table's other entries produce, as in torch's single retrace
+    # (swin: contiguous() after attention is a copy on the layout of torch's sdpa decomposition and a
+    # no-op on its kernel's; applied first, it would be dropped and the view after it fail).
+    # (After a frozen-storage error, dropout's decomposition must run first too, which writes nothing:
+    # then every decomposition torch applies above functionalization does, aliasing ops excepted.)
+    candidates = _above_functionalization(table)
+    if writers_only:
+        above = _writing_in_place(gm, candidates, {}, nested=candidates)
+    else:
+        above = {op: fn for op, fn in candidates.items() if not _returns_alias(op)}
     while True:
         first = _decomposed(gm, placeholders, above)
         try:
@@ -209,10 +220,13 @@ def _trace_in_two_steps(gm, placeholders, table: dict, error: Exception):
             above.update(writers)
 
 
-def _writing_in_place(gm, table: dict, applied: dict) -> dict:
+def _writing_in_place(gm, table: dict, applied: dict, nested: dict | None = None) -> dict:
     """The entries of ``table`` (not in ``applied``) whose decomposition of one of ``gm``'s calls,
     traced alone, writes in place; and, as they will be applied with it, those of the calls that
-    their decompositions make."""
+    their decompositions make. With ``nested``, a decomposition is traced with ``nested`` applied to
+    the calls it makes (a write that happens only there counts: adaptive_avg_pool1d's decomposition
+    calls adaptive_avg_pool2d, whose own writes), and the entries of ``nested`` it used, except
+    aliasing ops (decomposed later, where the strides are final), are returned with it."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     out, seen = {}, set()
@@ -232,6 +246,9 @@ def _writing_in_place(gm, table: dict, applied: dict) -> dict:
             seen.add(key)
             inputs = [i for i, v in enumerate(leaves) if isinstance(v, (torch.Tensor, torch.SymInt))]
 
+            used: set = set()
+            decompose = {} if nested is None else {o: _recording(o, f, used) for o, f in nested.items()}
+
             def run(*vals, fn=table[op], leaves=leaves, spec=spec, inputs=inputs):
                 leaves = list(leaves)
                 for i, v in zip(inputs, vals):
@@ -241,14 +258,29 @@ def _writing_in_place(gm, table: dict, applied: dict) -> dict:
 
             try:
                 with fake_mode, torch.no_grad():
-                    traced = make_fx(run, pre_dispatch=True)(*[leaves[i] for i in inputs])
+                    traced = make_fx(run, decomposition_table=decompose, pre_dispatch=True)(*[leaves[i] for i in inputs])
             except Exception:  # noqa: BLE001 -- not traceable alone: it stays below functionalization
                 continue
             if any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
                    and n.target._schema.is_mutable for n in traced.graph.nodes):
                 out[op] = table[op]
+                out.update({o: nested[o] for o in used if o not in applied and not _returns_alias(o)})
                 graphs.append(traced.graph)
     return out
+
+
+def _recording(op, fn, used: set):
+    def decomposition(*args, **kwargs):
+        used.add(op)
+        return fn(*args, **kwargs)
+
+    return decomposition
+
+
+def _returns_alias(op) -> bool:
+    """Whether an op's schema returns a view of an input (reshape, contiguous, flatten: what their
+    decompositions give depends on the strides they see)."""
+    return any(r.alias_info is not None for r in op._schema.returns)
 
 
 def _signature_of(v):
