@@ -46,6 +46,22 @@ def test_stored_audit_exists_and_counts():
     assert STORED["totals"] == audit.totals(STORED["ops"])
 
 
+def test_readme_states_the_stored_totals():
+    """The README's audit numbers are the stored file's (whose every verdict the slow
+    test_fresh_audit_matches_every_stored_verdict measures again)."""
+    import pathlib
+    import re
+
+    text = " ".join((pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    m = re.search(r"of the ([\d,]+) decompositions the presets apply, the audit measures (\d+) exact, (\d+) within "
+                  r"(\d+) ulp, (\d+) lossy, (\d+) wrong and (\d+) untested", text)
+    assert m, "README.md no longer states the audit's totals in the expected words"
+    n, exact, ulp, limit, lossy, wrong, untested = (int(g.replace(",", "")) for g in m.groups())
+    t = STORED["totals"]
+    assert (n, exact, ulp, limit, lossy, wrong, untested) == (
+        len(STORED["ops"]), t["exact"], t["ulp"], STORED["ulp_limit"], t["lossy"], t["wrong"], t["untested"])
+
+
 @pytest.mark.parametrize("name", sorted(KNOWN))
 def test_known_cases_fresh_audit_matches_stored_and_expected(name):
     fresh = audit.audit_op(_op(name), TABLE[_op(name)])
@@ -77,7 +93,7 @@ def test_measured_here_var_mean_is_a_few_ulp_off_in_float64():
         rv, rm = torch.var_mean(x, 1)
         worst = max(worst, _ulps(v, rv), _ulps(m, rm))
     assert worst > 0  # not bitwise: var + mean is another summation order
-    assert worst < 1e3
+    assert worst <= 4  # 2 ulp measured on torch 2.13 (the mean; the variance is bitwise here)
 
 
 def test_measured_here_soft_margin_loss_is_finite_where_the_half_kernel_overflows():
@@ -171,3 +187,64 @@ def test_hazards_are_read_from_what_the_decomposition_calls():
     assert rec["hazards"] == [] and rec["emits"] == ["aten::where.ScalarSelf"]
     assert STORED["ops"]["aten::upsample_bilinear2d.default"]["hazards"] == \
         audit.audit_op(aten.upsample_bilinear2d.default, TABLE[aten.upsample_bilinear2d.default])["hazards"]
+
+
+# ---- the whole stored audit, re-measured (slow: `pytest -n 2 -m slow tests/test_audit.py`) ----
+
+PARTS = 16  # the audited ops in slices, so that -n 2 spreads them and -k part03 runs one
+NUMBERS = {"max_ulp": 1.0, "max_abs": 0.0, "err_vs_f64": 0.0, "op_err_vs_f64": 0.0}  # key -> absolute slack
+
+
+def _part(i: int) -> list[str]:
+    names = sorted(STORED["ops"])
+    return names[i::PARTS]
+
+
+def record_differences(name: str, fresh: dict, stored: dict, rel: float = 0.25) -> list[str]:
+    """How a freshly measured verdict record differs from the stored one: classes (verdict, worst dtype,
+    samples, dtypes, emitted ops, hazards, reasons) exactly, measured errors within ``rel`` (and a
+    1-ulp slack on ulp counts)."""
+    out = []
+    for key in ("verdict", "samples", "dtypes", "emits", "hazards"):
+        if fresh.get(key) != stored.get(key):
+            out.append(f"{name}: {key} {fresh.get(key)!r} != stored {stored.get(key)!r}")
+    fw, sw = fresh.get("worst", {}), stored.get("worst", {})
+    if set(fw) != set(sw):
+        out.append(f"{name}: worst-sample fields {sorted(fw)} != stored {sorted(sw)}")
+    for key in set(fw) & set(sw):
+        a, b = fw[key], sw[key]
+        if key in NUMBERS:
+            if not (math.isclose(a, b, rel_tol=rel, abs_tol=NUMBERS[key]) or (math.isnan(a) and math.isnan(b))):
+                out.append(f"{name}: worst {key} {a!r} != stored {b!r} (beyond {rel:.0%})")
+        elif a != b:
+            out.append(f"{name}: worst {key} {a!r} != stored {b!r}")
+    return out
+
+
+def test_record_differences_sees_classes_and_numbers():
+    rec = {"verdict": "lossy", "samples": 8, "dtypes": ["float32"], "worst": {"dtype": "float32", "max_ulp": 6.0,
+                                                                              "max_abs": 1e-6}}
+    assert record_differences("op", rec, rec) == []
+    near = {**rec, "worst": {**rec["worst"], "max_ulp": 6.9, "max_abs": 1.1e-6}}
+    assert record_differences("op", near, rec) == []
+    for changed in ({**rec, "verdict": "ulp"}, {**rec, "samples": 7}, {**rec, "worst": {**rec["worst"], "max_ulp": 12.0}},
+                    {**rec, "worst": {**rec["worst"], "dtype": "float16"}}, {**rec, "hazards": ["index gathers (x)"]}):
+        assert record_differences("op", changed, rec), changed
+
+
+def test_stored_audit_names_exactly_the_ops_the_presets_decompose():
+    assert sorted(STORED["ops"]) == sorted(audit.audited_ops())
+    assert sorted(n for i in range(PARTS) for n in _part(i)) == sorted(STORED["ops"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("part", range(PARTS), ids=lambda i: f"part{i:02d}")
+def test_fresh_audit_matches_every_stored_verdict(part):
+    """The README's totals and strict=True's withheld decompositions come from the stored file: every
+    verdict in it is measured again here (1,175 ops in 16 parts of 1-4 CPU-minutes each: about 16
+    CPU-minutes in all, 8-10 minutes with -n 2 on an idle 2-core machine)."""
+    names = _part(part)
+    fresh = audit.run_audit(only=names)
+    assert sorted(fresh) == sorted(names)
+    problems = [p for n in names for p in record_differences(n, fresh[n], STORED["ops"][n])]
+    assert not problems, "\n".join(problems[:40])

@@ -2,6 +2,7 @@
 results bitwise equal to a fresh lowering; any change of content, request or versions misses;
 damaged or foreign entries are misses; cache=False / PT2B_CACHE=0 leave no trace."""
 
+import collections
 import os
 import pathlib
 import subprocess
@@ -56,6 +57,55 @@ def test_second_lowering_is_served_from_the_cache(cache_dir, artifact, case):
     assert [(n.op, str(n.target)) for n in hit.exported_program().graph.nodes] == fresh_nodes
     assert hit.explain("aten::addmm.default") == fresh.explain("aten::addmm.default")
     assert hit.source.path == os.fspath(artifact)  # the undecomposed source, loaded on demand
+
+
+def _count_lowering_work(monkeypatch) -> collections.Counter:
+    """Counts every call of what a lowering runs: pt2b's functionalization and its retrace (where the
+    tables' decompositions are applied), the decomposition entry points, reuse of repeated layers,
+    torch's own retrace (patched where they are looked up, and where they are defined)."""
+    import torch._functorch.aot_autograd as aot
+
+    import exporter.functionalize as F
+    from exporter.lowering import decompose as D, lower as L
+
+    calls = collections.Counter()
+
+    def spy(owner, name, label):
+        real = getattr(owner, name)
+
+        def counted(*args, **kwargs):
+            calls[label] += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, counted)
+
+    spy(F, "functionalize", "functionalize")
+    spy(F, "_retrace", "the retrace")
+    spy(D, "functionalize", "functionalize")
+    spy(D, "run_decompositions", "run_decompositions")
+    spy(D, "trace_table", "trace_table")
+    spy(L, "functionalize", "functionalize")
+    spy(L, "run_decompositions", "run_decompositions")
+    spy(L, "lower", "lower")
+    spy(L, "lower_with_reuse", "lower_with_reuse")
+    spy(aot, "aot_export_module", "aot_export_module")
+    spy(torch.export.ExportedProgram, "run_decompositions", "torch's run_decompositions")
+    return calls
+
+
+@pytest.mark.parametrize("preset", ["core", "max"])
+def test_a_cache_hit_runs_no_decomposition(cache_dir, artifact, case, monkeypatch, preset):
+    """A hit costs one load: no retrace, no decomposition (not only the from_cache flag)."""
+    calls = _count_lowering_work(monkeypatch)
+    cold = load_for_backend(artifact, preset)
+    assert not cold.from_cache
+    assert calls["the retrace"] >= 1 and calls["run_decompositions"] >= 1, calls  # the counters see a lowering
+    calls.clear()
+    hit = load_for_backend(artifact, preset)
+    hit.exported_program()
+    assert hit.from_cache
+    assert not +calls, f"a cache hit ran lowering work: {dict(calls)}"
+    assert torch.equal(_run(hit, case), _run(cold, case))
 
 
 def test_every_part_of_the_request_is_in_the_key(cache_dir, artifact, case, monkeypatch):
