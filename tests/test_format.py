@@ -216,3 +216,27 @@ def test_decoder_unions_are_what_create_builds():
         with pytest.raises(AttributeError):  # unset members read as torch's unions do
             getattr(a, next(f for f in ("as_float", "as_expr") if hasattr(type(a), "__dataclass_fields__")
                                and f in type(a).__dataclass_fields__ and f != name))
+
+
+def test_a_member_the_running_torchs_schema_lacks_is_named(monkeypatch):
+    """An older torch's export schema (2.11's) lacks members pt2b.fbs has (ScalarType.UINT32,
+    Argument.as_float_lists): reading one says so (exporter/torch_compat.py), not 'damaged'."""
+    import enum
+
+    from torch._export.serde import schema as S
+
+    from exporter import torch_compat
+    from exporter.errors import UnsupportedVersionError
+    from exporter.serialize import schema_map
+
+    older_scalar_type = enum.IntEnum("ScalarType", {"UNKNOWN": 0, "BYTE": 1})
+    with pytest.raises(UnsupportedVersionError, match=r"has no ScalarType\.UINT32 in its export schema"):
+        schema_map.dec_leaf(("enum", older_scalar_type), 34, "tensor 'x'")
+    with pytest.raises(CorruptArtifactError, match="not a valid ScalarType"):
+        schema_map.dec_leaf(("enum", older_scalar_type), 99, "tensor 'x'")
+
+    tag = schema_map.tags(S.Argument)[0]["as_float_lists"]
+    assert isinstance(schema_map.unknown_tag(S.Argument, 200, "node"), CorruptArtifactError)  # in no schema
+    monkeypatch.setattr(torch_compat, "schema_union_members", lambda cls: frozenset({"as_int"}))
+    err = schema_map.unknown_tag(S.Argument, tag, "node")
+    assert isinstance(err, UnsupportedVersionError) and "has no Argument.as_float_lists" in str(err)

@@ -53,15 +53,13 @@ def test_zoo_roundtrip(tmp_path, name):
 def test_writer_serializes_what_torchs_serializer_does(name):
     """writer.serialize_graph builds torch's schema tree from torch's own pieces without the
     serializer's discarded canonicalization self-test: the result must be the same tree."""
-    from torch._export.serde.serialize import ExportedProgramSerializer
-
+    from exporter import torch_compat
     from exporter.serialize import writer
 
     case = make_case(name)
     ep = torch.export.export(case.model, case.args, case.kwargs or {}, dynamic_shapes=case.dynamic_shapes,
                              strict=case.strict)
-    theirs = ExportedProgramSerializer().serialize(ep, serialize_state_dict=False, serialize_constants=False,
-                                                   serialize_example_inputs=False).exported_program
+    theirs = torch_compat.torch_serialized_program(ep)
     assert writer.serialize_graph(ep) == theirs
 
 

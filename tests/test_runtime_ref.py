@@ -15,6 +15,7 @@ import torch.utils._pytree as pytree
 from torch.export import Dim
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from exporter import torch_compat
 from exporter.errors import OpsetError, RuntimeInputError
 from exporter.corpus.zoo import make_case, zoo_names
 from helpers import assert_bitwise, assert_close_to_eager
@@ -90,6 +91,9 @@ class _Chain(torch.nn.Module):
 def test_zoo_matches_eager_and_module(name, device):
     ep = _exported(name)  # one capture, both lowerings (capture and lowering dominate the run time)
     for lowering in LOWERINGS:
+        if lowering == "core" and name == "lstm" and torch_compat.lstm_decomposition_drops_batch():
+            pytest.skip("torch's own aten.lstm.input decomposition misplaces the batch of the final hidden "
+                        "states in this torch (run_decompositions keeps it; pt2b's lowering repairs it)")
         lowered = _lower(ep, lowering) if name in MUTATING else _lowered_cached(name, lowering)
         _check_zoo_case(make_case(name), lowered, device)
 

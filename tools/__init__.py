@@ -1,1 +1,2 @@
-"""Developer tools of pt2b (not installed with the package): the artifact fuzzer."""
+"""Developer tools of pt2b (not installed with the package): the artifact fuzzer, the real-model sweep, the
+release matrix."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import torch_compat
 from ..errors import LoweringError
 from ..functionalize import _forced, functionalize
 
@@ -22,7 +23,8 @@ def run_decompositions(ep, table: dict):
 
 def _lstm_without_mkldnn(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
     """torch's aten.lstm.input decomposition as run_decompositions applies it (with mkldnn off):
-    the layer loop of one_layer_lstm, never mkldnn_rnn_layer, whatever the global flag says."""
+    the layer loop of one_layer_lstm, never mkldnn_rnn_layer, whatever the global flag says (and
+    one_layer_lstm repaired where torch's misplaces the batch: exporter/torch_compat.py)."""
     from torch._decomp import decompositions as d
 
     if len(hx) != 2:
@@ -30,7 +32,7 @@ def _lstm_without_mkldnn(input, hx, params, has_biases, num_layers, dropout, tra
     params = d.gather_params(params, has_biases, hx[0].size(2) != hx[1].size(2))
     hidden = list(zip(hx[0], hx[1]))
     out, finals = d._rnn_helper(input, hidden, params, has_biases, num_layers, dropout, train, bidirectional,
-                                batch_first, d.one_layer_lstm)
+                                batch_first, torch_compat.one_layer_lstm())
     finals = list(zip(*finals))
     return out, torch.stack(finals[0], 0), torch.stack(finals[1], 0)
 

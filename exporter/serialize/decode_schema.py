@@ -48,7 +48,7 @@ def _plan(cls):
         f = wire["tag"]
         tag = (4 + 2 * f.slot, struct.Struct("<" + _FMT[f.type]).unpack_from)
         index = {fl[0]: i for i, fl in enumerate(fields)}
-        by_tag = {value: index[name] for value, name in schema_map.tags(cls)[1].items()}
+        by_tag = {value: index[name] for value, name in schema_map.tags(cls)[1].items() if name in index}
     return tag, by_tag, tuple(fields)
 
 

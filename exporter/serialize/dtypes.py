@@ -1,11 +1,13 @@
-"""The one mapping between torch dtypes and the ScalarType enum of schemas/pt2b.fbs."""
+"""The one mapping between torch dtypes and the ScalarType enum of schemas/pt2b.fbs (pt2b's own
+codes, from the flatc code: they equal torch's export-schema codes, but an older torch's schema may
+lack some members, see exporter/torch_compat.py)."""
 
 from __future__ import annotations
 
 import torch
-from torch._export.serde.schema import ScalarType
 
 from ..errors import CorruptArtifactError, UnsupportedValueError
+from .generated.pt2b_generated import ScalarType
 
 _TO_ENUM = {
     torch.uint8: ScalarType.BYTE,

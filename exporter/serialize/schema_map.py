@@ -26,7 +26,8 @@ import typing
 import numpy as np
 from torch._export.serde import schema as S
 
-from ..errors import CorruptArtifactError, ExportError
+from .. import torch_compat
+from ..errors import ArtifactError, CorruptArtifactError, ExportError, UnsupportedVersionError
 from . import fbs_layout
 from .generated import pt2b_generated as G
 
@@ -143,6 +144,10 @@ def dec_leaf(desc: tuple, value, where: str):
         try:
             return desc[1](int(value))
         except ValueError:
+            member = {v: k for k, v in vars(getattr(G, desc[1].__name__)).items() if not k.startswith("_")}.get(value)
+            if member is not None:  # in pt2b.fbs, not in the running torch's export schema
+                what = f"{desc[1].__name__}.{member}"
+                raise UnsupportedVersionError(f"{where}: {torch_compat.schema_lacks(what)}.") from None
             raise CorruptArtifactError(
                 f"{where}: value {value} is not a valid {desc[1].__name__}; the artifact is "
                 f"damaged or was written by a newer pt2b."
@@ -162,8 +167,11 @@ def required(cls, fname: str, desc: tuple, where: str):
     raise CorruptArtifactError(f"{where}: required field {cls.__name__}.{fname} is missing.")
 
 
-def unknown_tag(cls, value, where: str) -> CorruptArtifactError:
-    """The error for a union whose tag names no member."""
+def unknown_tag(cls, value, where: str) -> ArtifactError:
+    """The error for a union whose tag names no member (of pt2b.fbs, or of the running torch's schema)."""
+    member = tags(cls)[1].get(value)
+    if member is not None and member not in torch_compat.schema_union_members(cls):
+        return UnsupportedVersionError(f"{where}: {torch_compat.schema_lacks(f'{cls.__name__}.{member}')}.")
     return CorruptArtifactError(f"{where}: {cls.__name__} has unknown tag {value}; the artifact is damaged or "
                                 f"was written by a newer pt2b.")
 

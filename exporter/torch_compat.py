@@ -1,0 +1,94 @@
+"""What differs between the torch releases pt2b supports (pyproject.toml's range, 2.11 to 2.15), in
+one place: each difference is detected from the running torch (what its export schema defines,
+what its modules hold), never from its version number, and the rest of pt2b asks here.
+
+The differences, and who asks (tools/release_matrix.py runs the compat tests on each release;
+docs/releases.md has its table):
+
+- torch.export's serializer schema (torch._export.serde.schema). pt2b.fbs is the union of the
+  schemas of the supported releases (2.13's, which 2.14 and 2.15 keep); an older schema lacks some
+  members: 2.11's (schema 8.17) has no ScalarType FLOAT8E8M0FNU, UINT32 or UINT64 and no
+  Argument.as_float_lists. serialize/schema_map.py walks the running torch's dataclasses, so a
+  member it lacks is never written, and reading one is an UnsupportedVersionError naming it
+  (``schema_union_members``, ``schema_lacks``); serialize/dtypes.py maps weights' dtypes with
+  pt2b.fbs's own codes, so importing pt2b needs no member of torch's enum.
+- torch.export's serializer API: ExportedProgramSerializer.serialize() takes serialize_state_dict=
+  and friends from 2.12 on (``torch_serialized_program``; tests compare pt2b's writer with it).
+- decompositions: torch 2.11 and 2.12's one_layer_lstm (under aten.lstm.input's decomposition)
+  returns the final hidden states with the batch dimension squeezed at the wrong place
+  (``hx.squeeze(1)``), so a batch of more than one comes back as (layers, 1, batch, hidden);
+  ``one_layer_lstm`` probes it once and returns it repaired where it does that
+  (lowering/decompose.py applies it; torch's own run_decompositions keeps the bug).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+
+import torch
+from torch._export.serde import schema as _S
+
+
+@functools.cache
+def schema_union_members(cls) -> frozenset[str]:
+    """The members of the export-schema union ``cls`` (e.g. Argument) in this torch's schema."""
+    return frozenset(f.name for f in dataclasses.fields(cls))
+
+
+def schema_lacks(what: str) -> str:
+    """The sentence that says the running torch's export schema cannot hold ``what``."""
+    return (f"this torch ({torch.__version__}) has no {what} in its export schema "
+            f"(torch._export.serde.schema {'.'.join(map(str, _schema_version()))}); a newer torch reads it")
+
+
+def _schema_version() -> tuple[int, ...]:
+    from torch._export.serde.serialize import SCHEMA_VERSION
+
+    return tuple(SCHEMA_VERSION)
+
+
+def torch_serialized_program(ep) -> _S.ExportedProgram:
+    """torch's own ``ExportedProgramSerializer().serialize(ep).exported_program``, weights, constants
+    and example inputs left out where this torch's serialize() can leave them out."""
+    from torch._export.serde.serialize import ExportedProgramSerializer
+
+    serialize = ExportedProgramSerializer().serialize
+    skip = ("serialize_state_dict", "serialize_constants", "serialize_example_inputs")
+    kwargs = {k: False for k in skip if k in inspect.signature(serialize).parameters}
+    return serialize(ep, **kwargs).exported_program
+
+
+@functools.cache
+def lstm_decomposition_drops_batch() -> bool:
+    """Whether this torch's one_layer_lstm returns a batch of 2's final hidden state as (1, 2, H)
+    instead of (2, H) (torch 2.11, 2.12). Asked first inside a lowering's trace: the probe runs
+    eagerly, on tiny CPU tensors, with the trace's modes set aside."""
+    from torch._decomp import decompositions as d
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes(), torch._C.DisableTorchFunction(), torch.no_grad():
+        h, w_ih, w_hh, b = torch.zeros(2, 1), torch.zeros(4, 1), torch.zeros(4, 1), torch.zeros(4)
+        _, (hx, _) = d.one_layer_lstm(torch.zeros(1, 2, 1), (h, h), (w_ih, w_hh, b, b), True)
+        return hx.shape != h.shape
+
+
+def one_layer_lstm():
+    """torch's one_layer_lstm (one layer of aten.lstm.input's decomposition), repaired where it
+    misplaces the batch dimension of the final hidden states (``lstm_decomposition_drops_batch``)."""
+    from torch._decomp import decompositions as d
+
+    if not lstm_decomposition_drops_batch():
+        return d.one_layer_lstm
+    return _one_layer_lstm_keeping_batch
+
+
+def _one_layer_lstm_keeping_batch(inp, hidden, params, has_biases, reverse=False):
+    from torch._decomp import decompositions as d
+
+    out, (hx, cx) = d.one_layer_lstm(inp, hidden, params, has_biases, reverse)
+    # (1, batch, H) where hidden holds (batch, H); a batch of one already came back as (1, H)
+    if hx.dim() > hidden[0].dim():
+        hx, cx = hx.squeeze(0), cx.squeeze(0)
+    return out, (hx, cx)
