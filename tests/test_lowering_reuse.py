@@ -92,9 +92,9 @@ def _structure(ep):
     return out
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-@pytest.mark.parametrize("preset", ["core", "max"])
-def test_reuse_equals_whole_program_lowering(name, preset, tmp_path, monkeypatch):
+def _lowered_with_reuse(name, preset, tmp_path, monkeypatch):
+    """(artifact path, args, LoweredProgram) of CASES[name] lowered with ``preset``, asserting the
+    repeated layers were reused."""
     model, args = CASES[name]
     path = tmp_path / f"{name}.pt2b"
     export_model(model, args, path)
@@ -104,6 +104,13 @@ def test_reuse_equals_whole_program_lowering(name, preset, tmp_path, monkeypatch
                         lambda ep, dec: calls.append(real(ep, dec)) or calls[-1])
     lowered = load_for_backend(path, preset, cache=False)
     assert calls and calls[0] is not None, "the repeated layers were not reused"
+    return path, args, lowered
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("preset", ["core", "max"])
+def test_reuse_equals_whole_program_lowering(name, preset, tmp_path, monkeypatch):
+    path, args, lowered = _lowered_with_reuse(name, preset, tmp_path, monkeypatch)
     monkeypatch.setattr("exporter.lowering.lower.lower_with_reuse", lambda ep, dec: None)
     whole = load_for_backend(path, preset, cache=False)
     assert _structure(lowered.exported_program()) == _structure(whole.exported_program())
@@ -123,15 +130,7 @@ def test_reuse_equals_torchs_run_decompositions_bitwise(name, tmp_path, monkeypa
     from exporter import load
     from exporter.lowering.graph_ops import op_counts
 
-    model, args = CASES[name]
-    path = tmp_path / f"{name}.pt2b"
-    export_model(model, args, path)
-    calls = []
-    real = reuse.lower_with_reuse
-    monkeypatch.setattr("exporter.lowering.lower.lower_with_reuse",
-                        lambda ep, dec: calls.append(real(ep, dec)) or calls[-1])
-    lowered = load_for_backend(path, "core", cache=False)
-    assert calls and calls[0] is not None, "the repeated layers were not reused"
+    path, args, lowered = _lowered_with_reuse(name, "core", tmp_path, monkeypatch)
     theirs = load(path).exported_program().run_decompositions()
     ours = lowered.exported_program()
     assert _structure(ours) == _structure(theirs)  # node for node

@@ -11,11 +11,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    import torch
-
 
 @dataclasses.dataclass
 class ModelCoverage:
@@ -38,19 +33,11 @@ def artifacts(corpus) -> list[str]:
     return out
 
 
-def exported_program(path) -> torch.export.ExportedProgram:
-    """The program an artifact holds (what load(path).exported_program() gives, without the api layer)."""
-    from ..serialize import reader
-    from ..serialize.gc_pause import gc_paused
-
-    with gc_paused():
-        return reader.rebuild(reader.open_artifact(path))
-
-
 def measure(paths, preset: str = "core", *, supported_ops=None, keep=None, track=None) -> list[ModelCoverage]:
     """Lower each artifact of ``paths`` with the plan ``preset``/``supported_ops``/``keep`` make;
     ``track`` (exporter.progress.tracker) reports each one."""
     from ..errors import Pt2bError
+    from ..serialize.reader import read_program
     from .lower import lower, plan_lowering
 
     plan = plan_lowering(preset, supported_ops=supported_ops, keep=keep)
@@ -58,7 +45,7 @@ def measure(paths, preset: str = "core", *, supported_ops=None, keep=None, track
     rows = []
     for path in (track(paths, label=lambda p: pathlib.Path(p).name) if track is not None else paths):
         try:
-            lowered = lower(exported_program(path), plan=plan)
+            lowered = lower(read_program(path), plan=plan)
         except Pt2bError as e:
             rows.append(ModelCoverage(os.fspath(path), {}, {}, f"{type(e).__name__}: {str(e).splitlines()[0]}"))
             continue

@@ -47,13 +47,14 @@ def default_corpus(names=None, track=None) -> list[CorpusProgram]:
 
 def artifact_corpus(paths, track=None) -> list[CorpusProgram]:
     """The programs of .pt2b artifacts (files, or folders searched recursively); ``track`` reports each load."""
-    from .coverage import artifacts, exported_program
+    from ..serialize.reader import read_program
+    from .coverage import artifacts
 
     files = artifacts(paths)
     if not files:
         raise LoweringError(f"no .pt2b artifacts found in {', '.join(map(str, paths))}.")
     files = track(files, label=os.path.basename) if track is not None else files
-    return [CorpusProgram(os.path.basename(f), exported_program(f)) for f in files]
+    return [CorpusProgram(os.path.basename(f), read_program(f)) for f in files]
 
 
 def build_data(corpus: list[CorpusProgram], track=None) -> dict:

@@ -254,6 +254,15 @@ def check(art: Artifact, *, verify: bool = False) -> Checked:
     return Checked(serialized, state_dict, constants, example_inputs)
 
 
+def read_program(path) -> torch.export.ExportedProgram:
+    """The program the artifact at ``path`` holds, through every check (what load(path).exported_program()
+    gives, without the metadata a Pt2bProgram carries)."""
+    from .gc_pause import gc_paused
+
+    with gc_paused():
+        return rebuild(open_artifact(path))
+
+
 def rebuild(art: Artifact, *, verify: bool = False) -> torch.export.ExportedProgram:
     """The ExportedProgram the artifact holds, weights mapped from the file."""
     where = _where(art.path)

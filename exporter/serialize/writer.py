@@ -199,7 +199,7 @@ def check_readable(tmp: str, dest: str) -> None:
     from . import reader
 
     try:
-        reader.rebuild(reader.open_artifact(tmp))
+        reader.read_program(tmp)
     except ArtifactError as e:
         why = str(e).replace(tmp, dest)
         raise ExportError(f"pt2b would refuse to load what it was about to write, so {dest!r} was not written: "
