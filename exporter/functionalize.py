@@ -16,11 +16,12 @@ implicitly is made explicit: ops it decomposes whatever its table says (CIA ops 
 ops with a Python kernel at the Autograd key) get those decompositions (_forced), aten.lstm.input
 gets the path torch's entry takes with mkldnn off (it reads the global flag; flag_free), effectful
 ops are threaded on effect tokens (_thread_effects), conjugate views are materialized before ops
-without a conjugate kernel (_materialize_conj), decompositions that write in place are
-functionalized after the fact: when one does, the decompositions torch applies above
+without a conjugate kernel (_materialize_conj); the decompositions torch applies above
 functionalization (those of CompositeImplicitAutograd ops and Autograd-key Python kernels) are
-applied first and the rest of the table, whose PrimTorch views functionalization cannot take, in
-the functionalizing trace below it, as in torch (_trace_in_two_steps); and torch.export's detach_
+applied above it in the same single trace (_AboveFunctionalization), so that what they write in
+place is functionalized, and the rest of the table, whose PrimTorch views functionalization cannot
+take, below it, as in torch; a decomposition torch runs below functionalization that writes in
+place (where torch's retrace fails) is applied in a first step (_trace_in_two_steps); torch.export's detach_
 after a constant is skipped (_without_detach_); the trace runs in the program's own fake mode and ShapeEnv, found as torch
 finds it, also for a program without tensor inputs (_fake_mode), so the graph's unbacked symbols
 and their ranges are the trace's. Nothing global is written;
@@ -153,14 +154,7 @@ def _retrace(ep, table: dict):
     try:
         new_gm, aot_sig = _trace(gm, old_phs, table)
     except AssertionError as e:
-        new_gm, aot_sig = _trace_in_two_steps(gm, old_phs, table, e, writers_only=True)
-    except RuntimeError as e:
-        # export-mode functionalization freezes aten.dropout's result (in eval mode an alias of its
-        # input), so model code that writes into it (`x = dropout(x); x *= mask`, XLM/Flaubert)
-        # fails; torch decomposes dropout above functionalization first (eval: a clone), as here
-        if "frozen storage" not in str(e):
-            raise
-        new_gm, aot_sig = _trace_in_two_steps(gm, old_phs, table, e, writers_only=False)
+        new_gm, aot_sig = _trace_in_two_steps(gm, old_phs, table, e)
     # as torch's retrace does, an unused random draw is dead code too
     new_gm.graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure(impure_random=False))
     _materialize_conj(new_gm)
@@ -180,53 +174,29 @@ def _retrace(ep, table: dict):
     return _program(ep, new_gm, sig)  # threaded effect tokens stay, as in torch's result
 
 
-def _trace_in_two_steps(gm, placeholders, table: dict, error: Exception, writers_only: bool):
-    """The retrace when a decomposition wrote in place (``error``: the functionalized graph is not
-    functional), such as isclose's bitwise_or_, quantile's squeeze_ or the as_strided_ that
-    adaptive_avg_pool2d's CIA kernel applies to a channels-last result. Where torch runs those,
-    above functionalization, the write is functionalized; here the whole table runs below it. So
-    the decompositions among those torch applies above functionalization (_above_functionalization)
-    that write in place, also through the calls they make, are applied first, unfunctionalized (the
-    in-place ops stay for functionalization to turn into the functional ops the table then
-    decomposes), then that is functionalized with the whole table, as in torch's retrace. (After a
-    frozen-storage error, ``writers_only=False``: all of them but aliasing ops run first.)
-
-    Applying the whole table first instead would leave the PrimTorch views that the other entries
-    emit (prims.collapse_view for aten.view, prims.broadcast_in_dim for aten.expand, ...) for
-    functionalization, which refuses a non-ATen op that returns an alias.
-
-    If a decomposition torch runs below functionalization writes in place (torch._refs.polar sets
-    ``result.real``), torch's retrace fails (with ``error``); pt2b then applies those
-    decompositions above functionalization too (_writing_in_place), else raises ``error``."""
-    # Only the decompositions that write in place run first: the others run in the second trace, where
-    # they see the strides and values the table's other entries produce, as in torch's single retrace
-    # (swin: contiguous() after attention is a copy on the layout of torch's sdpa decomposition and a
-    # no-op on its kernel's; applied first, it would be dropped and the view after it fail).
-    # (After a frozen-storage error, dropout's decomposition must run first too, which writes nothing:
-    # then every decomposition torch applies above functionalization does, aliasing ops excepted.)
-    candidates = _above_functionalization(table)
-    if writers_only:
-        above = _writing_in_place(gm, candidates, {}, nested=candidates)
-    else:
-        above = {op: fn for op, fn in candidates.items() if not _returns_alias(op)}
-    while True:
+def _trace_in_two_steps(gm, placeholders, table: dict, error: Exception):
+    """The retrace when a decomposition that torch applies below functionalization wrote in place
+    (``error``: the functionalized graph is not functional; torch._refs.polar sets ``result.real``),
+    where torch's own retrace fails with ``error``: those decompositions (_writing_in_place) are
+    applied first, unfunctionalized (their in-place ops stay for functionalization to turn into the
+    functional ops the table then decomposes), then that is functionalized with the whole table."""
+    above = _writing_in_place(gm, table, {})
+    while above:
         first = _decomposed(gm, placeholders, above)
         try:
             return _trace(first, placeholders, table)
         except AssertionError:
             writers = _writing_in_place(first, table, above)
             if not writers:
-                raise error from None
+                break
             above.update(writers)
+    raise error from None
 
 
-def _writing_in_place(gm, table: dict, applied: dict, nested: dict | None = None) -> dict:
+def _writing_in_place(gm, table: dict, applied: dict) -> dict:
     """The entries of ``table`` (not in ``applied``) whose decomposition of one of ``gm``'s calls,
     traced alone, writes in place; and, as they will be applied with it, those of the calls that
-    their decompositions make. With ``nested``, a decomposition is traced with ``nested`` applied to
-    the calls it makes (a write that happens only there counts: adaptive_avg_pool1d's decomposition
-    calls adaptive_avg_pool2d, whose own writes), and the entries of ``nested`` it used, except
-    aliasing ops (decomposed later, where the strides are final), are returned with it."""
+    their decompositions make."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     out, seen = {}, set()
@@ -246,9 +216,6 @@ def _writing_in_place(gm, table: dict, applied: dict, nested: dict | None = None
             seen.add(key)
             inputs = [i for i, v in enumerate(leaves) if isinstance(v, (torch.Tensor, torch.SymInt))]
 
-            used: set = set()
-            decompose = {} if nested is None else {o: _recording(o, f, used) for o, f in nested.items()}
-
             def run(*vals, fn=table[op], leaves=leaves, spec=spec, inputs=inputs):
                 leaves = list(leaves)
                 for i, v in zip(inputs, vals):
@@ -258,29 +225,14 @@ def _writing_in_place(gm, table: dict, applied: dict, nested: dict | None = None
 
             try:
                 with fake_mode, torch.no_grad():
-                    traced = make_fx(run, decomposition_table=decompose, pre_dispatch=True)(*[leaves[i] for i in inputs])
+                    traced = make_fx(run, pre_dispatch=True)(*[leaves[i] for i in inputs])
             except Exception:  # noqa: BLE001 -- not traceable alone: it stays below functionalization
                 continue
             if any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
                    and n.target._schema.is_mutable for n in traced.graph.nodes):
                 out[op] = table[op]
-                out.update({o: nested[o] for o in used if o not in applied and not _returns_alias(o)})
                 graphs.append(traced.graph)
     return out
-
-
-def _recording(op, fn, used: set):
-    def decomposition(*args, **kwargs):
-        used.add(op)
-        return fn(*args, **kwargs)
-
-    return decomposition
-
-
-def _returns_alias(op) -> bool:
-    """Whether an op's schema returns a view of an input (reshape, contiguous, flatten: what their
-    decompositions give depends on the strides they see)."""
-    return any(r.alias_info is not None for r in op._schema.returns)
 
 
 def _signature_of(v):
@@ -437,13 +389,70 @@ def _fake_inputs(gm, placeholders):
 
 
 def _trace(gm, placeholders, table):
-    """aot_export_module above autograd: functionalized, ``table`` applied, on fresh fake inputs."""
+    """aot_export_module above autograd: functionalized, ``table`` applied, on fresh fake inputs; the
+    decompositions torch applies above functionalization are applied there (_AboveFunctionalization)."""
     from torch._functorch.aot_autograd import aot_export_module
 
     fake_mode, args = _fake_inputs(gm, placeholders)
-    with fake_mode, torch.no_grad():
+    with fake_mode, torch.no_grad(), _AboveFunctionalization(_above_functionalization(table)):
         return aot_export_module(_without_detach_(gm), args, decompositions=table, trace_joint=False,
                                  pre_dispatch=True)
+
+
+def _runs_cia_kernel(fn) -> bool:
+    """Whether a table entry is torch's stand-in for an op's own CompositeImplicitAutograd kernel."""
+    return isinstance(fn, functools.partial) and getattr(fn.func, "__name__", "") == "_special_op_to_decompose_cia"
+
+
+def _functional_mode():
+    from torch._ops import _get_dispatch_mode_pre_dispatch
+
+    key = torch._C._TorchDispatchModeKey.FUNCTIONAL
+    return _get_dispatch_mode_pre_dispatch(key) or torch._C._get_dispatch_mode(key)
+
+
+class _AboveFunctionalization(torch.overrides.TorchFunctionMode):
+    """Applies ``table`` (the decompositions torch's retrace runs above functionalization) where torch
+    runs them, in the same single trace: what they emit, in-place writes included (the as_strided_ of
+    adaptive_avg_pool2d's CIA kernel on a channels-last result, the write into dropout's result in
+    XLM), is then functionalized, and the rest of the table decomposes it below. A Python entry is
+    called at the torch-function level, with this mode on for the calls it makes; an op whose entry is
+    its own C++ CIA kernel is decomposed by the trace's functionalization mode itself, told so on that
+    mode object only (nothing process-wide changes), as torch's functionalization decomposes every CIA
+    op outside pre-dispatch tracing. The entry of an op runs once per call: a call it makes to its own
+    op (a CIA kernel's re-dispatch) goes on to the dispatcher."""
+
+    def __init__(self, table: dict):
+        super().__init__()
+        self.table = table
+        self.cia = frozenset(op for op, fn in table.items() if _runs_cia_kernel(fn))
+        self.active: set = set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        fn = self.table.get(func) if isinstance(func, torch._ops.OpOverload) else None
+        if fn is None:
+            return func(*args, **kwargs)
+        if func in self.cia:
+            self._decompose_in_functionalization()
+        elif func not in self.active:
+            self.active.add(func)
+            try:
+                with self:
+                    out = fn(*args, **kwargs)
+            finally:
+                self.active.discard(func)
+            if out is not NotImplemented:
+                return out
+        return func(*args, **kwargs)
+
+    def _decompose_in_functionalization(self) -> None:
+        mode = _functional_mode()
+        if mode is None or getattr(mode, "_pt2b_cia", None) is self.cia:
+            return
+        cia, decides = self.cia, mode._can_decompose
+        mode._can_decompose = lambda func, args, kwargs: func in cia or decides(func, args, kwargs)
+        mode._pt2b_cia = cia
 
 
 class _SkipDetach_(torch.fx.Interpreter):

@@ -94,18 +94,25 @@ def _program(name):
 
 @pytest.mark.parametrize("name", WRITES_IN_PLACE)
 def test_adaptive_pool_writes_in_place_under_max(name):
-    """The programs take the second try: the first, whole-table trace is not functional (the
-    channels-last as_strided_), and torch's own graph holds the functionalized as_strided."""
+    """With the whole table applied below functionalization, the trace is not functional (the
+    channels-last as_strided_ of adaptive_avg_pool2d's CIA kernel); pt2b's single trace applies the
+    CIA decompositions above functionalization, as torch does, and is functional at once: torch's
+    graph and pt2b's hold the functionalized as_strided, and no second trace runs."""
     from torch._functorch.aot_autograd import aot_export_module
 
-    from exporter.functionalize import _fake_inputs
+    from exporter import functionalize
     from exporter.lowering.decompose import trace_table
 
     _, _, ep = _program(name)
     gm = ep.graph_module
-    fake_mode, args = _fake_inputs(gm, [n for n in gm.graph.nodes if n.op == "placeholder"])
+    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    table = trace_table(_table("max"))
+    fake_mode, args = functionalize._fake_inputs(gm, phs)
     with fake_mode, torch.no_grad(), pytest.raises(AssertionError, match="as_strided_"):
-        aot_export_module(gm, args, decompositions=trace_table(_table("max")), trace_joint=False, pre_dispatch=True)
+        aot_export_module(gm, args, decompositions=table, trace_joint=False, pre_dispatch=True)
+    ours, _ = functionalize._trace(gm, phs, table)
+    assert "aten::as_strided.default" in op_counts(ours)
+    assert not [n for n in ours.graph.nodes if isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable]
     assert "aten::as_strided.default" in op_counts(ep.run_decompositions(_table("max")).graph_module)
 
 
@@ -165,8 +172,7 @@ def test_transformers_swin_lowers(tmp_path, name, preset):
     """donut-swin (Swin windows + pooler), the model the bug was seen on; swin, whose attention
     output goes through torch's sdpa decomposition (another layout than the kernel's) and then
     transpose().contiguous().view(): the contiguous must be decomposed where that layout is seen, in
-    the functionalizing trace, not in the first step of the two (which only applies the
-    decompositions that write in place, here the pooler's)."""
+    the one functionalizing trace, together with the pooler's decomposition that writes in place."""
     pytest.importorskip("transformers")
     from exporter.corpus.transformers_zoo import make_case
 
