@@ -259,3 +259,35 @@ def test_in_place_write_into_an_eval_dropout_lowers_as_torch_does(tmp_path, pres
 
     assert op_counts(lowered.exported_program().graph_module) == op_counts(theirs.graph_module)
     torch.testing.assert_close(Runtime(lowered)(ids, mask), model(ids, mask))
+
+
+class _TensorConstant(torch.nn.Module):
+    """torch.tensor(...) in forward: torch.export records an in-place detach_ after the constant."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        scale = torch.tensor([0.5, 1.0, 1.5, 2.0])
+        return torch.nn.functional.gelu(self.lin(x) * scale).softmax(-1)
+
+
+def test_lowered_nodes_keep_the_programs_stack_traces_where_detach_is_skipped(tmp_path):
+    """The retrace of a program holding detach_ carries each node's stack trace and module stack over
+    to the nodes its decomposition emits, as for any other program (no stack trace recorded inside
+    pt2b's own code), and the detach_ is gone, with torch's op counts and eager's outputs."""
+    model, x = _TensorConstant().eval(), torch.randn(3, 4)
+    path = tmp_path / "m.pt2b"
+    ep = export_model(model, (x,), path)
+    assert any(n.target is torch.ops.aten.detach_.default for n in ep.graph.nodes)
+    lowered = load_for_backend(path, "core", cache=False)
+    gm = lowered.exported_program().graph_module
+    calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+    traces = [n.meta.get("stack_trace") or "" for n in calls]
+    assert not [t for t in traces if "exporter/" in t or "exporter\\" in t]
+    assert any("forward" in t and "test_decompose.py" in t for t in traces)
+    assert sum(1 for n in calls if n.meta.get("nn_module_stack")) >= 2  # the linear's nodes, at least
+    assert not [n for n in calls if "detach" in str(n.target)]
+    assert op_counts(gm) == op_counts(ep.run_decompositions().graph_module)
+    torch.testing.assert_close(Runtime(lowered)(x), model(x))
