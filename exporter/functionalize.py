@@ -21,7 +21,9 @@ functionalization (those of CompositeImplicitAutograd ops and Autograd-key Pytho
 applied above it in the same single trace (_AboveFunctionalization), so that what they write in
 place is functionalized, and the rest of the table, whose PrimTorch views functionalization cannot
 take, below it, as in torch; a decomposition torch runs below functionalization that writes in
-place (where torch's retrace fails) is applied in a first step (_trace_in_two_steps); torch.export's detach_
+place (where torch's retrace fails), or on 2.11 a C++ CIA kernel, is applied in a first step
+(_trace_in_two_steps); the whole table is first tried below functionalization, which is faster,
+with a watch that stops at the first write in place (_trace_once); torch.export's detach_
 after a constant is skipped (_without_detach_); the trace runs in the program's own fake mode and ShapeEnv, found as torch
 finds it, also for a program without tensor inputs (_fake_mode), so the graph's unbacked symbols
 and their ranges are the trace's. Nothing global is written;
@@ -37,6 +39,7 @@ import threading
 
 import torch
 
+from . import torch_compat
 from .errors import LoweringError
 from .ops import op_name
 from .versioning.op_table import iter_graphs
@@ -151,10 +154,7 @@ def forced_ops() -> frozenset:
 def _retrace(ep, table: dict):
     gm = ep.graph_module
     old_phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    try:
-        new_gm, aot_sig = _trace(gm, old_phs, table)
-    except AssertionError as e:
-        new_gm, aot_sig = _trace_in_two_steps(gm, old_phs, table, e)
+    new_gm, aot_sig = _trace_once(gm, old_phs, table)
     # as torch's retrace does, an unused random draw is dead code too
     new_gm.graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure(impure_random=False))
     _materialize_conj(new_gm)
@@ -174,29 +174,90 @@ def _retrace(ep, table: dict):
     return _program(ep, new_gm, sig)  # threaded effect tokens stay, as in torch's result
 
 
-def _trace_in_two_steps(gm, placeholders, table: dict, error: Exception):
-    """The retrace when a decomposition that torch applies below functionalization wrote in place
-    (``error``: the functionalized graph is not functional; torch._refs.polar sets ``result.real``),
-    where torch's own retrace fails with ``error``: those decompositions (_writing_in_place) are
-    applied first, unfunctionalized (their in-place ops stay for functionalization to turn into the
-    functional ops the table then decomposes), then that is functionalized with the whole table."""
-    above = _writing_in_place(gm, table, {})
-    while above:
+# Ops whose decomposition writes in place below functionalization on some inputs (adaptive_avg_pool2d's
+# CIA kernel: as_strided_ on a channels-last result), measured; the retrace of a program calling one
+# applies the decompositions torch runs above functionalization there at once. Others found by the
+# watch while lowering are added for the rest of the process.
+_WRITERS = {torch.ops.aten.adaptive_avg_pool1d.default, torch.ops.aten.adaptive_avg_pool2d.default}
+
+
+def _trace_once(gm, placeholders, table: dict):
+    """The retrace. The decompositions torch runs above functionalization (those of CIA ops and
+    Autograd-key Python kernels) may write in place (adaptive_avg_pool2d's as_strided_, the write
+    into an eval dropout's result in XLM), which only their application above functionalization
+    functionalizes; applying them there costs more (their ops go through functionalization: about
+    a fifth more time on a seq2seq model). So the whole table is applied below functionalization, with
+    a watch that stops the trace at the first write in place, unless the program calls an op known to
+    write (_WRITERS); on a write, or where functionalization refuses one (the frozen storage of
+    dropout's result), the trace is done with them above it; if a decomposition torch runs below
+    functionalization writes (where torch's own retrace fails), in two steps."""
+    calls = {n.target for graph in iter_graphs(gm) for n in graph.nodes if n.op == "call_function"}
+    if not calls & _WRITERS:
+        watch = _Watch()
+        try:
+            return _trace(gm, placeholders, watch.wrap(table))
+        except Exception as e:  # noqa: BLE001 -- a write in place is told by the watch, or one of these
+            if watch.wrote is None and not isinstance(e, AssertionError) and "frozen storage" not in str(e):
+                raise
+            if watch.wrote is not None:
+                _WRITERS.add(watch.wrote)
+    try:
+        return _trace(gm, placeholders, table, above=True)
+    except AssertionError as e:
+        return _trace_in_two_steps(gm, placeholders, table, e, writers_only=True)
+    except RuntimeError as e:
+        if "frozen storage" not in str(e):
+            raise
+        return _trace_in_two_steps(gm, placeholders, table, e, writers_only=False)
+
+
+def _trace_in_two_steps(gm, placeholders, table: dict, error: Exception, writers_only: bool):
+    """The retrace when even the trace with the decompositions torch runs above functionalization
+    applied there (_trace_once) is not functional (``error``): on a torch whose functionalization
+    cannot be told per mode object (2.11: the C++ CIA kernels, such as adaptive_avg_pool2d's with its
+    as_strided_ on a channels-last result, then run below it), or where a decomposition torch runs
+    below functionalization writes in place. So the decompositions among those torch applies above functionalization (_above_functionalization)
+    that write in place, also through the calls they make, are applied first, unfunctionalized (the
+    in-place ops stay for functionalization to turn into the functional ops the table then
+    decomposes), then that is functionalized with the whole table, as in torch's retrace. (After a
+    frozen-storage error, ``writers_only=False``: all of them but aliasing ops run first.)
+
+    Applying the whole table first instead would leave the PrimTorch views that the other entries
+    emit (prims.collapse_view for aten.view, prims.broadcast_in_dim for aten.expand, ...) for
+    functionalization, which refuses a non-ATen op that returns an alias.
+
+    If a decomposition torch runs below functionalization writes in place (torch._refs.polar sets
+    ``result.real``), torch's retrace fails (with ``error``); pt2b then applies those
+    decompositions above functionalization too (_writing_in_place), else raises ``error``."""
+    # Only the decompositions that write in place run first: the others run in the second trace, where
+    # they see the strides and values the table's other entries produce, as in torch's single retrace
+    # (swin: contiguous() after attention is a copy on the layout of torch's sdpa decomposition and a
+    # no-op on its kernel's; applied first, it would be dropped and the view after it fail).
+    # (After a frozen-storage error, dropout's decomposition must run first too, which writes nothing:
+    # then every decomposition torch applies above functionalization does, aliasing ops excepted.)
+    candidates = _above_functionalization(table)
+    if writers_only:
+        above = _writing_in_place(gm, candidates, {}, nested=candidates)
+    else:
+        above = {op: fn for op, fn in candidates.items() if not _returns_alias(op)}
+    while True:
         first = _decomposed(gm, placeholders, above)
         try:
             return _trace(first, placeholders, table)
         except AssertionError:
             writers = _writing_in_place(first, table, above)
             if not writers:
-                break
+                raise error from None
             above.update(writers)
-    raise error from None
 
 
-def _writing_in_place(gm, table: dict, applied: dict) -> dict:
+def _writing_in_place(gm, table: dict, applied: dict, nested: dict | None = None) -> dict:
     """The entries of ``table`` (not in ``applied``) whose decomposition of one of ``gm``'s calls,
     traced alone, writes in place; and, as they will be applied with it, those of the calls that
-    their decompositions make."""
+    their decompositions make. With ``nested``, a decomposition is traced with ``nested`` applied to
+    the calls it makes (a write that happens only there counts: adaptive_avg_pool1d's decomposition
+    calls adaptive_avg_pool2d, whose own writes), and the entries of ``nested`` it used, except
+    aliasing ops (decomposed later, where the strides are final), are returned with it."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     out, seen = {}, set()
@@ -216,6 +277,9 @@ def _writing_in_place(gm, table: dict, applied: dict) -> dict:
             seen.add(key)
             inputs = [i for i, v in enumerate(leaves) if isinstance(v, (torch.Tensor, torch.SymInt))]
 
+            used: set = set()
+            decompose = {} if nested is None else {o: _recording(o, f, used) for o, f in nested.items()}
+
             def run(*vals, fn=table[op], leaves=leaves, spec=spec, inputs=inputs):
                 leaves = list(leaves)
                 for i, v in zip(inputs, vals):
@@ -225,14 +289,29 @@ def _writing_in_place(gm, table: dict, applied: dict) -> dict:
 
             try:
                 with fake_mode, torch.no_grad():
-                    traced = make_fx(run, pre_dispatch=True)(*[leaves[i] for i in inputs])
+                    traced = make_fx(run, decomposition_table=decompose, pre_dispatch=True)(*[leaves[i] for i in inputs])
             except Exception:  # noqa: BLE001 -- not traceable alone: it stays below functionalization
                 continue
             if any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
                    and n.target._schema.is_mutable for n in traced.graph.nodes):
                 out[op] = table[op]
+                out.update({o: nested[o] for o in used if o not in applied and not _returns_alias(o)})
                 graphs.append(traced.graph)
     return out
+
+
+def _recording(op, fn, used: set):
+    def decomposition(*args, **kwargs):
+        used.add(op)
+        return fn(*args, **kwargs)
+
+    return decomposition
+
+
+def _returns_alias(op) -> bool:
+    """Whether an op's schema returns a view of an input (reshape, contiguous, flatten: what their
+    decompositions give depends on the strides they see)."""
+    return any(r.alias_info is not None for r in op._schema.returns)
 
 
 def _signature_of(v):
@@ -388,15 +467,53 @@ def _fake_inputs(gm, placeholders):
         return fake_mode, [v.detach() if isinstance(v, torch.Tensor) else v for v in vals]
 
 
-def _trace(gm, placeholders, table):
-    """aot_export_module above autograd: functionalized, ``table`` applied, on fresh fake inputs; the
-    decompositions torch applies above functionalization are applied there (_AboveFunctionalization)."""
+def _trace(gm, placeholders, table, above: bool = False):
+    """aot_export_module above autograd: functionalized, ``table`` applied, on fresh fake inputs; with
+    ``above``, the decompositions torch applies above functionalization are applied there
+    (_AboveFunctionalization), else the whole table below it."""
     from torch._functorch.aot_autograd import aot_export_module
 
     fake_mode, args = _fake_inputs(gm, placeholders)
-    with fake_mode, torch.no_grad(), _AboveFunctionalization(_above_functionalization(table)):
+    modes = _AboveFunctionalization(_above_functionalization(table)) if above else contextlib.nullcontext()
+    with fake_mode, torch.no_grad(), modes:
         return aot_export_module(_without_detach_(gm), args, decompositions=table, trace_joint=False,
                                  pre_dispatch=True)
+
+
+class _WritesInPlace(Exception):
+    pass
+
+
+class _Watch:
+    """Table entries wrapped so that the fast trace stops at the first decomposition that writes in
+    place below functionalization (the graph would not be functional; the trace is redone with the
+    decompositions torch runs above functionalization applied there), instead of at its end."""
+
+    def __init__(self):
+        self.wrote = None
+
+    def wrap(self, table: dict) -> dict:
+        return {op: self._watching(op, fn) for op, fn in table.items()}
+
+    def _watching(self, op, fn):
+        def decomposition(*args, **kwargs):
+            from torch.fx.experimental.proxy_tensor import get_proxy_mode
+
+            mode = get_proxy_mode()
+            if mode is None:
+                return fn(*args, **kwargs)
+            graph = mode.tracer.graph
+            before = len(graph.nodes)
+            out = fn(*args, **kwargs)
+            node = graph._root
+            for _ in range(len(graph.nodes) - before):
+                node = node.prev
+                if isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable:
+                    self.wrote = op
+                    raise _WritesInPlace(f"{op} writes in place ({node.target}) below functionalization")
+            return out
+
+        return decomposition
 
 
 def _runs_cia_kernel(fn) -> bool:
@@ -425,7 +542,10 @@ class _AboveFunctionalization(torch.overrides.TorchFunctionMode):
     def __init__(self, table: dict):
         super().__init__()
         self.table = table
-        self.cia = frozenset(op for op, fn in table.items() if _runs_cia_kernel(fn))
+        # (a torch whose functionalization cannot be told per mode object, 2.11, runs their C++
+        # kernels where the table's other entries run)
+        self.cia = frozenset(op for op, fn in table.items() if _runs_cia_kernel(fn)) \
+            if torch_compat.functional_mode_decides_per_object() else frozenset()
         self.active: set = set()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):

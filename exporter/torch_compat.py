@@ -19,6 +19,11 @@ docs/releases.md has its table):
   (``hx.squeeze(1)``), so a batch of more than one comes back as (layers, 1, batch, hidden);
   ``one_layer_lstm`` probes it once and returns it repaired where it does that
   (lowering/decompose.py applies it; torch's own run_decompositions keeps the bug).
+- functionalization: from 2.12 on, FunctionalTensorMode decides per op whether it decomposes a
+  CompositeImplicitAutograd op itself in a method of the mode object (``_can_decompose``), which
+  pt2b's retrace tells, on that one object, to decompose the CIA ops torch applies above
+  functionalization (functionalize.py); 2.11 decides in a local function, so there those ops' C++
+  kernels run where the table's other entries do (``functional_mode_decides_per_object``).
 """
 
 from __future__ import annotations
@@ -92,3 +97,12 @@ def _one_layer_lstm_keeping_batch(inp, hidden, params, has_biases, reverse=False
     if hx.dim() > hidden[0].dim():
         hx, cx = hx.squeeze(0), cx.squeeze(0)
     return out, (hx, cx)
+
+
+@functools.cache
+def functional_mode_decides_per_object() -> bool:
+    """Whether FunctionalTensorMode asks a method of the mode object (``_can_decompose``) whether it
+    decomposes an op itself (2.12 on); 2.11 decides in a local function of its __torch_dispatch__."""
+    from torch._subclasses.functional_tensor import FunctionalTensorMode
+
+    return callable(getattr(FunctionalTensorMode, "_can_decompose", None))

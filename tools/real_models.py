@@ -37,6 +37,9 @@ STAGE_ORDER = ["build", "capture", "eager", "write", "load", "bitwise"] + \
 STOP_AFTER = {"build": "build", "capture": "capture", "eager": "eager", "write": "write", "load": "bitwise",
               "all": None}
 MSG_CHARS = 300
+# "ratio:core" (after the core lowering): torch's load + run_decompositions timed beside pt2b's cold core
+# lowering, for the per-model ratio; on in the sweep (off with --no-ratios), off where tests call run_case
+RATIOS = False
 # address-space limit of one case's process: a program that asks for more (a decomposition that
 # materializes a huge broadcast) fails with torch's allocation error instead of being killed
 MEMORY_LIMIT_GB = 10
@@ -289,7 +292,24 @@ def run_case(name: str, stop_after: str | None, conn, workdir: str) -> None:
 
         if not stage(f"match:{preset}", match)[0]:
             stage(f"torch:{preset}", lambda: _torch_lowering(ep, preset, fresh, ref, case))
+    if RATIOS and rec["stages"].get("lower:core", {}).get("status") == "ok":
+        stage("ratio:core", lambda: _lowering_ratio(ep, path, rec))
     send()
+
+
+def _lowering_ratio(ep, path, rec) -> None:
+    """pt2b's cold core lowering (the lower:core stage: load_for_backend(path, "core", cache=False))
+    against torch's torch.export.load + run_decompositions() of the same program saved as .pt2, timed
+    once in the same process after it (its tracing machinery warm from pt2b's lowerings)."""
+    import torch
+
+    pt2 = path[: -len(".pt2b")] + ".pt2"
+    torch.export.save(ep, pt2)
+    t0 = time.perf_counter()
+    torch.export.load(pt2).run_decompositions()
+    theirs = time.perf_counter() - t0
+    ours = rec["stages"]["lower:core"]["seconds"]
+    rec["lowering_ratio"] = {"pt2b_s": ours, "torch_s": round(theirs, 3), "ratio": round(ours / theirs, 3)}
 
 
 def custom_ops(ep) -> list[str]:
@@ -455,7 +475,8 @@ def _one_line(rec) -> str:
         if s and s["status"] == "fail":
             return f"FAIL at {k}: {s.get('error_type')}: {s.get('error', '')[:100]}"
     last = [k for k in STAGE_ORDER if st.get(k, {}).get("status") == "ok"]
-    return f"ok through {last[-1] if last else '-'} ({rec.get('wall_seconds', 0)}s)"
+    ratio = f", core lowering {rec['lowering_ratio']['ratio']:.2f}x torch's" if "lowering_ratio" in rec else ""
+    return f"ok through {last[-1] if last else '-'} ({rec.get('wall_seconds', 0)}s{ratio})"
 
 
 _NORMALIZERS = [
@@ -569,7 +590,29 @@ def markdown(records: list[dict], wall: float | None = None) -> str:
     order = {"pt2b": 0, "torch too": 1, "torch.export": 2, "corpus": 3}
     for (cause, key), names in sorted(groups.items(), key=lambda kv: (order[kv[0][0]], -len(kv[1]))):
         out.append(f"| {cause} | {key.replace('|', '/')[:200]} | {len(names)} | {', '.join(names[:3])} |")
+    out += ratio_markdown(records)
     return "\n".join(out)
+
+
+def ratio_markdown(records: list[dict]) -> list[str]:
+    """Cold core lowering, pt2b / torch, per case (the ratio:core stage): the distribution, then every case."""
+    import statistics
+
+    timed = sorted((r for r in records if "lowering_ratio" in r), key=lambda r: -r["lowering_ratio"]["ratio"])
+    if not timed:
+        return []
+    ratios = [r["lowering_ratio"]["ratio"] for r in timed]
+    over = [r["name"] for r in timed if r["lowering_ratio"]["ratio"] > 1.0]
+    out = ["", f"Cold core lowering, pt2b's `load_for_backend(path, \"core\", cache=False)` over torch's "
+           f"`torch.export.load` + `run_decompositions()`, one run each in the case's process ({len(ratios)} cases): "
+           f"geometric mean {statistics.geometric_mean(ratios):.2f}x, median {statistics.median(ratios):.2f}x, "
+           f"{len(over)} above 1.0x" + (f" ({', '.join(over[:10])}{', ...' if len(over) > 10 else ''})" if over else "")
+           + ".", "", "<details><summary>per case, slowest ratio first</summary>", "",
+           "| case | pt2b s | torch s | ratio |", "|---|---|---|---|"]
+    out += [f"| {r['name']} | {r['lowering_ratio']['pt2b_s']:.2f} | {r['lowering_ratio']['torch_s']:.2f} | "
+            f"{r['lowering_ratio']['ratio']:.2f} |" for r in timed]
+    out += ["", "</details>"]
+    return out
 
 
 SAMPLE_CASE_SECONDS = 40.0  # a case slower than this in the sweep stays in the slow sweep only
@@ -628,6 +671,7 @@ def main(argv=None):
     ap.add_argument("--log-dir", default=None, help="per-case stdout/stderr logs (default: <out>.logs/)")
     ap.add_argument("--resume", action="store_true", help="keep the records already in --out, run the rest")
     ap.add_argument("--redo-failed", metavar="STAGE", help="with --resume: run again the cases whose STAGE failed ('any': any stage after capture)")
+    ap.add_argument("--no-ratios", action="store_true", help="skip timing torch's lowering beside pt2b's (ratio:core)")
     ap.add_argument("--summary-only", action="store_true", help="print the summary of --out and exit")
     ap.add_argument("--markdown", action="store_true", help="print the README table of --out and exit")
     ap.add_argument("--pick-sample", metavar="FILE", help="write the default test sample chosen from --out to FILE")
@@ -653,6 +697,8 @@ def main(argv=None):
             return 0
         summarize(data["records"], data.get("meta", {}).get("wall_seconds"))
         return 0
+    global RATIOS
+    RATIOS = not args.no_ratios
     zoo = _preload()
     if args.only:
         names = [n.strip() for n in args.only.split(",") if n.strip()]
@@ -668,7 +714,8 @@ def main(argv=None):
             def failed(r):
                 st = r.get("stages", {})
                 if args.redo_failed == "any":  # every failure after capture (pt2b's stages)
-                    return any(v.get("status") == "fail" for k, v in st.items() if k not in ("build", "capture"))
+                    return any(v.get("status") == "fail" for k, v in st.items()
+                               if k not in ("build", "capture") and not k.startswith("ratio:"))
                 return st.get(args.redo_failed, {}).get("status") == "fail"
 
             resume = {n: r for n, r in resume.items() if not failed(r)}
