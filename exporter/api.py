@@ -106,7 +106,7 @@ def load_for_backend(path: StrPath, preset: str = "core", *, supported_ops: Iter
                      decompositions: Mapping[torch._ops.OpOverload, Callable[..., Any]] | None = None,
                      keep: Iterable[OpSpec] | None = None, decompose: Iterable[OpSpec] | None = None,
                      device: str = "cpu", verify: bool = False, cache: bool | None = None,
-                     strict: bool = False) -> LoweredProgram:
+                     strict: bool = False, validate: bool = True) -> LoweredProgram:
     """Load ``path`` and lower it for a backend: functionalize, then decompose with a preset
     ("none", "core", "core-tag", "max", optionally "@<torch version>") or until only
     ``supported_ops`` remain; ``keep`` protects ops; ``decompose`` names more ops to decompose with
@@ -121,6 +121,12 @@ def load_for_backend(path: StrPath, preset: str = "core", *, supported_ops: Iter
     ``strict=True`` applies no decomposition that `pt2b opset audit` measured as lossy or wrong
     (schemas/opsets/audit@<torch>.json): such an op stays when the backend accepts it, and is an
     OpsetError naming the op and its measured error otherwise.
+
+    ``validate=True`` (the default) runs the lowered program and the unlowered one on the example
+    inputs the artifact stores and on a second input derived from them, and compares them
+    (``.validation``; exporter/lowering/validate.py): a decomposition that makes the program wrong is
+    found by bisection and kept undecomposed where the backend accepts the op, else OpsetError names
+    it. A lowering served from the cache carries the verdict stored with it.
     """
     from .lowering import cache as _cache
     from .lowering.lower import finish, lower, plan_lowering
@@ -132,12 +138,17 @@ def load_for_backend(path: StrPath, preset: str = "core", *, supported_ops: Iter
     if use_cache:
         digest = reader.program_digest(path)
         with gc_paused():
-            hit = _cache.Entry(_cache.cache_key(digest, plan.fingerprint, device)).load()
+            entry = _cache.Entry(_cache.cache_key(digest, plan.fingerprint, device))
+            hit = entry.load()
+            verdict = entry.validation()
+            if validate and verdict is None:  # stored without validation: lowered (and validated) again
+                hit = None
             if hit is not None and (not verify or _weights_verified(path, digest)):
                 source = Lazy(lambda: _same_content(path, digest))
                 lowered = finish(plan, hit,
                                  source_ep=Lazy(lambda: source.get().exported_program()), source=source)
                 lowered.from_cache = True
+                lowered.validation = verdict
                 return lowered
     # The miss path keys the entry by the digest of the artifact it actually read, so a file
     # replaced between the lookup and this open cannot file one version's lowering under another's.
@@ -150,6 +161,10 @@ def load_for_backend(path: StrPath, preset: str = "core", *, supported_ops: Iter
 
             ep = move_to_device_pass(ep, device)
         lowered = lower(ep, preset, source=prog, plan=plan)
+        if validate and device == "cpu":
+            from .lowering.validate import validated
+
+            lowered = validated(lowered, plan, ep, lambda p: lower(ep, preset, source=prog, plan=p))
         if use_cache:
             _cache.Entry(_cache.cache_key(art.digest, plan.fingerprint, device)).store(lowered, source_path=prog.path)
     return lowered

@@ -92,7 +92,7 @@ def _lower_from_args(ns):
     with progress.status(f"lowering {ns.artifact}"):
         return load_for_backend(ns.artifact, ns.preset, supported_ops=supported, keep=ns.keep or None,
                                 decompose=ns.decompose or None, cache=False if ns.no_cache else None,
-                                strict=ns.strict)
+                                strict=ns.strict, validate=not ns.no_validate)
 
 
 def cmd_cache(ns) -> int:
@@ -318,6 +318,8 @@ def build_parser() -> argparse.ArgumentParser:
         lo.add_argument("--no-cache", action="store_true", help="neither read nor write the lowering cache")
         lo.add_argument("--strict", action="store_true",
                         help="apply no decomposition the audit classes lossy or wrong (schemas/opsets/audit@*.json)")
+        lo.add_argument("--no-validate", action="store_true",
+                        help="do not run the lowered program against the unlowered one on the stored example inputs")
         if name == "lower":
             lo.add_argument("-o", "--output", help="write the lowered program as a .pt2b")
         else:

@@ -152,7 +152,7 @@ def _compare(got, ref, ref64) -> dict:
                                                 f"{list(getattr(a, 'shape', []))} instead of {b.dtype}{list(b.shape)}"}
         if b.is_complex():  # compare real and imaginary parts
             wide = torch.complex64 if b.dtype == torch.complex32 else b.dtype
-            a, b = torch.view_as_real(a.to(wide)), torch.view_as_real(b.to(wide))
+            a, b = torch.view_as_real(a.to(wide).resolve_conj()), torch.view_as_real(b.to(wide).resolve_conj())
             c = torch.view_as_real(c.to(torch.complex128)) if isinstance(c, torch.Tensor) and c.is_complex() else None
         if torch.equal(a, b) or (a.is_floating_point() and torch.equal(a.isnan(), b.isnan())
                                  and torch.equal(torch.where(a.isnan(), 0, a), torch.where(b.isnan(), 0, b))):

@@ -27,6 +27,7 @@ from ..versioning.formats import FORMAT_VERSION
 CACHE_LAYOUT = 2  # bump when what an entry holds changes meaning (2: collapsed lowerings + recipe)
 _KEY_FIELD = "pt2b_lowering_cache_key"
 _RECIPE_FIELD = "pt2b_reuse_recipe"  # present when the entry holds a collapsed lowering (reuse.py)
+_VALIDATION_FIELD = "pt2b_validation"  # the lowering's validation (validate.py), when it was validated
 
 
 def enabled(cache: bool | None) -> bool:
@@ -56,6 +57,14 @@ class Entry:
     def __init__(self, key: str, folder: pathlib.Path | None = None):
         self.key = key
         self.path = (folder or cache_dir()) / f"lowered-{key[:40]}.pt2b"
+        self._metadata: dict = {}
+
+    def validation(self):
+        """The validation stored with the entry load() read (validate.Validation), or None."""
+        from .validate import Validation
+
+        text = self._metadata.get(_VALIDATION_FIELD)
+        return Validation.from_json(text) if isinstance(text, str) else None
 
     def load(self):
         """The stored lowered ExportedProgram, or None on a miss (absent, damaged or not this key's).
@@ -74,6 +83,7 @@ class Entry:
                 if metadata.get(_KEY_FIELD) != self.key:
                     return None
                 ep = reader.rebuild(art)
+                self._metadata = metadata
         except ArtifactError:
             return None
         recipe = metadata.get(_RECIPE_FIELD)
@@ -89,6 +99,8 @@ class Entry:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             ep, metadata = lowered.exported_program(), {_KEY_FIELD: self.key}
+            if lowered.validation is not None:
+                metadata[_VALIDATION_FIELD] = lowered.validation.to_json()
             if lowered.reused is not None:  # the collapsed lowering: a fraction of the size to load
                 ep, metadata[_RECIPE_FIELD] = lowered.reused.collapsed, lowered.reused.recipe
             write_artifact(ep, self.path, ir_level=f"lowered:{lowered.preset}",

@@ -48,6 +48,7 @@ class LoweredProgram(ProgramHandle):
         self._source_prog = source  # the Pt2bProgram it was lowered from (or a Lazy loading it)
         self.from_cache = False  # True when load_for_backend took the result from the lowering cache
         self.reused = None  # reuse.Reused when repeated layers were lowered once
+        self.validation = None  # validate.Validation: how the lowering compared with the program (None: not run)
 
     @property
     def source(self) -> Pt2bProgram | None:
@@ -80,6 +81,8 @@ class LoweredProgram(ProgramHandle):
         """A text report: the preset, every op with its call sites, and what fell outside the opset."""
         lines = [f"preset {self.preset}: {self.description}",
                  f"{len(self.ops())} distinct ops, {sum(self.ops().values())} call sites:"]
+        if self.validation is not None:
+            lines.insert(1, self.validation.describe())
         lines += [f"  {n:5d}  {name}" for name, n in self.ops().items()]
         if self.outside_opset:
             lines.append(f"outside the declared opset ({len(self.outside_opset)}):")
@@ -93,11 +96,20 @@ class LoweredProgram(ProgramHandle):
         name = name if isinstance(name, str) else op_name(name)
         if "." not in name.partition("::")[2]:
             name += ".default"
+        text = self._explain(name)
+        if self.validation is not None and (name in self.validation.kept or text.split(": ", 1)[1].startswith("decomposed")):
+            text += "\n  " + (f"kept undecomposed: {self.validation.kept[name]}" if name in self.validation.kept
+                               else self.validation.describe())
+        return text
+
+    def _explain(self, name: str) -> str:
         result, source = self.ops(), op_counts(self._source_ep.graph_module)
         available = tables.available_names()
         if name in result:
             if self.keep is not None and name in self.keep:
                 why = "kept: protected from decomposition by keep=[...]"
+            elif self.validation is not None and name in self.validation.kept:
+                why = "kept: its decomposition failed validation"
             elif self.supported is not None and name in self.supported:
                 why = "supported by the backend (listed in supported_ops)"
             elif name in self.outside_opset:

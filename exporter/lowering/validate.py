@@ -1,0 +1,259 @@
+"""Validation of a lowering on the artifact's own inputs: load_for_backend runs what it produced.
+
+The lowered program and the unlowered one run on the example inputs the artifact stores and on a
+second input derived from them (each tensor's values permuted: the same shapes, dtypes and value
+set, other positions), each from its own copy of the state the program mutates. Their outputs are
+compared in the audit's words (lowering/audit.py): exact, ulp (within its ulp limit), lossy, or
+wrong: a shape, dtype, integer or non-finite value that differs, or a relative difference
+(|lowered - unlowered| / max(|unlowered|, 1)) beyond the bound for the output's dtype: the audit's
+line between lossy and wrong (audit.WRONG_REL), widened to the largest error against float64 the
+audit measured for a decomposition this lowering applied. A wrong output fails the validation.
+
+When it fails, the decomposition responsible is searched for by bisection over the ops of the
+program the table decomposes (each step lowers again with half of them kept); the lowering then
+keeps that op where the backend accepts it, or raises OpsetError naming the op, its decomposition,
+a node calling it and the measured difference.
+
+Programs with random ops are not validated (their draws differ between the two programs), nor are
+programs whose artifact stores no example inputs.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import time
+
+import torch
+import torch.utils._pytree as pytree
+
+from ..errors import OpsetError
+from ..ops import op_name
+
+__all__ = ["Validation", "validate", "validated"]
+
+
+@dataclasses.dataclass
+class Validation:
+    """What validating a lowering found (LoweredProgram.validation)."""
+
+    status: str  # "passed", "failed" or "skipped"
+    verdict: str = ""  # the worst output, in the audit's words: exact, ulp, lossy, wrong
+    max_rel: float = 0.0  # the largest relative difference from the unlowered program
+    bound: float = 0.0  # a float output farther than this is wrong
+    inputs: int = 0  # input sets run (the stored example inputs, a derived one)
+    seconds: float = 0.0
+    why: str = ""  # what failed, or why it was skipped
+    kept: dict = dataclasses.field(default_factory=dict)  # op -> why, kept undecomposed after a failure
+
+    def describe(self) -> str:
+        if self.status == "skipped":
+            return f"not validated: {self.why}"
+        text = (f"validation {self.status} on {self.inputs} input set(s) against the unlowered program: "
+                f"{self.verdict}, largest relative difference {self.max_rel:.3g} (wrong beyond {self.bound:.3g}), "
+                f"{self.seconds:.2f} s")
+        if self.why:
+            text += f"; {self.why}"
+        for op, why in self.kept.items():
+            text += f"; kept {op} undecomposed: {why}"
+        return text
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Validation | None":
+        try:
+            fields = json.loads(text)
+            return cls(**{f.name: fields[f.name] for f in dataclasses.fields(cls) if f.name in fields})
+        except (ValueError, TypeError, KeyError):
+            return None
+
+
+_RANK = {"exact": 0, "ulp": 1, "lossy": 2, "wrong": 3}
+
+
+def _called_ops(ep) -> set:
+    from ..versioning.op_table import iter_graphs
+
+    return {n.target for g in iter_graphs(ep.graph_module) for n in g.nodes
+            if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)}
+
+
+def _applied(source_ep, table: dict) -> list:
+    """The ops of the program the table decomposes, in a stable order."""
+    return sorted((op for op in _called_ops(source_ep) if op in table), key=op_name)
+
+
+def _bounds(applied: list) -> dict:
+    """dtype -> the relative difference beyond which an output is wrong."""
+    from . import audit
+
+    extra = 0.0
+    stored = audit.read()
+    for op in applied:
+        rec = (stored or {}).get("ops", {}).get(op_name(op), {})
+        if rec.get("verdict") == "lossy":
+            extra = max(extra, rec.get("worst", {}).get("err_vs_f64", 0.0))
+    return {dt: max(limit, extra) for dt, limit in audit.WRONG_REL.items()}
+
+
+def _derived(inputs):
+    """``inputs`` with each tensor's values permuted (a fixed permutation per tensor)."""
+    gen = torch.Generator().manual_seed(0)
+
+    def permute(x):
+        if not isinstance(x, torch.Tensor) or x.numel() < 2 or x.is_sparse:
+            return x
+        flat = x.detach().reshape(-1)
+        return flat[torch.randperm(flat.numel(), generator=gen)].reshape(x.shape).clone()
+
+    return pytree.tree_map(permute, inputs)
+
+
+class _Runner:
+    """Runs ``ep.module()`` (built once) from the program's stored state each time: its buffers are
+    replaced by fresh copies before every run (an unlowered program updates them in place; a lowered
+    one returns their new values, which its module writes back), so the loaded program's state stays
+    as stored."""
+
+    def __init__(self, ep):
+        self.module = ep.module()
+        self.state = [(sub, name, buf) for sub in self.module.modules() for name, buf in list(sub._buffers.items())
+                      if isinstance(buf, torch.Tensor)]
+
+    def __call__(self, inputs, seed: int = 0):
+        for sub, name, buf in self.state:
+            sub._buffers[name] = buf.detach().clone()
+        args, kwargs = copy.deepcopy(inputs)
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            return self.module(*args, **kwargs)
+
+
+def _same(a, b) -> bool:
+    return all(torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y
+               for x, y in zip(pytree.tree_leaves(a), pytree.tree_leaves(b)))
+
+
+def _compare(got, want, bounds: dict) -> tuple[str, float, str]:
+    """(verdict, largest relative difference, why) of the lowered outputs ``got`` against ``want``."""
+    from . import audit
+
+    entry = audit._compare(got, want, None)
+    if entry["verdict"] == "wrong":
+        return "wrong", float("inf"), entry.get("why", "")
+    verdict, worst = entry["verdict"], 0.0
+    for a, b in zip(pytree.tree_leaves(got), pytree.tree_leaves(want)):
+        if not isinstance(b, torch.Tensor) or not b.is_floating_point() or b.numel() == 0:
+            continue
+        fin = b.isfinite() & a.isfinite()
+        if not fin.any():
+            continue
+        rel = ((a.double() - b.double()).abs() / b.double().abs().clamp_min(1.0))[fin].max().item()
+        worst = max(worst, rel)
+        if rel > bounds.get(b.dtype, 1e-3):
+            return "wrong", rel, f"a {str(b.dtype).removeprefix('torch.')} output differs by {rel:.3g} (relative)"
+    return verdict, worst, ""
+
+
+def validate(source_ep, lowered_ep, table: dict) -> Validation:
+    """Run ``lowered_ep`` and ``source_ep`` on the stored example inputs and a derived input and
+    compare (module docstring)."""
+    t0 = time.perf_counter()
+    if source_ep.example_inputs is None:
+        return Validation("skipped", why="the artifact stores no example inputs")
+    random = sorted(op_name(op) for op in _called_ops(source_ep) if torch.Tag.nondeterministic_seeded in op.tags)
+    applied = _applied(source_ep, table)
+    bounds = _bounds(applied)
+    result = Validation("passed", verdict="exact", bound=bounds[torch.float32])
+    ours, theirs = _Runner(source_ep), None
+    for i, inputs in enumerate((source_ep.example_inputs, _derived(source_ep.example_inputs))):
+        try:
+            want = ours(inputs)
+            # an op that can draw (dropout, sdpa) may draw nothing (eval mode): a second seed tells
+            if i == 0 and random and not _same(want, ours(inputs, seed=1)):
+                return Validation("skipped", why=f"the program's outputs are random ({', '.join(random[:3])})",
+                                  seconds=time.perf_counter() - t0)
+        except Exception:  # noqa: BLE001 -- a derived input outside the program's domain (its own checks)
+            if i == 0:
+                return Validation("skipped", why="the unlowered program does not run on its example inputs",
+                                  seconds=time.perf_counter() - t0)
+            continue
+        try:
+            theirs = theirs or _Runner(lowered_ep)
+            got = theirs(inputs)
+        except Exception as e:  # noqa: BLE001 -- the lowered program fails where the unlowered one runs
+            verdict, rel, why = "wrong", float("inf"), f"the lowered program raises {type(e).__name__}: {str(e)[:200]}"
+        else:
+            verdict, rel, why = _compare(got, want, bounds)
+        result.inputs += 1
+        result.max_rel = max(result.max_rel, rel)
+        if _RANK[verdict] > _RANK[result.verdict]:
+            result.verdict = verdict
+        if verdict == "wrong":
+            result.status = "failed"
+            result.why = ("on the stored example inputs: " if i == 0 else "on the derived input: ") + why
+            break
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def validated(lowered, plan, source_ep, relower):
+    """``lowered`` (a LoweredProgram) with its validation; after a failure, the lowering that keeps
+    the decomposition responsible undecomposed where ``plan.accepts`` it, else OpsetError.
+    ``relower(plan)`` lowers the source again with another plan."""
+    lowered.validation = validate(source_ep, lowered.exported_program(), plan.table)
+    if lowered.validation.status != "failed":
+        return lowered
+    failure = lowered.validation
+    culprit = _responsible(plan, source_ep, relower)
+    if culprit is None:
+        raise OpsetError(f"lowering with {plan.label}: the lowered program does not compute what the program does "
+                         f"({failure.why}), and no single decomposition is responsible. Lower with fewer "
+                         "decompositions (keep=[...]) or validate=False to accept it.")
+    name, fn = op_name(culprit), plan.table[culprit]
+    where = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+    node = next(n.name for n in source_ep.graph.nodes if n.target is culprit) \
+        if any(n.target is culprit for n in source_ep.graph.nodes) else "(in a subgraph)"
+    if plan.accepts(culprit):
+        repaired = relower(_without(plan, culprit))
+        check = validate(source_ep, repaired.exported_program(), repaired.table)
+        if check.status != "failed":
+            check.kept = {name: f"its decomposition ({where}) made the program wrong at node {node}: {failure.why}"}
+            repaired.validation = check
+            return repaired
+    raise OpsetError(
+        f"lowering with {plan.label}: the decomposition of {name} ({where}) makes the program wrong at node "
+        f"{node}: {failure.why} (largest relative difference {failure.max_rel:.3g}, wrong beyond "
+        f"{failure.bound:.3g}). The backend does not accept {name} undecomposed; implement it (add it to "
+        "supported_ops or keep=[...]), give another decomposition (decompositions={op: fn}), or lower with "
+        "validate=False to accept the difference.")
+
+
+def _without(plan, ops):
+    ops = set(ops) if isinstance(ops, (set, list, tuple)) else {ops}
+    return dataclasses.replace(plan, table={op: fn for op, fn in plan.table.items() if op not in ops})
+
+
+def _responsible(plan, source_ep, relower):
+    """The op whose decomposition makes the lowering fail validation: bisection over the ops of the
+    program the table decomposes (one culprit assumed; None when keeping it alone does not help)."""
+    candidates = _applied(source_ep, plan.table)
+
+    loose = dataclasses.replace(plan, strict=False, withheld={})  # (kept ops outside the opset are fine here)
+
+    def passes(kept) -> bool:
+        try:
+            again = relower(_without(loose, kept))
+        except Exception:  # noqa: BLE001 -- keeping these ops does not lower
+            return False
+        return validate(source_ep, again.exported_program(), again.table).status != "failed"
+
+    if not candidates or not passes(candidates):
+        return None
+    while len(candidates) > 1:
+        half = candidates[: len(candidates) // 2]
+        candidates = half if passes(half) else candidates[len(candidates) // 2:]
+    return candidates[0] if passes(candidates) else None

@@ -1,0 +1,170 @@
+"""load_for_backend validates what it produced (exporter/lowering/validate.py): the lowered program
+and the unlowered one run on the artifact's example inputs and on a derived input; a decomposition
+that makes the program wrong is found by bisection, kept where the backend accepts the op, else an
+OpsetError names it; the cache stores the verdict."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from exporter import export_model, load, load_for_backend
+from exporter.errors import OpsetError
+from exporter.corpus.zoo import make_case
+from exporter.lowering import tables
+from exporter.lowering import validate as V
+from exporter.lowering.lower import plan_lowering
+from runtime_ref import Runtime
+
+aten = torch.ops.aten
+
+
+class _GeluMlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(6, 8), torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.b(torch.nn.functional.gelu(self.a(x))).softmax(-1)
+
+
+def _artifact(tmp_path, model=None, args=None):
+    torch.manual_seed(0)
+    model = model or _GeluMlp().eval()
+    args = args or (torch.randn(5, 6),)
+    path = tmp_path / "m.pt2b"
+    export_model(model, args, path)
+    return model, args, path
+
+
+def _half_gelu(x, approximate="none"):  # a decomposition that computes something else
+    return 0.5 * x
+
+
+def test_a_lowering_is_validated_on_the_stored_inputs(tmp_path):
+    model, args, path = _artifact(tmp_path)
+    lp = load_for_backend(path, "core", cache=False)
+    v = lp.validation
+    assert (v.status, v.inputs, v.kept) == ("passed", 2, {})
+    assert v.verdict in ("exact", "ulp", "lossy") and v.max_rel <= v.bound == 1e-3
+    assert "validation passed on 2 input set(s)" in lp.report()
+    torch.testing.assert_close(Runtime(lp)(*args), model(*args))
+
+
+def test_validate_false_skips_it(tmp_path):
+    _, _, path = _artifact(tmp_path)
+    assert load_for_backend(path, "core", cache=False, validate=False).validation is None
+
+
+def test_a_wrong_decomposition_of_an_accepted_op_is_found_and_kept(tmp_path):
+    """gelu is in the core opset: its (wrong) decomposition is withheld and the program validates."""
+    model, args, path = _artifact(tmp_path)
+    lp = load_for_backend(path, "core", cache=False, decompositions={aten.gelu.default: _half_gelu})
+    assert lp.ops().get("aten::gelu.default") == 1
+    assert list(lp.validation.kept) == ["aten::gelu.default"]
+    assert "_half_gelu" in lp.validation.kept["aten::gelu.default"]
+    assert lp.validation.status == "passed"
+    assert "failed validation" in lp.explain("aten::gelu")
+    torch.testing.assert_close(Runtime(lp)(*args), model(*args))
+
+
+def test_a_wrong_decomposition_the_backend_needs_is_an_opset_error_naming_it(tmp_path):
+    """With supported_ops that lack gelu, the backend cannot take it undecomposed: OpsetError names
+    the op, the decomposition, the node and the measured difference."""
+    _, _, path = _artifact(tmp_path)
+    supported = ["aten::addmm.default", "aten::permute.default", "aten::mul.Tensor", "aten::_softmax.default",
+                 "aten::t.default", "aten::linear.default", "aten::softmax.int", "aten::view.default"]
+    with pytest.raises(OpsetError, match=r"the decomposition of aten::gelu\.default \(.*_half_gelu\) makes the "
+                                         r"program wrong at node gelu: on the stored example inputs: a float32 "
+                                         r"output differs by [0-9.e-]+ \(relative\)"):
+        load_for_backend(path, supported_ops=supported, cache=False,
+                         decompositions={aten.gelu.default: _half_gelu})
+
+
+def test_bisection_finds_the_one_wrong_decomposition_among_many(tmp_path):
+    """Several decompositions applied, one wrong: the bisection names that one."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.SiLU(), torch.nn.LayerNorm(4), torch.nn.GELU(),
+                                torch.nn.Hardswish()).eval()
+    _, args, path = _artifact(tmp_path, model, (torch.randn(3, 4),))
+
+    def wrong_hardswish(x):
+        return x * 0.25
+
+    table = {**tables.available_decompositions(), aten.hardswish.default: wrong_hardswish}
+    plan = plan_lowering("max", decompositions={aten.hardswish.default: wrong_hardswish})
+    applied = V._applied(load(path).exported_program(), plan.table)
+    assert len(applied) >= 4 and aten.hardswish.default in applied  # silu, layer_norm, gelu, linear, ...
+    with pytest.raises(OpsetError, match=r"the decomposition of aten::hardswish\.default \(.*wrong_hardswish\)"):
+        load_for_backend(path, "max", cache=False, decompositions=table)
+    # keeping it (a backend that takes hardswish) is the repair: the rest of max applies
+    lp = load_for_backend(path, "max", cache=False, keep=["aten::hardswish.default"],
+                          decompositions={aten.hardswish.default: wrong_hardswish})
+    assert lp.validation.status == "passed" and lp.ops().get("aten::hardswish.default") == 1
+    torch.testing.assert_close(Runtime(lp)(*args), model(*args), rtol=1e-5, atol=1e-5)
+
+
+def test_the_cache_stores_the_verdict(tmp_path, monkeypatch):
+    monkeypatch.setenv("PT2B_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("PT2B_CACHE", raising=False)
+    _, _, path = _artifact(tmp_path)
+    first = load_for_backend(path, "core")
+    second = load_for_backend(path, "core")
+    assert not first.from_cache and second.from_cache
+    assert second.validation == first.validation and second.validation.status == "passed"
+
+
+def test_an_entry_stored_without_validation_is_validated_on_the_next_request(tmp_path, monkeypatch):
+    monkeypatch.setenv("PT2B_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("PT2B_CACHE", raising=False)
+    _, _, path = _artifact(tmp_path)
+    assert load_for_backend(path, "core", validate=False).validation is None
+    again = load_for_backend(path, "core")
+    assert not again.from_cache and again.validation.status == "passed"
+    assert load_for_backend(path, "core").from_cache
+
+
+def test_validation_leaves_the_programs_state_alone(tmp_path):
+    """A program that updates buffers in place runs from copies: the loaded state is unchanged and
+    the lowered program, run afterwards, gives eager's outputs."""
+    case = make_case("buffer_mutation")
+    path = tmp_path / "b.pt2b"
+    export_model(copy.deepcopy(case.model), case.args, path)
+    before = {k: v.clone() for k, v in load(path).exported_program().state_dict.items()}
+    prog = load(path)
+    lp = load_for_backend(path, "core", cache=False)
+    assert lp.validation.status == "passed"
+    for k, v in prog.exported_program().state_dict.items():
+        assert torch.equal(v, before[k]), k
+    torch.testing.assert_close(Runtime(lp)(*case.args), copy.deepcopy(case.model)(*case.args))
+
+
+def test_random_outputs_are_not_validated(tmp_path):
+    class Drop(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.dropout(x, 0.5, training=True) + torch.rand_like(x)
+
+    _, _, path = _artifact(tmp_path, Drop(), (torch.randn(4, 4),))
+    v = load_for_backend(path, "core", cache=False).validation
+    assert v.status == "skipped" and "random" in v.why
+
+
+def test_eval_dropout_is_validated():
+    """dropout can draw, but in eval mode draws nothing: such a program is validated."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5)).eval()
+    ep = torch.export.export(model, (torch.randn(2, 4),))
+    from exporter.lowering.decompose import run_decompositions
+    from exporter.lowering import tables
+
+    lowered = run_decompositions(ep, dict(tables.torch_default_table()))
+    assert V.validate(ep, lowered, dict(tables.torch_default_table())).status == "passed"
+
+
+def test_derived_inputs_keep_shapes_dtypes_and_values():
+    x, ids = torch.randn(3, 5), torch.randint(0, 7, (2, 6))
+    (dx, dids), _ = V._derived(((x, ids), {}))
+    assert dx.shape == x.shape and dids.dtype == ids.dtype
+    assert not torch.equal(dx, x)
+    assert torch.equal(dx.flatten().sort().values, x.flatten().sort().values)
+    assert torch.equal(dids.flatten().sort().values, ids.flatten().sort().values)
