@@ -137,6 +137,54 @@ def freeze(names=PRESETS) -> list[pathlib.Path]:
     return out
 
 
+def frozen_releases(name: str = "core") -> list[str]:
+    """The torch releases (major.minor) whose preset ``name`` is frozen in schemas/opsets/, oldest first."""
+    found = [p.stem.partition("@")[2] for p in OPSETS_DIR.glob(f"{name}@*.json")]
+    return sorted(found, key=lambda v: tuple(int(x) for x in v.split(".")))
+
+
+def release_changes(name: str = "core", examples: int = 4) -> str:
+    """A markdown table of how preset ``name``'s opset and decomposition table changed from each frozen
+    release to the next (README's section; python -m exporter.lowering.presets --changes)."""
+    releases = frozen_releases(name)
+    lines = [f"| {name} | opset (ops) | opset changes | decomposition table (ops) | table changes |",
+             "|---|---|---|---|---|"]
+
+    def listed(added, removed):
+        parts = [f"+{len(added)}: {', '.join(added[:examples])}{', ...' if len(added) > examples else ''}"
+                 if added else "", f"-{len(removed)}: {', '.join(removed[:examples])}"
+                 f"{', ...' if len(removed) > examples else ''}" if removed else ""]
+        return "; ".join(x for x in parts if x) or "none"
+
+    prev = None
+    for version in releases:
+        p = load(f"{name}@{version}")
+        if prev is None:
+            lines.append(f"| {version} | {len(p.opset or ())} | (first) | {len(p.decompose)} | (first) |")
+        else:
+            d = diff(prev, p)
+            lines.append(f"| {prev.torch_version} -> {version} | {len(p.opset or ())} | "
+                         f"{listed(d['opset'][1], d['opset'][0])} | {len(p.decompose)} | "
+                         f"{listed(d['decompose'][1], d['decompose'][0])} |")
+        prev = p
+    return "\n".join(lines)
+
+
+def release_summary(name: str = "core") -> str:
+    """One line: preset ``name``'s opset and table size on each frozen release (README)."""
+    ps = [load(f"{name}@{v}") for v in frozen_releases(name)]
+    sizes = {len(p.opset or ()) for p in ps}
+    opset = (f"{sizes.pop()} ops on every release" if len(sizes) == 1 and all(p.opset == ps[0].opset for p in ps)
+             else ", ".join(f"{len(p.opset or ())} ({p.torch_version})" for p in ps))
+    return (f"`{name}` across torch {ps[0].torch_version} to {ps[-1].torch_version}: its opset {opset}; its "
+            f"decomposition table " + ", ".join(f"{len(p.decompose)} ops ({p.torch_version})" for p in ps) + ".")
+
+
 if __name__ == "__main__":
-    for written in freeze():
-        print(f"wrote {written}")
+    import sys
+
+    if "--changes" in sys.argv[1:]:
+        print(release_summary() + "\n\n" + release_changes())
+    else:
+        for written in freeze():
+            print(f"wrote {written}")

@@ -1,0 +1,47 @@
+"""Presets frozen per torch release (schemas/opsets/<preset>@<release>.json): each loads, a pinned
+older preset lowers on the running release within its own opset (an op outside it is an OpsetError:
+tests/test_lowering.py::test_pinned_preset_guarantees_its_frozen_opset), and the README and
+docs/releases.md state what `python -m exporter.lowering.presets --changes` generates."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+import torch
+
+from exporter import export_model, load_for_backend
+from exporter.corpus.zoo import make_case
+from exporter.lowering import presets
+from runtime_ref import Runtime
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+RELEASES = presets.frozen_releases("core")
+
+
+def test_every_supported_release_has_frozen_presets():
+    assert RELEASES == ["2.11", "2.12", "2.13", "2.14", "2.15"]
+    for name in presets.PRESETS:
+        assert presets.frozen_releases(name) == RELEASES, name
+        for version in RELEASES:
+            p = presets.load(f"{name}@{version}")
+            assert p.torch_version == version and p.name == name
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_a_pinned_preset_of_any_release_lowers_here_within_its_opset(tmp_path, version):
+    case = make_case("cnn_bn")
+    path = tmp_path / "m.pt2b"
+    export_model(case.model, case.args, path)
+    lp = load_for_backend(path, f"core@{version}", cache=False)
+    opset = set(presets.load(f"core@{version}").opset)
+    assert set(lp.ops()) <= opset
+    torch.testing.assert_close(Runtime(lp)(*case.args), case.model(*case.args), rtol=1e-4, atol=1e-4)
+
+
+def test_docs_state_the_generated_changes():
+    readme = (ROOT / "README.md").read_text()
+    releases = (ROOT / "docs" / "releases.md").read_text()
+    assert presets.release_summary() in readme, "README is stale: python -m exporter.lowering.presets --changes"
+    assert presets.release_summary() in releases and presets.release_changes() in releases, \
+        "docs/releases.md is stale: python -m exporter.lowering.presets --changes"
