@@ -45,3 +45,15 @@ def test_docs_state_the_generated_changes():
     assert presets.release_summary() in readme, "README is stale: python -m exporter.lowering.presets --changes"
     assert presets.release_summary() in releases and presets.release_changes() in releases, \
         "docs/releases.md is stale: python -m exporter.lowering.presets --changes"
+
+
+def test_every_release_has_its_decomposition_audit():
+    """schemas/opsets/audit@<release>.json, written by `pt2b opset audit` on that release: totals that
+    count its verdicts, and no decomposition measured wrong."""
+    from exporter.lowering import audit
+
+    for version in RELEASES:
+        doc = audit.read(version)
+        assert doc is not None and doc["torch_version"] == version, version
+        assert doc["totals"] == audit.totals(doc["ops"]), version
+        assert doc["totals"]["wrong"] == 0, version
