@@ -493,12 +493,12 @@ class _Watch:
         self.wrote = None
 
     def wrap(self, table: dict) -> dict:
-        return {op: self._watching(op, fn) for op, fn in table.items()}
+        from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
-    def _watching(self, op, fn):
+        return {op: self._watching(op, fn, get_proxy_mode) for op, fn in table.items()}
+
+    def _watching(self, op, fn, get_proxy_mode):
         def decomposition(*args, **kwargs):
-            from torch.fx.experimental.proxy_tensor import get_proxy_mode
-
             mode = get_proxy_mode()
             if mode is None:
                 return fn(*args, **kwargs)

@@ -27,7 +27,7 @@ import torch
 import exporter.corpus.zoo  # noqa: F401  registers the custom op some goldens call
 from exporter import load, load_for_backend
 from golden_io import load_io
-from helpers import assert_close_to_eager
+from helpers import assert_bitwise, assert_close_to_eager
 from runtime_ref import Runtime
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
@@ -45,17 +45,6 @@ CASES = [(d.name[len("torch-"):], name) for d in WRITER_DIRS for name in _manife
 
 def _custom_ops(program) -> list[str]:
     return [op for op in program.ops() if not op.startswith(("aten::", "prims::", "higher_order::", "_operator."))]
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().contiguous().reshape(-1).view(torch.uint8) if t.is_floating_point() else t
-
-
-def _assert_bitwise(out, expected) -> None:
-    assert_close_to_eager(out, expected, rtol=0, atol=0)   # structure, dtypes, values (with a diff report)
-    for x, y in zip(torch.utils._pytree.tree_leaves(out), torch.utils._pytree.tree_leaves(expected)):
-        if isinstance(x, torch.Tensor):   # and the bits: assert_close equates -0.0 and 0.0, NaN payloads
-            assert torch.equal(_bits(x), _bits(y))
 
 
 def test_release_golden_folders_are_complete():
@@ -81,7 +70,7 @@ def test_release_golden_loads_lowers_and_runs(writer, name):
     assert prog.torch_version.split("+")[0] == writer and prog.metadata["golden"] == name
     assert prog.metadata["torch"] == writer
     if writer == READER:
-        _assert_bitwise(run(prog), expected)
+        assert_bitwise(run(prog), expected)
     else:
         assert_close_to_eager(run(prog), expected, rtol=1e-5, atol=1e-5)
 

@@ -96,20 +96,13 @@ class LoweredProgram(ProgramHandle):
         name = name if isinstance(name, str) else op_name(name)
         if "." not in name.partition("::")[2]:
             name += ".default"
-        text = self._explain(name)
-        if self.validation is not None and (name in self.validation.kept or text.split(": ", 1)[1].startswith("decomposed")):
-            text += "\n  " + (f"kept undecomposed: {self.validation.kept[name]}" if name in self.validation.kept
-                               else self.validation.describe())
-        return text
-
-    def _explain(self, name: str) -> str:
         result, source = self.ops(), op_counts(self._source_ep.graph_module)
         available = tables.available_names()
         if name in result:
             if self.keep is not None and name in self.keep:
                 why = "kept: protected from decomposition by keep=[...]"
             elif self.validation is not None and name in self.validation.kept:
-                why = "kept: its decomposition failed validation"
+                why = f"kept: its decomposition failed validation ({self.validation.kept[name]})"
             elif self.supported is not None and name in self.supported:
                 why = "supported by the backend (listed in supported_ops)"
             elif name in self.outside_opset:
@@ -128,8 +121,10 @@ class LoweredProgram(ProgramHandle):
         if name in source:
             node = next(n for n in op_nodes(self._source_ep.graph_module) if op_name(n.target) == name)
             tree = routes.tree_for_node(node, self.table, self._stop)
-            return "\n".join([f"{name}: decomposed (route traced at node {node.name}):"]
-                             + ["  " + line for line in routes.render(tree)])
+            lines = [f"{name}: decomposed (route traced at node {node.name}):"] + ["  " + line for line in routes.render(tree)]
+            if self.validation is not None:
+                lines.append("  " + self.validation.describe())
+            return "\n".join(lines)
         return f"{name}: not used by this program"
 
     def _stop(self, op) -> bool:

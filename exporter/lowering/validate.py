@@ -215,21 +215,22 @@ def validated(lowered, plan, source_ep, relower):
                          "decompositions (keep=[...]) or validate=False to accept it.")
     name, fn = op_name(culprit), plan.table[culprit]
     where = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
-    node = next(n.name for n in source_ep.graph.nodes if n.target is culprit) \
-        if any(n.target is culprit for n in source_ep.graph.nodes) else "(in a subgraph)"
-    if plan.accepts(culprit):
-        repaired = relower(_without(plan, culprit))
-        check = validate(source_ep, repaired.exported_program(), repaired.table)
-        if check.status != "failed":
-            check.kept = {name: f"its decomposition ({where}) made the program wrong at node {node}: {failure.why}"}
-            repaired.validation = check
-            return repaired
-    raise OpsetError(
-        f"lowering with {plan.label}: the decomposition of {name} ({where}) makes the program wrong at node "
-        f"{node}: {failure.why} (largest relative difference {failure.max_rel:.3g}, wrong beyond "
-        f"{failure.bound:.3g}). The backend does not accept {name} undecomposed; implement it (add it to "
-        "supported_ops or keep=[...]), give another decomposition (decompositions={op: fn}), or lower with "
-        "validate=False to accept the difference.")
+    node = next((n.name for n in source_ep.graph.nodes if n.target is culprit), "(in a subgraph)")
+    found = (f"lowering with {plan.label}: the decomposition of {name} ({where}) makes the program wrong at node "
+             f"{node}: {failure.why} (largest relative difference {failure.max_rel:.3g}, wrong beyond "
+             f"{failure.bound:.3g}).")
+    if not plan.accepts(culprit):
+        raise OpsetError(f"{found} The backend does not accept {name} undecomposed; implement it (add it to "
+                         "supported_ops or keep=[...]), give another decomposition (decompositions={op: fn}), or "
+                         "lower with validate=False to accept the difference.")
+    repaired = relower(_without(plan, culprit))
+    check = validate(source_ep, repaired.exported_program(), repaired.table)
+    if check.status == "failed":
+        raise OpsetError(f"{found} Keeping {name} undecomposed does not make the lowering validate ({check.why}); "
+                         "lower with fewer decompositions (keep=[...]) or validate=False to accept the difference.")
+    check.kept = {name: f"its decomposition ({where}) made the program wrong at node {node}: {failure.why}"}
+    repaired.validation = check
+    return repaired
 
 
 def _without(plan, ops):
@@ -253,7 +254,9 @@ def _responsible(plan, source_ep, relower):
 
     if not candidates or not passes(candidates):
         return None
+    known = True  # whether keeping just ``candidates`` is known to pass (each check is a lowering)
     while len(candidates) > 1:
-        half = candidates[: len(candidates) // 2]
-        candidates = half if passes(half) else candidates[len(candidates) // 2:]
-    return candidates[0] if passes(candidates) else None
+        half = len(candidates) // 2
+        known = passes(candidates[:half])
+        candidates = candidates[:half] if known else candidates[half:]
+    return candidates[0] if known or passes(candidates) else None
