@@ -39,7 +39,7 @@ import threading
 
 import torch
 
-from . import torch_compat
+from . import functorch_regions, torch_compat
 from .errors import LoweringError
 from .ops import op_name
 from .versioning.op_table import iter_graphs
@@ -56,7 +56,7 @@ def functionalize(ep, table: dict | None = None):
     same trace) as a new ATen-dialect ExportedProgram. Without a table only the decompositions every
     retrace applies (forced_ops) are, and ``ep`` itself is returned when it has no mutation."""
     if table is None:
-        if not may_mutate(ep):
+        if not may_mutate(ep) and not functorch_regions.has_regions(ep.graph_module):
             return ep
         table = _forced()
     with _LOCK:
@@ -154,6 +154,8 @@ def forced_ops() -> frozenset:
 def _retrace(ep, table: dict):
     gm = ep.graph_module
     old_phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if functorch_regions.has_regions(gm):
+        gm = functorch_regions.flatten_regions(gm, _fake_mode(gm))
     new_gm, aot_sig = _trace_once(gm, old_phs, table)
     # as torch's retrace does, an unused random draw is dead code too
     new_gm.graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure(impure_random=False))

@@ -28,6 +28,33 @@ from .. import names, ops
 from ..errors import CorruptArtifactError
 
 _PYTHON_TARGETS = {f"{fn.__module__}.{fn.__name__}" for fn in (*_SYM_OPS, operator.getitem)}
+
+
+def _predispatch_targets() -> frozenset:
+    """The plain functions a pre-dispatch export leaves in the graph around torch.vmap / forward-mode
+    AD / grad-mode and autocast regions (torch's own verifier allows exactly these), spelled as
+    torch's serializer writes them. Looked up by attribute, so a release lacking one just has fewer."""
+    import importlib
+
+    wanted = {
+        "torch._functorch.predispatch": (
+            "_add_batch_dim", "_remove_batch_dim", "_vmap_increment_nesting", "_vmap_decrement_nesting",
+            "lazy_load_decompositions", "_make_dual", "_unpack_dual", "_jvp_increment_nesting",
+            "_jvp_decrement_nesting", "_unwrap_for_grad", "_enter_dual_level", "_exit_dual_level"),
+        "torch.amp.autocast_mode": ("_enter_autocast", "_exit_autocast"),
+    }
+    found = {"torch._C._set_grad_enabled"}
+    for module_name, function_names in wanted.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        found.update(f"{fn.__module__}.{fn.__name__}" for fn in
+                     (getattr(module, name, None) for name in function_names) if callable(fn))
+    return frozenset(found)
+
+
+PREDISPATCH_TARGETS = _predispatch_targets()
 _SYMBOL = re.compile(r"[a-z]{1,8}\d+")
 _EXPR_FUNCTIONS = {
     # the functions torch's deserializer hands to sympify
@@ -135,10 +162,11 @@ def check_name(value, kind, where: str, what: str, *, may_be_self: bool = False)
 
 
 def _target_ok(target, recorded=frozenset()) -> bool:
-    """A registered operator, SymInt arithmetic, or an op the artifact's op table records (those
-    are resolved, upgraded or refused by name by versioning/schema_drift before anything runs)."""
+    """A registered operator, SymInt arithmetic, a pre-dispatch region function, or an op the
+    artifact's op table records (those are resolved, upgraded or refused by name by
+    versioning/schema_drift before anything runs)."""
     return type(target) is str and (target in _PYTHON_TARGETS or ops.op_of_target(target) is not None
-                                    or target in recorded)
+                                    or target in PREDISPATCH_TARGETS or target in recorded)
 
 
 def check_target(target: str, where: str, recorded=frozenset()) -> None:
@@ -146,8 +174,8 @@ def check_target(target: str, where: str, recorded=frozenset()) -> None:
         return
     raise CorruptArtifactError(
         f"{where}: node calls {str(target)[:120]!r}, which is neither an operator registered with this torch "
-        f"({torch.__version__}) nor SymInt arithmetic, and the artifact's op table does not record it; "
-        f"pt2b does not resolve or call arbitrary Python objects from a file."
+        f"({torch.__version__}) nor SymInt arithmetic nor a pre-dispatch region function, and the artifact's "
+        f"op table does not record it; pt2b does not resolve or call arbitrary Python objects from a file."
     )
 
 
