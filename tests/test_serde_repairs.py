@@ -53,3 +53,57 @@ def test_without_the_repair_pt2b_refuses_to_write_it(tmp_path, monkeypatch):
     with pytest.raises(ExportError, match="pt2b would refuse to load what it was about to write.*aten.item"):
         export_model(_with_dead_item(tmp_path), path=path)
     assert not path.exists()
+
+
+class DeadNoGradRegion(torch.nn.Module):
+    """phi4_multimodal's pattern: a no_grad block whose result the model never uses. torch.export keeps
+    it as a wrap_with_set_grad_enabled region without outputs (with ``draw``, one that draws random
+    numbers, which advances the generator even though its value is dropped)."""
+
+    def __init__(self, draw=False):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.draw = draw
+
+    def forward(self, ids, x):
+        with torch.no_grad():
+            mask = ~(ids == 5).unsqueeze(-1)
+            if self.draw:
+                mask = mask & (torch.rand(mask.shape) > 0.5)
+        return self.lin(x) * 2
+
+
+def _region_args():
+    return torch.tensor([[1, 5, 3]]), torch.randn(3, 4)
+
+
+def _targets(ep):
+    return [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
+
+
+def test_torch_itself_cannot_read_a_dead_grad_region_back(tmp_path):
+    ep = torch.export.export(DeadNoGradRegion(), _region_args())
+    assert "wrap_with_set_grad_enabled" in _targets(ep)
+    torch.export.save(ep, tmp_path / "m.pt2")
+    with pytest.raises(Exception, match="wrap_with_set_grad_enabled is missing val field"):
+        torch.export.load(tmp_path / "m.pt2")
+
+
+def test_dead_functional_grad_region_is_dropped_and_the_program_round_trips(tmp_path):
+    model = DeadNoGradRegion().eval()
+    path = tmp_path / "m.pt2b"
+    ep = export_model(model, _region_args(), path)
+    loaded = load(path).exported_program()
+    assert _targets(loaded) == ["aten.linear.default", "aten.mul.Tensor"]
+    args = _region_args()
+    assert torch.equal(loaded.module()(*args), ep.module()(*args))
+    assert torch.equal(loaded.module()(*args), model(*args))
+
+
+def test_dead_region_that_draws_random_numbers_is_not_dropped(tmp_path):
+    """Dropping it would change the generator's state for what runs after it: pt2b keeps it, so the
+    write => read check refuses the program with torch's reason, and no file is left."""
+    path = tmp_path / "m.pt2b"
+    with pytest.raises(ExportError, match="pt2b would refuse to load what it was about to write.*missing val"):
+        export_model(DeadNoGradRegion(draw=True), _region_args(), path)
+    assert not path.exists()
