@@ -24,7 +24,8 @@ take, below it, as in torch; a decomposition torch runs below functionalization 
 place (where torch's retrace fails), or on 2.11 a C++ CIA kernel, is applied in a first step
 (_trace_in_two_steps); the whole table is first tried below functionalization, which is faster,
 with a watch that stops at the first write in place (_trace_once); torch.export's detach_
-after a constant is skipped (_without_detach_); the trace runs in the program's own fake mode and ShapeEnv, found as torch
+after a constant is skipped, and a view is made tolerant of the layout decompositions give its
+input (_prepared); the trace runs in the program's own fake mode and ShapeEnv, found as torch
 finds it, also for a program without tensor inputs (_fake_mode), so the graph's unbacked symbols
 and their ranges are the trace's. Nothing global is written;
 grad mode and the trace's modes are thread-local. The result is an ATen-dialect ExportedProgram
@@ -478,7 +479,7 @@ def _trace(gm, placeholders, table, above: bool = False):
     fake_mode, args = _fake_inputs(gm, placeholders)
     modes = _AboveFunctionalization(_above_functionalization(table)) if above else contextlib.nullcontext()
     with fake_mode, torch.no_grad(), modes:
-        return aot_export_module(_without_detach_(gm), args, decompositions=table, trace_joint=False,
+        return aot_export_module(_prepared(gm), args, decompositions=table, trace_joint=False,
                                  pre_dispatch=True)
 
 
@@ -577,22 +578,60 @@ class _AboveFunctionalization(torch.overrides.TorchFunctionMode):
         mode._pt2b_cia = cia
 
 
-def _without_detach_(gm):
-    """``gm`` without its in-place detach_ calls (torch.export records one after each
-    torch.tensor(...) constant; below autograd, where torch retraces, they vanish, above it they
-    would leave a detach): a GraphModule on a copy of the graph, sharing ``gm``'s attributes, so that
-    the trace still carries each node's metadata (stack trace, module stack) over to what it emits,
-    instead of recording a stack trace per new node (the cost of about a third of a lowering)."""
-    if not any(n.target is torch.ops.aten.detach_.default for n in gm.graph.nodes):
+def _prepared(gm):
+    """``gm`` as the retrace runs it: a GraphModule on a copy of the graph, sharing ``gm``'s attributes
+    (so that the trace still carries each node's metadata, stack trace and module stack, over to
+    what it emits, instead of recording a stack trace per new node: a third of a lowering), with
+
+    - its in-place detach_ calls removed (torch.export records one after each torch.tensor(...)
+      constant; below autograd, where torch retraces, they vanish, above it they would leave a
+      detach);
+    - each aten.view whose input and result nothing writes to made tolerant of its input's layout
+      (_tolerant_view).
+
+    ``gm`` itself when neither applies."""
+    views = [n for n in gm.graph.nodes if n.target is _VIEW and _view_unwritten(n)]
+    if not views and not any(n.target is torch.ops.aten.detach_.default for n in gm.graph.nodes):
         return gm
     graph = torch.fx.Graph(owning_module=gm)
     graph._codegen = gm.graph._codegen
-    graph.output(graph.graph_copy(gm.graph, {}))
+    copies = {}
+    graph.output(graph.graph_copy(gm.graph, copies))
+    for node in views:
+        copies[node].target = _tolerant_view
     for node in list(graph.nodes):
         if node.target is torch.ops.aten.detach_.default:
             node.replace_all_uses_with(node.args[0])
             graph.erase_node(node)
     return torch.fx.GraphModule(gm, graph)
+
+
+_VIEW = torch.ops.aten.view.default
+_LAYOUT_ERRORS = ("Cannot view a tensor with shape", "view size is not compatible with input tensor's size and stride")
+
+
+def _view_unwritten(node) -> bool:
+    """Neither the view nor its input is written in place (then a copy in its stead computes the same)."""
+    source = node.args[0]
+    return isinstance(source, torch.fx.Node) and not any(
+        is_mutating(user.target) for user in (*node.users, *source.users))
+
+
+def _tolerant_view(x, size):
+    """aten.view; where the decompositions upstream left ``x`` in a layout this view cannot take, the
+    same view of a contiguous copy of ``x`` (same values). The program was exported on the layouts of
+    the kernels of the ops it calls, and model code views their results on the strength of that
+    (gpt2: ``attn_output.reshape(...).contiguous()``, a no-op on the fused attention kernel's layout,
+    so export records no copy, then ``.view(-1, n)``), while the decomposition of such an op may lay
+    its result out otherwise (scaled_dot_product_attention's math decomposition): torch's own
+    run_decompositions fails there. Only views whose input and result nothing writes to are made
+    tolerant (_prepared), since a copy does not alias."""
+    try:
+        return _VIEW(x, size)
+    except (RuntimeError, ValueError) as e:
+        if not str(e).startswith(_LAYOUT_ERRORS):
+            raise
+    return _VIEW(torch.ops.aten.clone.default(x, memory_format=torch.contiguous_format), size)
 
 
 def _decomposed(gm, placeholders, table):
