@@ -18,6 +18,7 @@ import multiprocessing as mp
 import multiprocessing.connection
 import os
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -199,6 +200,9 @@ def run_case(name: str, stop_after: str | None, conn, workdir: str) -> None:
     args, kwargs = case.args, case.kwargs or {}
 
     def fresh():
+        # every run starts from the same generator state: models that draw random numbers in forward
+        # (vit_mae's masking, univnet's noise) then compute the same thing each time
+        torch.manual_seed(0)
         return copy.deepcopy(args), copy.deepcopy(kwargs)
 
     def capture():
@@ -406,6 +410,22 @@ def _skip_after(stages: dict, after: str, why: str, stop_after) -> None:
             break
 
 
+def _code_version() -> str:
+    """The commit of the pt2b checkout the sweep runs (with "+dirty" for uncommitted changes)."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        head = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
+_CODE_VERSION = "unknown"
+
+
 def sweep(names, *, workers: int, timeout: float, stop_after, out_path: str, log_dir: str, resume: dict | None = None,
           progress=True):
     ctx = mp.get_context("fork")
@@ -460,6 +480,7 @@ def sweep(names, *, workers: int, timeout: float, stop_after, out_path: str, log
                 continue
             conn.close()
             rec["wall_seconds"] = round(time.time() - start, 2)
+            rec["pt2b"] = _CODE_VERSION
             records[name] = rec
             del running[name]
             done_count += 1
@@ -580,6 +601,9 @@ def markdown(records: list[dict], wall: float | None = None) -> str:
     out.append(f"Captured with a dynamic sequence length: {dyn.get('dynamic', 0)}; static shapes: "
                f"{sum(dyn.values()) - dyn.get('dynamic', 0)} (torch.export refused the dynamic dimension or the "
                f"model has none)." + (f" Sweep wall time: {wall / 60:.0f} min." if wall else ""))
+    versions = collections.Counter(r.get("pt2b", "unrecorded") for r in records if _ok(r, "capture"))
+    out.append("pt2b code of the captured cases' rows: " + ", ".join(
+        f"{v} ({n})" for v, n in versions.most_common()) + ".")
     groups = collections.defaultdict(list)
     for r in records:
         for k in STAGE_ORDER:
@@ -677,7 +701,9 @@ def main(argv=None):
     ap.add_argument("--out", default="/tmp/real_models.json")
     ap.add_argument("--log-dir", default=None, help="per-case stdout/stderr logs (default: <out>.logs/)")
     ap.add_argument("--resume", action="store_true", help="keep the records already in --out, run the rest")
-    ap.add_argument("--redo-failed", metavar="STAGE", help="with --resume: run again the cases whose STAGE failed ('any': any stage after capture)")
+    ap.add_argument("--redo-failed", metavar="STAGE", help="with --resume: run again the cases whose STAGE failed "
+                    "('any': any stage after capture; 'captured': every case torch.export captured, so that "
+                    "pt2b's stages all come from the code checked out now)")
     ap.add_argument("--no-ratios", action="store_true", help="skip timing torch's lowering beside pt2b's (ratio:core)")
     ap.add_argument("--summary-only", action="store_true", help="print the summary of --out and exit")
     ap.add_argument("--markdown", action="store_true", help="print the README table of --out and exit")
@@ -704,8 +730,9 @@ def main(argv=None):
             return 0
         summarize(data["records"], data.get("meta", {}).get("wall_seconds"))
         return 0
-    global RATIOS
+    global RATIOS, _CODE_VERSION
     RATIOS = not args.no_ratios
+    _CODE_VERSION = _code_version()
     zoo = _preload()
     if args.only:
         names = [n.strip() for n in args.only.split(",") if n.strip()]
@@ -720,6 +747,8 @@ def main(argv=None):
         if args.redo_failed:
             def failed(r):
                 st = r.get("stages", {})
+                if args.redo_failed == "captured":
+                    return st.get("capture", {}).get("status") == "ok"
                 if args.redo_failed == "any":  # every failure after capture (pt2b's stages)
                     return any(v.get("status") == "fail" for k, v in st.items()
                                if k not in ("build", "capture") and not k.startswith("ratio:"))
