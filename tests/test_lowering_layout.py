@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 import exporter
 from exporter.errors import LoweringError
+from exporter.lowering.decompose import layout_repaired_ops as decompose_layout_ops
 from helpers import assert_close_to_eager
 from runtime_ref import Runtime
 
@@ -83,3 +84,159 @@ def test_a_view_written_through_is_not_copied(tmp_path):
     exporter.export_model(_model(write_through_view=True), _inputs(), path)
     with pytest.raises(LoweringError, match="Cannot view a tensor with shape"):
         exporter.load_for_backend(path, "core", cache=False)
+
+
+# ---- ops whose kernel and fake kernel lay results out differently (decompose.layout_repaired_ops) ----
+
+class BatchNormOnTransposed(torch.nn.Module):
+    """patchtst's pattern: batch norm over the channel dim of a transposed activation, transposed
+    back, then flattened. The CPU kernel returns a contiguous result, torch's fake kernel one in the
+    input's layout, so the trace turns the reshape into a view that fails at run time."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(32, 64)
+        self.norm = torch.nn.BatchNorm1d(64)
+
+    def forward(self, x):
+        h = self.norm(self.lin(x).transpose(1, 2)).transpose(1, 2)
+        return h.reshape(-1, 64) * 2
+
+
+def _bn_model():
+    torch.manual_seed(0)
+    m = BatchNormOnTransposed().eval()
+    m.norm.running_mean.uniform_(-1, 1)
+    m.norm.running_var.uniform_(0.5, 2)
+    return m
+
+
+def test_torch_lowering_of_batch_norm_on_transposed_fails_at_run_time():
+    x = torch.randn(2, 12, 32)
+    lowered = torch.export.export(_bn_model(), (x,)).run_decompositions().module()
+    with pytest.raises(RuntimeError, match="view size is not compatible with input tensor's size and stride"):
+        lowered(x)
+
+
+@pytest.mark.parametrize("preset", ["core", "max"])
+def test_pt2b_lowering_of_batch_norm_on_transposed_runs(tmp_path, preset):
+    x = torch.randn(2, 12, 32)
+    path = tmp_path / "m.pt2b"
+    exporter.export_model(_bn_model(), (x,), path)
+    lowered = exporter.load_for_backend(path, preset, cache=False)
+    assert lowered.validation.status == "passed"
+    assert_close_to_eager(Runtime(lowered)(x), _bn_model()(x), rtol=1e-5, atol=1e-5)
+    assert_close_to_eager(lowered.exported_program().module()(x), _bn_model()(x), rtol=1e-5, atol=1e-5)
+
+
+def _strides(t):
+    """Strides of the dims longer than 1 (a size-1 dim's stride does not matter to any view)."""
+    return tuple(s for n, s in zip(t.shape, t.stride()) if n > 1)
+
+
+def _real_and_fake(op, args, kwargs=None):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    kwargs = kwargs or {}
+    real = op(*args, **kwargs)
+    with FakeTensorMode() as mode:
+        fake = op(*[mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args], **kwargs)
+    first = (lambda r: r[0] if isinstance(r, tuple) else r)
+    return first(real), first(fake)
+
+
+def _bn_args(op):
+    x = torch.randn(2, 32, 64).permute(0, 2, 1)  # (2, 64, 32), neither contiguous nor channels-last
+    c = [torch.randn(64), torch.randn(64)]
+    stats = [torch.randn(64), torch.rand(64) + 0.5]
+    a = torch.ops.aten
+    return {a._native_batch_norm_legit_no_training.default: (x, *c, *stats, 0.1, 1e-5),
+            a._native_batch_norm_legit.default: (x, *c, *stats, True, 0.1, 1e-5),
+            a._native_batch_norm_legit.no_stats: (x, *c, True, 0.1, 1e-5),
+            a.native_batch_norm.default: (x, *c, *stats, False, 0.1, 1e-5)}[op]
+
+
+@pytest.mark.parametrize("op", decompose_layout_ops(), ids=str)
+def test_each_repaired_op_really_disagrees_with_its_fake_kernel(op):
+    """The list is measured: if torch makes the two kernels agree, this fails and the op leaves it."""
+    if op is torch.ops.aten.div.Tensor_mode:
+        args, kwargs = (torch.randn(5, 10).mT, torch.randn(10, 5) + 3), {"rounding_mode": "floor"}
+    else:
+        args, kwargs = _bn_args(op), {}
+    real, fake = _real_and_fake(op, args, kwargs)
+    assert _strides(real) != _strides(fake)
+    dense = [a.contiguous() if isinstance(a, torch.Tensor) else a for a in args]
+    real, fake = _real_and_fake(op, dense, kwargs)
+    assert _strides(real) == _strides(fake)  # what the repair gives them
+
+
+def test_no_other_core_op_disagrees_with_its_fake_kernel_on_opinfo_samples():
+    """Every core op the OpInfo samples reach, with each tensor argument also transposed, permuted
+    and channels-last: the kernel's result strides equal the fake kernel's, except for the repaired ops."""
+    import itertools
+    import warnings
+
+    import torch.utils._pytree as pytree
+    from torch.testing._internal.common_methods_invocations import op_db
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from exporter.lowering import presets
+    from exporter.ops import resolve_op
+
+    core = {resolve_op(name) for name in presets.load("core").opset} - {None}
+    repaired = set(decompose_layout_ops())
+
+    class FirstCalls(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.calls = {}
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in core and func not in self.calls:
+                self.calls[func] = (args, kwargs or {})
+            return func(*args, **(kwargs or {}))
+
+    def variants(t):
+        if not isinstance(t, torch.Tensor) or t.layout != torch.strided or t.dim() < 2 or t.numel() < 2:
+            return []
+        out = [t.mT.contiguous().mT]
+        if t.dim() >= 3:
+            order = (*range(1, t.dim()), 0)
+            out.append(t.permute(order).contiguous().permute(t.dim() - 1, *range(t.dim() - 1)))
+        if t.dim() == 4:
+            out.append(t.contiguous(memory_format=torch.channels_last))
+        return out
+
+    found, reached = set(), set()
+    for info in op_db:
+        try:
+            torch.manual_seed(0)
+            samples = list(itertools.islice(info.sample_inputs("cpu", torch.float32), 4))
+        except Exception:  # noqa: BLE001 - a sample generator that cannot run here
+            continue
+        for s in samples:
+            try:
+                with warnings.catch_warnings(), FirstCalls() as rec:
+                    warnings.simplefilter("ignore")
+                    info.op(s.input, *s.args, **s.kwargs)
+            except Exception:  # noqa: BLE001 - a sample torch refuses
+                continue
+            for op, (args, kwargs) in rec.calls.items():
+                if op._schema.is_mutable or torch.Tag.nondeterministic_seeded in op.tags:
+                    continue
+                reached.add(op)
+                flat, spec = pytree.tree_flatten((args, kwargs))
+                for i, x in enumerate(flat):
+                    for v in variants(x):
+                        a, k = pytree.tree_unflatten(flat[:i] + [v] + flat[i + 1:], spec)
+                        try:
+                            with warnings.catch_warnings():
+                                warnings.simplefilter("ignore")
+                                real, fake = _real_and_fake(op, a, k)
+                        except Exception:  # noqa: BLE001 - the variant does not run
+                            continue
+                        if isinstance(real, torch.Tensor) and real.layout == torch.strided \
+                                and _strides(real) != _strides(fake):
+                            found.add(op)
+    assert len(reached) > 120
+    assert found - repaired == set()

@@ -10,7 +10,7 @@ from .. import torch_compat
 from ..errors import LoweringError
 from ..functionalize import _forced, functionalize
 
-__all__ = ["flag_free", "run_decompositions", "trace_table"]
+__all__ = ["flag_free", "layout_repaired_ops", "run_decompositions", "trace_table"]
 
 
 def run_decompositions(ep, table: dict):
@@ -44,7 +44,47 @@ def trace_table(table: dict) -> dict:
     full = {op: fn for op, fn in table.items() if fn is not _special_op_to_preserve_cia}
     for op, fn in _forced().items():
         full.setdefault(op, fn)
-    return {op: flag_free(op, fn) for op, fn in full.items()}
+    out = {op: flag_free(op, fn) for op, fn in full.items()}
+    for op in layout_repaired_ops():
+        out.setdefault(op, _dense_inputs(op))
+    return out
+
+
+# ---- layouts the trace would get wrong ----
+
+def layout_repaired_ops() -> tuple:
+    """Ops whose CPU kernel lays out its result differently from torch's fake (meta) kernel when an
+    input is strided otherwise than contiguously or channels-last: the batch norms return a
+    contiguous result where the fake kernel keeps the input's layout (patchtst: a transposed
+    activation), div with a rounding mode keeps the input's layout where the fake kernel returns a
+    contiguous one. The trace decides views and copies by the fake layouts, so a view it found
+    valid fails at run time ("view size is not compatible", in torch's own lowering too). pt2b's
+    lowering gives these ops dense inputs (_dense_inputs), on which both kernels agree.
+    tests/test_lowering_layout.py measures each disagreement, and scans the OpInfo samples of the
+    core opset for others."""
+    a = torch.ops.aten
+    return (a._native_batch_norm_legit_no_training.default, a._native_batch_norm_legit.default,
+            a._native_batch_norm_legit.no_stats, a.native_batch_norm.default, a.div.Tensor_mode)
+
+
+def _dense(t) -> bool:
+    """Contiguous, or channels-last in 4 or 5 dimensions, as far as known without a guard."""
+    from torch._prims_common import is_channels_last_contiguous_or_false, is_contiguous_or_false
+
+    return is_contiguous_or_false(t) or (t.dim() in (4, 5) and is_channels_last_contiguous_or_false(t))
+
+
+def _dense_inputs(op):
+    """A table entry for ``op``: its tensor arguments that are not dense (_dense) are copied to
+    contiguous ones, and ``op`` is called on them (that call, on dense inputs, declines and goes on)."""
+    def repaired(*args, **kwargs):
+        if all(_dense(a) for a in args if isinstance(a, torch.Tensor)):
+            return NotImplemented
+        args = [a if not isinstance(a, torch.Tensor) or _dense(a) else
+                torch.ops.aten.clone.default(a, memory_format=torch.contiguous_format) for a in args]
+        return op(*args, **kwargs)
+
+    return repaired
 
 
 def flag_free(op, fn):
