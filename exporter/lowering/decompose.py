@@ -45,42 +45,53 @@ def trace_table(table: dict) -> dict:
     for op, fn in _forced().items():
         full.setdefault(op, fn)
     out = {op: flag_free(op, fn) for op, fn in full.items()}
-    for op in layout_repaired_ops():
-        out.setdefault(op, _dense_inputs(op))
+    for op, channels_last in layout_repaired_ops().items():
+        out.setdefault(op, _dense_inputs(op, channels_last))
     return out
 
 
 # ---- layouts the trace would get wrong ----
 
-def layout_repaired_ops() -> tuple:
-    """Ops whose CPU kernel lays out its result differently from torch's fake (meta) kernel when an
-    input is strided otherwise than contiguously or channels-last: the batch norms return a
-    contiguous result where the fake kernel keeps the input's layout (patchtst: a transposed
-    activation), div with a rounding mode keeps the input's layout where the fake kernel returns a
-    contiguous one. The trace decides views and copies by the fake layouts, so a view it found
-    valid fails at run time ("view size is not compatible", in torch's own lowering too). pt2b's
-    lowering gives these ops dense inputs (_dense_inputs), on which both kernels agree.
+def layout_repaired_ops() -> dict:
+    """Ops whose CPU kernel and torch's fake (meta) kernel disagree on an input strided otherwise than
+    contiguously (or channels-last), op -> whether a channels-last input is left as it is:
+
+    - the batch norms return a contiguous result where the fake kernel keeps the input's layout
+      (patchtst: a transposed activation); div with a rounding mode keeps the input's layout where the
+      fake kernel returns a contiguous one. The trace decides views and copies by the fake layouts, so
+      a view it found valid fails at run time ("view size is not compatible", in torch's own lowering
+      too);
+    - native_group_norm requires an input contiguous in the memory format its strides suggest, which
+      group_norm's own kernel ensures with contiguous(format), decided on the fake strides; where a
+      dimension of size 1 has another stride in the real tensor than in the fake one (the batch of
+      one of a VAE, after its attention block's residual add), the two suggest different formats,
+      the copy is not made, and the kernel refuses its input at run time, in torch's own lowering
+      too. It gets a contiguous input whenever it is not one.
+
+    pt2b's lowering gives these ops dense inputs (_dense_inputs), on which both kernels agree.
     tests/test_lowering_layout.py measures each disagreement, and scans the OpInfo samples of the
     core opset for others."""
     a = torch.ops.aten
-    return (a._native_batch_norm_legit_no_training.default, a._native_batch_norm_legit.default,
-            a._native_batch_norm_legit.no_stats, a.native_batch_norm.default, a.div.Tensor_mode)
+    return {a._native_batch_norm_legit_no_training.default: True, a._native_batch_norm_legit.default: True,
+            a._native_batch_norm_legit.no_stats: True, a.native_batch_norm.default: True,
+            a.div.Tensor_mode: True, a.native_group_norm.default: False}
 
 
-def _dense(t) -> bool:
-    """Contiguous, or channels-last in 4 or 5 dimensions, as far as known without a guard."""
+def _dense(t, channels_last: bool) -> bool:
+    """Contiguous (or, with ``channels_last``, channels-last in 4 or 5 dimensions), as far as known
+    without a guard."""
     from torch._prims_common import is_channels_last_contiguous_or_false, is_contiguous_or_false
 
-    return is_contiguous_or_false(t) or (t.dim() in (4, 5) and is_channels_last_contiguous_or_false(t))
+    return is_contiguous_or_false(t) or (channels_last and t.dim() in (4, 5) and is_channels_last_contiguous_or_false(t))
 
 
-def _dense_inputs(op):
+def _dense_inputs(op, channels_last: bool):
     """A table entry for ``op``: its tensor arguments that are not dense (_dense) are copied to
     contiguous ones, and ``op`` is called on them (that call, on dense inputs, declines and goes on)."""
     def repaired(*args, **kwargs):
-        if all(_dense(a) for a in args if isinstance(a, torch.Tensor)):
+        if all(_dense(a, channels_last) for a in args if isinstance(a, torch.Tensor)):
             return NotImplemented
-        args = [a if not isinstance(a, torch.Tensor) or _dense(a) else
+        args = [a if not isinstance(a, torch.Tensor) or _dense(a, channels_last) else
                 torch.ops.aten.clone.default(a, memory_format=torch.contiguous_format) for a in args]
         return op(*args, **kwargs)
 
