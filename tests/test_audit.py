@@ -32,7 +32,15 @@ KNOWN = {
     "aten::_softmax.default": "ulp",
     "aten::_log_softmax.default": "lossy",
     "aten::soft_margin_loss.default": "ulp",  # computes in float32: finite where the half kernel overflows
+    # wrong on a layout only (exact on the contiguous samples): the audit's layout variants
+    "aten::view_copy.default": "wrong",       # a view of a transposed input, which the op copies instead
+    "aten::adaptive_max_pool3d.default": "wrong",  # raises on a channels-last input the op takes
+    "aten::diagonal_scatter.default": "wrong",     # an expanded (stride-0) input
 }
+# the layout that breaks each of those (the stored worst sample's)
+KNOWN_LAYOUT = {"aten::view_copy.default": ("transposed", "permuted", "expanded"),
+                "aten::adaptive_max_pool3d.default": ("channels_last",),
+                "aten::diagonal_scatter.default": ("expanded",)}
 
 
 def _op(name):
@@ -117,6 +125,45 @@ def test_classifier_catches_the_textbook_bad_formulas(bad, op, expect):
     assert rec["samples"] > 0
 
 
+@pytest.mark.parametrize("name", sorted(KNOWN_LAYOUT))
+def test_layout_failures_are_recorded_with_their_layout(name):
+    rec = STORED["ops"][name]
+    assert rec["layouts"]["contiguous"] == "exact"
+    assert rec["worst"]["layout"] in KNOWN_LAYOUT[name]
+    assert {lay for lay, v in rec["layouts"].items() if v == "wrong"} <= set(KNOWN_LAYOUT[name])
+
+
+def test_a_decomposition_right_only_on_contiguous_inputs_is_wrong_with_its_layout():
+    """Every sample is also run transposed, permuted, channels-last, strided and expanded: a
+    decomposition that is exact on contiguous inputs and off on others is caught, and the record
+    names the layout."""
+    def gelu_for_contiguous_only(x, approximate="none"):
+        out = torch.nn.functional.gelu(x, approximate=approximate)
+        return out if x.is_contiguous() else out * 1.5
+
+    rec = audit.audit_op(aten.gelu.default, gelu_for_contiguous_only)
+    assert rec["verdict"] == "wrong", rec
+    assert rec["layouts"]["contiguous"] == "exact"
+    assert rec["worst"]["layout"] in audit.LAYOUTS
+    assert "layout" in audit.describe(rec)
+
+
+def test_strict_lowering_withholds_a_decomposition_wrong_on_a_layout(tmp_path):
+    """strict=True keeps view_copy (wrong on a transposed input) undecomposed (max decomposes it)."""
+    import exporter
+
+    class ViewCopy(torch.nn.Module):
+        def forward(self, x):
+            return torch.view_copy(x * 2, (-1,))
+
+    path = tmp_path / "m.pt2b"
+    exporter.export_model(ViewCopy(), (torch.randn(3, 4),), path)
+    lenient = exporter.load_for_backend(path, "max", cache=False)
+    strict = exporter.load_for_backend(path, "max", cache=False, strict=True)
+    assert "aten.view_copy.default" not in {str(n.target) for n in lenient.exported_program().graph.nodes}
+    assert "aten.view_copy.default" in {str(n.target) for n in strict.exported_program().graph.nodes}
+
+
 def test_random_and_uninitialized_ops_are_not_judged():
     rec = audit.audit_op(aten.empty_like.default, TABLE.get(aten.empty_like.default, lambda x: x))
     assert rec["verdict"] == "untested" and "uninitialized" in rec["worst"]["why"]
@@ -184,7 +231,9 @@ def test_hazards_are_read_from_what_the_decomposition_calls():
     assert {"aten::amax.default", "aten::sum.dim_IntList"} <= set(rec["emits"])
     assert any(h.startswith("extra passes (2 reductions") for h in rec["hazards"])
     rec = audit.audit_op(aten.masked_fill.Scalar, TABLE[aten.masked_fill.Scalar])
-    assert rec["hazards"] == [] and rec["emits"] == ["aten::where.ScalarSelf"]
+    # (a non-contiguous layout variant makes it call contiguous first)
+    assert rec["hazards"] == [] and "aten::where.ScalarSelf" in rec["emits"]
+    assert set(rec["emits"]) <= {"aten::where.ScalarSelf", "aten::contiguous.default"}
     assert STORED["ops"]["aten::upsample_bilinear2d.default"]["hazards"] == \
         audit.audit_op(aten.upsample_bilinear2d.default, TABLE[aten.upsample_bilinear2d.default])["hazards"]
 

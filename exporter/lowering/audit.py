@@ -197,6 +197,86 @@ def _is_composite(op) -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd")
 
 
+LAYOUTS = ("transposed", "permuted", "channels_last", "strided", "expanded")
+
+
+def _layout_variant(t, layout: str):
+    """``t`` laid out otherwise (same values; "expanded": its first row broadcast, a stride-0 input), or
+    None where the layout does not apply to it."""
+    if not isinstance(t, torch.Tensor) or t.layout != torch.strided or t.numel() < 2:
+        return None
+    if layout == "transposed" and t.dim() >= 2:
+        return t.mT.contiguous().mT
+    if layout == "permuted" and t.dim() >= 3:
+        rev = tuple(reversed(range(t.dim())))
+        return t.permute(rev).contiguous().permute(rev)
+    if layout == "channels_last" and t.dim() in (4, 5):
+        return t.contiguous(memory_format=torch.channels_last if t.dim() == 4 else torch.channels_last_3d)
+    if layout == "strided" and t.dim() >= 1:
+        wide = t.new_empty(*t.shape[:-1], 2 * t.shape[-1])[..., ::2]
+        return wide.copy_(t)
+    if layout == "expanded" and t.dim() >= 1 and t.shape[0] > 1:
+        return t[:1].clone().expand(t.shape)
+    return None
+
+
+def _layouts(args, kwargs):
+    """("contiguous", make) for the sample as given, then (layout, make) for each layout (LAYOUTS) that
+    applies to one of its tensors: ``make()`` builds fresh arguments each call (an op may write them)."""
+    yield "contiguous", lambda: (args, kwargs)
+    for layout in LAYOUTS:
+        if not any(_layout_variant(x, layout) is not None for x in pytree.tree_leaves((args, kwargs))):
+            continue
+
+        def make(layout=layout):
+            def one(x):
+                v = _layout_variant(x, layout)
+                return v if v is not None else x.clone() if isinstance(x, torch.Tensor) else x
+
+            return pytree.tree_map(one, (args, kwargs))
+
+        yield layout, make
+
+
+def _audit_sample(op, fn, func, make, dtype, emitted: set, found: set) -> dict | None:
+    """One sample's verdict entry (None where it does not reach ``op``, torch refuses it, or the
+    decomposition declines it), adding what the decomposition called to ``emitted`` and its hazards
+    to ``found``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            torch.manual_seed(0)
+            a, k = make()
+            with _Swap(op) as probe:
+                ref = func(*a, **k)
+        except Exception:  # noqa: BLE001 - a sample torch itself refuses
+            return None
+        if probe.hits == 0:
+            return None  # the sample reaches another overload
+        try:
+            torch.manual_seed(0)
+            a, k = make()
+            with _Swap(op, fn) as swap:
+                got = func(*a, **k)
+        except Exception as e:  # noqa: BLE001 - the decomposition fails where the op works
+            return {"verdict": "wrong", "why": f"raises {type(e).__name__}: {str(e)[:120]}"}
+        if swap.hits == 0:
+            return None  # the decomposition declined every call of this sample
+        emitted |= swap.emitted
+        found.update(hazards(op, swap.emitted))  # per sample: a reduction= argument picks one path
+        ref64 = None
+        if dtype.is_floating_point and dtype != torch.float64:
+            try:
+                a, k = make()
+                ref64 = func(*pytree.tree_map(_to64, a), **pytree.tree_map(_to64, k))
+            except Exception:  # noqa: BLE001 - no float64 reference for this sample
+                ref64 = None
+        try:
+            return _compare(got, ref, ref64)
+        except (RuntimeError, NotImplementedError, TypeError):  # outputs torch cannot compare (sparse...)
+            return None
+
+
 def audit_op(op, fn) -> dict:
     """The verdict of decomposition ``fn`` of ``op`` over OpInfo samples: each sample runs through
     the OpInfo's function plainly, with ``fn`` swapped in where ``op`` is dispatched, and (floating
@@ -226,45 +306,25 @@ def audit_op(op, fn) -> dict:
     worst = None
     emitted: set = set()
     found: set = set()
+    by_layout: dict = {}
     for dtype, func, args, kwargs in _samples(op):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                torch.manual_seed(0)
-                with _Swap(op) as probe:
-                    ref = func(*args, **kwargs)
-            except Exception:  # noqa: BLE001 - a sample torch itself refuses
+        for layout, make in _layouts(args, kwargs):
+            entry = _audit_sample(op, fn, func, make, dtype, emitted, found)
+            if entry is None:
                 continue
-            if probe.hits == 0:
-                continue  # the sample reaches another overload
-            try:
-                torch.manual_seed(0)
-                with _Swap(op, fn) as swap:
-                    got = func(*args, **kwargs)
-            except Exception as e:  # noqa: BLE001 - the decomposition fails where the op works
-                entry = {"verdict": "wrong", "why": f"raises {type(e).__name__}: {str(e)[:120]}"}
-            else:
-                if swap.hits == 0:
-                    continue  # the decomposition declined every call of this sample
-                emitted |= swap.emitted
-                found.update(hazards(op, swap.emitted))  # per sample: a reduction= argument picks one path
-                ref64 = None
-                if dtype.is_floating_point and dtype != torch.float64:
-                    try:
-                        ref64 = func(*pytree.tree_map(_to64, args), **pytree.tree_map(_to64, kwargs))
-                    except Exception:  # noqa: BLE001 - no float64 reference for this sample
-                        ref64 = None
-                try:
-                    entry = _compare(got, ref, ref64)
-                except (RuntimeError, NotImplementedError, TypeError):  # outputs torch cannot compare (sparse...)
-                    continue
-        result["samples"] += 1
-        name = str(dtype).removeprefix("torch.")
-        if name not in result["dtypes"]:
-            result["dtypes"].append(name)
-        entry["dtype"] = name
-        if _worse(entry, worst):
-            worst = entry
+            result["samples"] += layout == "contiguous"
+            name = str(dtype).removeprefix("torch.")
+            if name not in result["dtypes"]:
+                result["dtypes"].append(name)
+            entry["dtype"] = name
+            if layout != "contiguous":
+                entry["layout"] = layout
+            if RANK[entry["verdict"]] > RANK.get(by_layout.get(layout), -1):
+                by_layout[layout] = entry["verdict"]
+            if _worse(entry, worst):
+                worst = entry
+    if len(by_layout) > 1:
+        result["layouts"] = dict(sorted(by_layout.items()))
     if worst is not None:
         result["verdict"] = worst["verdict"]
         result["worst"] = {k: v for k, v in worst.items() if k != "verdict"}
@@ -374,7 +434,8 @@ def describe(rec: dict) -> str:
         parts.append(f"{w['max_ulp']:.3g} ulp (abs {w.get('max_abs', 0):.3g})")
     if "err_vs_f64" in w:
         parts.append(f"error vs float64 {w['err_vs_f64']:.3g}, the op's {w['op_err_vs_f64']:.3g}")
-    text = f"{', '.join(parts)} [{w.get('dtype', '?')}, {rec['samples']} samples]"
+    where = f", {w['layout']} layout" if "layout" in w else ""
+    text = f"{', '.join(parts)} [{w.get('dtype', '?')}{where}, {rec['samples']} samples]"
     return text + (f"; hazards: {'; '.join(rec['hazards'])}" if rec.get("hazards") else "")
 
 
