@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from exporter.lowering import audit
+from exporter.lowering.decompose import applied, layout_repaired_decompositions
 from exporter.lowering.tables import available_decompositions
 
 aten = torch.ops.aten
@@ -32,12 +33,14 @@ KNOWN = {
     "aten::_softmax.default": "ulp",
     "aten::_log_softmax.default": "lossy",
     "aten::soft_margin_loss.default": "ulp",  # computes in float32: finite where the half kernel overflows
-    # wrong on a layout only (exact on the contiguous samples): the audit's layout variants
-    "aten::view_copy.default": "wrong",       # a view of a transposed input, which the op copies instead
-    "aten::adaptive_max_pool3d.default": "wrong",  # raises on a channels-last input the op takes
-    "aten::diagonal_scatter.default": "wrong",     # an expanded (stride-0) input
+    # torch's entries are wrong on a layout (exact on the contiguous samples); pt2b applies them to
+    # dense inputs (decompose.layout_repaired_decompositions), and the audit measures what pt2b applies
+    "aten::view_copy.default": "exact",       # a view of a transposed input, which the op copies instead
+    "aten::adaptive_max_pool3d.default": "exact",  # raises on a channels-last input the op takes
+    "aten::diagonal_scatter.default": "exact",     # an expanded (stride-0) input
+    "aten::as_strided_copy.default": "exact",  # reads the storage's gaps: the same values in both
 }
-# the layout that breaks each of those (the stored worst sample's)
+# the layouts on which torch's own entry is wrong
 KNOWN_LAYOUT = {"aten::view_copy.default": ("transposed", "permuted", "expanded"),
                 "aten::adaptive_max_pool3d.default": ("channels_last",),
                 "aten::diagonal_scatter.default": ("expanded",)}
@@ -72,7 +75,7 @@ def test_readme_states_the_stored_totals():
 
 @pytest.mark.parametrize("name", sorted(KNOWN))
 def test_known_cases_fresh_audit_matches_stored_and_expected(name):
-    fresh = audit.audit_op(_op(name), TABLE[_op(name)])
+    fresh = audit.audit_op(_op(name), applied(_op(name), TABLE[_op(name)]))
     assert fresh["verdict"] == STORED["ops"][name]["verdict"] == KNOWN[name], fresh
 
 
@@ -125,12 +128,43 @@ def test_classifier_catches_the_textbook_bad_formulas(bad, op, expect):
     assert rec["samples"] > 0
 
 
+def test_the_layout_repaired_decompositions_are_the_measured_ones():
+    assert {audit.op_name(op) for op in layout_repaired_decompositions()} == set(KNOWN_LAYOUT)
+
+
 @pytest.mark.parametrize("name", sorted(KNOWN_LAYOUT))
-def test_layout_failures_are_recorded_with_their_layout(name):
-    rec = STORED["ops"][name]
-    assert rec["layouts"]["contiguous"] == "exact"
-    assert rec["worst"]["layout"] in KNOWN_LAYOUT[name]
-    assert {lay for lay, v in rec["layouts"].items() if v == "wrong"} <= set(KNOWN_LAYOUT[name])
+def test_torchs_entry_is_wrong_on_a_layout_and_pt2bs_exact_on_every_one(name):
+    """Measured here: torch's own table entry is exact on contiguous samples and wrong on the named
+    layouts; the same entry as pt2b applies it (dense inputs) is exact on all of them, and that is
+    what the stored audit holds."""
+    op = _op(name)
+    torchs = audit.audit_op(op, TABLE[op])
+    assert torchs["verdict"] == "wrong" and torchs["layouts"]["contiguous"] == "exact", torchs
+    assert torchs["worst"]["layout"] in KNOWN_LAYOUT[name]
+    assert {lay for lay, v in torchs["layouts"].items() if v == "wrong"} <= set(KNOWN_LAYOUT[name])
+    stored = STORED["ops"][name]
+    assert stored["verdict"] == "exact" and set(stored["layouts"].values()) == {"exact"}, stored
+    assert set(stored["layouts"]) == set(torchs["layouts"])
+
+
+def test_view_copy_of_a_transposed_input_lowers_and_matches_eager(tmp_path):
+    """max decomposes view_copy; with a transposed input torch's entry (view of a clone that keeps the
+    layout) is refused at run time, pt2b's lowering copies to a dense input first."""
+    import exporter
+    from runtime_ref import Runtime
+
+    class ViewCopy(torch.nn.Module):
+        def forward(self, x):
+            return torch.view_copy(x.t() * 2, (-1,))
+
+    x = torch.randn(3, 4)
+    path = tmp_path / "m.pt2b"
+    exporter.export_model(ViewCopy(), (x,), path)
+    lp = exporter.load_for_backend(path, "max", cache=False)
+    assert "aten.view_copy.default" not in {str(n.target) for n in lp.exported_program().graph.nodes}
+    assert torch.equal(Runtime(lp)(x), ViewCopy()(x))
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        TABLE[aten.view_copy.default](x.t() * 2, (-1,))
 
 
 def test_a_decomposition_right_only_on_contiguous_inputs_is_wrong_with_its_layout():
@@ -148,18 +182,24 @@ def test_a_decomposition_right_only_on_contiguous_inputs_is_wrong_with_its_layou
     assert "layout" in audit.describe(rec)
 
 
-def test_strict_lowering_withholds_a_decomposition_wrong_on_a_layout(tmp_path):
-    """strict=True keeps view_copy (wrong on a transposed input) undecomposed (max decomposes it)."""
+def test_strict_lowering_withholds_a_decomposition_classed_wrong(tmp_path, monkeypatch):
+    """strict=True keeps an op whose decomposition the audit classes wrong undecomposed (max decomposes
+    view_copy; here its record says wrong, as it did before pt2b applied it to dense inputs)."""
+    import copy
+
     import exporter
 
     class ViewCopy(torch.nn.Module):
         def forward(self, x):
             return torch.view_copy(x * 2, (-1,))
 
+    doc = copy.deepcopy(STORED)
+    doc["ops"]["aten::view_copy.default"].update(verdict="wrong", worst={"why": "raises RuntimeError"})
+    monkeypatch.setattr(audit, "read", lambda torch_minor=None: doc)
     path = tmp_path / "m.pt2b"
     exporter.export_model(ViewCopy(), (torch.randn(3, 4),), path)
-    lenient = exporter.load_for_backend(path, "max", cache=False)
-    strict = exporter.load_for_backend(path, "max", cache=False, strict=True)
+    lenient = exporter.load_for_backend(path, "max", cache=False, validate=False)
+    strict = exporter.load_for_backend(path, "max", cache=False, strict=True, validate=False)
     assert "aten.view_copy.default" not in {str(n.target) for n in lenient.exported_program().graph.nodes}
     assert "aten.view_copy.default" in {str(n.target) for n in strict.exported_program().graph.nodes}
 

@@ -213,7 +213,9 @@ def _layout_variant(t, layout: str):
     if layout == "channels_last" and t.dim() in (4, 5):
         return t.contiguous(memory_format=torch.channels_last if t.dim() == 4 else torch.channels_last_3d)
     if layout == "strided" and t.dim() >= 1:
-        wide = t.new_empty(*t.shape[:-1], 2 * t.shape[-1])[..., ::2]
+        # the gaps are zeros, not uninitialized memory: as_strided reads them, and two fresh copies of
+        # the sample must read the same values
+        wide = t.new_zeros(*t.shape[:-1], 2 * t.shape[-1])[..., ::2]
         return wide.copy_(t)
     if layout == "expanded" and t.dim() >= 1 and t.shape[0] > 1:
         return t[:1].clone().expand(t.shape)
@@ -375,6 +377,7 @@ def audited_ops(preset_names=("core", "core-tag", "max")) -> dict:
 def run_audit(only: list[str] | None = None, progress=None, track=None) -> dict:
     """{op name: verdict record} for every decomposed op (or the ``only`` ones). ``progress(i, n, name,
     record)`` is called after each op; ``track`` (exporter.progress.tracker) reports each op."""
+    from .decompose import applied
     from .tables import available_decompositions
 
     table = available_decompositions()
@@ -385,7 +388,7 @@ def run_audit(only: list[str] | None = None, progress=None, track=None) -> dict:
     items = ops.items()
     for i, (name, op) in enumerate(track(items, label=lambda kv: kv[0]) if track is not None else items):
         torch.manual_seed(0)
-        out[name] = audit_op(op, table[op])
+        out[name] = audit_op(op, applied(op, table[op]))
         if progress:
             progress(i + 1, len(ops), name, out[name])
     return out

@@ -10,7 +10,8 @@ from .. import torch_compat
 from ..errors import LoweringError
 from ..functionalize import _forced, functionalize
 
-__all__ = ["flag_free", "layout_repaired_ops", "run_decompositions", "trace_table"]
+__all__ = ["applied", "flag_free", "layout_repaired_decompositions", "layout_repaired_ops", "run_decompositions",
+           "trace_table"]
 
 
 def run_decompositions(ep, table: dict):
@@ -44,7 +45,7 @@ def trace_table(table: dict) -> dict:
     full = {op: fn for op, fn in table.items() if fn is not _special_op_to_preserve_cia}
     for op, fn in _forced().items():
         full.setdefault(op, fn)
-    out = {op: flag_free(op, fn) for op, fn in full.items()}
+    out = {op: applied(op, fn) for op, fn in full.items()}
     for op, channels_last in layout_repaired_ops().items():
         out.setdefault(op, _dense_inputs(op, channels_last))
     return out
@@ -96,6 +97,42 @@ def _dense_inputs(op, channels_last: bool):
         return op(*args, **kwargs)
 
     return repaired
+
+
+def layout_repaired_decompositions() -> dict:
+    """Decompositions of torch's table that are exact on contiguous inputs and wrong on others, op ->
+    whether a channels-last input is left as it is (pt2b opset audit runs every sample transposed,
+    permuted, channels-last, strided and expanded too, and measured these):
+
+    - view_copy decomposes to view(clone): clone keeps a transposed, permuted or expanded layout, on
+      which the view is refused ("view size is not compatible"), where the op itself copies first;
+    - adaptive_max_pool3d's decomposition refuses a channels-last input ("Unsupported memory format");
+    - diagonal_scatter's decomposition writes into a clone of its input through as_strided with
+      contiguous strides: with an expanded (stride 0) input the values land elsewhere.
+
+    pt2b applies them to dense inputs (``applied``), on which the audit measures them exact. Not in
+    the list: as_strided_copy, whose meaning depends on the input's storage (a copy to a dense input
+    changes it): the audit keeps it wrong, and strict lowering keeps the op."""
+    a = torch.ops.aten
+    return {a.view_copy.default: False, a.adaptive_max_pool3d.default: False, a.diagonal_scatter.default: False}
+
+
+def applied(op, fn):
+    """What pt2b's lowering applies for the table entry ``op -> fn``: ``fn``, on dense inputs where it
+    is wrong on others (layout_repaired_decompositions), without global flags (flag_free). The audit
+    measures this."""
+    fn = flag_free(op, fn)
+    channels_last = layout_repaired_decompositions().get(op)
+    if channels_last is None:
+        return fn
+
+    def on_dense_inputs(*args, **kwargs):
+        args = [a if not isinstance(a, torch.Tensor) or _dense(a, channels_last) else
+                torch.ops.aten.clone.default(a, memory_format=torch.contiguous_format) for a in args]
+        return fn(*args, **kwargs)
+
+    on_dense_inputs.__wrapped__ = fn
+    return on_dense_inputs
 
 
 def flag_free(op, fn):
