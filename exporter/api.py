@@ -30,13 +30,16 @@ def export_model(m: torch.nn.Module | Callable[..., Any] | torch.export.Exported
                  kwargs: dict[str, Any] | None = None,
                  dynamic_shapes: dict[str, Any] | tuple[Any, ...] | list[Any] | None = None,
                  metadata: dict[str, Any] | None = None, strict: bool = False,
-                 format_version: str | None = None) -> torch.export.ExportedProgram:
+                 format_version: str | None = None, target_torch: str | None = None) -> torch.export.ExportedProgram:
     """Capture ``m`` with torch.export (undecomposed, unfunctionalized) and write ``path``.
 
     ``m`` may also be an ExportedProgram: it is written as given and its IR level recorded
     (``export_model(ep, path=...)`` or ``export_model(ep, None, path)``); so may a LoweredProgram,
     written with the record of how it was lowered (format 1.1+).
     ``format_version="X.Y"`` writes that released format version (default: the current one).
+    ``target_torch="2.11"`` writes the op schemas of that torch release, so that it loads the artifact
+    as its own: arguments it lacks are dropped where they hold their defaults, renamed and removed ops
+    are rewritten; what it cannot express is a TargetTorchError naming each op, argument and dtype.
     Returns the ExportedProgram that was written.
     """
     version = None
@@ -70,7 +73,7 @@ def export_model(m: torch.nn.Module | Callable[..., Any] | torch.export.Exported
     if path is None:
         raise ExportError("export_model needs a destination path, e.g. export_model(ep, path='model.pt2b').")
     writer.write_artifact(ep, path, ir_level=ir_level, metadata=metadata, provenance=provenance, version=version,
-                          lowering=lowering)
+                          lowering=lowering, target_torch=target_torch)
     return ep
 
 

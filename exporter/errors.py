@@ -19,6 +19,11 @@ class UnsupportedValueError(ExportError):
     """The program holds a value the .pt2b format cannot store (e.g. a torchbind object)."""
 
 
+class TargetTorchError(ExportError):
+    """``export_model(..., target_torch=)``: the program calls ops, arguments or dtypes that the
+    target torch release does not have (the message names each), or pt2b has no registry of it."""
+
+
 # ---- reading artifacts ----
 class ArtifactError(Pt2bError):
     """A .pt2b file cannot be read. Subclasses say why."""

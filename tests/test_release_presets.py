@@ -57,3 +57,17 @@ def test_every_release_has_its_decomposition_audit():
         assert doc is not None and doc["torch_version"] == version, version
         assert doc["totals"] == audit.totals(doc["ops"]), version
         assert doc["totals"]["wrong"] == 0, version
+        measured = [r for r in doc["ops"].values() if r["samples"] and "composite" not in r["worst"].get("why", "")]
+        assert sum("layouts" in r for r in measured) > 0.8 * len(measured), version  # audited on layouts too (0 before)
+
+
+def test_docs_state_every_releases_audit_totals():
+    from exporter.lowering import audit
+
+    text = (ROOT / "docs" / "releases.md").read_text()
+    for version in RELEASES:
+        doc = audit.read(version)
+        t = doc["totals"]
+        row = (f"| {version} | {len(doc['ops']):,} | {t['exact']} | {t['ulp']} | {t['lossy']} | {t['wrong']} | "
+               f"{t['untested']} |")
+        assert row in text, f"docs/releases.md lacks the audit row {row}"

@@ -127,19 +127,20 @@ def _string_entries(d: dict[str, str]) -> list:
 
 
 def write_artifact(ep, path, *, ir_level: str, metadata=None, provenance=None, version=None,
-                   lowering: dict | None = None) -> str:
+                   lowering: dict | None = None, target_torch: str | None = None) -> str:
     """Write ``ep`` to ``path`` in format ``version`` (default: current); returns the path written.
 
     ``lowering`` (format 1.1+): {"request", "fingerprint", "torch_version", "outside_opset": {op: n}}
     for a program written after load_for_backend. An older minor of the same major is written by
     leaving out the fields added since (formats.FIELDS_ADDED); a program that uses one is refused.
+    ``target_torch``: write the op schemas of that torch release (versioning/retarget.py).
     """
     with gc_paused():
         return _write_artifact(ep, path, ir_level=ir_level, metadata=metadata, provenance=provenance,
-                               version=version, lowering=lowering)
+                               version=version, lowering=lowering, target_torch=target_torch)
 
 
-def _write_artifact(ep, path, *, ir_level, metadata, provenance, version, lowering) -> str:
+def _write_artifact(ep, path, *, ir_level, metadata, provenance, version, lowering, target_torch=None) -> str:
     version = FORMAT_VERSION if version is None else tuple(version)
     if not majors.writable(version):
         raise ExportError(f"writing format {version_str(version)} is not supported by this pt2b "
@@ -158,6 +159,13 @@ def _write_artifact(ep, path, *, ir_level, metadata, provenance, version, loweri
         serialized = serialize_graph(ep)
     if escaped:
         provenance = {**(provenance or {}), module_stacks.PROVENANCE_KEY: module_stacks.PROVENANCE_VALUE}
+    operators = op_table.collect(ep.graph_module)
+    if target_torch is not None:  # another release's op schemas (versioning/retarget.py)
+        from ..versioning import retarget
+
+        serialized, operators, notes = retarget.retarget(serialized, operators, target_torch)
+        provenance = {**(provenance or {}), "target_torch": retarget.registry_for(target_torch).torch_version,
+                      **{f"retargeted_op:{op}": what for op, _, what in (n.partition(": ") for n in notes)}}
     meta_bytes = pack_metadata(metadata)
     spec_str, leaves_bytes, example_tensors = example_inputs_payload(ep)
     wp = weights.plan(collect_tensors(ep) + example_tensors, ALIGNMENT)
@@ -169,7 +177,7 @@ def _write_artifact(ep, path, *, ir_level, metadata, provenance, version, loweri
     prog.exportedProgram = encode_schema.Packed(serialized)  # packed in place by ProgramT.Pack, no object-API tree
     prog.tensors = wp.records
     prog.checksumKind = G.ChecksumKind.CRC32
-    prog.operators = op_table.collect(ep.graph_module)
+    prog.operators = operators
     prog.exampleInputsSpec = spec_str
     prog.exampleInputsLeaves = np.frombuffer(leaves_bytes, dtype=np.uint8)
     prog.metadata = np.frombuffer(meta_bytes, dtype=np.uint8)

@@ -7,9 +7,17 @@ keyword-only-ness and alias annotation; returns by type and alias (a return rena
 Identical -> nothing. The new schema only ADDS arguments that have defaults (positional after
 every old positional one, or keyword-only) and returns the same -> compatible: the node is left
 as written (torch's deserializer omits missing defaulted inputs, which is what its own
-serializer writes). Anything else -> an upgrader keyed by (op, overload, old schema) from
-exporter/versioning/upgraders.py, chained while its output schema still differs; none ->
-irreconcilable.
+serializer writes). The mirror, an artifact of a NEWER torch whose schema has arguments with
+defaults that the running one lacks -> downgradable: a node that passes such an argument its
+default value (or omits it) drops it, a node that passes anything else is a SchemaDriftError
+naming the op, the argument and both releases. Anything else -> an upgrader (or downgrader)
+keyed by (op, overload, old schema) from exporter/versioning/upgraders.py, chained while its
+output schema still differs; none -> irreconcilable.
+
+The same reconciliation writes an artifact for another release (``export_model(...,
+target_torch=)``, exporter/versioning/retarget.py): there the program's schemas are the recorded
+ones and a stored registry of the target release (exporter/versioning/registries.py) stands for
+the running torch.
 """
 
 from __future__ import annotations
@@ -107,15 +115,19 @@ class Drift:
     added: list[str] = dataclasses.field(default_factory=list)    # compatible additions
     reasons: list[str] = dataclasses.field(default_factory=list)  # why it is breaking
     renamed_returns: list[str] = dataclasses.field(default_factory=list)
+    # arguments (with defaults) that the old schema has and the new lacks: name -> default; a node
+    # that passes one its default drops it (an artifact of a newer torch, downgraded)
+    dropped: dict = dataclasses.field(default_factory=dict)
 
     def describe(self) -> str:
-        parts = list(self.added) + [f"return renamed {r}" for r in self.renamed_returns]
+        parts = list(self.added) + [f"return renamed {r}" for r in self.renamed_returns] + [
+            f"argument {n}={d!r} dropped where it holds its default" for n, d in self.dropped.items()]
         return ", ".join(parts) if self.kind == "compatible" else "; ".join(self.reasons)
 
 
 def compare(old, new) -> Drift:
     """Classify the drift from parsed schema ``old`` (recorded) to ``new`` (running)."""
-    reasons, added, renamed = [], [], []
+    reasons, added, renamed, dropped = [], [], [], {}
     if (old.name, old.overload_name) != (new.name, new.overload_name):
         reasons.append(f"op {old.name}.{old.overload_name or 'default'} became "
                        f"{new.name}.{new.overload_name or 'default'}")
@@ -126,7 +138,11 @@ def compare(old, new) -> Drift:
     for a in old.arguments:
         b = new_by_name.get(a.name)
         if b is None:
-            reasons.append(f"argument '{a.name}' ({_fmt_arg(a)}) is gone (removed or renamed)")
+            if a.has_default_value() and (a.kwarg_only or all(n not in new_by_name for n in
+                                                             old_pos[old_pos.index(a.name):])):
+                dropped[a.name] = a.default_value  # trailing or keyword-only, with a default
+            else:
+                reasons.append(f"argument '{a.name}' ({_fmt_arg(a)}) is gone (removed or renamed)")
             continue
         if _type(a.real_type) != _type(b.real_type):
             reasons.append(f"argument '{a.name}' changed type {_spell(a.real_type)} -> {_spell(b.real_type)}")
@@ -155,8 +171,8 @@ def compare(old, new) -> Drift:
                    for i, (r, s) in enumerate(zip(old.returns, new.returns)) if r.name != s.name]
     if reasons:
         return Drift("breaking", added, reasons)
-    if added or renamed:
-        return Drift("compatible", added, [], renamed)
+    if added or renamed or dropped:
+        return Drift("compatible", added, [], renamed, dropped)
     return Drift("identical")
 
 
@@ -214,39 +230,65 @@ class _Plan:
     final_target: str
     final_schema: object   # running torch's FunctionSchema
     note: str | None
+    dropped: dict = dataclasses.field(default_factory=dict)  # argument -> default, dropped at its default
 
 
-def _running(qname: str, overload: str):
-    op = op_table.resolve(qname, overload)
-    return op._schema if isinstance(op, torch._ops.OpOverload) else None
+class Side:
+    """The torch a program is reconciled with: the running one, or a stored registry of another
+    release (``registry``: exporter.versioning.registries.Registry)."""
+
+    def __init__(self, registry=None):
+        self.registry = registry
+        self.version = registry.torch_version if registry is not None else torch.__version__
+        self.label = f"torch {self.version}" if registry is not None else f"this torch ({torch.__version__})"
+
+    def schema(self, qname: str, overload: str):
+        if self.registry is None:
+            op = op_table.resolve(qname, overload)
+            return op._schema if isinstance(op, torch._ops.OpOverload) else None
+        text = self.registry.schema(qname, overload)
+        return parse(text) if text is not None else None
+
+    def schema_text(self, qname: str, overload: str) -> str | None:
+        if self.registry is not None:
+            return self.registry.schema(qname, overload)
+        s = self.schema(qname, overload)
+        return None if s is None else str(s)
+
+    def overloads(self, qname: str) -> list[str]:
+        if self.registry is not None:
+            return self.registry.overloads(qname)
+        return sorted(s.overload_name or "default" for s in torch._C._jit_get_schemas_for_operator(qname))
+
+    def overloads_hint(self, qname: str) -> str:
+        have = self.overloads(qname)
+        if not have:
+            return f"{self.label} has no op {qname}"
+        return f"{self.label} has {qname} only with overloads: {', '.join(have)}"
 
 
-def _overloads_hint(qname: str) -> str:
-    have = sorted(s.overload_name or "default" for s in torch._C._jit_get_schemas_for_operator(qname))
-    if not have:
-        return f"this torch ({torch.__version__}) has no op {qname}"
-    return f"this torch ({torch.__version__}) has {qname} only with overloads: {', '.join(have) or 'none'}"
+RUNNING = Side()
 
 
-def _plan_op(qname, overload, recorded_str, kind, where):
+def _plan_op(qname, overload, recorded_str, kind, where, side: Side = RUNNING):
     """(_Plan | None, problem line | None, missing?) for one op-table record."""
     overload = overload or "default"
     label = f"{qname}.{overload}"
     if not (_QUALIFIED.fullmatch(qname) and _NAME.fullmatch(overload)) or len(recorded_str) > MAX_SCHEMA_LEN:
         raise CorruptArtifactError(f"{where}: the op table holds a malformed record {label[:120]!r} "
                                    f"(schema of {len(recorded_str)} characters).")
-    running = _running(qname, overload)
-    if running is not None and recorded_str == str(running):
+    running = side.schema(qname, overload)
+    if running is not None and recorded_str == side.schema_text(qname, overload):
         return None, None, False                               # the common case: same text
     if not recorded_str:                                       # no schema recorded: presence only
         if running is not None:
             return None, None, False
-        return None, _missing_line(label, qname, "?", kind), True
+        return None, _missing_line(label, qname, "?", kind, side), True
     try:
         recorded = parse(recorded_str)
     except ValueError as e:
         if running is None:
-            return None, _missing_line(label, qname, recorded_str, kind), True
+            return None, _missing_line(label, qname, recorded_str, kind, side), True
         return None, (f"  {label}\n    recorded: {recorded_str}\n    running:  {running}\n"
                       f"    -> the recorded schema does not parse with this torch ({e})"), False
     if (recorded.name, recorded.overload_name or "default") != (qname, overload):
@@ -255,7 +297,7 @@ def _plan_op(qname, overload, recorded_str, kind, where):
             f"{recorded.name}.{recorded.overload_name or 'default'}: {recorded_str}")
     chain, current, cur_name = [], recorded, (qname, overload)
     while True:
-        run = _running(*cur_name) if chain else running
+        run = side.schema(*cur_name) if chain else running
         if run is not None:
             d = compare(current, run)
             if d.kind != "breaking":
@@ -263,7 +305,8 @@ def _plan_op(qname, overload, recorded_str, kind, where):
                 if d.kind == "compatible":
                     steps.append(f"{'then ' if chain else ''}compatible drift ({d.describe()})")
                 note = f"{label}: " + "; ".join(steps) if steps else None
-                return _Plan(label, op_target(qname, overload), chain, op_target(*cur_name), run, note), None, False
+                return _Plan(label, op_target(qname, overload), chain, op_target(*cur_name), run, note,
+                             d.dropped), None, False
         up = find_upgrader(cur_name[0], cur_name[1], current) if len(chain) < MAX_CHAIN else None
         if up is None:
             break
@@ -271,23 +314,65 @@ def _plan_op(qname, overload, recorded_str, kind, where):
         current = parse(up.new_schema)
         cur_name = (current.name, current.overload_name or "default")
     if running is None and not chain:
-        return None, _missing_line(label, qname, recorded_str, kind), True
-    why = compare(current, run).describe() if run is not None else _overloads_hint(cur_name[0])
+        return None, _missing_line(label, qname, recorded_str, kind, side), True
+    why = compare(current, run).describe() if run is not None else side.overloads_hint(cur_name[0])
     via = f" (after {', '.join(u.name for u in chain)})" if chain else ""
     shown = run if run is not None else "not registered"
     return None, (f"  {label}\n    recorded: {recorded_str}\n    running:  {shown}\n"
                   f"    -> no upgrader for this change{via}: {why}"), False
 
 
-def _missing_line(label, qname, recorded_str, kind) -> str:
+def _missing_line(label, qname, recorded_str, kind, side: Side = RUNNING) -> str:
     ns = qname.partition("::")[0]
     if kind == G.OperatorKind.CUSTOM:
         hint = (f"import the Python module that defines the '{ns}' library with torch.library "
                 f"before loading")
     else:
-        hint = _overloads_hint(qname) + "; no upgrader is registered for it"
+        hint = side.overloads_hint(qname) + "; no upgrader is registered for it"
     # one line per op: "<op>  schema: <recorded> -> <what to do>"
     return f"  {label}  schema: {recorded_str}  running: not registered -> {hint}"
+
+
+def _is_default(arg: S.Argument, default) -> bool:
+    """Whether serialized argument ``arg`` holds the schema default ``default``."""
+    kind, value = arg.type, arg.value
+    if default is None:
+        return kind == "as_none"
+    if isinstance(default, bool):
+        return kind == "as_bool" and value is default
+    if isinstance(default, (int, float)):
+        return kind in ("as_int", "as_float") and not isinstance(value, bool) and value == default
+    if isinstance(default, str):
+        return kind == "as_string" and value == default
+    if isinstance(default, (list, tuple)):
+        return kind in ("as_ints", "as_floats", "as_bools") and list(value) == list(default)
+    return False
+
+
+def _describe_arg(arg: S.Argument) -> str:
+    kind, value = arg.type, arg.value
+    if kind == "as_tensor":
+        return f"tensor {value.name}"
+    if kind in ("as_int", "as_float", "as_bool", "as_string", "as_ints", "as_floats", "as_bools"):
+        return repr(value)
+    return kind.removeprefix("as_")
+
+
+def _drop_defaults(node: S.Node, plan: _Plan, side: Side, writer: str) -> list[str]:
+    """Drop the inputs of ``plan.dropped`` that hold their defaults; a problem line for each that
+    does not (the newer torch that wrote it added the argument; the older one cannot express it)."""
+    out = []
+    for name, default in plan.dropped.items():
+        inp = upgraders.find_input(node, name)
+        if inp is None:
+            continue
+        if _is_default(inp.arg, default):
+            node.inputs.remove(inp)
+            continue
+        out.append(f"node {node.name or '?'} passes {name}={_describe_arg(inp.arg)}, and {side.label} has no "
+                   f"argument '{name}' (the artifact's torch {writer or '?'} has it, default {default!r}): "
+                   f"only its default can be dropped")
+    return out
 
 
 def upgrade_program(serialized_ep, op_records, where: str) -> tuple[object, list[str]]:
@@ -300,20 +385,27 @@ def upgrade_program(serialized_ep, op_records, where: str) -> tuple[object, list
     to import) and SchemaDriftError (a MissingOperatorError) when any recorded schema cannot be
     reconciled; either lists every problem op, with both schemas, in one error.
     """
+    serialized_ep, notes, _ = reconcile(serialized_ep, op_records, where)
+    return serialized_ep, notes
+
+
+def reconcile(serialized_ep, op_records, where: str, side: Side = RUNNING):
+    """upgrade_program against ``side``: (program, notes, {recorded target: _Plan} of the ops rewritten)."""
     plans, problems, drifted = {}, [], False
+    writer = (getattr(serialized_ep, "torch_version", "") or "").split("+")[0]
     for qname, overload, schema_str, kind in op_records:
         if kind not in (G.OperatorKind.ATEN, G.OperatorKind.CUSTOM):
             continue
-        plan, problem, missing = _plan_op(qname, overload, schema_str, kind, where)
+        plan, problem, missing = _plan_op(qname, overload, schema_str, kind, where, side)
         if problem:
             problems.append(problem)
             drifted |= not missing
         elif plan is not None:
             plans[plan.target] = plan
     if problems:
-        _raise(where, problems, drifted)
+        _raise(where, problems, drifted, side)
     if not plans:
-        return serialized_ep, []
+        return serialized_ep, [], {}
 
     counts = dict.fromkeys(plans, 0)
     bad = []
@@ -332,25 +424,27 @@ def upgrade_program(serialized_ep, op_records, where: str) -> tuple[object, list
                 bad.append(f"  {plan.label}: {e}")
                 continue
             node.target = plan.final_target
+            bad += [f"  {plan.label}: {p}" for p in _drop_defaults(node, plan, side, writer)]
             bad += [f"  {plan.label}: {p}" for p in _node_problems(node, plan.final_schema)]
     if bad:
-        raise SchemaDriftError(f"{where}: op nodes could not be upgraded to torch {torch.__version__}'s "
+        raise SchemaDriftError(f"{where}: op nodes could not be reconciled with torch {side.version}'s "
                                f"schemas:\n" + "\n".join(bad))
     notes = []
     for target, plan in plans.items():
         if plan.note:
             n = counts[target]
-            notes.append(f"{plan.note} [{n} node{'s' if n != 1 else ''}]" if plan.chain else plan.note)
-    return serialized_ep, notes
+            notes.append(f"{plan.note} [{n} node{'s' if n != 1 else ''}]" if plan.chain or plan.dropped
+                         else plan.note)
+    return serialized_ep, notes, plans
 
 
-def _raise(where: str, problems: list[str], drifted: bool):
+def _raise(where: str, problems: list[str], drifted: bool, side: Side = RUNNING):
     head = (f"{where}: {len(problems)} operator(s) recorded by the artifact cannot be used with "
-            f"torch {torch.__version__}")
+            f"torch {side.version}")
     msg = head + (" (schema drift with no upgrader, or not registered):\n" if drifted
                   else " (not registered):\n") + "\n".join(problems)
     raise (SchemaDriftError if drifted else MissingOperatorError)(msg)
 
 
-__all__ = ["SchemaDriftError", "Drift", "compare", "same_schema", "parse", "find_upgrader",
-           "upgrade_program", "op_target", "iter_graphs"]
+__all__ = ["SchemaDriftError", "Drift", "Side", "compare", "same_schema", "parse", "find_upgrader",
+           "upgrade_program", "reconcile", "op_target", "iter_graphs"]

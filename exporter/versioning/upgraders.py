@@ -209,3 +209,60 @@ def efficient_attention_attn_bias(node: S.Node, ctx: Context) -> None:
             dtype=S.ScalarType.LONG, sizes=[], requires_grad=False, device=device, strides=[],
             storage_offset=S.SymInt.create(as_int=0), layout=S.Layout.Strided)
         node.outputs.append(S.Argument.create(as_tensor=S.TensorArgument(name=name)))
+
+
+# ---- row 15: _cdist_backward / _pdist_backward input `grad` renamed `grad_output` (2.14); both
+# directions: a 2.13 artifact on 2.14+ (upgrade), a 2.14+ artifact on 2.13 or older (downgrade) ----
+def _grad_renamed(node: S.Node, ctx: Context) -> None:
+    rename_input(node, "grad", "grad_output")
+
+
+def _grad_output_renamed_back(node: S.Node, ctx: Context) -> None:
+    rename_input(node, "grad_output", "grad")
+
+
+for _op, _args in (("_cdist_backward", "Tensor x1, Tensor x2, float p, Tensor cdist"),
+                   ("_pdist_backward", "Tensor self, float p, Tensor pdist")):
+    _old, _new = (f"aten::{_op}(Tensor {g}, {_args}) -> Tensor" for g in ("grad", "grad_output"))
+    register(f"aten::{_op}", "default", old=_old, new=_new,
+             summary="input 'grad' renamed 'grad_output' (torch 2.14)",
+             history="facts row 15: torch 2.14.1's registry against 2.13.0's (schemas/ops/registry@*.json)",
+             )(_grad_renamed)
+    register(f"aten::{_op}", "default", old=_new, new=_old,
+             summary="input 'grad_output' renamed back 'grad' (an artifact of torch 2.14 or later)",
+             history="facts row 15, downgrade: torch 2.13.0's registry against 2.14.1's",
+             )(_grad_output_renamed_back)
+
+
+# ---- row 16: aten::cholesky and aten::qr removed in 2.14; linalg_cholesky and linalg_qr compute
+# them (both exist since 1.8) ----
+@register(
+    "aten::cholesky", "default",
+    old="aten::cholesky(Tensor self, bool upper=False) -> Tensor",
+    new="aten::linalg_cholesky(Tensor self, *, bool upper=False) -> Tensor",
+    summary="cholesky(A, upper) became linalg_cholesky(A, upper=upper) (cholesky removed in torch 2.14)",
+    history="facts row 16: torch 2.14.1's registry has no aten::cholesky (2.13.0's has)",
+)
+def cholesky_to_linalg(node: S.Node, ctx: Context) -> None:
+    inp = find_input(node, "upper")
+    if inp is not None:
+        if inp.arg.type != "as_bool":
+            raise UpgraderError(f"node {node.name or '?'}: upper is {inp.arg.type}, expected a bool")
+        inp.kind = S.ArgumentKind.KEYWORD
+
+
+@register(
+    "aten::qr", "default",
+    old="aten::qr(Tensor self, bool some=True) -> (Tensor Q, Tensor R)",
+    new='aten::linalg_qr(Tensor A, str mode="reduced") -> (Tensor Q, Tensor R)',
+    summary="qr(A, some) became linalg_qr(A, mode='reduced' if some else 'complete') (qr removed in torch 2.14)",
+    history="facts row 16: torch 2.14.1's registry has no aten::qr (2.13.0's has)",
+)
+def qr_to_linalg(node: S.Node, ctx: Context) -> None:
+    rename_input(node, "self", "A")
+    inp = find_input(node, "some")
+    if inp is None:
+        return
+    if inp.arg.type != "as_bool":
+        raise UpgraderError(f"node {node.name or '?'}: some is {inp.arg.type}, expected a bool")
+    inp.name, inp.arg = "mode", S.Argument.create(as_string="reduced" if inp.arg.value else "complete")

@@ -1,0 +1,106 @@
+"""The operator registries of torch releases, stored in the repository: every aten, prims and
+quantized operator schema (and the dtypes torch.export's serializer names) of each release pt2b supports, in
+``schemas/ops/registry@<major.minor>.json``, written by running this module in that release's venv:
+
+    ~/.cache/pt2b-matrix/torch-2.11.0/bin/python -m exporter.versioning.registries
+
+``export_model(..., target_torch=...)`` writes an artifact against another release's registry
+(exporter/versioning/retarget.py), and tests/test_registries.py compares neighbouring releases'
+registries to find the real schema differences that the upgraders and downgraders cover.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import pathlib
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[2] / "schemas" / "ops"
+NAMESPACES = ("aten::", "prims::", "quantized::", "_quantized::")  # op_table.ATEN_NAMESPACES
+
+
+def release_key(version: str) -> str:
+    """'2.11.0+cu130' -> '2.11'."""
+    parts = version.split("+")[0].split(".")
+    if len(parts) < 2 or not all(p.isdigit() for p in parts[:2]):
+        raise ValueError(f"{version!r} is not a torch release (expected e.g. '2.11' or '2.11.0')")
+    return f"{int(parts[0])}.{int(parts[1])}"
+
+
+def path_for(release: str) -> pathlib.Path:
+    return ROOT / f"registry@{release_key(release)}.json"
+
+
+def stored_releases() -> list[str]:
+    found = [p.stem.split("@", 1)[1] for p in ROOT.glob("registry@*.json")]
+    return sorted(found, key=lambda r: tuple(int(x) for x in r.split(".")))
+
+
+def running_registry() -> dict:
+    """The running torch's registry as stored (the document ``write`` writes)."""
+    from torch._export.serde import schema as S
+
+    ops = {}
+    for s in torch._C._jit_get_all_schemas():
+        if s.name.startswith(NAMESPACES):
+            ops[f"{s.name}.{s.overload_name or 'default'}"] = str(s)
+    return {"torch": torch.__version__.split("+")[0], "scalar_types": sorted(m.name for m in S.ScalarType),
+            "ops": dict(sorted(ops.items()))}
+
+
+def write(path=None) -> pathlib.Path:
+    from ..serialize.atomic import atomic_write
+
+    doc = running_registry()
+    path = pathlib.Path(path) if path else path_for(doc["torch"])
+    text = '{\n"torch": %s,\n"scalar_types": %s,\n"ops": {\n%s\n}\n}\n' % (
+        json.dumps(doc["torch"]), json.dumps(doc["scalar_types"]),
+        ",\n".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in doc["ops"].items()))
+    with atomic_write(path) as f:
+        f.write(text.encode())
+    return path
+
+
+@dataclasses.dataclass(frozen=True)
+class Registry:
+    """One release's operators: ``schema(qname, overload)`` is its schema string, or None where the
+    release has no such operator."""
+
+    torch_version: str
+    ops: dict
+    scalar_types: frozenset
+
+    @property
+    def release(self) -> str:
+        return release_key(self.torch_version)
+
+    def schema(self, qualified_name: str, overload: str) -> str | None:
+        return self.ops.get(f"{qualified_name}.{overload or 'default'}")
+
+    def overloads(self, qualified_name: str) -> list[str]:
+        prefix = qualified_name + "."
+        return sorted(k[len(prefix):] for k in self.ops if k.startswith(prefix))
+
+
+@functools.lru_cache(maxsize=None)
+def load(release: str) -> Registry:
+    """The stored registry of ``release`` ('2.11' or '2.11.0'); ValueError naming the stored ones
+    where there is none."""
+    path = path_for(release)
+    if not path.is_file():
+        raise ValueError(f"pt2b has no operator registry of torch {release_key(release)} "
+                         f"(it has: {', '.join(stored_releases())})")
+    doc = json.loads(path.read_text())
+    return Registry(doc["torch"], doc["ops"], frozenset(doc["scalar_types"]))
+
+
+def main() -> int:
+    print(f"wrote {write()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
