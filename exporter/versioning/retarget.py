@@ -46,7 +46,7 @@ def retarget(serialized: S.ExportedProgram, records: list, target: str) -> tuple
         raise TargetTorchError(f"{where}: torch {reg.torch_version}'s export schema has no dtype "
                                f"{', '.join(lacking)}, which the program's values use ({used}). Change the "
                                f"model so that they have another dtype, or target a later release.")
-    checked = [r for r in records if r.kind == G.OperatorKind.ATEN]
+    checked = [r for r in records if r.kind == G.OperatorKind.ATEN and r.qualifiedName.startswith(registries.NAMESPACES)]
     tuples = [(r.qualifiedName, r.overload, r.schema, r.kind) for r in checked]
     try:
         serialized, notes, plans = schema_drift.reconcile(serialized, tuples, where, side)
@@ -59,7 +59,7 @@ def retarget(serialized: S.ExportedProgram, records: list, target: str) -> tuple
     by_key: dict = {}
     for r in records:
         key = (r.qualifiedName, r.overload, r.kind)
-        if r.kind == G.OperatorKind.ATEN:
+        if r.kind == G.OperatorKind.ATEN and r.qualifiedName.startswith(registries.NAMESPACES):
             plan = plans.get(schema_drift.op_target(r.qualifiedName, r.overload))
             if plan is not None:
                 key = (plan.final_schema.name, plan.final_schema.overload_name or "default", r.kind)
