@@ -87,8 +87,18 @@ def load(path: StrPath, *, verify: bool = False) -> Pt2bProgram:
 
 
 def _program_of(art, *, verify: bool) -> Pt2bProgram:
-    """The program of an opened artifact (callers pause collection around opening and this)."""
-    ep = reader.rebuild(art, verify=verify)
+    """The program of an opened artifact (callers pause collection around opening and this): every
+    check of the file runs now; torch's deserializer (the fx graph, fake tensors, the
+    ExportedProgram) on first use."""
+    from .lazy import Lazy
+
+    checked = reader.check(art, verify=verify)
+
+    def build():
+        with gc_paused():
+            return reader.build(art, checked)
+
+    ep = Lazy(build)
     prog = art.program
     ops = [OperatorInfo(q, o, s, _KIND_NAMES.get(k, "?"), int(r.count))
            for (q, o, s, k), r in zip(reader.operator_records(art), prog.operators or [])]
@@ -133,7 +143,7 @@ def load_for_backend(path: StrPath, preset: str = "core", *, supported_ops: Iter
     """
     from .lowering import cache as _cache
     from .lowering.lower import finish, lower, plan_lowering
-    from .lowering.lowered import Lazy
+    from .lazy import Lazy
 
     plan = plan_lowering(preset, supported_ops=supported_ops, decompositions=decompositions, keep=keep,
                          decompose=decompose, strict=strict)

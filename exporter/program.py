@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from .errors import CorruptArtifactError
+from .lazy import Lazy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +64,9 @@ class Pt2bProgram(ProgramHandle):
     def __init__(self, ep, *, path: str, format_version: tuple[int, int], torch_version: str,
                  producer: str, ir_level: str, operators: list[OperatorInfo], metadata: dict,
                  provenance: dict[str, str], lowering: dict | None = None):
-        self._ep = ep
+        # an ExportedProgram, or a Lazy building it on first use (load(): the file is checked at
+        # load, torch's deserializer runs when the program is first asked for)
+        self._built = ep if isinstance(ep, Lazy) else Lazy.of(ep)
         self.path = path
         self.format_version = format_version
         self.torch_version = torch_version
@@ -75,6 +78,10 @@ class Pt2bProgram(ProgramHandle):
         # format 1.1+: how pt2b lowered this program ({"request", "fingerprint", "torch_version",
         # "outside_opset"}); None for a program not written after load_for_backend
         self.lowering = lowering
+
+    @property
+    def _ep(self) -> torch.export.ExportedProgram:
+        return self._built.get()
 
     def ops(self) -> dict[str, int]:
         """Operator (qualified name.overload) -> number of call sites, over all subgraphs."""

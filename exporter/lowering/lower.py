@@ -15,7 +15,8 @@ from ..ops import OpMatcher, op_name, resolve_op
 from . import presets as _presets
 from . import tables
 from .decompose import run_decompositions
-from .lowered import Lazy, LoweredProgram
+from ..lazy import Lazy
+from .lowered import LoweredProgram
 from .reuse import lower_with_reuse
 from .verify import outside, route_lines
 

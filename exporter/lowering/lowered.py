@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..lazy import Lazy
 from ..ops import normalize_text, op_name
 from ..program import ProgramHandle
 from . import routes, tables
@@ -14,18 +15,6 @@ from .verify import route_lines
 if TYPE_CHECKING:
     from ..ops import OpSpec
     from ..program import Pt2bProgram
-
-
-class Lazy:
-    """A value computed on first use (the source program of a lowering taken from the cache)."""
-
-    def __init__(self, fn):
-        self._fn, self._done, self._value = fn, False, None
-
-    def get(self):
-        if not self._done:
-            self._value, self._done = self._fn(), True
-        return self._value
 
 
 class LoweredProgram(ProgramHandle):

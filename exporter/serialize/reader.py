@@ -247,6 +247,7 @@ def check(art: Artifact, *, verify: bool = False) -> Checked:
         elif kind == G.TensorKind.CONSTANT:
             constants[name] = t
     _check_state_matches_signature(serialized, state_dict, constants, where)
+    _check_signature_names_inputs(serialized, where)
     example_inputs = _example_inputs(art, tensors)
     root = serialized.graph_module.module_call_graph[0].signature
     untrusted.check_guards(serialized.guards_code, example_inputs, list(root.forward_arg_names or []),
@@ -265,8 +266,13 @@ def read_program(path) -> torch.export.ExportedProgram:
 
 def rebuild(art: Artifact, *, verify: bool = False) -> torch.export.ExportedProgram:
     """The ExportedProgram the artifact holds, weights mapped from the file."""
+    return build(art, check(art, verify=verify))
+
+
+def build(art: Artifact, c: Checked) -> torch.export.ExportedProgram:
+    """torch's deserializer on a program that passed ``check``: the fx graph, its fake tensors, the
+    ExportedProgram (what load() defers to first use)."""
     where = _where(art.path)
-    c = check(art, verify=verify)
     try:
         with _DESERIALIZE_LOCK:
             ep = deserialize.deserialize_program(c.serialized, c.state_dict, c.constants, c.example_inputs)
@@ -281,6 +287,41 @@ def rebuild(art: Artifact, *, verify: bool = False) -> torch.export.ExportedProg
     if any(text(e.key) == module_stacks.PROVENANCE_KEY for e in art.program.provenance or []):
         module_stacks.unescape(ep)
     return ep
+
+
+def _argument_name(arg) -> str:
+    """The value name a serialized input argument binds ('' for a constant)."""
+    kind, value = str(arg.type), arg.value
+    if kind in ("as_tensor", "as_custom_obj"):
+        return value.name
+    if kind in ("as_sym_int", "as_sym_float", "as_sym_bool"):
+        return value.as_name if str(value.type) == "as_name" else ""
+    return ""
+
+
+def _spec_name(spec) -> str:
+    v = spec.value
+    if spec.type == "user_input":
+        return _argument_name(v.arg)
+    if spec.type == "constant_input":
+        return v.name
+    return getattr(v.arg, "name", "")
+
+
+def _check_signature_names_inputs(serialized: S.ExportedProgram, where: str) -> None:
+    """Before torch's deserializer (load checks it; the placeholders built on first use are checked
+    again then): every graph input that binds a value is the one its input spec names."""
+    gm = serialized.graph_module
+    named = [_spec_name(s) for s in gm.signature.input_specs]
+    inputs = [_argument_name(a) for a in gm.graph.inputs]
+    for i, (spec, value) in enumerate(zip(named, inputs)):
+        if value and spec != value:
+            raise CorruptArtifactError(
+                f"{where}: the graph signature's input {i} names {spec!r} but the graph's placeholder {i} is "
+                f"{value!r} ({len(named)} input specs, {len(inputs)} graph inputs); the file is damaged.")
+    if len(named) != len(inputs):
+        raise CorruptArtifactError(f"{where}: the graph signature has {len(named)} input specs for "
+                                   f"{len(inputs)} graph inputs; the file is damaged.")
 
 
 def _check_inputs_match_placeholders(ep, where: str) -> None:
