@@ -168,3 +168,46 @@ def test_derived_inputs_keep_shapes_dtypes_and_values():
     assert not torch.equal(dx, x)
     assert torch.equal(dx.flatten().sort().values, x.flatten().sort().values)
     assert torch.equal(dids.flatten().sort().values, ids.flatten().sort().values)
+
+
+@pytest.mark.parametrize("name", ["buffer_mutation", "pytree_io", "kwargs_only", "cnn_bn_train", "dynamic_shapes",
+                                  "cond", "tied_weights", "inplace_ops", "custom_op"])
+def test_the_runner_computes_what_the_module_does_and_leaves_the_state(tmp_path, name):
+    """Validation runs the graph module on the signature's flat inputs (no ep.module()): the user
+    outputs are the module's, and the program's stored buffers stay as stored."""
+    import torch.utils._pytree as pytree
+
+    case = make_case(name)
+    path = tmp_path / "m.pt2b"
+    export_model(case.model, case.args, path, kwargs=case.kwargs, dynamic_shapes=case.dynamic_shapes)
+    ep = load(path).exported_program()
+    inputs = (case.args, case.kwargs or {})
+    before = {k: v.clone() for k, v in ep.state_dict.items()}
+    runner = V._Runner(ep)
+    assert runner.module is None  # the direct path, not the ep.module() fallback
+    got = runner(inputs)
+    want = copy.deepcopy(ep).module()(*copy.deepcopy(case.args), **copy.deepcopy(case.kwargs or {}))
+    assert len(got) == len(pytree.tree_leaves(want)) and V._same(got, pytree.tree_leaves(want))
+    assert all(torch.equal(v, before[k]) for k, v in ep.state_dict.items())
+    assert V._same(runner(inputs), got)  # again, from the stored state
+
+
+@pytest.mark.parametrize("model, random", [
+    (torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5)).eval(), []),
+    (torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5)).train(), ["aten::dropout.default"]),
+    (torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.0)).train(), []),
+])
+def test_only_random_ops_that_can_draw_need_the_second_seed(model, random):
+    ep = torch.export.export(model, (torch.randn(2, 4),))
+    assert V._random_ops(ep) == random
+
+
+def test_attention_without_dropout_cannot_draw():
+    class Attn(torch.nn.Module):
+        def forward(self, q):
+            return torch.nn.functional.scaled_dot_product_attention(q, q, q)
+
+    ep = torch.export.export(Attn(), (torch.randn(1, 2, 4, 8),))
+    assert any(torch.Tag.nondeterministic_seeded in n.target.tags for n in ep.graph.nodes
+               if isinstance(n.target, torch._ops.OpOverload))
+    assert V._random_ops(ep) == []
