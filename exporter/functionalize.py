@@ -705,7 +705,14 @@ def _signature(ep, gm, tokens, new_phs, aot_sig):
         raise LoweringError("the retrace's mutation outputs are out of order.")
     for out_name, in_name in mutated:
         spec = old_sig.input_specs[position[in_name]]
-        if spec.kind == InputKind.BUFFER:
+        if spec.kind == InputKind.CONSTANT_TENSOR and isinstance(ep.constants.get(spec.target), torch.Tensor):
+            # a plain tensor attribute the model updates in place (a static KV cache kept as an attribute,
+            # not a buffer): eager keeps the update across calls, which a non-persistent buffer does;
+            # torch's run_decompositions refuses it ("register it as buffer")
+            i = position[in_name] + len(tokens)
+            input_specs[i] = InputSpec(InputKind.BUFFER, input_specs[i].arg, spec.target, persistent=False)
+            output_specs.append(OutputSpec(OutputKind.BUFFER_MUTATION, TensorArgument(name=out_name), spec.target))
+        elif spec.kind == InputKind.BUFFER:
             output_specs.append(OutputSpec(OutputKind.BUFFER_MUTATION, TensorArgument(name=out_name), spec.target))
         elif spec.kind == InputKind.USER_INPUT:
             output_specs.append(OutputSpec(OutputKind.USER_INPUT_MUTATION, TensorArgument(name=out_name),

@@ -275,3 +275,44 @@ def test_pinned_preset_guarantees_its_frozen_opset(tmp_path, monkeypatch):
     with pytest.raises(OpsetError, match=r"aten::addmm.default \(6 call sites\)"):
         load_for_backend(path, "core@2.13")
     assert "aten::addmm.default" in load_for_backend(path, "core").outside_opset  # unpinned: reported only
+
+
+class _AttributeCache(torch.nn.Module):
+    """A static cache kept as a plain tensor attribute, updated in place (biogpt's, mpt's and
+    gemma3n's static-cache paths in transformers): torch.export lifts it as a constant."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.cache = torch.zeros(8, 4)
+
+    def forward(self, x, pos):
+        self.cache.index_copy_(0, pos, self.lin(x))
+        return self.cache.sum(0)
+
+
+@pytest.mark.parametrize("preset", ["none", "core", "max"])
+def test_a_mutated_tensor_attribute_lowers_as_a_non_persistent_buffer(tmp_path, preset):
+    """torch's run_decompositions refuses it ("Constant cache is mutated ... register it as buffer");
+    pt2b writes its update back as a non-persistent buffer's, so that state carries across calls as
+    it does in eager."""
+    from torch.export.graph_signature import InputKind, OutputKind
+
+    torch.manual_seed(0)
+    model, x, pos = _AttributeCache(), torch.randn(2, 4), torch.tensor([1, 3])
+    eager = copy.deepcopy(model)
+    path = tmp_path / "m.pt2b"
+    ep = export_model(model, (x, pos), path)
+    assert [s.kind for s in ep.graph_signature.input_specs if s.target == "cache"] == [InputKind.CONSTANT_TENSOR]
+    with pytest.raises(RuntimeError, match="Constant cache is mutated in the forward method"):
+        ep.run_decompositions()
+    lp = load_for_backend(path, preset, cache=False)
+    sig = lp.exported_program().graph_signature
+    spec = next(s for s in sig.input_specs if s.target == "cache")
+    assert spec.kind == InputKind.BUFFER and spec.persistent is False
+    assert [s.target for s in sig.output_specs if s.kind == OutputKind.BUFFER_MUTATION] == ["cache"]
+    assert lp.validation.status == "passed"
+    rt = Runtime(lp)
+    with torch.no_grad():
+        for step in range(3):  # the cache carries across calls
+            torch.testing.assert_close(rt(x * step, pos + step), eager(x * step, pos + step))
