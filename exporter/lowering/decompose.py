@@ -119,9 +119,10 @@ def layout_repaired_decompositions() -> dict:
 
 def applied(op, fn):
     """What pt2b's lowering applies for the table entry ``op -> fn``: ``fn``, on dense inputs where it
-    is wrong on others (layout_repaired_decompositions), without global flags (flag_free). The audit
-    measures this."""
-    fn = flag_free(op, fn)
+    is wrong on others (layout_repaired_decompositions), without global flags (flag_free), declining
+    a call on which it would guard on a data-dependent value (_declining_data_dependent_guards). The
+    audit measures this."""
+    fn = _declining_data_dependent_guards(flag_free(op, fn))
     channels_last = layout_repaired_decompositions().get(op)
     if channels_last is None:
         return fn
@@ -133,6 +134,24 @@ def applied(op, fn):
 
     on_dense_inputs.__wrapped__ = fn
     return on_dense_inputs
+
+
+def _declining_data_dependent_guards(fn):
+    """``fn``, declining (the op stays, as with ``keep``) a call where it asks a question of a value
+    the trace only knows at run time: slice's decomposition asks whether an ``item()`` that nothing
+    bounds is negative (ExportDB's assume_constant_result, opt's static cache under ``max``), and
+    torch's run_decompositions fails there with GuardOnDataDependentSymNode. The op, undecomposed,
+    answers it at run time; whether the backend accepts it is checked as for any op that stays."""
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    def decomposition(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except GuardOnDataDependentSymNode:
+            return NotImplemented
+
+    decomposition.__wrapped__ = fn
+    return decomposition
 
 
 def flag_free(op, fn):
