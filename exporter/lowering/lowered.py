@@ -95,8 +95,12 @@ class LoweredProgram(ProgramHandle):
             elif self.supported is not None and name in self.supported:
                 why = "supported by the backend (listed in supported_ops)"
             elif name in self.outside_opset:
+                declined = name in available and self.table and available[name] in self.table
                 why = (f"outside preset {self.preset}'s declared opset: "
-                       + ("its table does not decompose it" if name in available else
+                       + ("its table decomposes it, but the decomposition declined these calls (it would "
+                          "guard on a value known only at run time, or does not handle their inputs), "
+                          "so the op stays" if declined else
+                          "its table does not decompose it" if name in available else
                           "no decomposition exists for it"))
             elif name not in available:
                 why = "no decomposition exists for it in this torch, so it stays"
