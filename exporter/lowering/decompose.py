@@ -141,8 +141,15 @@ def _declining_data_dependent_guards(fn):
     the trace only knows at run time: slice's decomposition asks whether an ``item()`` that nothing
     bounds is negative (ExportDB's assume_constant_result, opt's static cache under ``max``), and
     torch's run_decompositions fails there with GuardOnDataDependentSymNode. The op, undecomposed,
-    answers it at run time; whether the backend accepts it is checked as for any op that stays."""
+    answers it at run time; whether the backend accepts it is checked as for any op that stays.
+    torch's stand-in for an op's own C++ kernel (a partial of _special_op_to_decompose_cia) is left
+    as it is: the trace recognizes it and lets functionalization run that kernel."""
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    from ..functionalize import _runs_cia_kernel
+
+    if _runs_cia_kernel(fn):
+        return fn
 
     def decomposition(*args, **kwargs):
         try:
