@@ -4,6 +4,8 @@ handed to functionalization (exporter/functionalize.py), which applies it in its
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .. import torch_compat
@@ -53,6 +55,7 @@ def trace_table(table: dict) -> dict:
 
 # ---- layouts the trace would get wrong ----
 
+@functools.cache
 def layout_repaired_ops() -> dict:
     """Ops whose CPU kernel and torch's fake (meta) kernel disagree on an input strided otherwise than
     contiguously (or channels-last), op -> whether a channels-last input is left as it is:
@@ -86,19 +89,24 @@ def _dense(t, channels_last: bool) -> bool:
     return is_contiguous_or_false(t) or (channels_last and t.dim() in (4, 5) and is_channels_last_contiguous_or_false(t))
 
 
+def _densified(args, channels_last: bool) -> list:
+    """``args`` with each tensor that is not dense (_dense) replaced by a contiguous copy."""
+    return [a if not isinstance(a, torch.Tensor) or _dense(a, channels_last) else
+            torch.ops.aten.clone.default(a, memory_format=torch.contiguous_format) for a in args]
+
+
 def _dense_inputs(op, channels_last: bool):
     """A table entry for ``op``: its tensor arguments that are not dense (_dense) are copied to
     contiguous ones, and ``op`` is called on them (that call, on dense inputs, declines and goes on)."""
     def repaired(*args, **kwargs):
         if all(_dense(a, channels_last) for a in args if isinstance(a, torch.Tensor)):
             return NotImplemented
-        args = [a if not isinstance(a, torch.Tensor) or _dense(a, channels_last) else
-                torch.ops.aten.clone.default(a, memory_format=torch.contiguous_format) for a in args]
-        return op(*args, **kwargs)
+        return op(*_densified(args, channels_last), **kwargs)
 
     return repaired
 
 
+@functools.cache
 def layout_repaired_decompositions() -> dict:
     """Decompositions of torch's table that are exact on contiguous inputs and wrong on others, op ->
     whether a channels-last input is left as it is (pt2b opset audit runs every sample transposed,
@@ -128,9 +136,7 @@ def applied(op, fn):
         return fn
 
     def on_dense_inputs(*args, **kwargs):
-        args = [a if not isinstance(a, torch.Tensor) or _dense(a, channels_last) else
-                torch.ops.aten.clone.default(a, memory_format=torch.contiguous_format) for a in args]
-        return fn(*args, **kwargs)
+        return fn(*_densified(args, channels_last), **kwargs)
 
     on_dense_inputs.__wrapped__ = fn
     return on_dense_inputs
