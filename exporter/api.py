@@ -87,31 +87,48 @@ def load(path: StrPath, *, verify: bool = False) -> Pt2bProgram:
 
 
 def _program_of(art, *, verify: bool) -> Pt2bProgram:
-    """The program of an opened artifact (callers pause collection around opening and this): every
-    check of the file runs now; torch's deserializer (the fx graph, fake tensors, the
-    ExportedProgram) on first use."""
+    """The program of an opened artifact (callers pause collection around opening and this): what
+    the op table, metadata and records answer is read now, every check of the file that opening it
+    made (header, checksums, the FlatBuffer walk of all but the graph, and every weight checksum when
+    ``verify``); the graph's walk, decoding and checks on its first use, then torch's deserializer
+    (the fx graph, fake tensors, the ExportedProgram)."""
     from .lazy import Lazy
 
-    checked = reader.check(art, verify=verify)
+    reader.check_ops(art)  # a missing op or an unreconcilable schema is refused now, from the op table
+    if verify:
+        reader.verify_weights(art)
+
+    def check():
+        with gc_paused():
+            return reader.check(art)
+
+    checked = Lazy(check)
 
     def build():
+        c = checked.get()
         with gc_paused():
-            return reader.build(art, checked)
+            return reader.build(art, c)
 
-    ep = Lazy(build)
     prog = art.program
     ops = [OperatorInfo(q, o, s, _KIND_NAMES.get(k, "?"), int(r.count))
            for (q, o, s, k), r in zip(reader.operator_records(art), prog.operators or [])]
     provenance = {reader.text(e.key): reader.text(e.value) for e in prog.provenance or []}
-    for note in art.upgrade_notes:  # in memory only: `pt2b upgrade` folds them into its own entry
-        op, _, what = note.partition(": ")
-        provenance[f"upgraded_op:{op}"] = what
     if art.format_notes:  # an older major brought to today's by versioning/majors.py steps
         provenance["upgraded_format"] = "; ".join(art.format_notes)
+
+    def upgraded():  # op schema upgrades are known once the graph is checked (in memory only:
+        checked.get()  # `pt2b upgrade` folds them into its own entry)
+        out = dict(provenance)
+        for note in art.upgrade_notes:
+            op, _, what = note.partition(": ")
+            out[f"upgraded_op:{op}"] = what
+        return out
+
     return Pt2bProgram(
-        ep, path=art.path, format_version=art.version, torch_version=reader.text(prog.torchVersion),
+        Lazy(build), path=art.path, format_version=art.version, torch_version=reader.text(prog.torchVersion),
         producer=reader.text(prog.producer), ir_level=reader.text(prog.irLevel), operators=ops,
-        metadata=reader.read_metadata(art), provenance=provenance, lowering=reader.read_lowering(art),
+        metadata=reader.read_metadata(art), provenance=Lazy(upgraded), lowering=reader.read_lowering(art),
+        checked=checked,
     )
 
 

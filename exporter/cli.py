@@ -72,6 +72,7 @@ def cmd_verify(ns) -> int:
 
     with progress.status(f"verifying {ns.artifact}"):
         art = reader.open_artifact(ns.artifact)
+        reader.check(art)  # the graph's walk and checks, which load() leaves to first use
         n = reader.verify_weights(art)
     print(f"{ns.artifact}: OK (program and {n} bytes of weights verified)")
     return 0

@@ -63,10 +63,11 @@ class Pt2bProgram(ProgramHandle):
 
     def __init__(self, ep, *, path: str, format_version: tuple[int, int], torch_version: str,
                  producer: str, ir_level: str, operators: list[OperatorInfo], metadata: dict,
-                 provenance: dict[str, str], lowering: dict | None = None):
-        # an ExportedProgram, or a Lazy building it on first use (load(): the file is checked at
-        # load, torch's deserializer runs when the program is first asked for)
+                 provenance: dict[str, str] | Lazy, lowering: dict | None = None, checked: Lazy | None = None):
+        # an ExportedProgram, or a Lazy building it on first use (load(): the op table and records
+        # are read at load, the graph is checked at its first use, before torch's deserializer runs)
         self._built = ep if isinstance(ep, Lazy) else Lazy.of(ep)
+        self._checked = checked  # reader.Checked, on first use
         self.path = path
         self.format_version = format_version
         self.torch_version = torch_version
@@ -74,7 +75,7 @@ class Pt2bProgram(ProgramHandle):
         self.ir_level = ir_level
         self.operators = operators
         self.metadata = metadata
-        self.provenance = provenance
+        self._provenance = provenance if isinstance(provenance, Lazy) else Lazy.of(provenance)
         # format 1.1+: how pt2b lowered this program ({"request", "fingerprint", "torch_version",
         # "outside_opset"}); None for a program not written after load_for_backend
         self.lowering = lowering
@@ -82,6 +83,20 @@ class Pt2bProgram(ProgramHandle):
     @property
     def _ep(self) -> torch.export.ExportedProgram:
         return self._built.get()
+
+    @property
+    def provenance(self) -> dict[str, str]:
+        """Who wrote the program and what was done to it since (capture, lowering, upgrades: the op
+        schema upgrades applied in memory are known once the graph is read, so this reads it)."""
+        return self._provenance.get()
+
+    def check(self) -> "Pt2bProgram":
+        """Run every check of the file now (load() leaves the graph's to its first use): the FlatBuffer
+        walk of the graph, names, targets, expressions, op schemas, state against the signature,
+        example inputs, guards. Raises the ArtifactError a first use would; returns self."""
+        if self._checked is not None:
+            self._checked.get()
+        return self
 
     def ops(self) -> dict[str, int]:
         """Operator (qualified name.overload) -> number of call sites, over all subgraphs."""

@@ -17,12 +17,16 @@ from exporter.api import export_model, load
 from exporter.errors import LoweringError
 from exporter.lowering import explorer
 from exporter.lowering.lower import lower, plan_lowering
+from exporter.lowering.presets import torch_minor
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = pathlib.Path(__file__).resolve().parents[1] / "test-artifacts"
 
+OTHER_RELEASE = "2.11" if torch_minor() != "2.11" else "2.15"  # a release whose presets are frozen, not this torch's
+
 SELECTIONS = {
     "core": explorer.Selection("core"),
+    "core@other": explorer.Selection(f"core@{OTHER_RELEASE}"),
     "core-tag": explorer.Selection("core-tag"),
     "none": explorer.Selection("none"),
     "max-keep-addmm": explorer.Selection("max", keep=("aten::addmm.default",)),
@@ -327,3 +331,21 @@ def test_a_program_whose_full_lowering_fails_is_left_out_and_named(tmp_path, mon
     assert cli.main(["opset", "closure", "--corpus", str(tmp_path), "--preset", "core"]) == 0
     err = capsys.readouterr().err
     assert "pt2b: left out cnn_bn.pt2b: its lowering with every decomposition fails (decomposition failed" in err
+
+
+def test_page_targets_another_torch_release(browser_page):
+    """A backend picks the torch release it targets: the page then evaluates that release's frozen
+    presets (as load_for_backend(preset="core@2.11") applies them) and offers the pinned call."""
+    page, data, folder = browser_page
+    assert data["release"] == torch_minor() and OTHER_RELEASE in data["releases"] and len(data["releases"]) >= 5
+    other = f"core@{OTHER_RELEASE}"
+    assert set(data["presets"][other]["table"]) != set(data["presets"]["core"]["table"])  # a real choice
+    page.locator("#base-core").check()
+    page.locator("#release").select_option(OTHER_RELEASE)
+    shown = _check(page, folder, SELECTIONS["core@other"])
+    assert shown["cli"] == f"pt2b lower model.pt2b --preset {other}"
+    page.locator("#base-max").check()  # the preset buttons stay on the chosen release
+    assert page.evaluate("window.pt2bExplorer.state.preset") == f"max@{OTHER_RELEASE}"
+    page.locator("#release").select_option(data["release"])
+    assert page.evaluate("window.pt2bExplorer.state.preset") == "max"
+    assert page.locator("#base-max").is_checked()

@@ -1,6 +1,6 @@
-"""load() checks the whole file and answers from the table at once; torch's deserializer (the fx
-graph, fake tensors, the ExportedProgram) runs on first use, once, and builds what an eager
-rebuild builds."""
+"""load() checks the file's header, checksums and every table but the graph, and answers from them
+at once; the graph's checks run at its first use, before torch's deserializer (the fx graph, fake
+tensors, the ExportedProgram) runs, once, and builds what an eager rebuild builds."""
 
 from __future__ import annotations
 
@@ -63,9 +63,8 @@ def test_threads_asking_first_build_it_once(artifact, monkeypatch):
     assert len(calls) == 1 and len(got) == 4 and all(g is got[0] for g in got)
 
 
-def test_damage_the_checks_find_is_refused_at_load_not_at_first_use(tmp_path):
-    """Every check of the file runs in load(): a weight whose bytes changed is refused there
-    (verify=True), before any program is built."""
+def test_damage_to_the_weights_is_refused_at_load_with_verify(tmp_path):
+    """verify=True checks every weight segment in load(), before any program is built."""
     from exporter.errors import CorruptArtifactError
 
     case = make_case("mlp")
@@ -76,3 +75,68 @@ def test_damage_the_checks_find_is_refused_at_load_not_at_first_use(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(CorruptArtifactError, match="checksum"):
         load(path, verify=True)
+
+
+def _damaged_graph(tmp_path):
+    """An artifact whose graph table holds an out-of-bounds offset (checksums made to match)."""
+    import zlib
+
+    from exporter.serialize.container import Header
+
+    case = make_case("mlp")
+    path = tmp_path / "m.pt2b"
+    export_model(case.model, case.args, path)
+    art = reader.open_artifact(path)
+    graph = art.program.exportedProgram
+    program = bytearray(graph.buf)
+    program[graph.pos:graph.pos + 4] = (0x7FFFFFF0).to_bytes(4, "little", signed=True)  # its vtable: far outside
+    h = art.header
+    data = bytearray(path.read_bytes()[: h.program_offset])
+    data[:64] = Header(h.major, h.minor, h.data_offset, h.data_size, h.program_offset, len(program),
+                       zlib.crc32(bytes(program))).pack()
+    path.write_bytes(bytes(data) + bytes(program))
+    return path
+
+
+@pytest.mark.parametrize("first_use", ["exported_program", "call", "check", "graph_signature", "provenance"])
+def test_a_damaged_graph_loads_its_table_and_is_refused_at_first_use(tmp_path, first_use):
+    """The op table answers; every use of the graph raises the verifier's error (every time: the
+    check stays pending), before torch's deserializer sees a byte of it."""
+    from exporter.errors import CorruptArtifactError
+
+    path = _damaged_graph(tmp_path)
+    prog = load(path)
+    assert prog.ops() == load(path).ops() and prog.ops()
+    use = {"exported_program": lambda: prog.exported_program(), "call": lambda: prog(torch.ones(2, 4)),
+           "check": prog.check, "graph_signature": lambda: prog.graph_signature,
+           "provenance": lambda: prog.provenance}[first_use]
+    for _ in range(2):
+        with pytest.raises(CorruptArtifactError,
+                           match=r"program section is malformed: Program\.exported_program \(ExportedProgram\) vtable"):
+            use()
+    assert not prog._built.done
+
+
+def test_the_deferred_walk_says_what_the_whole_walk_says(tmp_path):
+    """verifier.problem over the whole buffer and load() + first use name the same place."""
+    from exporter.errors import CorruptArtifactError
+    from exporter.serialize import verifier
+
+    path = _damaged_graph(tmp_path)
+    art = reader.open_artifact(path)
+    whole = verifier.problem(art.program.exportedProgram.buf)
+    with pytest.raises(CorruptArtifactError) as e:
+        load(path).check()
+    assert whole and str(e.value) == f"{path}: program section is malformed: {whole}."
+
+
+def test_pt2b_verify_walks_the_graph_load_defers(tmp_path, capsys):
+    """`pt2b verify` checks everything, the graph's walk included: a damaged graph fails there
+    with the verifier's message even though load() itself returns."""
+    from exporter import cli
+
+    path = _damaged_graph(tmp_path)
+    load(path)  # the table answers
+    assert cli.main(["verify", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "CorruptArtifactError" in err and "Program.exported_program (ExportedProgram) vtable" in err

@@ -70,7 +70,7 @@ def test_crafted_target_and_expression_refused(tmp_path, capfd):
 
     _tamper(path, evil_target)
     with pytest.raises(CorruptArtifactError, match="'torch.os.system', which is neither an operator registered with this torch"):
-        load(path)
+        load(path).check()
 
     path2 = tmp_path / "m2.pt2b"
     export_model(Dyn(), (torch.randn(4, 6),), path2, dynamic_shapes={"x": {0: torch.export.Dim("b", max=64)}})
@@ -81,7 +81,7 @@ def test_crafted_target_and_expression_refused(tmp_path, capfd):
 
     _tamper(path2, evil_expr)
     with pytest.raises(CorruptArtifactError, match="not arithmetic over symbols"):
-        load(path2)
+        load(path2).check()
     assert "PWNED" not in capfd.readouterr().out
 
 
@@ -131,7 +131,7 @@ def test_guards_code_is_checked_before_ep_module_executes_it(tmp_path, capfd, gu
     _tamper(path, set_guards(legit + [guard]))
     with pytest.raises(CorruptArtifactError, match="guards_code: guard .* (accepts only shape comparisons|which is not "
                                                    "an input of the program)"):
-        load(path)
+        load(path).check()
     assert not _pwned(capfd)
 
 
@@ -150,7 +150,7 @@ def test_string_inputs_cannot_break_out_of_torchs_guard_code(tmp_path, capfd):
 
     _tamper(path, evil)
     with pytest.raises(CorruptArtifactError, match="string input value .* holds a quote"):
-        load(path)
+        load(path).check()
     assert not _pwned(capfd)
 
 
@@ -168,7 +168,7 @@ def test_example_input_keys_cannot_break_out_of_torchs_guard_code(tmp_path, capf
 
     _tamper(path, lambda ep: None, evil)
     with pytest.raises(CorruptArtifactError, match="example inputs: dict key .* holds a quote"):
-        load(path)
+        load(path).check()
     assert not _pwned(capfd)
 
 
@@ -218,7 +218,7 @@ def test_symint_arithmetic_on_a_tensor_is_refused(tmp_path):
 
     _tamper(path, retarget)
     with pytest.raises(CorruptArtifactError, match="calls torch.sym_max on a tensor"):
-        load(path)
+        load(path).check()
 
 
 def test_signature_must_name_the_graphs_placeholders(tmp_path):
@@ -235,4 +235,4 @@ def test_signature_must_name_the_graphs_placeholders(tmp_path):
 
     _tamper(path, retag)
     with pytest.raises(CorruptArtifactError, match=r"signature's input 0 names '' but the graph's placeholder 0 is 'x'"):
-        load(path)
+        load(path).check()

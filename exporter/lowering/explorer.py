@@ -64,13 +64,17 @@ def build_data(corpus: list[CorpusProgram], track=None) -> dict:
 
     available = sorted(op_name(op) for op in tables.available_decompositions())
     avail_set = set(available)
+    default_table = {op_name(op) for op in tables.torch_default_table()}
+    running, releases = target_releases()
     preset_data = {}
-    for name in _presets.PRESETS:
-        p = _presets.load(name)
-        source = {op_name(op) for op in tables.torch_default_table()} if name == "core" else avail_set
-        preset_data[name] = {"key": p.key, "description": p.description,
-                             "table": sorted(n for n in p.decompose if n in source),
-                             "opset": None if p.opset is None else list(p.opset)}
+    for release in releases:  # every frozen release's presets, as load_for_backend applies them on this torch
+        for name in _presets.PRESETS:
+            key = name if release == running else f"{name}@{release}"
+            p = _presets.load(key)
+            source = default_table if name == "core" else avail_set  # = lower._preset_base
+            preset_data[key] = {"key": p.key, "description": p.description,
+                                "table": sorted(n for n in p.decompose if n in source),
+                                "opset": None if p.opset is None else list(p.opset)}
     trees: dict[str, int] = {}
     tree_list: list = []
     models, left_out = [], []
@@ -92,8 +96,16 @@ def build_data(corpus: list[CorpusProgram], track=None) -> dict:
     verdicts = {n: {"verdict": rec["verdict"], "detail": audit.describe(rec), "emits": rec.get("emits", [])}
                 for n, rec in stored["ops"].items() if n in avail_set}
     return {"torch": torch.__version__, "pt2b_format": _format_version(), "available": available,
-            "presets": preset_data, "trees": tree_list, "models": models, "left_out": left_out, "audit": verdicts,
+            "release": running, "releases": releases, "preset_names": list(_presets.PRESETS), "presets": preset_data, "trees": tree_list, "models": models, "left_out": left_out, "audit": verdicts,
             "infrastructure": sorted(route_trace.INFRASTRUCTURE)}
+
+
+def target_releases() -> tuple[str, list[str]]:
+    """(the running torch's release, every release a backend can target: those whose presets are
+    frozen in schemas/opsets/ and the running one), oldest first."""
+    running = _presets.torch_minor()
+    found = set(_presets.frozen_releases("core")) | {running}
+    return running, sorted(found, key=lambda v: tuple(int(x) for x in v.split(".")))
 
 
 def _format_version() -> str:

@@ -45,6 +45,7 @@ class Artifact:
     digest: str = ""  # sha256 of the program section as read: the content identity (program_digest)
     upgrade_notes: list[str] = dataclasses.field(default_factory=list)  # op schema upgrades applied
     format_notes: list[str] = dataclasses.field(default_factory=list)  # older-major steps applied in memory
+    op_plans: dict | None = None  # check_ops: the op table against the running torch's schemas
 
     @property
     def version(self) -> tuple[int, int]:
@@ -102,13 +103,20 @@ def open_artifact(path) -> Artifact:
         program_bytes = raw.program
     if len(program_bytes) < 8 or not G.Program.ProgramBufferHasIdentifier(program_bytes, 0):
         raise CorruptArtifactError(f"{where}: program section lacks the file identifier {FILE_IDENTIFIER!r}.")
-    verifier.verify_program(program_bytes, where)  # bounds, enums, depth, work: before any unpacking
+    # bounds, enums, depth, work: before any unpacking; the graph's own walk runs at its first read
+    skipped = verifier.verify_program(program_bytes, where, skip=(_GRAPH_FIELD,))
     try:
         # = G.ProgramT.InitFromPackedBuf, 4x faster; the graph is left packed for decode_graph to read directly
         program = unpack_tables.unpack_program(program_bytes, lazy=("exportedProgram",))
     except Exception as e:  # the verifier should make this unreachable; any failure still means damage
         raise CorruptArtifactError(f"{where}: program section is malformed ({type(e).__name__}: {e}).") from None
+    graph = program.exportedProgram
+    if _GRAPH_FIELD in skipped and isinstance(graph, unpack_tables.TableRef):
+        graph.pending = lambda: verifier.verify_table(graph.buf, graph.pos, graph.table, _GRAPH_FIELD, where)
     return Artifact(path, header, program, mm, digest=digest, format_notes=notes)
+
+
+_GRAPH_FIELD = "exported_program"  # the Program table's field holding torch's schema of the program
 
 
 def program_digest(path) -> str:
@@ -179,7 +187,7 @@ def decode_graph(art: Artifact) -> S.ExportedProgram:
     graph = art.program.exportedProgram
     if graph is None:
         raise CorruptArtifactError(f"{where}: a required ExportedProgram table is missing.")
-    graph = unpack_tables.packed(graph, "ExportedProgram")  # (a tree set in memory is packed first)
+    graph = unpack_tables.packed(graph, "ExportedProgram").verified()  # (a tree set in memory is packed first)
     return decode_schema.read(graph.buf, graph.pos, S.ExportedProgram, where)
 
 
@@ -220,6 +228,15 @@ class Checked:
     example_inputs: object
 
 
+def check_ops(art: Artifact) -> dict:
+    """The op table against the running torch (schema_drift.plan_ops), once per opened artifact: an
+    op it lacks is a MissingOperatorError, a drift no upgrader reconciles a SchemaDriftError. Needs
+    no graph, so load() runs it."""
+    if art.op_plans is None:
+        art.op_plans = schema_drift.plan_ops(operator_records(art), _where(art.path))
+    return art.op_plans
+
+
 def check(art: Artifact, *, verify: bool = False) -> Checked:
     """Decode the program and run every check of the untrusted file that comes before torch's
     deserializer: names and targets, op schemas (upgraded where they drifted), state against the
@@ -233,7 +250,7 @@ def check(art: Artifact, *, verify: bool = False) -> Checked:
                          if kind in (G.OperatorKind.ATEN, G.OperatorKind.CUSTOM))
     untrusted.check_program(serialized, where, recorded)
     # recorded op schemas vs the running torch: missing ops, compatible drift, upgraders
-    serialized, art.upgrade_notes = schema_drift.upgrade_program(serialized, records, where)
+    serialized, art.upgrade_notes = schema_drift.upgrade_program(serialized, records, where, check_ops(art))
     names.rename_state_paths(serialized, names.safe_path)  # what generated code cannot hold, aliased
     tensors = load_tensors(art, verify=verify)
     state_dict, constants = {}, {}

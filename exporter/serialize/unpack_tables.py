@@ -43,15 +43,26 @@ def _plan(table: str):
 
 
 class TableRef:
-    """A table left packed (``unpack_program(..., lazy=...)``): where it is in the verified buffer.
-    Pack() still works (the table is unpacked then); reader.decode_graph reads it directly."""
+    """A table left packed (``unpack_program(..., lazy=...)``): where it is in the buffer.
+    Pack() still works (the table is unpacked then); reader.decode_graph reads it directly.
 
-    __slots__ = ("buf", "pos", "table")
+    ``pending``: the verifier's walk of this table when the program's verification skipped it
+    (reader.open_artifact leaves the graph to its first read); ``verified()`` runs it once, and every
+    read here does so first."""
 
-    def __init__(self, buf, pos: int, table: str):
-        self.buf, self.pos, self.table = buf, pos, table
+    __slots__ = ("buf", "pos", "table", "pending")
+
+    def __init__(self, buf, pos: int, table: str, pending=None):
+        self.buf, self.pos, self.table, self.pending = buf, pos, table, pending
+
+    def verified(self) -> "TableRef":
+        if self.pending is not None:
+            self.pending()  # raises CorruptArtifactError, and then stays pending
+            self.pending = None
+        return self
 
     def unpack(self):
+        self.verified()
         return _table(self.buf, self.pos, self.table)
 
     def Pack(self, builder):  # noqa: N802 (flatc's name)

@@ -78,11 +78,15 @@ def _plans(lay: Layout) -> dict:
     return out
 
 
-def _walk(buf, lay: Layout) -> None:
-    """Check the root table and everything it reaches; raises _Refusal (place: below the root)."""
+def _walk(buf, lay: Layout, start: int | None = None, name: str = "", skip=frozenset(), depth0: int = 0) -> dict:
+    """Check the root table (or the ``name`` table at ``start``, ``depth0`` levels below the root)
+    and everything it reaches; raises _Refusal (place: below the table). Fields of the first table
+    named in ``skip`` (".field") are checked as offsets only and not entered: returns {".field":
+    the position of its table} for the caller to check with another walk when it is first read."""
     n = len(buf)
     plans = _plans(lay)
     budget = n
+    skipped: dict[str, int] = {}
     u32, i32, u16 = _U32, _I32, _U16
 
     def string(p) -> None:  # p >= 0: an offset plus an unsigned one
@@ -144,6 +148,9 @@ def _walk(buf, lay: Layout) -> None:
                 if code == 1:
                     string(target)
                 elif code == 2:
+                    if field in skip and depth == depth0:
+                        skipped[field] = target
+                        continue
                     table(target, sub, depth + 1)
                 else:  # a vector
                     if target + 4 > n:
@@ -180,34 +187,52 @@ def _walk(buf, lay: Layout) -> None:
                 r.parts.append(field)
                 raise
 
-    root = u32(buf, 0)[0]
-    if root & 3:
-        raise _Refusal(f"root offset at byte 0 points to misaligned byte {root}")
+    if start is None:
+        start, name = u32(buf, 0)[0], lay.root
+        if start & 3:
+            raise _Refusal(f"root offset at byte 0 points to misaligned byte {start}")
     try:
-        table(root, lay.root, 0)
+        table(start, name, depth0)
     except _Refusal as r:
-        r.parts.append(lay.root)
+        r.parts.append(lay.root if depth0 == 0 else "")
         raise
+    return skipped
 
 
-def problem(buf, lay: Layout | None = None) -> str | None:
+def problem(buf, lay: Layout | None = None, skip=()) -> str | None:
     """What makes ``buf`` malformed, or None when it is a well-formed buffer of the schema's root
     table (``lay``: the schema's layout, pt2b.fbs's by default)."""
-    lay = lay or layout()
+    return _checked(buf, lay or layout(), frozenset("." + f for f in skip))[0]
+
+
+def _checked(buf, lay: Layout, skip) -> tuple[str | None, dict]:
     if len(buf) < 8:
-        return f"{len(buf)} bytes cannot hold a root offset and file identifier"
+        return f"{len(buf)} bytes cannot hold a root offset and file identifier", {}
     if lay.file_identifier and bytes(buf[4:8]) != lay.file_identifier.encode():
-        return f"file identifier {bytes(buf[4:8])!r} is not {lay.file_identifier!r}"
+        return f"file identifier {bytes(buf[4:8])!r} is not {lay.file_identifier!r}", {}
     try:
-        _walk(buf, lay)
+        return None, _walk(buf, lay, skip=skip)
     except _Refusal as r:
-        return r.message()
-    return None
+        return r.message(), {}
 
 
-def verify_program(buf, where: str, lay: Layout | None = None) -> None:
+def verify_program(buf, where: str, lay: Layout | None = None, skip=()) -> dict[str, int]:
     """Raise CorruptArtifactError unless ``buf`` is a well-formed buffer of the schema's root table;
-    the message names the place and what is wrong there."""
-    why = problem(buf, lay)
+    the message names the place and what is wrong there. The root's table fields named in ``skip``
+    (schema names, e.g. "exported_program") are checked as offsets only: returns {field: position}
+    of those present, for verify_table when the field is first read."""
+    why, skipped = _checked(buf, lay or layout(), frozenset("." + f for f in skip))
     if why is not None:
         raise CorruptArtifactError(f"{where}: program section is malformed: {why}.")
+    return {f[1:]: pos for f, pos in skipped.items()}
+
+
+def verify_table(buf, pos: int, table: str, field: str, where: str, lay: Layout | None = None) -> None:
+    """The check verify_program skipped for the root's ``field``: the ``table`` at ``pos`` and
+    everything it reaches (the same rules; the work budget is the buffer's size again)."""
+    lay = lay or layout()
+    try:
+        _walk(buf, lay, start=pos, name=table, depth0=1)
+    except _Refusal as r:
+        raise CorruptArtifactError(f"{where}: program section is malformed: {lay.root}.{field}"
+                                   f"{r.message()}.") from None

@@ -375,7 +375,7 @@ def _drop_defaults(node: S.Node, plan: _Plan, side: Side, writer: str) -> list[s
     return out
 
 
-def upgrade_program(serialized_ep, op_records, where: str) -> tuple[object, list[str]]:
+def upgrade_program(serialized_ep, op_records, where: str, plans: dict | None = None) -> tuple[object, list[str]]:
     """(possibly rewritten torch-schema ExportedProgram, human-readable notes of what was upgraded).
 
     ``op_records``: (qualified_name, overload, schema_str, kind) per op-table entry (kind is
@@ -385,14 +385,15 @@ def upgrade_program(serialized_ep, op_records, where: str) -> tuple[object, list
     to import) and SchemaDriftError (a MissingOperatorError) when any recorded schema cannot be
     reconciled; either lists every problem op, with both schemas, in one error.
     """
-    serialized_ep, notes, _ = reconcile(serialized_ep, op_records, where)
+    serialized_ep, notes, _ = reconcile(serialized_ep, op_records, where, plans=plans)
     return serialized_ep, notes
 
 
-def reconcile(serialized_ep, op_records, where: str, side: Side = RUNNING):
-    """upgrade_program against ``side``: (program, notes, {recorded target: _Plan} of the ops rewritten)."""
+def plan_ops(op_records, where: str, side: Side = RUNNING) -> dict:
+    """{recorded target: _Plan} of the ops whose recorded schema differs from ``side``'s, from the op
+    table alone (no graph: load() runs it, so a missing op or a drift no upgrader reconciles is
+    refused at once). Raises as upgrade_program does."""
     plans, problems, drifted = {}, [], False
-    writer = (getattr(serialized_ep, "torch_version", "") or "").split("+")[0]
     for qname, overload, schema_str, kind in op_records:
         if kind not in (G.OperatorKind.ATEN, G.OperatorKind.CUSTOM):
             continue
@@ -404,6 +405,14 @@ def reconcile(serialized_ep, op_records, where: str, side: Side = RUNNING):
             plans[plan.target] = plan
     if problems:
         _raise(where, problems, drifted, side)
+    return plans
+
+
+def reconcile(serialized_ep, op_records, where: str, side: Side = RUNNING, plans: dict | None = None):
+    """upgrade_program against ``side``: (program, notes, {recorded target: _Plan} of the ops rewritten).
+    ``plans``: what plan_ops returned for these records and ``side``, when the caller has it."""
+    plans = plan_ops(op_records, where, side) if plans is None else plans
+    writer = (getattr(serialized_ep, "torch_version", "") or "").split("+")[0]
     if not plans:
         return serialized_ep, [], {}
 
@@ -447,4 +456,4 @@ def _raise(where: str, problems: list[str], drifted: bool, side: Side = RUNNING)
 
 
 __all__ = ["SchemaDriftError", "Drift", "Side", "compare", "same_schema", "parse", "find_upgrader",
-           "upgrade_program", "reconcile", "op_target", "iter_graphs"]
+           "upgrade_program", "plan_ops", "reconcile", "op_target", "iter_graphs"]
