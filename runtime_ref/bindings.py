@@ -3,6 +3,8 @@ Tensor methods) instead of the OpOverload only when a trial on meta tensors prov
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
@@ -20,38 +22,79 @@ class _NoMeta(Exception):
     """A node argument has no static meta value to build a trial input from."""
 
 
-def _meta_value(v):
+@dataclasses.dataclass(frozen=True)
+class _TensorSpec:
+    """A tensor argument of a trial: what its meta tensor is built from (and what keys the cache)."""
+
+    dtype: torch.dtype
+    shape: tuple
+    stride: tuple
+
+    def meta(self) -> torch.Tensor:
+        return torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=_META)
+
+
+def _spec_of_value(v):
+    """A recorded value (node.meta["val"]) with tensors as _TensorSpec; raises _NoMeta for symbols."""
     if isinstance(v, torch.Tensor):
-        if not all(isinstance(s, int) for s in (*v.shape, *v.stride())):
+        shape, stride = tuple(v.shape), tuple(v.stride())
+        if not all(isinstance(s, int) for s in shape) or not all(isinstance(s, int) for s in stride):
             raise _NoMeta
-        return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=_META)
+        return _TensorSpec(v.dtype, shape, stride)
     if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         raise _NoMeta
+    if isinstance(v, (list, tuple)):
+        items = [_spec_of_value(x) for x in v]
+        return items if isinstance(v, list) else tuple(items)
+    if isinstance(v, dict):
+        return {k: _spec_of_value(x) for k, x in v.items()}
     return v
 
 
-def _meta_arg(a):
+def _spec_of_arg(a):
     if isinstance(a, torch.fx.Node):
         if "val" not in a.meta:
             raise _NoMeta
-        return pytree.tree_map(_meta_value, a.meta["val"])
+        return _spec_of_value(a.meta["val"])
     if isinstance(a, (list, tuple)):
-        items = [_meta_arg(x) for x in a]
+        items = [_spec_of_arg(x) for x in a]
         return items if isinstance(a, list) else tuple(items)
     if isinstance(a, dict):
-        return {k: _meta_arg(v) for k, v in a.items()}
+        return {k: _spec_of_arg(v) for k, v in a.items()}
     return _META if isinstance(a, torch.device) else a
 
 
+def _on_meta(spec) -> bool:
+    if type(spec) is _TensorSpec or spec is _META:
+        return True
+    if isinstance(spec, (list, tuple)):
+        return any(_on_meta(x) for x in spec)
+    if isinstance(spec, dict):
+        return any(_on_meta(x) for x in spec.values())
+    return False
+
+
+def _materialize(spec):
+    """The trial (args, kwargs) of meta tensors a spec describes."""
+    if type(spec) is _TensorSpec:
+        return spec.meta()
+    if isinstance(spec, (list, tuple)):
+        items = [_materialize(x) for x in spec]
+        return items if isinstance(spec, list) else tuple(items)
+    if isinstance(spec, dict):
+        return {k: _materialize(v) for k, v in spec.items()}
+    return spec
+
+
 def meta_args(node: torch.fx.Node):
-    """(args, kwargs) of a node as meta tensors built from the recorded values, or None when that
-    cannot be done or the trial would not be on meta (a factory op without a device argument)."""
+    """(args, kwargs) of a node described from its recorded values (tensors as the dtype, sizes and
+    strides of the meta tensors a trial builds), or None when that cannot be done or the trial would
+    not be on meta (a factory op without a device argument)."""
     try:
-        trial = _meta_arg(tuple(node.args)), _meta_arg(dict(node.kwargs))
+        spec = _spec_of_arg(tuple(node.args)), _spec_of_arg(dict(node.kwargs))
     except _NoMeta:
         return None
-    on_meta = any(isinstance(v, torch.Tensor) or v is _META for v in pytree.tree_leaves(trial))
-    return trial if on_meta else None
+    return spec if _on_meta(spec) else None
 
 
 def _summary(x):
@@ -85,17 +128,18 @@ def _candidates(op: OpOverload):
     return found + ([method] if method is not None else [])
 
 
-def fast_callable(op: OpOverload, trial, cache: dict | None = None) -> object:
-    """The op's Python binding when it dispatches exactly what op._op does on the trial
-    (args, kwargs) of meta tensors; otherwise op._op (the OpOverload minus one Python frame).
-    `cache` (keyed by op and trial summary) spares repeating the trial for repeated layers."""
-    if trial is None or op.namespace != "aten":
+def fast_callable(op: OpOverload, spec, cache: dict | None = None) -> object:
+    """The op's Python binding when it dispatches exactly what op._op does on the trial (args,
+    kwargs) of meta tensors that ``spec`` (meta_args) describes; otherwise op._op (the OpOverload
+    minus one Python frame). `cache` (keyed by op and spec) spares repeating the trial for repeated
+    layers: the meta tensors are built only when the key is new."""
+    if spec is None or op.namespace != "aten":
         return op._op
     if cache is None:
-        return _choose(op, trial)
-    key = (op, repr(_summary(trial)))
+        return _choose(op, _materialize(spec))
+    key = (op, repr(spec))
     if key not in cache:
-        cache[key] = _choose(op, trial)
+        cache[key] = _choose(op, _materialize(spec))
     return cache[key]
 
 
