@@ -11,7 +11,9 @@ import torch.utils._pytree as pytree
 from torch._ops import OpOverload
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["fast_callable", "meta_args"]
+from .nodes import NODES
+
+__all__ = ["TensorSpec", "fast_callable", "meta_args"]
 
 _BINDING_MODULES = (torch._C._VariableFunctions, torch._C._nn, torch._C._linalg, torch._C._special,
                     torch._C._fft)
@@ -23,24 +25,28 @@ class _NoMeta(Exception):
 
 
 @dataclasses.dataclass(frozen=True)
-class _TensorSpec:
-    """A tensor argument of a trial: what its meta tensor is built from (and what keys the cache)."""
+class TensorSpec:
+    """A strided tensor as recorded: what a trial's meta tensor is built from (and what keys the
+    cache); table_program.py records call results as these instead of fake tensors."""
 
     dtype: torch.dtype
     shape: tuple
     stride: tuple
+    device: torch.device = torch.device("cpu")
 
     def meta(self) -> torch.Tensor:
         return torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=_META)
 
 
 def _spec_of_value(v):
-    """A recorded value (node.meta["val"]) with tensors as _TensorSpec; raises _NoMeta for symbols."""
+    """A recorded value (node.meta["val"]) with tensors as TensorSpec; raises _NoMeta for symbols."""
+    if type(v) is TensorSpec:
+        return v
     if isinstance(v, torch.Tensor):
         shape, stride = tuple(v.shape), tuple(v.stride())
         if not all(isinstance(s, int) for s in shape) or not all(isinstance(s, int) for s in stride):
             raise _NoMeta
-        return _TensorSpec(v.dtype, shape, stride)
+        return TensorSpec(v.dtype, shape, stride, v.device)
     if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         raise _NoMeta
     if isinstance(v, (list, tuple)):
@@ -52,7 +58,7 @@ def _spec_of_value(v):
 
 
 def _spec_of_arg(a):
-    if isinstance(a, torch.fx.Node):
+    if isinstance(a, NODES):
         if "val" not in a.meta:
             raise _NoMeta
         return _spec_of_value(a.meta["val"])
@@ -65,7 +71,7 @@ def _spec_of_arg(a):
 
 
 def _on_meta(spec) -> bool:
-    if type(spec) is _TensorSpec or spec is _META:
+    if type(spec) is TensorSpec or spec is _META:
         return True
     if isinstance(spec, (list, tuple)):
         return any(_on_meta(x) for x in spec)
@@ -76,7 +82,7 @@ def _on_meta(spec) -> bool:
 
 def _materialize(spec):
     """The trial (args, kwargs) of meta tensors a spec describes."""
-    if type(spec) is _TensorSpec:
+    if type(spec) is TensorSpec:
         return spec.meta()
     if isinstance(spec, (list, tuple)):
         items = [_materialize(x) for x in spec]

@@ -20,6 +20,9 @@ from __future__ import annotations
 import torch
 from torch._ops import OpOverload
 
+from .bindings import TensorSpec
+from .nodes import NODES
+
 __all__ = ["IN_PLACE", "plan_in_place"]
 
 _aten = torch.ops.aten
@@ -51,12 +54,18 @@ def _aliases_inputs(target) -> bool:
     return any(r.alias_info is not None for r in target._schema.returns)
 
 
+def _layout(v):
+    """(dtype, device, shape, strides) of a recorded strided tensor (a TensorSpec is one), else None."""
+    if type(v) is TensorSpec:
+        return v.dtype, v.device, [str(d) for d in v.shape], [str(s) for s in v.stride]
+    if isinstance(v, torch.Tensor) and v.layout == torch.strided:
+        return v.dtype, v.device, [str(d) for d in v.shape], [str(s) for s in v.stride()]
+    return None
+
+
 def _same_layout(a, b) -> bool:
-    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
-        return False
-    return (a.dtype == b.dtype and a.device == b.device and a.layout == torch.strided == b.layout
-            and [str(d) for d in a.shape] == [str(d) for d in b.shape]
-            and [str(s) for s in a.stride()] == [str(s) for s in b.stride()])
+    la = _layout(a)
+    return la is not None and la == _layout(b)
 
 
 def plan_in_place(step_nodes: list, outs: list, reads: list, slot_of: dict, n_user: int,
@@ -74,7 +83,7 @@ def plan_in_place(step_nodes: list, outs: list, reads: list, slot_of: dict, n_us
         target, out = node.target, outs[k]
         fn = IN_PLACE.get(target)
         first = node.args[0] if node.args else None
-        if fn is not None and isinstance(first, torch.fx.Node) and k not in skip:
+        if fn is not None and isinstance(first, NODES) and k not in skip:
             s = slot_of[first]
             others = [a for a in (*node.args[1:], *node.kwargs.values()) if a is first]
             if (s in fresh and s >= n_user and last_use.get(s) == k and not others

@@ -14,6 +14,7 @@ from .bindings import fast_callable, meta_args
 from .codegen import compile_steps
 from .getters import SlotRef, call_with_kwargs, has_slot, slots_getter, value_getter
 from .graphs import retarget_devices
+from .nodes import NODES
 from .walk import subgraph_of
 from .inplace import plan_in_place
 from .regions import autocast_steps, is_autocast_marker, recorded_device_types, region_callable, retarget_autocast
@@ -46,7 +47,7 @@ class _Builder:
 
     def template(self, arg):
         """An fx argument with nodes replaced by SlotRefs and devices by the runtime's device."""
-        if isinstance(arg, torch.fx.Node):
+        if isinstance(arg, NODES):
             return SlotRef(self.slot_of[arg])
         if isinstance(arg, (list, tuple)):
             items = [self.template(a) for a in arg]

@@ -15,12 +15,25 @@ from .outputs import OutputHandler
 from .plan import Plan
 from .regions import RegionGuard, autocast_devices, has_regions
 from .state import RuntimeState
+from .table_program import from_table
 
 if TYPE_CHECKING:
     from exporter.lowering.lowered import LoweredProgram
     from exporter.ops import OpSpec
 
 __all__ = ["Runtime"]
+
+
+def _program(program):
+    """(what to plan from, where it came from, why not from the table): a program load() returned
+    is planned straight from its graph table where table_program reads it (no ExportedProgram is
+    built), anything else from its ExportedProgram."""
+    if isinstance(program, torch.export.ExportedProgram):
+        return program, "exported_program", "an ExportedProgram was given"
+    table, why = from_table(program)
+    if table is not None:
+        return table, "table", None
+    return _exported_program(program), "exported_program", why
 
 
 def _exported_program(program) -> torch.export.ExportedProgram:
@@ -54,6 +67,11 @@ class Runtime:
     op), the state moved to `device`, the execution plan. A call only checks its inputs, runs the
     planned steps without autograd, writes back mutated buffers and returns the outputs.
 
+    A program `exporter.load` returned is planned straight from the artifact's graph table, with no
+    fx graph, fake tensor or ExportedProgram built (`planned_from == "table"`); one the table plan
+    does not read (symbolic shapes, control flow, regions: `not_from_table` says why), a lowered
+    program and an ExportedProgram are planned from their ExportedProgram. Both plans run alike.
+
     Grad-mode and autocast regions of the program (no_grad/enable_grad/autocast in model code) run as
     torch's GraphModule runs them (regions.py); the caller's grad mode and autocast state are the same
     after a call as before, also when it raises, and outputs never carry autograd history.
@@ -61,7 +79,7 @@ class Runtime:
 
     def __init__(self, program: LoweredProgram | torch.export.ExportedProgram, device: str | torch.device = "cpu",
                  opset: Iterable[OpSpec] | None = None, extra_ops: Iterable[OpSpec] = ()) -> None:
-        ep = _exported_program(program)
+        ep, self.planned_from, self.not_from_table = _program(program)
         self.device = _device(device)
         check_program_ops(ep.graph_module, Acceptor(opset, extra_ops))
         user_inputs = [s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]

@@ -94,3 +94,30 @@ def rewrite_artifact(src, dst, *, edit=None, ops: dict | None = None, torch_vers
         f.seek(0)
         f.write(header.pack())
     return str(dst)
+
+
+def damage_graph_table(tmp_path, source=None):
+    """An artifact (``source``, else the zoo's mlp written to ``tmp_path``) copied with an
+    out-of-bounds vtable offset at the start of its graph table, the checksums made to match: what
+    load() no longer walks and the graph's first use must refuse."""
+    import pathlib
+
+    from exporter import export_model
+    from exporter.corpus.zoo import make_case
+
+    path = pathlib.Path(tmp_path) / "damaged.pt2b"
+    if source is None:
+        case = make_case("mlp")
+        export_model(case.model, case.args, path)
+    else:
+        path.write_bytes(pathlib.Path(source).read_bytes())
+    art = reader.open_artifact(path)
+    graph = art.program.exportedProgram
+    program = bytearray(graph.buf)
+    program[graph.pos:graph.pos + 4] = (0x7FFFFFF0).to_bytes(4, "little", signed=True)  # its vtable: far outside
+    h = art.header
+    data = bytearray(path.read_bytes()[: h.program_offset])
+    data[:64] = Header(h.major, h.minor, h.data_offset, h.data_size, h.program_offset, len(program),
+                       zlib.crc32(bytes(program))).pack()
+    path.write_bytes(bytes(data) + bytes(program))
+    return path

@@ -12,6 +12,7 @@ import torch
 from exporter import export_model, load
 from exporter.corpus.zoo import make_case
 from exporter.serialize import reader
+from artifact_surgery import damage_graph_table
 from helpers import assert_bitwise
 
 
@@ -77,34 +78,13 @@ def test_damage_to_the_weights_is_refused_at_load_with_verify(tmp_path):
         load(path, verify=True)
 
 
-def _damaged_graph(tmp_path):
-    """An artifact whose graph table holds an out-of-bounds offset (checksums made to match)."""
-    import zlib
-
-    from exporter.serialize.container import Header
-
-    case = make_case("mlp")
-    path = tmp_path / "m.pt2b"
-    export_model(case.model, case.args, path)
-    art = reader.open_artifact(path)
-    graph = art.program.exportedProgram
-    program = bytearray(graph.buf)
-    program[graph.pos:graph.pos + 4] = (0x7FFFFFF0).to_bytes(4, "little", signed=True)  # its vtable: far outside
-    h = art.header
-    data = bytearray(path.read_bytes()[: h.program_offset])
-    data[:64] = Header(h.major, h.minor, h.data_offset, h.data_size, h.program_offset, len(program),
-                       zlib.crc32(bytes(program))).pack()
-    path.write_bytes(bytes(data) + bytes(program))
-    return path
-
-
 @pytest.mark.parametrize("first_use", ["exported_program", "call", "check", "graph_signature", "provenance"])
 def test_a_damaged_graph_loads_its_table_and_is_refused_at_first_use(tmp_path, first_use):
     """The op table answers; every use of the graph raises the verifier's error (every time: the
     check stays pending), before torch's deserializer sees a byte of it."""
     from exporter.errors import CorruptArtifactError
 
-    path = _damaged_graph(tmp_path)
+    path = damage_graph_table(tmp_path)
     prog = load(path)
     assert prog.ops() == load(path).ops() and prog.ops()
     use = {"exported_program": lambda: prog.exported_program(), "call": lambda: prog(torch.ones(2, 4)),
@@ -122,7 +102,7 @@ def test_the_deferred_walk_says_what_the_whole_walk_says(tmp_path):
     from exporter.errors import CorruptArtifactError
     from exporter.serialize import verifier
 
-    path = _damaged_graph(tmp_path)
+    path = damage_graph_table(tmp_path)
     art = reader.open_artifact(path)
     whole = verifier.problem(art.program.exportedProgram.buf)
     with pytest.raises(CorruptArtifactError) as e:
@@ -135,7 +115,7 @@ def test_pt2b_verify_walks_the_graph_load_defers(tmp_path, capsys):
     with the verifier's message even though load() itself returns."""
     from exporter import cli
 
-    path = _damaged_graph(tmp_path)
+    path = damage_graph_table(tmp_path)
     load(path)  # the table answers
     assert cli.main(["verify", str(path)]) == 2
     err = capsys.readouterr().err

@@ -1,0 +1,26 @@
+"""The nodes a plan is made from: torch.fx nodes of a built program, or TableNodes read straight
+from an artifact's graph table (table_program.py); the planner reads both alike."""
+
+from __future__ import annotations
+
+import torch.fx
+
+__all__ = ["NODES", "TableNode"]
+
+
+class TableNode:
+    """What the planner reads of an fx node: name, op, target, args, kwargs and meta["val"] (a
+    bindings.TensorSpec for a call's tensor result, a meta tensor for a placeholder's recorded value)."""
+
+    __slots__ = ("name", "op", "target", "args", "kwargs", "meta")
+
+    def __init__(self, name: str, op: str, target, args=(), kwargs=None, val=None):
+        self.name, self.op, self.target, self.args = name, op, target, args
+        self.kwargs = kwargs if kwargs is not None else {}
+        self.meta = {} if val is None else {"val": val}
+
+    def __repr__(self) -> str:
+        return f"TableNode({self.name}: {self.op} {self.target})"
+
+
+NODES = (torch.fx.Node, TableNode)

@@ -1,0 +1,249 @@
+"""A program planned straight from an artifact's graph table: the checked, decoded graph of a loaded
+.pt2b is read into light nodes and handed to the planner, with no fx graph, fake tensor or
+ExportedProgram built. What it cannot read that way is named, and the Runtime builds the program.
+
+`from_table(prog)` gives (TableProgram, None) or (None, the reason). A TableProgram answers what
+the Runtime asks of an ExportedProgram (graph_module.graph.nodes, graph_signature, state_dict,
+constants, call_spec, module_call_graph, range_constraints) from the table: every operator resolved
+once per distinct overload, arguments bound as torch's deserializer binds them (positional or keyword
+by the recorded argument kind, else by the schema), weights the mapped tensors the reader checked.
+Covered: static shapes, strided CPU tensors, ATen/prims/custom operators. Not covered (the reason
+names which): symbolic shapes, control-flow and region subgraphs, custom objects, tokens, SymInt
+arithmetic, other devices and layouts.
+"""
+
+from __future__ import annotations
+
+import keyword
+import operator
+import types
+
+import torch
+from torch._export.serde import schema as S
+from torch._export.serde import serialize as _serde
+
+from .bindings import TensorSpec
+from .nodes import TableNode
+
+__all__ = ["TableProgram", "from_table"]
+
+_DTYPES = _serde._SERIALIZE_TO_TORCH_DTYPE
+_MEMORY_FORMATS = _serde._SERIALIZE_TO_TORCH_MEMORY_FORMAT
+_LAYOUTS = _serde._SERIALIZE_TO_TORCH_LAYOUT
+_META = torch.device("meta")
+_CPU = torch.device("cpu")
+_POSITIONAL, _KEYWORD = S.ArgumentKind.POSITIONAL, S.ArgumentKind.KEYWORD
+
+
+class _Unplannable(Exception):
+    """The table holds something the direct plan does not read (the message says what)."""
+
+
+class TableProgram:
+    """The parts of an ExportedProgram the Runtime reads, made from a checked graph table."""
+
+    def __init__(self, nodes, signature, module_call_graph, state_dict, constants):
+        self.graph = types.SimpleNamespace(nodes=nodes)
+        self.graph_module = types.SimpleNamespace(graph=self.graph)
+        self.graph_signature = signature
+        self.module_call_graph = module_call_graph
+        self.call_spec = types.SimpleNamespace(in_spec=module_call_graph[0].signature.in_spec,
+                                               out_spec=module_call_graph[0].signature.out_spec)
+        self.state_dict = state_dict
+        self.constants = constants
+        self.range_constraints: dict = {}
+
+
+def from_table(program) -> tuple[TableProgram | None, str | None]:
+    """(TableProgram, None) for a program load() returned whose graph the direct plan reads, else
+    (None, why not). Runs the graph's checks first (their errors propagate, as at any first use)."""
+    checked = getattr(program, "_checked", None)
+    if checked is None:
+        return None, "not a program loaded from a .pt2b file"
+    c = checked.get()
+    try:
+        return _build(c), None
+    except _Unplannable as e:
+        return None, str(e)
+
+
+def _build(c) -> TableProgram:
+    ep = c.serialized
+    gm = ep.graph_module
+    if ep.range_constraints:
+        raise _Unplannable("the program has symbolic shapes")
+    if len(gm.module_call_graph) == 0 or gm.module_call_graph[0].signature is None:
+        raise _Unplannable("the program records no call signature")
+    kinds = {str(s.type) for s in gm.signature.input_specs} | {str(s.type) for s in gm.signature.output_specs}
+    odd = kinds - {"user_input", "parameter", "buffer", "tensor_constant", "user_output", "buffer_mutation",
+                   "user_input_mutation", "parameter_mutation", "loss_output"}
+    if odd:
+        raise _Unplannable(f"the signature holds {', '.join(sorted(odd))}")
+    d = _serde.GraphModuleDeserializer()
+    signature = d.deserialize_signature(gm.signature)
+    module_call_graph = d.deserialize_module_call_graph(gm.module_call_graph)
+    return TableProgram(_nodes(gm.graph), signature, module_call_graph, c.state_dict, c.constants)
+
+
+def _spec(meta: S.TensorMeta, name: str) -> TensorSpec:
+    if meta.layout != S.Layout.Strided:
+        raise _Unplannable(f"tensor {name!r} is not strided")
+    device = meta.device
+    if device.type != "cpu":
+        raise _Unplannable(f"tensor {name!r} lies on {device.type}")
+    try:
+        sizes = tuple([s.as_int for s in meta.sizes])
+        strides = tuple([s.as_int for s in meta.strides])
+    except AttributeError:  # as_expr
+        raise _Unplannable(f"tensor {name!r} has a symbolic size or stride") from None
+    return TensorSpec(_DTYPES[meta.dtype], sizes, strides)
+
+
+def _nodes(graph: S.Graph) -> list:
+    metas = graph.tensor_values
+    by_name: dict[str, TableNode] = {}
+    nodes: list[TableNode] = []
+    ops: dict[str, object] = {}  # target text -> operator, resolved once per distinct overload
+
+    def ref(name: str) -> TableNode:
+        node = by_name.get(name)
+        if node is None:
+            raise _Unplannable(f"value {name!r} is read before it is made")
+        return node
+
+    for arg in graph.inputs:
+        if arg.type != "as_tensor":
+            raise _Unplannable(f"a graph input is {arg.type}")
+        name = arg.as_tensor.name
+        if name not in metas:
+            raise _Unplannable(f"input {name!r} has no recorded tensor")
+        spec = _spec(metas[name], name)
+        val = torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype, device=_META)
+        by_name[name] = node = TableNode(name, "placeholder", name, val=val)
+        nodes.append(node)
+
+    def value(arg: S.Argument):
+        return _argument(arg, ref)
+
+    for n in graph.nodes:
+        target = ops.get(n.target)
+        if target is None:
+            target = ops[n.target] = _operator(n.target)
+        args, kwargs = _bind(target, n, value)
+        outs = n.outputs
+        if len(outs) == 1 and outs[0].type == "as_tensor":
+            name = outs[0].as_tensor.name
+            node = TableNode(n.name or name, "call_function", target, args, kwargs, _result(metas, name))
+            by_name[name] = node
+            nodes.append(node)
+            continue
+        node = TableNode(n.name or f"{n.target.rsplit('.', 2)[-2]}_{len(nodes)}", "call_function", target, args,
+                         kwargs)
+        nodes.append(node)
+        items = outs[0].as_tensors if len(outs) == 1 and outs[0].type == "as_tensors" else outs
+        for i, item in enumerate(items):
+            if isinstance(item, S.TensorArgument):
+                name = item.name
+            elif item.type == "as_tensor":
+                name = item.as_tensor.name
+            elif item.type == "as_none":
+                continue
+            else:
+                raise _Unplannable(f"{n.target} returns {item.type}")
+            by_name[name] = got = TableNode(name, "call_function", operator.getitem, (node, i), {},
+                                            _result(metas, name))
+            nodes.append(got)
+    outputs = [value(a) for a in graph.outputs]
+    nodes.append(TableNode("output", "output", "output", (outputs,)))
+    return nodes
+
+
+def _result(metas, name: str) -> TensorSpec:
+    if name not in metas:
+        raise _Unplannable(f"value {name!r} has no recorded tensor")
+    return _spec(metas[name], name)
+
+
+def _operator(text: str):
+    """The OpOverload a node's target names (the checks at first use accepted it already)."""
+    parts = text.split(".")
+    if len(parts) != 5 or parts[:2] != ["torch", "ops"] or parts[2] == "higher_order":
+        raise _Unplannable(f"the graph calls {text}")
+    try:
+        op = getattr(getattr(getattr(torch.ops, parts[2]), parts[3]), parts[4])
+    except (AttributeError, RuntimeError):
+        raise _Unplannable(f"{text} is not registered") from None
+    if not isinstance(op, torch._ops.OpOverload):
+        raise _Unplannable(f"the graph calls {text}")
+    return op
+
+
+def _bind(target, n: S.Node, value):
+    """(args, kwargs) as torch's GraphModuleDeserializer.deserialize_inputs makes them."""
+    actual = {a.name: value(a.arg) for a in n.inputs}
+    kinds = {a.name: a.kind for a in n.inputs}
+    args, kwargs = [], {}
+    for a in target._schema.arguments:
+        if a.name in actual:
+            kind = kinds[a.name]
+            if kind == _POSITIONAL:
+                args.append(actual[a.name])
+                continue
+            if kind == _KEYWORD and not keyword.iskeyword(a.name):
+                kwargs[a.name] = actual[a.name]
+                continue
+        if keyword.iskeyword(a.name):
+            raise _Unplannable(f"{n.target} has an argument named {a.name!r}")
+        if not a.has_default_value() and not a.kwarg_only:
+            if a.name not in actual:
+                raise _Unplannable(f"{n.target} lacks its argument {a.name!r}")
+            args.append(actual[a.name])
+        elif a.name in actual:
+            kwargs[a.name] = actual[a.name]
+    return tuple(args), kwargs
+
+
+def _argument(arg: S.Argument, ref):
+    """A node argument as torch's deserializer reads it (node references through ``ref``)."""
+    kind, v = arg.type, arg.value
+    if kind == "as_none":
+        return None
+    if kind == "as_tensor":
+        return ref(v.name)
+    if kind in ("as_int", "as_float", "as_bool", "as_string"):
+        return v
+    if kind == "as_scalar_type":
+        return _DTYPES[v]
+    if kind == "as_memory_format":
+        return _MEMORY_FORMATS[v]
+    if kind == "as_layout":
+        return _LAYOUTS[v]
+    if kind == "as_device":
+        return _serde.deserialize_device(v)
+    if kind == "as_complex":
+        return complex(v.real, v.imag)
+    if kind in ("as_ints", "as_floats", "as_bools", "as_strings"):
+        return list(v)
+    if kind == "as_tensors":
+        return [ref(t.name) for t in v]
+    if kind == "as_optional_tensors":
+        out = []
+        for t in v:
+            if t.type == "as_none":
+                out.append(None)
+            elif t.type == "as_tensor":
+                out.append(ref(t.as_tensor.name))
+            else:
+                raise _Unplannable(f"an optional tensor list holds {t.type}")
+        return out
+    if kind in ("as_sym_int", "as_sym_float", "as_sym_bool"):
+        return _constant_symbol(v)
+    if kind in ("as_sym_ints", "as_sym_floats", "as_sym_bools"):
+        return [_constant_symbol(x) for x in v]
+    raise _Unplannable(f"an argument is {kind}")
+
+
+def _constant_symbol(v):
+    if v.type in ("as_int", "as_float", "as_bool"):
+        return v.value
+    raise _Unplannable("an argument is a symbol")
