@@ -152,7 +152,9 @@ def bench_model(case, repeat: int, tmp: str) -> list[tuple[str, float, float, st
                 return torch.export.load(low_t).module()(*copy.deepcopy(args), **copy.deepcopy(kwargs))
 
         o_ready, t_ready = interleaved([ready_pt2b, ready_torch], repeat)
-        rows.append(("ready to run: lowered artifact to first output (runtime_ref)", o_ready, t_ready, "ready"))
+        probe = Runtime(load(low_b))  # which plan runtime_ref made: straight from the table, or through the program
+        how = "planned from the table" if probe.planned_from == "table" else f"through the program: {probe.not_from_table}"
+        rows.append((f"ready to run: lowered artifact to first output (runtime_ref, {how})", o_ready, t_ready, "ready"))
     with step("runtime"):
         gm = lowered.exported_program().module()
         rt = Runtime(lowered)

@@ -33,6 +33,7 @@ _LAYOUTS = _serde._SERIALIZE_TO_TORCH_LAYOUT
 _META = torch.device("meta")
 _CPU = torch.device("cpu")
 _POSITIONAL, _KEYWORD = S.ArgumentKind.POSITIONAL, S.ArgumentKind.KEYWORD
+_CONSTANTS = ("as_none", "as_int", "as_float", "as_bool", "as_string")
 
 
 class _Unplannable(Exception):
@@ -75,14 +76,15 @@ def _build(c) -> TableProgram:
     if len(gm.module_call_graph) == 0 or gm.module_call_graph[0].signature is None:
         raise _Unplannable("the program records no call signature")
     kinds = {str(s.type) for s in gm.signature.input_specs} | {str(s.type) for s in gm.signature.output_specs}
-    odd = kinds - {"user_input", "parameter", "buffer", "tensor_constant", "user_output", "buffer_mutation",
-                   "user_input_mutation", "parameter_mutation", "loss_output"}
+    odd = kinds - {"user_input", "parameter", "buffer", "tensor_constant", "constant_input", "user_output",
+                   "buffer_mutation", "user_input_mutation", "parameter_mutation", "loss_output"}
     if odd:
         raise _Unplannable(f"the signature holds {', '.join(sorted(odd))}")
     d = _serde.GraphModuleDeserializer()
     signature = d.deserialize_signature(gm.signature)
     module_call_graph = d.deserialize_module_call_graph(gm.module_call_graph)
-    return TableProgram(_nodes(gm.graph), signature, module_call_graph, c.state_dict, c.constants)
+    names = [s.arg.name for s in signature.input_specs]  # one per graph input, in order
+    return TableProgram(_nodes(gm.graph, names), signature, module_call_graph, c.state_dict, c.constants)
 
 
 def _spec(meta: S.TensorMeta, name: str) -> TensorSpec:
@@ -99,7 +101,7 @@ def _spec(meta: S.TensorMeta, name: str) -> TensorSpec:
     return TensorSpec(_DTYPES[meta.dtype], sizes, strides)
 
 
-def _nodes(graph: S.Graph) -> list:
+def _nodes(graph: S.Graph, input_names: list[str]) -> list:
     metas = graph.tensor_values
     by_name: dict[str, TableNode] = {}
     nodes: list[TableNode] = []
@@ -111,7 +113,13 @@ def _nodes(graph: S.Graph) -> list:
             raise _Unplannable(f"value {name!r} is read before it is made")
         return node
 
-    for arg in graph.inputs:
+    if len(graph.inputs) != len(input_names):
+        raise _Unplannable("the signature does not name every graph input")
+    for arg, spec_name in zip(graph.inputs, input_names):
+        if arg.type in _CONSTANTS:  # a constant input (None, a number, a string): its value as recorded
+            by_name[spec_name] = node = TableNode(spec_name, "placeholder", spec_name, val=_argument(arg, ref))
+            nodes.append(node)
+            continue
         if arg.type != "as_tensor":
             raise _Unplannable(f"a graph input is {arg.type}")
         name = arg.as_tensor.name

@@ -22,9 +22,9 @@ from runtime_ref import Runtime
 # each of the others falls back
 FROM_TABLE = {"cnn_bn", "cnn_bn_train", "lstm", "gru", "transformer_encoder", "transformer_decoder",
               "buffer_mutation", "kwargs_only", "tied_weights", "dtypes", "inplace_ops", "multihead_attention",
-              "custom_op"}
+              "custom_op", "pytree_io"}
 FALLS_BACK = {"mlp": "symbolic shapes", "mlp_strict": "symbolic shapes", "dynamic_shapes": "symbolic shapes", "cond": "higher_order.cond",
-              "map": "higher_order.map_impl", "pytree_io": "constant_input"}
+              "map": "higher_order.map_impl"}
 
 
 @pytest.fixture(scope="module")
