@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Union
@@ -169,13 +170,24 @@ def load_for_backend(path: StrPath, preset: str = "core", *, supported_ops: Iter
         digest = reader.program_digest(path)
         with gc_paused():
             entry = _cache.Entry(_cache.cache_key(digest, plan.fingerprint, device))
-            hit = entry.load()
+            hit = entry.open()  # the entry's answers; its graph is checked and built on first use
             verdict = entry.validation()
             if validate and verdict is None:  # stored without validation: lowered (and validated) again
                 hit = None
             if hit is not None and (not verify or _weights_verified(path, digest)):
+                stored = hit.program
+
+                def built_or_lowered():  # an entry whose graph does not load is lowered again, as on a miss
+                    try:
+                        return stored.get()
+                    except ArtifactError:
+                        return load_for_backend(path, preset, supported_ops=supported_ops, decompositions=decompositions,
+                                                keep=keep, decompose=decompose, strict=strict, cache=False,
+                                                validate=False, device=device).exported_program()
+
+                hit = dataclasses.replace(hit, program=Lazy(built_or_lowered))
                 source = Lazy(lambda: _same_content(path, digest))
-                lowered = finish(plan, hit,
+                lowered = finish(plan, None, hit=hit,
                                  source_ep=Lazy(lambda: source.get().exported_program()), source=source)
                 lowered.from_cache = True
                 lowered.validation = verdict

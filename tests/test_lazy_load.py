@@ -4,16 +4,17 @@ tensors, the ExportedProgram) runs, once, and builds what an eager rebuild build
 
 from __future__ import annotations
 
+import copy
 import threading
 
 import pytest
 import torch
 
 from exporter import export_model, load
-from exporter.corpus.zoo import make_case
+from exporter.corpus.zoo import make_case, zoo_names
 from exporter.serialize import reader
 from artifact_surgery import damage_graph_table
-from helpers import assert_bitwise
+from helpers import assert_bitwise, assert_programs_equal
 
 
 @pytest.fixture(scope="module")
@@ -34,15 +35,20 @@ def test_load_answers_from_the_table_without_building(artifact):
     assert prog._built.done
 
 
-def test_the_program_built_on_first_use_is_the_eager_rebuilds(artifact):
-    path, case = artifact
+@pytest.mark.parametrize("name", zoo_names())
+def test_the_program_built_on_first_use_is_the_eager_rebuilds(name, tmp_path):
+    """On the whole round-trip zoo: the same graph (node by node, metadata included), signature,
+    state and constants, and the same outputs as reader.rebuild, which checks and builds at once."""
+    case = make_case(name)
+    path = tmp_path / "m.pt2b"
+    export_model(case.model, case.args, path, kwargs=case.kwargs, dynamic_shapes=case.dynamic_shapes)
     prog = load(path)
     eager = reader.rebuild(reader.open_artifact(path))
     lazy = prog.exported_program()
+    assert_programs_equal(lazy, eager)  # graph node by node, signature, state, constants, ranges
     assert lazy.graph_module.code == eager.graph_module.code
-    assert str(lazy.graph_signature) == str(eager.graph_signature)
-    assert {k: v.shape for k, v in lazy.state_dict.items()} == {k: v.shape for k, v in eager.state_dict.items()}
-    assert_bitwise(prog(*case.args), eager.module()(*case.args))
+    args, kwargs = copy.deepcopy(case.args), copy.deepcopy(case.kwargs or {})
+    assert_bitwise(prog(*args, **kwargs), eager.module()(*copy.deepcopy(case.args), **copy.deepcopy(case.kwargs or {})))
 
 
 def test_threads_asking_first_build_it_once(artifact, monkeypatch):

@@ -267,3 +267,37 @@ def test_cli_cache_and_no_cache(cache_dir, artifact):
     assert out.returncode == 0 and f"lowering cache {cache_dir} (on): 1 entries" in out.stdout
     assert main(["cache", "--clear"]) == 0
     assert cache.entries() == []
+
+
+def test_a_hit_answers_from_the_entry_and_builds_its_graph_on_first_use(cache_dir, tmp_path):
+    """A hit opens the entry without its graph: ops() and outside_opset are what the lowering that
+    stored it found (also for a collapsed lowering of repeated layers, whose stored graph holds one
+    block); the program is checked, built and expanded on first use and equals a fresh lowering."""
+    case = make_case("transformer_encoder")
+    path = tmp_path / "enc.pt2b"
+    export_model(case.model, case.args, path)
+    for preset in ("core", "core-tag", "max"):
+        fresh = load_for_backend(path, preset, cache=False)
+        load_for_backend(path, preset)  # stores
+        hit = load_for_backend(path, preset)
+        assert hit.from_cache and not hit._built.done
+        assert hit.ops() == fresh.ops() and hit.outside_opset == fresh.outside_opset
+        assert not hit._built.done  # answered from the entry
+        report = lambda lp: lp.report().replace(lp.validation.describe() + "\n", "")  # (its time differs)
+        assert report(hit) == report(fresh)
+        assert torch.equal(_run(hit, case), _run(fresh, case))
+        assert hit._built.done and hit.ops() == fresh.ops()
+
+
+def test_an_entry_whose_graph_does_not_load_is_lowered_again(cache_dir, artifact, case, tmp_path):
+    """The entry's header, checksums, tables and op table are checked when it is opened; a graph that
+    still fails its checks on first use (checksums made to match) is lowered again, as a miss is."""
+    from artifact_surgery import damage_graph_table
+
+    fresh = load_for_backend(artifact, "core")
+    (entry,) = cache.entries()
+    damaged = damage_graph_table(tmp_path, entry)
+    os.replace(damaged, entry)
+    hit = load_for_backend(artifact, "core")
+    assert hit.from_cache and hit.ops() == fresh.ops()
+    assert torch.equal(_run(hit, case), _run(fresh, case))

@@ -79,6 +79,9 @@ def check_case(name: str, workdir) -> None:
                           f"{_stage_error(theirs)}")
         else:
             ours.append(f"{failed}: {_stage_error(stages[failed])} (torch's own lowering succeeds)")
+    table = stages.get("table:core", {"status": "ok"})
+    if table["status"] == "fail":
+        ours.append(f"table:core: {_stage_error(table)}")
     assert not ours, f"{name}:\n" + "\n".join(ours)
     if torchs:
         pytest.xfail(f"{name}: torch's own lowering fails too:\n" + "\n".join(torchs))

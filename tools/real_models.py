@@ -32,7 +32,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 PRESETS = ("none", "core", "max")
 STAGE_ORDER = ["build", "capture", "eager", "write", "load", "bitwise"] + \
-    [f"{what}:{p}" for p in PRESETS for what in ("lower", "run", "match", "torch")]
+    [f"{what}:{p}" for p in PRESETS for what in ("lower", "run", "match", "torch")] + ["table:core"]
+# "table:core": the core lowering written, loaded and planned by runtime_ref straight from the graph
+# table where it can, its outputs bitwise those of the plan from the program
 # "torch:<preset>" runs only where pt2b's lower/run/match failed: torch's own run_decompositions with the
 # preset's table, run and compared with eager; where it fails too the failure is torch's limitation
 STOP_AFTER = {"build": "build", "capture": "capture", "eager": "eager", "write": "write", "load": "bitwise",
@@ -300,9 +302,37 @@ def run_case(name: str, stop_after: str | None, conn, workdir: str) -> None:
 
         if not stage(f"match:{preset}", match)[0]:
             stage(f"torch:{preset}", lambda: _torch_lowering(ep, preset, fresh, ref, case))
+        elif preset == "core":
+            stage("table:core", lambda: _table_plan(lp, path, custom, fresh, rec))
     if RATIOS and rec["stages"].get("lower:core", {}).get("status") == "ok":
         stage("ratio:core", lambda: _lowering_ratio(ep, path, rec))
     send()
+
+
+def _table_plan(lp, path, custom, fresh, rec) -> None:
+    """The core lowering written to disk and loaded: runtime_ref plans it straight from the graph table
+    where it can (rec["table_plan"] says whether, or why not), and that plan's outputs must equal
+    bitwise those of the plan from the lowered program (both run from the same generator state)."""
+    import torch
+
+    import exporter
+    import runtime_ref
+
+    low = path[: -len(".pt2b")] + ".core.pt2b"
+    exporter.export_model(lp, path=low)
+    prog = exporter.load(low)
+    rt = runtime_ref.Runtime(prog, extra_ops=custom)
+    rec["table_plan"] = {"planned_from": rt.planned_from, "why_not": rt.not_from_table}
+    outs = []
+    for runtime in (rt, runtime_ref.Runtime(lp, extra_ops=custom)):
+        a, k = fresh()
+        torch.manual_seed(0)
+        outs.append(runtime(*a, **k))
+    msg = _compare_bitwise(*outs)
+    if msg:
+        raise AssertionError(f"the plan from the table differs from the plan from the program: {msg}")
+    if rt.planned_from == "table" and prog._built.done:
+        raise AssertionError("planning from the table built the ExportedProgram")
 
 
 def _lowering_ratio(ep, path, rec) -> None:

@@ -12,6 +12,7 @@ custom decomposition table (code cannot be keyed) and non-CPU devices are not ca
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -24,10 +25,11 @@ from ..version import __version__
 from ..errors import ArtifactError, ExportError
 from ..versioning.formats import FORMAT_VERSION
 
-CACHE_LAYOUT = 2  # bump when what an entry holds changes meaning (2: collapsed lowerings + recipe)
+CACHE_LAYOUT = 3  # bump when what an entry holds changes meaning (2: collapsed lowerings + recipe; 3: op counts)
 _KEY_FIELD = "pt2b_lowering_cache_key"
 _RECIPE_FIELD = "pt2b_reuse_recipe"  # present when the entry holds a collapsed lowering (reuse.py)
 _VALIDATION_FIELD = "pt2b_validation"  # the lowering's validation (validate.py), when it was validated
+_OPS_FIELD = "pt2b_lowered_ops"  # {op: call sites} of the lowered program (expanded): a hit answers ops() with it
 
 
 def enabled(cache: bool | None) -> bool:
@@ -70,6 +72,19 @@ class Entry:
         """The stored lowered ExportedProgram, or None on a miss (absent, damaged or not this key's).
         An entry made by reusing repeated layers holds the collapsed lowering and its recipe, and is
         expanded here exactly as the lowering that stored it was."""
+        hit = self.open()
+        if hit is None:
+            return None
+        try:
+            return hit.program.get()
+        except ArtifactError:
+            return None
+
+    def open(self) -> Hit | None:
+        """The entry's answers without its graph (None on a miss: absent, damaged, not this key's, an
+        op the running torch lacks, or stored before entries recorded their ops); the lowered
+        ExportedProgram is checked, built (and expanded) on first use."""
+        from ..lazy import Lazy
         from ..serialize import reader
         from ..serialize.gc_pause import gc_paused
         from .reuse import expand, valid_recipe
@@ -82,14 +97,21 @@ class Entry:
                 metadata = reader.read_metadata(art)
                 if metadata.get(_KEY_FIELD) != self.key:
                     return None
-                ep = reader.rebuild(art)
-                self._metadata = metadata
+                reader.check_ops(art)
+                record = reader.read_lowering(art)
         except ArtifactError:
             return None
-        recipe = metadata.get(_RECIPE_FIELD)
-        if recipe is None:
-            return ep
-        return expand(ep, recipe) if valid_recipe(recipe) else None
+        recipe, ops = metadata.get(_RECIPE_FIELD), metadata.get(_OPS_FIELD)
+        if (recipe is not None and not valid_recipe(recipe)) or record is None or not _counts(ops):
+            return None
+        self._metadata = metadata
+
+        def build():
+            with gc_paused():
+                ep = reader.rebuild(art)
+            return ep if recipe is None else expand(ep, recipe)
+
+        return Hit(Lazy(build), dict(ops), dict(record["outside_opset"]))
 
     def store(self, lowered, *, source_path: str) -> bool:
         """Write the LoweredProgram ``lowered`` to the slot, with its lowering record; a cache that
@@ -98,7 +120,7 @@ class Entry:
 
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            ep, metadata = lowered.exported_program(), {_KEY_FIELD: self.key}
+            ep, metadata = lowered.exported_program(), {_KEY_FIELD: self.key, _OPS_FIELD: lowered.ops()}
             if lowered.validation is not None:
                 metadata[_VALIDATION_FIELD] = lowered.validation.to_json()
             if lowered.reused is not None:  # the collapsed lowering: a fraction of the size to load
@@ -111,6 +133,20 @@ class Entry:
             warnings.warn(f"pt2b lowering cache: cannot write {self.path} ({e}); continuing without it.",
                           RuntimeWarning, stacklevel=3)
             return False
+
+
+@dataclasses.dataclass
+class Hit:
+    """A cache entry opened without its graph: the lowered program on first use (a Lazy), its op
+    counts and what fell outside the opset, as the lowering that stored it found them."""
+
+    program: object  # Lazy[torch.export.ExportedProgram]
+    ops: dict
+    outside: dict
+
+
+def _counts(ops) -> bool:
+    return isinstance(ops, dict) and all(isinstance(k, str) and type(v) is int and v > 0 for k, v in ops.items())
 
 
 def entries(folder: pathlib.Path | None = None) -> list[pathlib.Path]:

@@ -187,10 +187,14 @@ def lower(source_ep, preset: str = "core", *, supported_ops=None, decompositions
     return result
 
 
-def finish(plan: LoweringPlan, lowered, *, source_ep, source=None) -> LoweredProgram:
+def finish(plan: LoweringPlan, lowered, *, source_ep, source=None, hit=None) -> LoweredProgram:
     """Verify ``lowered`` against the plan's accepted op set and wrap it; ``source_ep`` may be a
-    Lazy (the undecomposed program is then loaded only when explain() or an error needs it)."""
-    bad = outside(lowered.graph_module, plan.accepts)
+    Lazy (the undecomposed program is then loaded only when explain() or an error needs it).
+    ``hit``: a lowering-cache entry opened without its graph (cache.Hit; ``lowered`` is None): what
+    fell outside the opset is what the lowering that stored it found for the same request."""
+    if hit is not None:
+        lowered = hit.program  # a Lazy
+    bad = dict(hit.outside) if hit is not None else outside(lowered.graph_module, plan.accepts)
     untrusted = {name: why for name, why in plan.withheld.items() if name in bad}
     if untrusted:
         raise OpsetError(
@@ -205,7 +209,8 @@ def finish(plan: LoweringPlan, lowered, *, source_ep, source=None) -> LoweredPro
         lines = []
         for name, count in bad.items():
             lines.append(f"  {name} ({count} call sites): no decomposition reaches the accepted set")
-            lines += ["      route: " + r for r in route_lines(name, lowered.graph_module, source_ep.graph_module,
+            lowered_gm = (lowered.get() if isinstance(lowered, Lazy) else lowered).graph_module
+            lines += ["      route: " + r for r in route_lines(name, lowered_gm, source_ep.graph_module,
                                                                plan.table, stop)]
         raise OpsetError(
             f"lowering with {plan.label}: {len(bad)} op(s) cannot reach the accepted op set:\n" + "\n".join(lines)
@@ -213,4 +218,5 @@ def finish(plan: LoweringPlan, lowered, *, source_ep, source=None) -> LoweredPro
         )
     return LoweredProgram(lowered, source_ep=source_ep, preset=plan.label, table=plan.table, keep=plan.keep,
                           supported=plan.supported, accepts=plan.accepts, outside=bad,
-                          description=plan.description, source=source, fingerprint=plan.fingerprint)
+                          description=plan.description, source=source, fingerprint=plan.fingerprint,
+                          ops=hit.ops if hit is not None else None)

@@ -23,8 +23,12 @@ class LoweredProgram(ProgramHandle):
     what fell outside the declared opset (``outside_opset``)."""
 
     def __init__(self, ep, *, source_ep, preset: str, table: dict, keep, supported, accepts,
-                 outside: dict[str, int], description: str, source=None, fingerprint: str | None = None):
-        self._ep = ep
+                 outside: dict[str, int], description: str, source=None, fingerprint: str | None = None,
+                 ops: dict[str, int] | None = None):
+        # the lowered ExportedProgram, or a Lazy building it on first use (a cache hit, whose
+        # ``ops`` and ``outside`` the entry recorded)
+        self._built = ep if isinstance(ep, Lazy) else Lazy.of(ep)
+        self._ops = ops
         self.fingerprint = fingerprint  # the request in full (None: a custom decomposition table)
         self._source = source_ep  # an ExportedProgram, or a Lazy loading it on first use
         self.preset = preset
@@ -38,6 +42,10 @@ class LoweredProgram(ProgramHandle):
         self.from_cache = False  # True when load_for_backend took the result from the lowering cache
         self.reused = None  # reuse.Reused when repeated layers were lowered once
         self.validation = None  # validate.Validation: how the lowering compared with the program (None: not run)
+
+    @property
+    def _ep(self):
+        return self._built.get()
 
     @property
     def source(self) -> Pt2bProgram | None:
@@ -64,6 +72,8 @@ class LoweredProgram(ProgramHandle):
 
     def ops(self) -> dict[str, int]:
         """The op overloads the backend must implement, with their number of call sites."""
+        if self._ops is not None and not self._built.done:
+            return dict(self._ops)
         return op_counts(self._ep.graph_module)
 
     def report(self) -> str:
