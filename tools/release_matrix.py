@@ -16,7 +16,7 @@ Exit status 1 if any release is not green.
 A venv is reused when its torch is the release asked for and pt2b is installed from this checkout
 (--reinstall installs pt2b again, e.g. after pyproject.toml changed). torch comes from the machine's
 pip configuration; a release that configuration does not offer is installed once more with
-PIP_CONFIG_FILE pointing at an empty file (the registry alone). Needs about 5.5 GB of disk per
+PIP_CONFIG_FILE=/dev/null (no pip configuration file: the registry alone). Needs about 5.5 GB of disk per
 CUDA-build release.
 """
 
@@ -124,17 +124,21 @@ def install(release: str, venv: pathlib.Path, reinstall: bool, row: Row) -> path
         subprocess.run([sys.executable, "-m", "venv", venv], check=True)
     if _base(_torch_version(python)) != release:
         rc = _run([python, "-m", "pip", "install", "-q", f"torch=={release}"], log)
-        if rc != 0:  # not offered by the machine's pip configuration (e.g. above its version cap)
-            with tempfile.NamedTemporaryFile("w", suffix=".conf") as empty:
-                rc = _run([python, "-m", "pip", "install", "-q", f"torch=={release}"], log,
-                          env=dict(_env(), PIP_CONFIG_FILE=empty.name))
+        if rc != 0:  # not offered by the machine's pip configuration (e.g. above its version cap):
+            # PIP_CONFIG_FILE=os.devnull loads no configuration file at all (an empty file would be
+            # read after the site-wide one, whose constraints still apply)
+            rc = _run([python, "-m", "pip", "install", "-q", f"torch=={release}"], log,
+                      env=dict(_env(), PIP_CONFIG_FILE=os.devnull))
         if rc != 0:
             row.install = "torch failed"
             row.problems.append(f"pip install torch=={release}: {_tail(log)}")
             return None
     torch_before = _torch_version(python)
     if reinstall or not _pt2b_from_here(python):
-        if _run([python, "-m", "pip", "install", "-q", "-e", f"{ROOT}[test]"], log) != 0:
+        # without the machine's pip configuration: a version cap there (torch<=2.14.1) would make pip
+        # replace a newer release instead of keeping it, which is what this step checks
+        if _run([python, "-m", "pip", "install", "-q", "-e", f"{ROOT}[test]"], log,
+                env=dict(_env(), PIP_CONFIG_FILE=os.devnull)) != 0:
             row.install = "pt2b failed"
             row.problems.append(f"pip install -e '.[test]': {_tail(log)}")
             return None
