@@ -37,10 +37,17 @@ class TensorSpec:
     def meta(self) -> torch.Tensor:
         return torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=_META)
 
+    @property
+    def static(self) -> bool:
+        """Whether every size and stride is an int (table_program records a symbolic one otherwise)."""
+        return all(type(s) is int for s in self.shape) and all(type(s) is int for s in self.stride)
+
 
 def _spec_of_value(v):
     """A recorded value (node.meta["val"]) with tensors as TensorSpec; raises _NoMeta for symbols."""
     if type(v) is TensorSpec:
+        if not v.static:
+            raise _NoMeta
         return v
     if isinstance(v, torch.Tensor):
         shape, stride = tuple(v.shape), tuple(v.stride())

@@ -22,6 +22,7 @@ import torch.fx
 from torch._higher_order_ops.wrap import wrap_with_autocast, wrap_with_set_grad_enabled
 from torch.amp.autocast_mode import _enter_autocast, _exit_autocast
 
+from .bindings import TensorSpec
 from .walk import walk_graphs
 
 __all__ = ["REGION_HOP_NAMES", "is_region_marker", "is_autocast_marker", "has_regions", "autocast_devices",
@@ -64,7 +65,7 @@ def autocast_devices(gm: torch.fx.GraphModule) -> frozenset[str]:
 def recorded_device_types(gm: torch.fx.GraphModule) -> frozenset[str]:
     """Device types of the tensors the program was recorded with (its placeholders' values)."""
     return frozenset(n.meta["val"].device.type for n in gm.graph.nodes
-                     if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor))
+                     if n.op == "placeholder" and isinstance(n.meta.get("val"), (torch.Tensor, TensorSpec)))
 
 
 def retarget_autocast(args: tuple, recorded: frozenset[str], device: torch.device) -> tuple:

@@ -69,7 +69,7 @@ class Runtime:
 
     A program `exporter.load` returned is planned straight from the artifact's graph table, with no
     fx graph, fake tensor or ExportedProgram built (`planned_from == "table"`); one the table plan
-    does not read (symbolic shapes, control flow, regions: `not_from_table` says why), a lowered
+    does not read (control flow, regions, input sizes recorded as expressions: `not_from_table` says why), a lowered
     program and an ExportedProgram are planned from their ExportedProgram. Both plans run alike.
 
     Grad-mode and autocast regions of the program (no_grad/enable_grad/autocast in model code) run as

@@ -11,6 +11,8 @@ from torch.utils._sympy.numbers import int_oo
 
 from exporter.errors import RuntimeInputError
 
+from .bindings import TensorSpec
+
 __all__ = ["SymbolTable", "make_leaf_check"]
 
 _DERIVED = "__derived__"
@@ -109,10 +111,11 @@ def _got(x) -> str:
 
 
 def _dim_of(size):
-    """(kind, payload): 0 = static int, 1 = a plain symbol, 2 = an expression of symbols."""
+    """(kind, payload): 0 = static int, 1 = a plain symbol, 2 = an expression of symbols. A size is
+    an int, a SymInt (a program's fake tensor), or a sympy symbol (a TensorSpec read from the table)."""
     if isinstance(size, int):
         return 0, size
-    expr = size.node.expr
+    expr = size if isinstance(size, sympy.Expr) else size.node.expr
     if expr.is_Integer:
         return 0, int(expr)
     return (1, expr) if expr.is_Symbol else (2, expr)
@@ -215,7 +218,7 @@ def make_leaf_check(name: str, meta: dict, device: torch.device, symbols: Symbol
     if "val" not in meta:
         return _NoCheck()
     val = meta["val"]
-    if isinstance(val, torch.Tensor):
+    if isinstance(val, (torch.Tensor, TensorSpec)):
         return _TensorCheck(name, val, device, symbols)
     if isinstance(val, torch.SymInt):
         return _SymIntCheck(name, val, symbols)

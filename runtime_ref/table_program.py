@@ -7,20 +7,25 @@ the Runtime asks of an ExportedProgram (graph_module.graph.nodes, graph_signatur
 constants, call_spec, module_call_graph, range_constraints) from the table: every operator resolved
 once per distinct overload, arguments bound as torch's deserializer binds them (positional or keyword
 by the recorded argument kind, else by the schema), weights the mapped tensors the reader checked.
-Covered: static shapes, strided CPU tensors, ATen/prims/custom operators. Not covered (the reason
-names which): symbolic shapes, control-flow and region subgraphs, custom objects, tokens, SymInt
-arithmetic, other devices and layouts.
+Covered: strided CPU tensors, ATen/prims/custom operators, SymInt arithmetic, and symbolic shapes
+whose inputs' sizes are plain symbols (bound and range-checked per call as from the program).
+Not covered (the reason names which): control-flow and region subgraphs, custom objects, tokens,
+symbolic inputs, input sizes recorded as expressions, other devices and layouts.
 """
 
 from __future__ import annotations
 
 import keyword
 import operator
+import re
 import types
 
+import sympy
 import torch
 from torch._export.serde import schema as S
 from torch._export.serde import serialize as _serde
+from torch.utils._sympy.numbers import int_oo
+from torch.utils._sympy.value_ranges import ValueRanges
 
 from .bindings import TensorSpec
 from .nodes import TableNode
@@ -30,10 +35,12 @@ __all__ = ["TableProgram", "from_table"]
 _DTYPES = _serde._SERIALIZE_TO_TORCH_DTYPE
 _MEMORY_FORMATS = _serde._SERIALIZE_TO_TORCH_MEMORY_FORMAT
 _LAYOUTS = _serde._SERIALIZE_TO_TORCH_LAYOUT
-_META = torch.device("meta")
-_CPU = torch.device("cpu")
 _POSITIONAL, _KEYWORD = S.ArgumentKind.POSITIONAL, S.ArgumentKind.KEYWORD
 _CONSTANTS = ("as_none", "as_int", "as_float", "as_bool", "as_string")
+_SYM_RESULTS = ("as_sym_int", "as_sym_bool", "as_sym_float")
+_PLAIN_SYMBOL = re.compile(r"(?:Symbol\(')?([A-Za-z_][A-Za-z0-9_]*)(?:'(?:, [a-z_]+=(?:True|False))*\))?")
+_SYM_OPS = _serde._SYM_OPS  # the Python functions torch's deserializer accepts for SymInt arithmetic
+_SYM_OP_NAMES = {f"{f.__module__}.{f.__name__}": f for f in _SYM_OPS}  # as torch's serializer names them
 
 
 class _Unplannable(Exception):
@@ -71,8 +78,6 @@ def from_table(program) -> tuple[TableProgram | None, str | None]:
 def _build(c) -> TableProgram:
     ep = c.serialized
     gm = ep.graph_module
-    if ep.range_constraints:
-        raise _Unplannable("the program has symbolic shapes")
     if len(gm.module_call_graph) == 0 or gm.module_call_graph[0].signature is None:
         raise _Unplannable("the program records no call signature")
     kinds = {str(s.type) for s in gm.signature.input_specs} | {str(s.type) for s in gm.signature.output_specs}
@@ -84,24 +89,41 @@ def _build(c) -> TableProgram:
     signature = d.deserialize_signature(gm.signature)
     module_call_graph = d.deserialize_module_call_graph(gm.module_call_graph)
     names = [s.arg.name for s in signature.input_specs]  # one per graph input, in order
-    return TableProgram(_nodes(gm.graph, names), signature, module_call_graph, c.state_dict, c.constants)
+    symbols = {name: sympy.Symbol(name, integer=True) for name in ep.range_constraints}
+    program = TableProgram(_nodes(gm.graph, names, symbols), signature, module_call_graph, c.state_dict, c.constants)
+    program.range_constraints = {  # as torch's deserializer reads them
+        symbols[name]: ValueRanges(_serde._int_to_sympy_int(r.min_val, -int_oo), _serde._int_to_sympy_int(r.max_val, int_oo))
+        for name, r in ep.range_constraints.items()}
+    return program
 
 
-def _spec(meta: S.TensorMeta, name: str) -> TensorSpec:
+def _spec(meta: S.TensorMeta, name: str, symbols: dict | None = None) -> TensorSpec:
+    """The recorded tensor: static sizes as ints; a symbolic size as the text torch recorded (what
+    in-place planning compares), or, for a graph input (``symbols`` given), as the plain symbol the
+    input checks bind."""
     if meta.layout != S.Layout.Strided:
         raise _Unplannable(f"tensor {name!r} is not strided")
     device = meta.device
     if device.type != "cpu":
         raise _Unplannable(f"tensor {name!r} lies on {device.type}")
-    try:
-        sizes = tuple([s.as_int for s in meta.sizes])
-        strides = tuple([s.as_int for s in meta.strides])
-    except AttributeError:  # as_expr
-        raise _Unplannable(f"tensor {name!r} has a symbolic size or stride") from None
+    sizes = tuple([_size(s, name, symbols) for s in meta.sizes])
+    strides = tuple([_size(s, name, None) for s in meta.strides])
     return TensorSpec(_DTYPES[meta.dtype], sizes, strides)
 
 
-def _nodes(graph: S.Graph, input_names: list[str]) -> list:
+def _size(s: S.SymInt, name: str, symbols: dict | None):
+    if s.type == "as_int":
+        return s.as_int
+    text = s.as_expr.expr_str
+    if symbols is None:
+        return text
+    plain = _PLAIN_SYMBOL.fullmatch(text)  # torch records a symbol as its srepr: Symbol('s0', positive=True, ...)
+    if plain is None or plain.group(1) not in symbols:
+        raise _Unplannable(f"input {name!r} has a size that is not a plain symbol ({text[:40]})")
+    return symbols[plain.group(1)]
+
+
+def _nodes(graph: S.Graph, input_names: list[str], symbols: dict) -> list:
     metas = graph.tensor_values
     by_name: dict[str, TableNode] = {}
     nodes: list[TableNode] = []
@@ -125,9 +147,7 @@ def _nodes(graph: S.Graph, input_names: list[str]) -> list:
         name = arg.as_tensor.name
         if name not in metas:
             raise _Unplannable(f"input {name!r} has no recorded tensor")
-        spec = _spec(metas[name], name)
-        val = torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype, device=_META)
-        by_name[name] = node = TableNode(name, "placeholder", name, val=val)
+        by_name[name] = node = TableNode(name, "placeholder", name, val=_spec(metas[name], name, symbols))
         nodes.append(node)
 
     def value(arg: S.Argument):
@@ -137,8 +157,18 @@ def _nodes(graph: S.Graph, input_names: list[str]) -> list:
         target = ops.get(n.target)
         if target is None:
             target = ops[n.target] = _operator(n.target)
-        args, kwargs = _bind(target, n, value)
         outs = n.outputs
+        if target in _SYM_OPS or target is torch.ops.aten.item.default:  # as torch reads them: positional
+            args, kwargs = tuple(value(a.arg) for a in n.inputs), {}
+        else:
+            args, kwargs = _bind(target, n, value)
+        if len(outs) == 1 and outs[0].type in _SYM_RESULTS:  # a SymInt/SymBool/SymFloat, by its name
+            name = _symbol_name(outs[0].value, n.target)
+            by_name[name] = node = TableNode(n.name or name, "call_function", target, args, kwargs)
+            nodes.append(node)
+            continue
+        if target in _SYM_OPS or target is torch.ops.aten.item.default:
+            raise _Unplannable(f"{n.target} returns {outs[0].type if outs else 'nothing'}")
         if len(outs) == 1 and outs[0].type == "as_tensor":
             name = outs[0].as_tensor.name
             node = TableNode(n.name or name, "call_function", target, args, kwargs, _result(metas, name))
@@ -173,7 +203,10 @@ def _result(metas, name: str) -> TensorSpec:
 
 
 def _operator(text: str):
-    """The OpOverload a node's target names (the checks at first use accepted it already)."""
+    """The OpOverload or SymInt-arithmetic function a node's target names (the checks at first use
+    accepted it already)."""
+    if text in _SYM_OP_NAMES:
+        return _SYM_OP_NAMES[text]
     parts = text.split(".")
     if len(parts) != 5 or parts[:2] != ["torch", "ops"] or parts[2] == "higher_order":
         raise _Unplannable(f"the graph calls {text}")
@@ -245,13 +278,20 @@ def _argument(arg: S.Argument, ref):
                 raise _Unplannable(f"an optional tensor list holds {t.type}")
         return out
     if kind in ("as_sym_int", "as_sym_float", "as_sym_bool"):
-        return _constant_symbol(v)
+        return _symbol(v, ref)
     if kind in ("as_sym_ints", "as_sym_floats", "as_sym_bools"):
-        return [_constant_symbol(x) for x in v]
+        return [_symbol(x, ref) for x in v]
     raise _Unplannable(f"an argument is {kind}")
 
 
-def _constant_symbol(v):
-    if v.type in ("as_int", "as_float", "as_bool"):
-        return v.value
-    raise _Unplannable("an argument is a symbol")
+def _symbol(v, ref):
+    """A SymInt/SymFloat/SymBool argument: its constant, or the node whose value it names."""
+    if v.type == "as_name":  # (the other tags are the constant's: as_int, as_float or as_bool)
+        return ref(v.value)
+    return v.value
+
+
+def _symbol_name(v, target: str) -> str:
+    if v.type != "as_name":
+        raise _Unplannable(f"{target} returns a constant {v.type}")
+    return v.value

@@ -22,9 +22,8 @@ from runtime_ref import Runtime
 # each of the others falls back
 FROM_TABLE = {"cnn_bn", "cnn_bn_train", "lstm", "gru", "transformer_encoder", "transformer_decoder",
               "buffer_mutation", "kwargs_only", "tied_weights", "dtypes", "inplace_ops", "multihead_attention",
-              "custom_op", "pytree_io"}
-FALLS_BACK = {"mlp": "symbolic shapes", "mlp_strict": "symbolic shapes", "dynamic_shapes": "symbolic shapes", "cond": "higher_order.cond",
-              "map": "higher_order.map_impl"}
+              "custom_op", "pytree_io", "mlp", "mlp_strict", "dynamic_shapes"}
+FALLS_BACK = {"cond": "higher_order.cond", "map": "higher_order.map_impl", "while_loop": "higher_order.while_loop"}
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +53,7 @@ def _run(rt, case, times=1):
 
 
 def test_the_corpus_lists_every_zoo_program():
-    assert FROM_TABLE | set(FALLS_BACK) | {"while_loop"} == set(zoo_names())
+    assert FROM_TABLE | set(FALLS_BACK) == set(zoo_names())
 
 
 @pytest.mark.parametrize("name", sorted(FROM_TABLE))
@@ -113,4 +112,35 @@ def test_inputs_are_checked_as_from_the_program(lowered_artifacts):
             rt(x)
         with pytest.raises(RuntimeInputError) as b:
             ref(x)
+        assert str(a.value) == str(b.value)
+
+
+@pytest.mark.parametrize("name", ["mlp", "dynamic_shapes"])
+def test_symbolic_inputs_are_bound_and_checked_as_from_the_program(lowered_artifacts, name):
+    """A program with dynamic dims plans from the table: other sizes in range run bitwise as the
+    program plan runs them, and sizes out of range, static dims changed or dims that must agree but
+    do not are refused with the program plan's message."""
+    case, path = lowered_artifacts[name]
+    rt, ref = Runtime(load(path)), Runtime(load(path).exported_program())
+    assert rt.planned_from == "table" and rt._inputs._symbolic
+    x = case.args[0]
+
+    def resized(t, dim, n):
+        shape = list(t.shape)
+        shape[dim] = n
+        return torch.randn(shape, dtype=t.dtype) if t.is_floating_point() else torch.zeros(shape, dtype=t.dtype)
+
+    for n in (2, 5):  # other batch sizes, in range
+        args = tuple(resized(a, 0, n) for a in case.args)
+        with torch.no_grad():
+            assert_bitwise(rt(*copy.deepcopy(args)), ref(*copy.deepcopy(args)))
+    bad = [tuple(resized(a, 0, 10_000) for a in case.args),  # out of the recorded range
+           (resized(x, x.dim() - 1, x.shape[-1] + 1), *case.args[1:])]  # a static dim changed
+    if len(case.args) > 1:
+        bad.append((resized(x, 0, 3), *(resized(a, 0, 4) for a in case.args[1:])))  # equal dims differ
+    for args in bad:
+        with pytest.raises(RuntimeInputError) as a:
+            rt(*args)
+        with pytest.raises(RuntimeInputError) as b:
+            ref(*args)
         assert str(a.value) == str(b.value)
