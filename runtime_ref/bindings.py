@@ -43,8 +43,18 @@ class TensorSpec:
         return all(type(s) is int for s in self.shape) and all(type(s) is int for s in self.stride)
 
 
-def _spec_of_value(v):
-    """A recorded value (node.meta["val"]) with tensors as TensorSpec; raises _NoMeta for symbols."""
+def _mapped(leaf, x):
+    """``x`` with ``leaf`` applied to everything that is not a list, tuple or dict (kept as such)."""
+    if isinstance(x, (list, tuple)):
+        items = [_mapped(leaf, i) for i in x]
+        return items if isinstance(x, list) else tuple(items)
+    if isinstance(x, dict):
+        return {k: _mapped(leaf, v) for k, v in x.items()}
+    return leaf(x)
+
+
+def _value_spec(v):
+    """One recorded value (a leaf of node.meta["val"]) as a trial describes it; _NoMeta for symbols."""
     if type(v) is TensorSpec:
         if not v.static:
             raise _NoMeta
@@ -56,24 +66,15 @@ def _spec_of_value(v):
         return TensorSpec(v.dtype, shape, stride, v.device)
     if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         raise _NoMeta
-    if isinstance(v, (list, tuple)):
-        items = [_spec_of_value(x) for x in v]
-        return items if isinstance(v, list) else tuple(items)
-    if isinstance(v, dict):
-        return {k: _spec_of_value(x) for k, x in v.items()}
     return v
 
 
-def _spec_of_arg(a):
+def _arg_spec(a):
+    """One leaf of a node argument: a node's recorded value, the meta device for a device."""
     if isinstance(a, NODES):
         if "val" not in a.meta:
             raise _NoMeta
-        return _spec_of_value(a.meta["val"])
-    if isinstance(a, (list, tuple)):
-        items = [_spec_of_arg(x) for x in a]
-        return items if isinstance(a, list) else tuple(items)
-    if isinstance(a, dict):
-        return {k: _spec_of_arg(v) for k, v in a.items()}
+        return _mapped(_value_spec, a.meta["val"])
     return _META if isinstance(a, torch.device) else a
 
 
@@ -89,14 +90,7 @@ def _on_meta(spec) -> bool:
 
 def _materialize(spec):
     """The trial (args, kwargs) of meta tensors a spec describes."""
-    if type(spec) is TensorSpec:
-        return spec.meta()
-    if isinstance(spec, (list, tuple)):
-        items = [_materialize(x) for x in spec]
-        return items if isinstance(spec, list) else tuple(items)
-    if isinstance(spec, dict):
-        return {k: _materialize(v) for k, v in spec.items()}
-    return spec
+    return _mapped(lambda x: x.meta() if type(x) is TensorSpec else x, spec)
 
 
 def meta_args(node: torch.fx.Node):
@@ -104,7 +98,7 @@ def meta_args(node: torch.fx.Node):
     strides of the meta tensors a trial builds), or None when that cannot be done or the trial would
     not be on meta (a factory op without a device argument)."""
     try:
-        spec = _spec_of_arg(tuple(node.args)), _spec_of_arg(dict(node.kwargs))
+        spec = _mapped(_arg_spec, tuple(node.args)), _mapped(_arg_spec, dict(node.kwargs))
     except _NoMeta:
         return None
     return spec if _on_meta(spec) else None

@@ -13,7 +13,7 @@ _NONE = object()  # no recorded value
 
 class TableNode:
     """What the planner reads of an fx node: name, op, target, args, kwargs and meta["val"] (a
-    bindings.TensorSpec for a call's tensor result, a meta tensor for a placeholder's recorded value)."""
+    bindings.TensorSpec for a tensor, a constant input's recorded value; none for a SymInt result)."""
 
     __slots__ = ("name", "op", "target", "args", "kwargs", "meta")
 

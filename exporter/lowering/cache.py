@@ -68,22 +68,12 @@ class Entry:
         text = self._metadata.get(_VALIDATION_FIELD)
         return Validation.from_json(text) if isinstance(text, str) else None
 
-    def load(self):
-        """The stored lowered ExportedProgram, or None on a miss (absent, damaged or not this key's).
-        An entry made by reusing repeated layers holds the collapsed lowering and its recipe, and is
-        expanded here exactly as the lowering that stored it was."""
-        hit = self.open()
-        if hit is None:
-            return None
-        try:
-            return hit.program.get()
-        except ArtifactError:
-            return None
-
     def open(self) -> Hit | None:
         """The entry's answers without its graph (None on a miss: absent, damaged, not this key's, an
         op the running torch lacks, or stored before entries recorded their ops); the lowered
-        ExportedProgram is checked, built (and expanded) on first use."""
+        ExportedProgram is checked, built on first use, and, for an entry made by reusing repeated
+        layers (the collapsed lowering and its recipe), expanded exactly as the lowering that stored
+        it was."""
         from ..lazy import Lazy
         from ..serialize import reader
         from ..serialize.gc_pause import gc_paused

@@ -105,7 +105,7 @@ def target_releases() -> tuple[str, list[str]]:
     frozen in schemas/opsets/ and the running one), oldest first."""
     running = _presets.torch_minor()
     found = set(_presets.frozen_releases("core")) | {running}
-    return running, sorted(found, key=lambda v: tuple(int(x) for x in v.split(".")))
+    return running, sorted(found, key=_presets.release_key)
 
 
 def _format_version() -> str:

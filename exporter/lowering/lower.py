@@ -193,8 +193,9 @@ def finish(plan: LoweringPlan, lowered, *, source_ep, source=None, hit=None) -> 
     ``hit``: a lowering-cache entry opened without its graph (cache.Hit; ``lowered`` is None): what
     fell outside the opset is what the lowering that stored it found for the same request."""
     if hit is not None:
-        lowered = hit.program  # a Lazy
-    bad = dict(hit.outside) if hit is not None else outside(lowered.graph_module, plan.accepts)
+        lowered, bad = hit.program, dict(hit.outside)  # (a Lazy)
+    else:
+        bad = outside(lowered.graph_module, plan.accepts)
     untrusted = {name: why for name, why in plan.withheld.items() if name in bad}
     if untrusted:
         raise OpsetError(

@@ -140,7 +140,12 @@ def freeze(names=PRESETS) -> list[pathlib.Path]:
 def frozen_releases(name: str = "core") -> list[str]:
     """The torch releases (major.minor) whose preset ``name`` is frozen in schemas/opsets/, oldest first."""
     found = [p.stem.partition("@")[2] for p in OPSETS_DIR.glob(f"{name}@*.json")]
-    return sorted(found, key=lambda v: tuple(int(x) for x in v.split(".")))
+    return sorted(found, key=release_key)
+
+
+def release_key(version: str) -> tuple[int, ...]:
+    """"2.13" -> (2, 13): releases in order."""
+    return tuple(int(x) for x in version.split("."))
 
 
 def release_changes(name: str = "core", examples: int = 4) -> str:
