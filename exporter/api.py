@@ -26,17 +26,25 @@ StrPath = Union[str, "os.PathLike[str]"]
 _KIND_NAMES = {v: k.lower() for k, v in vars(G.OperatorKind).items() if not k.startswith("_")}
 
 
-def export_model(m: torch.nn.Module | Callable[..., Any] | torch.export.ExportedProgram | LoweredProgram,
+def export_model(m: torch.nn.Module | Callable[..., Any] | torch.export.ExportedProgram | LoweredProgram
+                 | Mapping[str, Any],
                  args: tuple[Any, ...] | StrPath | None = None, path: StrPath | None = None, *,
                  kwargs: dict[str, Any] | None = None,
                  dynamic_shapes: dict[str, Any] | tuple[Any, ...] | list[Any] | None = None,
                  metadata: dict[str, Any] | None = None, strict: bool = False,
-                 format_version: str | None = None, target_torch: str | None = None) -> torch.export.ExportedProgram:
+                 format_version: str | None = None, target_torch: str | None = None
+                 ) -> torch.export.ExportedProgram | dict[str, torch.export.ExportedProgram]:
     """Capture ``m`` with torch.export (undecomposed, unfunctionalized) and write ``path``.
 
     ``m`` may also be an ExportedProgram: it is written as given and its IR level recorded
     (``export_model(ep, path=...)`` or ``export_model(ep, None, path)``); so may a LoweredProgram,
     written with the record of how it was lowered (format 1.1+).
+    ``m`` may be a dict of methods (format 1.2+): ``export_model({"prefill": (model, args, kwargs),
+    "decode": (model, args2)}, "m.pt2b")``, each value a module or a bound method of one
+    (``model.encode``) with its example args (and kwargs), or an ExportedProgram or LoweredProgram;
+    ``dynamic_shapes`` is then a dict by method name. The first method is the default one. Capture
+    the methods from one model object: a storage that several methods use (their weights, a KV
+    cache buffer) is written once. Returns a dict of the ExportedPrograms written.
     ``format_version="X.Y"`` writes that released format version (default: the current one).
     ``target_torch="2.11"`` writes the op schemas of that torch release, so that it loads the artifact
     as its own: arguments it lacks are dropped where they hold their defaults, renamed and removed ops
@@ -49,33 +57,75 @@ def export_model(m: torch.nn.Module | Callable[..., Any] | torch.export.Exported
             version = parse_version(format_version)
         except ValueError as e:
             raise ExportError(str(e)) from None
-    from .lowering.lowered import LoweredProgram
-
-    provenance, lowering = {}, None
-    if isinstance(m, (torch.export.ExportedProgram, LoweredProgram)):
+    if isinstance(m, Mapping):
         if path is None and isinstance(args, (str, os.PathLike)):
             args, path = None, args
-        if args is not None or kwargs is not None or dynamic_shapes is not None:
-            what = "a lowered program is written as lowered" if isinstance(m, LoweredProgram) else \
-                "an ExportedProgram is written as captured"
-            raise ExportError(f"{what}: do not pass args, kwargs or dynamic_shapes.")
-        if isinstance(m, LoweredProgram):  # written with the record of how it was lowered (format 1.1+)
-            ep, ir_level, lowering = m.exported_program(), f"lowered:{m.preset}", m.lowering_record()
-            provenance["lowered_by"] = f"pt2b load_for_backend ({m.preset})"
-        else:
-            ep, ir_level = m, _capture.ir_level_of(m)
-            provenance["captured_by"] = "user (ExportedProgram given to export_model)"
-    else:
+        if args is not None or kwargs is not None:
+            raise ExportError("with a dict of methods, give each method's example inputs in its entry: "
+                              "{'decode': (model, args, kwargs)}; do not pass args or kwargs.")
         if path is None:
-            raise ExportError("export_model needs a destination path, e.g. export_model(model, (x,), 'model.pt2b').")
-        ep = _capture.capture(m, args, kwargs, dynamic_shapes=dynamic_shapes, strict=strict)
-        ir_level = _capture.ir_level_of(ep)
-        provenance["captured_by"] = f"pt2b torch.export.export(strict={strict})"
+            raise ExportError("export_model needs a destination path, e.g. export_model(methods, 'model.pt2b').")
+        methods, provenance = _methods(m, dynamic_shapes, strict)
+        writer.write_artifact(None, path, ir_level="", metadata=metadata, provenance=provenance, version=version,
+                              target_torch=target_torch, methods=methods)
+        return {x.name: x.ep for x in methods}
+    ep, ir_level, lowering, provenance = _one_method(m, args, kwargs, dynamic_shapes, strict, path)
+    if path is None and isinstance(args, (str, os.PathLike)):
+        path = args
     if path is None:
         raise ExportError("export_model needs a destination path, e.g. export_model(ep, path='model.pt2b').")
     writer.write_artifact(ep, path, ir_level=ir_level, metadata=metadata, provenance=provenance, version=version,
                           lowering=lowering, target_torch=target_torch)
     return ep
+
+
+def _one_method(m, args, kwargs, dynamic_shapes, strict, path):
+    """(ep, ir level, lowering record, provenance) of what export_model was given for one method."""
+    from .lowering.lowered import LoweredProgram
+
+    if isinstance(m, (torch.export.ExportedProgram, LoweredProgram)):
+        if path is None and isinstance(args, (str, os.PathLike)):
+            args = None
+        if args is not None or kwargs is not None or dynamic_shapes is not None:
+            what = "a lowered program is written as lowered" if isinstance(m, LoweredProgram) else \
+                "an ExportedProgram is written as captured"
+            raise ExportError(f"{what}: do not pass args, kwargs or dynamic_shapes.")
+        if isinstance(m, LoweredProgram):  # written with the record of how it was lowered (format 1.1+)
+            return (m.exported_program(), f"lowered:{m.preset}", m.lowering_record(),
+                    {"lowered_by": f"pt2b load_for_backend ({m.preset})"})
+        return m, _capture.ir_level_of(m), None, {"captured_by": "user (ExportedProgram given to export_model)"}
+    if path is None:
+        raise ExportError("export_model needs a destination path, e.g. export_model(model, (x,), 'model.pt2b').")
+    ep = _capture.capture(m, args, kwargs, dynamic_shapes=dynamic_shapes, strict=strict)
+    return ep, _capture.ir_level_of(ep), None, {"captured_by": f"pt2b torch.export.export(strict={strict})"}
+
+
+def _methods(spec: Mapping[str, Any], dynamic_shapes, strict: bool) -> tuple[list, dict[str, str]]:
+    """The MethodSources of a dict of methods, captured in order, and their provenance."""
+    from .lowering.lowered import LoweredProgram
+
+    writer.check_method_names(list(spec))
+    if dynamic_shapes is not None and (not isinstance(dynamic_shapes, Mapping) or set(dynamic_shapes) - set(spec)):
+        raise ExportError(f"with a dict of methods, dynamic_shapes is a dict by method name ({', '.join(spec)}); "
+                          f"got {dynamic_shapes!r:.200}.")
+    methods, provenance = [], {}
+    for name, entry in spec.items():
+        if isinstance(entry, (torch.export.ExportedProgram, LoweredProgram)):
+            if dynamic_shapes and name in dynamic_shapes:
+                raise ExportError(f"method {name!r} is given as a program: do not pass dynamic_shapes for it.")
+            ep, ir_level, lowering, prov = _one_method(entry, None, None, None, strict, "")
+        elif isinstance(entry, tuple) and len(entry) in (2, 3):
+            fn, margs, mkwargs = (*entry, None)[:3]
+            module = _capture.as_module(fn, f"method {name!r}")
+            ep, ir_level, lowering, prov = _one_method(module, margs, mkwargs, (dynamic_shapes or {}).get(name),
+                                                       strict, "")
+        else:
+            raise ExportError(f"method {name!r} must be (module_or_bound_method, args[, kwargs]), an "
+                              f"ExportedProgram or a LoweredProgram; got {type(entry).__name__}.")
+        methods.append(writer.MethodSource(name, ep, ir_level, lowering))
+        for k, v in prov.items():
+            provenance.setdefault(k, v)
+    return methods, provenance
 
 
 def load(path: StrPath, *, verify: bool = False) -> Pt2bProgram:
@@ -84,7 +134,19 @@ def load(path: StrPath, *, verify: bool = False) -> Pt2bProgram:
     ``verify=True`` also checks every weight segment's checksum (reads all weights).
     """
     with gc_paused():
-        return _program_of(reader.open_artifact(path), verify=verify)
+        return _programs_of(reader.open_artifact(path), verify=verify)
+
+
+def _programs_of(art, *, verify: bool) -> Pt2bProgram:
+    """The default method's program of an opened artifact, with every method's (``.methods``): one
+    file mapping, so a storage the methods share is one set of bytes."""
+    if verify:
+        reader.verify_weights(art)  # every segment, whichever method uses it
+    methods: dict[str, Pt2bProgram] = {}
+    for name in art.method_names:
+        methods[name] = _program_of(reader.method(art, name), verify=False)
+        methods[name]._methods = methods
+    return methods[art.method_names[0]]
 
 
 def _program_of(art, *, verify: bool) -> Pt2bProgram:
@@ -129,7 +191,7 @@ def _program_of(art, *, verify: bool) -> Pt2bProgram:
         Lazy(build), path=art.path, format_version=art.version, torch_version=reader.text(prog.torchVersion),
         producer=reader.text(prog.producer), ir_level=reader.text(prog.irLevel), operators=ops,
         metadata=reader.read_metadata(art), provenance=Lazy(upgraded), lowering=reader.read_lowering(art),
-        checked=checked,
+        checked=checked, method=art.method,
     )
 
 
@@ -137,7 +199,7 @@ def load_for_backend(path: StrPath, preset: str = "core", *, supported_ops: Iter
                      decompositions: Mapping[torch._ops.OpOverload, Callable[..., Any]] | None = None,
                      keep: Iterable[OpSpec] | None = None, decompose: Iterable[OpSpec] | None = None,
                      device: str = "cpu", verify: bool = False, cache: bool | None = None,
-                     strict: bool = False, validate: bool = True) -> LoweredProgram:
+                     strict: bool = False, validate: bool = True, method: str | None = None) -> LoweredProgram:
     """Load ``path`` and lower it for a backend: functionalize, then decompose with a preset
     ("none", "core", "core-tag", "max", optionally "@<torch version>") or until only
     ``supported_ops`` remain; ``keep`` protects ops; ``decompose`` names more ops to decompose with
@@ -158,57 +220,82 @@ def load_for_backend(path: StrPath, preset: str = "core", *, supported_ops: Iter
     (``.validation``; exporter/lowering/validate.py): a decomposition that makes the program wrong is
     found by bisection and kept undecomposed where the backend accepts the op, else OpsetError names
     it. A lowering served from the cache carries the verdict stored with it.
+
+    ``method``: the method of a multi-method artifact (format 1.2) to lower. By default every method
+    is lowered with the same request (and cached together, their shared weights stored once); the
+    default method's LoweredProgram is returned, the others are in its ``.methods`` (``lowered["decode"]``).
     """
     from .lowering import cache as _cache
     from .lowering.lower import finish, lower, plan_lowering
-    from .lazy import Lazy
 
     plan = plan_lowering(preset, supported_ops=supported_ops, decompositions=decompositions, keep=keep,
                          decompose=decompose, strict=strict)
     use_cache = _cache.enabled(cache) and plan.fingerprint is not None and device == "cpu"
+
+    def key(digest: str) -> str:  # one slot for all methods, one per method asked for by name
+        return _cache.cache_key(digest if method is None else f"{digest}#method={method}", plan.fingerprint, device)
+
     if use_cache:
         digest = reader.program_digest(path)
         with gc_paused():
-            entry = _cache.Entry(_cache.cache_key(digest, plan.fingerprint, device))
-            hit = entry.open()  # the entry's answers; its graph is checked and built on first use
-            verdict = entry.validation()
-            if validate and verdict is None:  # stored without validation: lowered (and validated) again
-                hit = None
-            if hit is not None and (not verify or _weights_verified(path, digest)):
-                stored = hit.program
-
-                def built_or_lowered():  # an entry whose graph does not load is lowered again, as on a miss
-                    try:
-                        return stored.get()
-                    except ArtifactError:
-                        return load_for_backend(path, preset, supported_ops=supported_ops, decompositions=decompositions,
-                                                keep=keep, decompose=decompose, strict=strict, cache=False,
-                                                validate=False, device=device).exported_program()
-
-                hit = dataclasses.replace(hit, program=Lazy(built_or_lowered))
-                source = Lazy(lambda: _same_content(path, digest))
-                lowered = finish(plan, None, hit=hit,
-                                 source_ep=Lazy(lambda: source.get().exported_program()), source=source)
-                lowered.from_cache = True
-                lowered.validation = verdict
-                return lowered
+            hits = _cache.Entry(key(digest)).open()  # each method's answers; graphs checked and built on first use
+            if validate and hits is not None and any(h.validation is None for h in hits.values()):
+                hits = None  # stored without validation: lowered (and validated) again
+            if hits is not None and (not verify or _weights_verified(path, digest)):
+                lowered = {name: _from_hit(path, digest, name, hit, plan, finish, dict(
+                    preset=preset, supported_ops=supported_ops, decompositions=decompositions, keep=keep,
+                    decompose=decompose, strict=strict, device=device)) for name, hit in hits.items()}
+                return _linked(lowered)
     # The miss path keys the entry by the digest of the artifact it actually read, so a file
     # replaced between the lookup and this open cannot file one version's lowering under another's.
     with gc_paused():  # the trace allocates fx nodes and fake tensors by the 10^4 as well
         art = reader.open_artifact(path)
-        prog = _program_of(art, verify=verify)
-        ep = prog.exported_program()
-        if device != "cpu":
-            from torch.export.passes import move_to_device_pass
+        names = list(art.method_names) if method is None else [reader.method(art, method).method]
+        if verify:
+            reader.verify_weights(art)
+        lowered = {}
+        for name in names:  # one file mapping: the methods' shared weights stay one set of bytes
+            prog = _program_of(reader.method(art, name), verify=False)
+            ep = prog.exported_program()
+            if device != "cpu":
+                from torch.export.passes import move_to_device_pass
 
-            ep = move_to_device_pass(ep, device)
-        lowered = lower(ep, preset, source=prog, plan=plan)
-        if validate and device == "cpu":
-            from .lowering.validate import validated
+                ep = move_to_device_pass(ep, device)
+            one = lower(ep, preset, source=prog, plan=plan)
+            if validate and device == "cpu":
+                from .lowering.validate import validated
 
-            lowered = validated(lowered, plan, ep, lambda p: lower(ep, preset, source=prog, plan=p))
+                one = validated(one, plan, ep, lambda p, ep=ep, prog=prog: lower(ep, preset, source=prog, plan=p))
+            lowered[name] = one
         if use_cache:
-            _cache.Entry(_cache.cache_key(art.digest, plan.fingerprint, device)).store(lowered, source_path=prog.path)
+            _cache.Entry(key(art.digest)).store(lowered, source_path=art.path)
+    return _linked(lowered)
+
+
+def _linked(lowered: dict) -> LoweredProgram:
+    """The first of ``lowered`` (name -> LoweredProgram), each knowing its name and all of them."""
+    for name, one in lowered.items():
+        one.method, one._methods = name, lowered
+    return next(iter(lowered.values()))
+
+
+def _from_hit(path, digest: str, name: str, hit, plan, finish, request: dict) -> LoweredProgram:
+    """The LoweredProgram of one method a cache entry holds."""
+    from .lazy import Lazy
+
+    stored = hit.program
+
+    def built_or_lowered():  # an entry whose graph does not load is lowered again, as on a miss
+        try:
+            return stored.get()
+        except ArtifactError:
+            return load_for_backend(path, cache=False, validate=False, method=name, **request).exported_program()
+
+    hit = dataclasses.replace(hit, program=Lazy(built_or_lowered))
+    source = Lazy(lambda: _same_content(path, digest, name))
+    lowered = finish(plan, None, hit=hit, source_ep=Lazy(lambda: source.get().exported_program()), source=source)
+    lowered.from_cache = True
+    lowered.validation = hit.validation
     return lowered
 
 
@@ -222,7 +309,7 @@ def _weights_verified(path, digest: str) -> bool:
     return True
 
 
-def _same_content(path, digest: str) -> Pt2bProgram:
+def _same_content(path, digest: str, name: str) -> Pt2bProgram:
     """The unlowered program behind a cache hit, read on first use; refuses a file whose
     content changed since the hit was served."""
     with gc_paused():
@@ -230,4 +317,4 @@ def _same_content(path, digest: str) -> Pt2bProgram:
         if art.digest != digest:
             raise ArtifactError(f"{art.path}: the file changed after load_for_backend served its lowering from "
                                 "the cache; call load_for_backend again to lower the new content.")
-        return _program_of(art, verify=False)
+        return _program_of(reader.method(art, name), verify=False)

@@ -8,6 +8,31 @@ import torch
 from .errors import ExportError
 
 
+class BoundMethod(torch.nn.Module):
+    """A bound method of a module (``model.encode``) as a module torch.export captures: the owner's
+    parameters, buffers and submodules under their own names, so that every method of one model
+    names (and shares) its weights alike; forward is the method. (torch's own wrap_method shares
+    only the owner's direct parameters and buffers.)"""
+
+    def __init__(self, method):
+        super().__init__()
+        owner = method.__self__
+        for attr in ("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"):
+            object.__setattr__(self, attr, getattr(owner, attr))
+        self.forward = method
+
+
+def as_module(fn, what: str) -> torch.nn.Module:
+    """``fn`` as the module torch.export captures: a module itself, a bound method of a module wrapped."""
+    if isinstance(fn, torch.nn.Module):
+        return fn
+    owner = getattr(fn, "__self__", None)
+    if isinstance(owner, torch.nn.Module) and callable(fn):
+        return BoundMethod(fn)
+    raise ExportError(f"{what} must be an nn.Module or a bound method of one (model.encode), got "
+                      f"{type(fn).__name__}; wrap a plain function in an nn.Module whose forward calls it.")
+
+
 def check_inputs(model, args, kwargs) -> tuple[tuple, dict | None]:
     """Normalize example inputs or explain what is wrong with them."""
     if not isinstance(model, torch.nn.Module):

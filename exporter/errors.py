@@ -41,6 +41,14 @@ class UnsupportedVersionError(ArtifactError):
     """The artifact's format version cannot be read by this pt2b."""
 
 
+class MethodNotFoundError(ArtifactError, KeyError):
+    """The artifact holds no method of the name asked for (``prog["decode"]``, ``method="decode"``,
+    ``--method``); the message lists the methods it holds. Also a KeyError, as for a mapping."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
 class MissingOperatorError(ArtifactError):
     """The artifact calls operators that the running torch does not have registered."""
 
@@ -73,6 +81,7 @@ __all__ = [
     "NotAnArtifactError",
     "CorruptArtifactError",
     "UnsupportedVersionError",
+    "MethodNotFoundError",
     "MissingOperatorError",
     "SchemaDriftError",
     "LoweringError",

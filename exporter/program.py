@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from .errors import CorruptArtifactError
+from .errors import CorruptArtifactError, MethodNotFoundError
 from .lazy import Lazy
 
 
@@ -34,6 +34,8 @@ class ProgramHandle:
 
     _ep: torch.export.ExportedProgram
     _module: torch.nn.Module | None = None
+    method: str = "forward"  # the method's name ("forward" for a single-method artifact)
+    _methods: dict | None = None  # every method of the artifact by name (shared by all of them)
 
     def exported_program(self) -> torch.export.ExportedProgram:
         """The program as a torch.export ExportedProgram, for existing tools."""
@@ -54,6 +56,20 @@ class ProgramHandle:
         """Run the program like the model it was captured from."""
         return self.module()(*args, **kwargs)
 
+    @property
+    def methods(self) -> dict[str, "ProgramHandle"]:
+        """Every method of the artifact by name, the default first (format 1.2 artifacts can hold
+        several: ``prog["decode"]``); they share the file's mapped weights."""
+        return dict(self._methods or {self.method: self})
+
+    def __getitem__(self, name: str) -> "ProgramHandle":
+        """The method ``name`` of the artifact (MethodNotFoundError lists the methods it holds)."""
+        try:
+            return (self._methods or {self.method: self})[name]
+        except (KeyError, TypeError):
+            raise MethodNotFoundError(f"{getattr(self, 'path', 'the program')}: no method {name!r}; the artifact holds "
+                                      f"{', '.join(self.methods)}.") from None
+
 
 class Pt2bProgram(ProgramHandle):
     """An undecomposed program loaded from a .pt2b artifact.
@@ -63,7 +79,8 @@ class Pt2bProgram(ProgramHandle):
 
     def __init__(self, ep, *, path: str, format_version: tuple[int, int], torch_version: str,
                  producer: str, ir_level: str, operators: list[OperatorInfo], metadata: dict,
-                 provenance: dict[str, str] | Lazy, lowering: dict | None = None, checked: Lazy | None = None):
+                 provenance: dict[str, str] | Lazy, lowering: dict | None = None, checked: Lazy | None = None,
+                 method: str = "forward"):
         # an ExportedProgram, or a Lazy building it on first use (load(): the op table and records
         # are read at load, the graph is checked at its first use, before torch's deserializer runs)
         self._built = ep if isinstance(ep, Lazy) else Lazy.of(ep)
@@ -79,6 +96,7 @@ class Pt2bProgram(ProgramHandle):
         # format 1.1+: how pt2b lowered this program ({"request", "fingerprint", "torch_version",
         # "outside_opset"}); None for a program not written after load_for_backend
         self.lowering = lowering
+        self.method = method
 
     @property
     def _ep(self) -> torch.export.ExportedProgram:
@@ -108,5 +126,6 @@ class Pt2bProgram(ProgramHandle):
         return self._ep.graph_signature
 
     def __repr__(self) -> str:
-        return (f"Pt2bProgram({self.path!r}, format {self.format_version[0]}.{self.format_version[1]}, "
+        method = f", method {self.method!r} of {len(self.methods)}" if len(self.methods) > 1 else ""
+        return (f"Pt2bProgram({self.path!r}{method}, format {self.format_version[0]}.{self.format_version[1]}, "
                 f"ir={self.ir_level}, {len(self.operators)} ops, torch {self.torch_version})")

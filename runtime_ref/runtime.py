@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from exporter.lowering.lowered import LoweredProgram
     from exporter.ops import OpSpec
 
-__all__ = ["Runtime"]
+__all__ = ["Runtime", "runtimes"]
 
 
 def _program(program):
@@ -78,13 +78,14 @@ class Runtime:
     """
 
     def __init__(self, program: LoweredProgram | torch.export.ExportedProgram, device: str | torch.device = "cpu",
-                 opset: Iterable[OpSpec] | None = None, extra_ops: Iterable[OpSpec] = ()) -> None:
+                 opset: Iterable[OpSpec] | None = None, extra_ops: Iterable[OpSpec] = (), *,
+                 _shared: dict | None = None) -> None:
         ep, self.planned_from, self.not_from_table = _program(program)
         self.device = _device(device)
         check_program_ops(ep.graph_module, Acceptor(opset, extra_ops))
         user_inputs = [s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
         self._ops = count_ops(ep.graph_module)
-        self._state = RuntimeState(ep, self.device)
+        self._state = RuntimeState(ep, self.device, _shared)
         self._outputs = OutputHandler(ep, self._state.named, user_inputs)
         self._inputs = InputChecker(ep, self.device)
         self.plan = Plan(ep.graph_module, user_inputs, self._state.by_placeholder, self.device)
@@ -114,3 +115,15 @@ class Runtime:
 
     def __repr__(self) -> str:
         return f"Runtime({len(self.plan.steps)} steps, {sum(self._ops.values())} calls, device={self.device})"
+
+
+def runtimes(program, device: str | torch.device = "cpu", opset: Iterable[OpSpec] | None = None,
+             extra_ops: Iterable[OpSpec] = ()) -> dict[str, Runtime]:
+    """A Runtime for every method of ``program`` (what ``load`` or ``load_for_backend`` returned for a
+    multi-method artifact; ``.methods``), by name, over ONE state: parameters are moved once, and
+    every buffer is copied once and shared, so a buffer one method writes (a KV cache ``prefill``
+    fills) is what the next method reads (``decode`` continues the same sequence), as the methods of
+    the eager model share it. The loaded programs themselves are never written to."""
+    methods = getattr(program, "methods", None) or {"forward": program}
+    shared: dict = {}
+    return {name: Runtime(p, device, opset, extra_ops, _shared=shared) for name, p in methods.items()}

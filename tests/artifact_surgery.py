@@ -96,10 +96,11 @@ def rewrite_artifact(src, dst, *, edit=None, ops: dict | None = None, torch_vers
     return str(dst)
 
 
-def damage_graph_table(tmp_path, source=None):
+def damage_graph_table(tmp_path, source=None, method=None):
     """An artifact (``source``, else the zoo's mlp written to ``tmp_path``) copied with an
-    out-of-bounds vtable offset at the start of its graph table, the checksums made to match: what
-    load() no longer walks and the graph's first use must refuse."""
+    out-of-bounds vtable offset at the start of its graph table (of ``method``, default: the default
+    method's), the checksums made to match: what load() no longer walks and the graph's first use
+    must refuse."""
     import pathlib
 
     from exporter import export_model
@@ -112,7 +113,7 @@ def damage_graph_table(tmp_path, source=None):
     else:
         path.write_bytes(pathlib.Path(source).read_bytes())
     art = reader.open_artifact(path)
-    graph = art.program.exportedProgram
+    graph = reader.method(art, method).program.exportedProgram
     program = bytearray(graph.buf)
     program[graph.pos:graph.pos + 4] = (0x7FFFFFF0).to_bytes(4, "little", signed=True)  # its vtable: far outside
     h = art.header

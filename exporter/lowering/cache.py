@@ -25,7 +25,8 @@ from ..version import __version__
 from ..errors import ArtifactError, ExportError
 from ..versioning.formats import FORMAT_VERSION
 
-CACHE_LAYOUT = 3  # bump when what an entry holds changes meaning (2: collapsed lowerings + recipe; 3: op counts)
+CACHE_LAYOUT = 4  # bump when what an entry holds changes meaning (2: collapsed lowerings + recipe; 3: op counts;
+# 4: entries hold every method lowered, their metadata fields keyed by method name)
 _KEY_FIELD = "pt2b_lowering_cache_key"
 _RECIPE_FIELD = "pt2b_reuse_recipe"  # present when the entry holds a collapsed lowering (reuse.py)
 _VALIDATION_FIELD = "pt2b_validation"  # the lowering's validation (validate.py), when it was validated
@@ -54,30 +55,22 @@ def cache_key(program_digest: str, fingerprint: str, device: str) -> str:
 
 
 class Entry:
-    """One cache slot: ``load()`` the lowered program stored there, or ``store()`` one."""
+    """One cache slot: ``open()`` the lowered programs stored there, or ``store()`` them. A slot holds
+    one lowering request of one artifact: every method lowered (a multi-method entry, its weights
+    stored once), or the one method asked for."""
 
     def __init__(self, key: str, folder: pathlib.Path | None = None):
         self.key = key
         self.path = (folder or cache_dir()) / f"lowered-{key[:40]}.pt2b"
-        self._metadata: dict = {}
 
-    def validation(self):
-        """The validation stored with the entry load() read (validate.Validation), or None."""
-        from .validate import Validation
-
-        text = self._metadata.get(_VALIDATION_FIELD)
-        return Validation.from_json(text) if isinstance(text, str) else None
-
-    def open(self) -> Hit | None:
-        """The entry's answers without its graph (None on a miss: absent, damaged, not this key's, an
-        op the running torch lacks, or stored before entries recorded their ops); the lowered
-        ExportedProgram is checked, built on first use, and, for an entry made by reusing repeated
-        layers (the collapsed lowering and its recipe), expanded exactly as the lowering that stored
-        it was."""
-        from ..lazy import Lazy
+    def open(self) -> dict[str, Hit] | None:
+        """Each stored method's answers without its graph, by name (None on a miss: absent, damaged,
+        not this key's, an op the running torch lacks, or stored before entries recorded their ops);
+        a lowered ExportedProgram is checked, built on first use, and, for an entry made by reusing
+        repeated layers (the collapsed lowering and its recipe), expanded exactly as the lowering that
+        stored it was."""
         from ..serialize import reader
         from ..serialize.gc_pause import gc_paused
-        from .reuse import expand, valid_recipe
 
         if not self.path.exists():
             return None
@@ -87,37 +80,34 @@ class Entry:
                 metadata = reader.read_metadata(art)
                 if metadata.get(_KEY_FIELD) != self.key:
                     return None
-                reader.check_ops(art)
-                record = reader.read_lowering(art)
+                hits = {}
+                for name in art.method_names:
+                    one = reader.method(art, name)
+                    reader.check_ops(one)
+                    hits[name] = _hit(one, reader.read_lowering(one), metadata, name)
         except ArtifactError:
             return None
-        recipe, ops = metadata.get(_RECIPE_FIELD), metadata.get(_OPS_FIELD)
-        if (recipe is not None and not valid_recipe(recipe)) or record is None or not _counts(ops):
-            return None
-        self._metadata = metadata
+        return None if any(h is None for h in hits.values()) else hits
 
-        def build():
-            with gc_paused():
-                ep = reader.rebuild(art)
-            return ep if recipe is None else expand(ep, recipe)
-
-        return Hit(Lazy(build), dict(ops), dict(record["outside_opset"]))
-
-    def store(self, lowered, *, source_path: str) -> bool:
-        """Write the LoweredProgram ``lowered`` to the slot, with its lowering record; a cache that
-        cannot be written only warns (lowering succeeded)."""
-        from ..serialize.writer import write_artifact
+    def store(self, lowered: dict, *, source_path: str) -> bool:
+        """Write the LoweredPrograms ``lowered`` (method name -> program) to the slot, each with its
+        lowering record; a cache that cannot be written only warns (lowering succeeded)."""
+        from ..serialize.writer import MethodSource, write_artifact
 
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            ep, metadata = lowered.exported_program(), {_KEY_FIELD: self.key, _OPS_FIELD: lowered.ops()}
-            if lowered.validation is not None:
-                metadata[_VALIDATION_FIELD] = lowered.validation.to_json()
-            if lowered.reused is not None:  # the collapsed lowering: a fraction of the size to load
-                ep, metadata[_RECIPE_FIELD] = lowered.reused.collapsed, lowered.reused.recipe
-            write_artifact(ep, self.path, ir_level=f"lowered:{lowered.preset}",
-                           metadata=metadata, lowering=lowered.lowering_record(),
-                           provenance={"lowered_from": os.fspath(source_path), "lowering": lowered.preset})
+            methods, metadata = [], {_KEY_FIELD: self.key, _OPS_FIELD: {}, _VALIDATION_FIELD: {}, _RECIPE_FIELD: {}}
+            for name, low in lowered.items():
+                ep = low.exported_program()
+                metadata[_OPS_FIELD][name] = low.ops()
+                if low.validation is not None:
+                    metadata[_VALIDATION_FIELD][name] = low.validation.to_json()
+                if low.reused is not None:  # the collapsed lowering: a fraction of the size to load
+                    ep, metadata[_RECIPE_FIELD][name] = low.reused.collapsed, low.reused.recipe
+                methods.append(MethodSource(name, ep, f"lowered:{low.preset}", low.lowering_record()))
+            preset = next(iter(lowered.values())).preset
+            write_artifact(None, self.path, ir_level="", methods=methods, metadata=metadata,
+                           provenance={"lowered_from": os.fspath(source_path), "lowering": preset})
             return True
         except (OSError, ExportError) as e:
             warnings.warn(f"pt2b lowering cache: cannot write {self.path} ({e}); continuing without it.",
@@ -125,14 +115,41 @@ class Entry:
             return False
 
 
+def _hit(art, record, metadata: dict, name: str) -> Hit | None:
+    """One method's Hit, or None when what the entry says of it does not hold together."""
+    from ..lazy import Lazy
+    from ..serialize import reader
+    from ..serialize.gc_pause import gc_paused
+    from .reuse import expand, valid_recipe
+    from .validate import Validation
+
+    def of(field):
+        value = metadata.get(field)
+        return value.get(name) if isinstance(value, dict) else None
+
+    recipe, ops, verdict = of(_RECIPE_FIELD), of(_OPS_FIELD), of(_VALIDATION_FIELD)
+    if (recipe is not None and not valid_recipe(recipe)) or record is None or not _counts(ops):
+        return None
+
+    def build():
+        with gc_paused():
+            ep = reader.rebuild(art)
+        return ep if recipe is None else expand(ep, recipe)
+
+    return Hit(Lazy(build), dict(ops), dict(record["outside_opset"]),
+               Validation.from_json(verdict) if isinstance(verdict, str) else None)
+
+
 @dataclasses.dataclass
 class Hit:
-    """A cache entry opened without its graph: the lowered program on first use (a Lazy), its op
-    counts and what fell outside the opset, as the lowering that stored it found them."""
+    """A cache entry's method opened without its graph: the lowered program on first use (a Lazy),
+    its op counts, what fell outside the opset, and the validation verdict (None: stored without
+    validation), as the lowering that stored it found them."""
 
     program: object  # Lazy[torch.export.ExportedProgram]
     ops: dict
     outside: dict
+    validation: object = None
 
 
 def _counts(ops) -> bool:

@@ -45,11 +45,17 @@ def _map(stack: dict, fn) -> dict:
     return {fn(k): (fn(p), fn(t)) for k, (p, t) in stack.items()}
 
 
+def needs_escape(ep: torch.export.ExportedProgram) -> bool:
+    """Whether a module stack of ``ep`` holds a name torch's metadata format cannot split."""
+    return _needs_escape(ep.graph_module)
+
+
 @contextlib.contextmanager
-def escaped(ep: torch.export.ExportedProgram):
-    """While the block runs, ``ep``'s module stacks are escaped if any needs it (yields whether);
-    the program is restored afterwards, also on error."""
-    if not _needs_escape(ep.graph_module):
+def escaped(ep: torch.export.ExportedProgram, force: bool = False):
+    """While the block runs, ``ep``'s module stacks are escaped if any needs it or ``force`` (the
+    methods of one artifact are escaped alike: the reader unescapes them all); yields whether; the
+    program is restored afterwards, also on error."""
+    if not (force or _needs_escape(ep.graph_module)):
         yield False
         return
     saved = list(_stacks(ep.graph_module))

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import hashlib
+import keyword
 import mmap
 import os
 import threading
@@ -23,7 +25,7 @@ from torch.utils._sympy.numbers import int_oo
 from torch.utils._sympy.value_ranges import ValueRanges
 
 from .. import names
-from ..errors import ArtifactError, CorruptArtifactError, NotAnArtifactError
+from ..errors import ArtifactError, CorruptArtifactError, MethodNotFoundError, NotAnArtifactError
 from ..versioning import formats, majors, schema_drift
 from . import decode_schema, deserialize, module_stacks, unpack_tables, untrusted, verifier, weights
 from .container import FILE_IDENTIFIER, HEADER_SIZE, Header, read_preamble
@@ -46,6 +48,8 @@ class Artifact:
     upgrade_notes: list[str] = dataclasses.field(default_factory=list)  # op schema upgrades applied
     format_notes: list[str] = dataclasses.field(default_factory=list)  # older-major steps applied in memory
     op_plans: dict | None = None  # check_ops: the op table against the running torch's schemas
+    method_names: tuple[str, ...] = ("forward",)  # format 1.2: every method, the default first
+    method: str = "forward"  # the method this Artifact reads (method() gives the others)
 
     @property
     def version(self) -> tuple[int, int]:
@@ -110,10 +114,65 @@ def open_artifact(path) -> Artifact:
         program = unpack_tables.unpack_program(program_bytes, lazy=("exportedProgram",))
     except Exception as e:  # the verifier should make this unreachable; any failure still means damage
         raise CorruptArtifactError(f"{where}: program section is malformed ({type(e).__name__}: {e}).") from None
-    graph = program.exportedProgram
-    if _GRAPH_FIELD in skipped and isinstance(graph, unpack_tables.TableRef):
-        graph.pending = lambda: verifier.verify_table(graph.buf, graph.pos, graph.table, _GRAPH_FIELD, where)
-    return Artifact(path, header, program, mm, digest=digest, format_notes=notes)
+    del skipped  # every graph (the root's, each Method's) is walked on its first read:
+    for field, table in [(_GRAPH_FIELD, program)] + [(f"methods[{i}].{_GRAPH_FIELD}", m)
+                                                     for i, m in enumerate(program.methods or [])]:
+        graph = table.exportedProgram
+        if isinstance(graph, unpack_tables.TableRef):
+            graph.pending = functools.partial(verifier.verify_table, graph.buf, graph.pos, graph.table, field, where)
+    names_ = _method_names(program, where)
+    return Artifact(path, header, program, mm, digest=digest, format_notes=notes, method_names=names_,
+                    method=names_[0])
+
+
+DEFAULT_METHOD = "forward"
+# the fields a Method table holds for itself; the rest (segments, metadata, provenance, producer) are the root's
+_METHOD_FIELDS = frozenset({"name", "irLevel", "exportedProgram", "tensors", "operators", "exampleInputsSpec",
+                            "exampleInputsLeaves", "lowering"})
+
+
+class MethodTable:
+    """A Method table (format 1.2) read as the Program table it would be alone: its own graph, tensor
+    records, op table, example inputs and lowering record; the root's weight segments, metadata,
+    provenance, producer and torch version."""
+
+    __slots__ = ("root", "method")
+
+    def __init__(self, root, method):
+        self.root, self.method = root, method
+
+    def __getattr__(self, name):
+        if name in _METHOD_FIELDS:
+            return getattr(self.method, name)
+        if name in ("methods", "defaultMethod"):
+            return None
+        return getattr(self.root, name)
+
+
+def _method_names(program, where: str) -> tuple[str, ...]:
+    """The artifact's method names, the default first, checked: distinct Python identifiers."""
+    default = text(program.defaultMethod) if program.defaultMethod is not None else DEFAULT_METHOD
+    found = (default, *(text(m.name) for m in program.methods or []))
+    for name in found:
+        if not name.isidentifier() or keyword.iskeyword(name):
+            raise CorruptArtifactError(f"{where}: method name {name[:80]!r} is not a Python identifier; the file is "
+                                       f"damaged.")
+    if len(set(found)) != len(found):
+        raise CorruptArtifactError(f"{where}: method names repeat ({', '.join(found)[:200]}); the file is damaged.")
+    return found
+
+
+def method(art: Artifact, name: str | None = None) -> Artifact:
+    """The Artifact that reads method ``name`` (None: the default) of ``art``: the same file and
+    mapping, so tensors of a storage that methods share are views of the same mapped bytes."""
+    if name is None or name == art.method_names[0]:
+        return art
+    if name not in art.method_names:
+        raise MethodNotFoundError(f"{art.path}: no method {name!r}; the artifact holds "
+                                  f"{', '.join(art.method_names)}.")
+    table = art.program.methods[art.method_names.index(name) - 1]
+    return Artifact(art.path, art.header, MethodTable(art.program, table), art.mm, digest=art.digest,
+                    format_notes=art.format_notes, method_names=art.method_names, method=name)
 
 
 _GRAPH_FIELD = "exported_program"  # the Program table's field holding torch's schema of the program
@@ -279,6 +338,15 @@ def read_program(path) -> torch.export.ExportedProgram:
 
     with gc_paused():
         return rebuild(open_artifact(path))
+
+
+def read_programs(path) -> dict[str, torch.export.ExportedProgram]:
+    """Every method of the artifact at ``path``, through every check (the writer's check_readable)."""
+    from .gc_pause import gc_paused
+
+    with gc_paused():
+        art = open_artifact(path)
+        return {name: rebuild(method(art, name)) for name in art.method_names}
 
 
 def rebuild(art: Artifact, *, verify: bool = False) -> torch.export.ExportedProgram:

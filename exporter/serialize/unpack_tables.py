@@ -100,7 +100,7 @@ def _table(buf: bytes, pos: int, table: str, lazy=()):
             d[attr] = buf[q + 4:q + 4 + _U32(buf, q)[0]]
         elif kind == "table":
             q = p + _U32(buf, p)[0]
-            d[attr] = TableRef(buf, q, typ) if attr in lazy else _table(buf, q, typ)
+            d[attr] = TableRef(buf, q, typ) if attr in lazy else _table(buf, q, typ, lazy)
         else:  # vector
             q = p + _U32(buf, p)[0]
             n, start = _U32(buf, q)[0], q + 4
@@ -113,11 +113,12 @@ def _table(buf: bytes, pos: int, table: str, lazy=()):
                     out.append(buf[s + 4:s + 4 + _U32(buf, s)[0]])
                 d[attr] = out
             else:
-                d[attr] = [_table(buf, e + _U32(buf, e)[0], typ) for e in range(start, start + 4 * n, 4)]
+                d[attr] = [_table(buf, e + _U32(buf, e)[0], typ, lazy) for e in range(start, start + 4 * n, 4)]
     return obj
 
 
 def unpack_program(buf: bytes, lazy=()):
-    """The G.ProgramT of a verified program buffer (offset 0 holds the root table's offset); the
-    root's table fields named in ``lazy`` (object-API names) are left packed as TableRefs."""
+    """The G.ProgramT of a verified program buffer (offset 0 holds the root table's offset); table
+    fields named in ``lazy`` (object-API names: the root's and every Method's) are left packed as
+    TableRefs."""
     return _table(buf, _U32(buf, 0)[0], fbs_layout.layout().root, frozenset(lazy))

@@ -82,7 +82,8 @@ def _walk(buf, lay: Layout, start: int | None = None, name: str = "", skip=froze
     """Check the root table (or the ``name`` table at ``start``, ``depth0`` levels below the root)
     and everything it reaches; raises _Refusal (place: below the table). Fields of the first table
     named in ``skip`` (".field") are checked as offsets only and not entered: returns {".field":
-    the position of its table} for the caller to check with another walk when it is first read."""
+    the position of the root's table} for the caller to check with another walk when it is first
+    read; a Method's table of that field is skipped alike, for the reader to check the same way."""
     n = len(buf)
     plans = _plans(lay)
     budget = n
@@ -148,8 +149,8 @@ def _walk(buf, lay: Layout, start: int | None = None, name: str = "", skip=froze
                 if code == 1:
                     string(target)
                 elif code == 2:
-                    if field in skip and depth == depth0:
-                        skipped[field] = target
+                    if field in skip:  # the root's graph and every Method's (format 1.2)
+                        skipped.setdefault(field, target)
                         continue
                     table(target, sub, depth + 1)
                 else:  # a vector

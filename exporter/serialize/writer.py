@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import keyword
 import os
 import zlib
 
@@ -126,26 +128,104 @@ def _string_entries(d: dict[str, str]) -> list:
     return out
 
 
+@dataclasses.dataclass
+class MethodSource:
+    """One entry point to write: its name, program, IR level and (for a lowered one) lowering record."""
+
+    name: str
+    ep: torch.export.ExportedProgram
+    ir_level: str
+    lowering: dict | None = None
+
+
 def write_artifact(ep, path, *, ir_level: str, metadata=None, provenance=None, version=None,
-                   lowering: dict | None = None, target_torch: str | None = None) -> str:
+                   lowering: dict | None = None, target_torch: str | None = None,
+                   methods: list[MethodSource] | None = None) -> str:
     """Write ``ep`` to ``path`` in format ``version`` (default: current); returns the path written.
 
     ``lowering`` (format 1.1+): {"request", "fingerprint", "torch_version", "outside_opset": {op: n}}
     for a program written after load_for_backend. An older minor of the same major is written by
     leaving out the fields added since (formats.FIELDS_ADDED); a program that uses one is refused.
     ``target_torch``: write the op schemas of that torch release (versioning/retarget.py).
+    ``methods`` (format 1.2+, instead of ``ep``/``ir_level``/``lowering``): several entry points, the
+    first the default; one weight segment per distinct storage across all of them.
     """
+    if methods is None:
+        methods = [MethodSource(DEFAULT_METHOD, ep, ir_level, lowering)]
     with gc_paused():
-        return _write_artifact(ep, path, ir_level=ir_level, metadata=metadata, provenance=provenance,
-                               version=version, lowering=lowering, target_torch=target_torch)
+        return _write_artifact(methods, path, metadata=metadata, provenance=provenance, version=version,
+                               target_torch=target_torch)
 
 
-def _write_artifact(ep, path, *, ir_level, metadata, provenance, version, lowering, target_torch=None) -> str:
+DEFAULT_METHOD = "forward"  # the name of a single-method artifact's method
+
+
+def check_method_names(names_: list[str]) -> None:
+    """Method names are distinct Python identifiers (they name attributes, CLI choices, cache keys)."""
+    if not names_:
+        raise ExportError("an artifact needs at least one method.")
+    for name in names_:
+        if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+            raise ExportError(f"method name {name!r} is not a Python identifier; name methods like "
+                              f"'prefill', 'decode', 'encode'.")
+    if len(set(names_)) != len(names_):
+        raise ExportError(f"method names repeat: {names_}; give each method its own name.")
+
+
+@dataclasses.dataclass
+class _Parts:
+    """What one method contributes to the Program table."""
+
+    serialized: object
+    operators: list
+    spec: str
+    leaves: bytes
+    tensors: list  # (name, kind, tensor)
+
+
+def _method_parts(m: MethodSource, force_escape: bool, target_torch, provenance: dict) -> _Parts:
+    with module_stacks.escaped(m.ep, force=force_escape):  # module names torch's metadata format cannot split
+        serialized = serialize_graph(m.ep)
+    operators = op_table.collect(m.ep.graph_module)
+    if target_torch is not None:  # another release's op schemas (versioning/retarget.py)
+        from ..versioning import retarget
+
+        serialized, operators, notes = retarget.retarget(serialized, operators, target_torch)
+        provenance["target_torch"] = retarget.registry_for(target_torch).torch_version
+        provenance.update({f"retargeted_op:{op}": what for op, _, what in (n.partition(": ") for n in notes)})
+    spec_str, leaves_bytes, example_tensors = example_inputs_payload(m.ep)
+    return _Parts(serialized, operators, spec_str, leaves_bytes, collect_tensors(m.ep) + example_tensors)
+
+
+def _lowering_table(lowering: dict):
+    low = G.LoweringT()
+    low.request = str(lowering["request"])
+    low.fingerprint = str(lowering.get("fingerprint") or "")
+    low.torchVersion = str(lowering.get("torch_version") or torch.__version__)
+    low.outsideOpset = _string_entries({k: str(v) for k, v in (lowering.get("outside_opset") or {}).items()})
+    return low
+
+
+def _fill(table, m: MethodSource, parts: _Parts, records: list) -> None:
+    """The fields a Program table (for the default method) and a Method table share."""
+    table.irLevel = m.ir_level
+    table.exportedProgram = encode_schema.Packed(parts.serialized)  # packed in place by Pack, no object-API tree
+    table.tensors = records
+    table.operators = parts.operators
+    table.exampleInputsSpec = parts.spec
+    table.exampleInputsLeaves = np.frombuffer(parts.leaves, dtype=np.uint8)
+    if m.lowering is not None:
+        table.lowering = _lowering_table(m.lowering)
+
+
+def _write_artifact(methods: list[MethodSource], path, *, metadata, provenance, version, target_torch=None) -> str:
     version = FORMAT_VERSION if version is None else tuple(version)
     if not majors.writable(version):
         raise ExportError(f"writing format {version_str(version)} is not supported by this pt2b "
                           f"(it writes {FORMAT_VERSION[0]}.0 to {version_str(FORMAT_VERSION)}).")
-    used = {"lowering": lowering is not None}
+    check_method_names([m.name for m in methods])
+    used = {"lowering": any(m.lowering is not None for m in methods), "methods": len(methods) > 1,
+            "default_method": methods[0].name != DEFAULT_METHOD}
     missing = [(v, field, what) for v, fields in sorted(FIELDS_ADDED.items()) if v > version
                for field, what in fields.items() if used.get(field)]
     if missing:
@@ -153,42 +233,38 @@ def _write_artifact(ep, path, *, ir_level, metadata, provenance, version, loweri
         raise ExportError(
             f"format {version_str(version)} cannot hold this program: {detail}. Write format "
             f"{version_str(missing[-1][0])} or later, or write the program without it (for a lowered "
-            f"program: export_model(lowered.exported_program(), path=...) drops the lowering record).")
+            f"program: export_model(lowered.exported_program(), path=...) drops the lowering record; for "
+            f"several methods: one artifact per method).")
     dest = check_destination(path)
-    with module_stacks.escaped(ep) as escaped:  # module names torch's metadata format cannot split
-        serialized = serialize_graph(ep)
-    if escaped:
-        provenance = {**(provenance or {}), module_stacks.PROVENANCE_KEY: module_stacks.PROVENANCE_VALUE}
-    operators = op_table.collect(ep.graph_module)
-    if target_torch is not None:  # another release's op schemas (versioning/retarget.py)
-        from ..versioning import retarget
-
-        serialized, operators, notes = retarget.retarget(serialized, operators, target_torch)
-        provenance = {**(provenance or {}), "target_torch": retarget.registry_for(target_torch).torch_version,
-                      **{f"retargeted_op:{op}": what for op, _, what in (n.partition(": ") for n in notes)}}
+    provenance = dict(provenance or {})
+    escape = any(module_stacks.needs_escape(m.ep) for m in methods)
+    if escape:
+        provenance[module_stacks.PROVENANCE_KEY] = module_stacks.PROVENANCE_VALUE
+    parts = [_method_parts(m, escape, target_torch, provenance) for m in methods]
     meta_bytes = pack_metadata(metadata)
-    spec_str, leaves_bytes, example_tensors = example_inputs_payload(ep)
-    wp = weights.plan(collect_tensors(ep) + example_tensors, ALIGNMENT)
+    # one segment per distinct storage across all methods: shared weights and state are stored once
+    wp = weights.plan([t for p in parts for t in p.tensors], ALIGNMENT)
+    records, at = [], 0
+    for p in parts:
+        records.append(wp.records[at:at + len(p.tensors)])
+        at += len(p.tensors)
 
     prog = G.ProgramT()
     prog.producer = f"pt2b {__version__}"
     prog.torchVersion = torch.__version__
-    prog.irLevel = ir_level
-    prog.exportedProgram = encode_schema.Packed(serialized)  # packed in place by ProgramT.Pack, no object-API tree
-    prog.tensors = wp.records
+    _fill(prog, methods[0], parts[0], records[0])
     prog.checksumKind = G.ChecksumKind.CRC32
-    prog.operators = operators
-    prog.exampleInputsSpec = spec_str
-    prog.exampleInputsLeaves = np.frombuffer(leaves_bytes, dtype=np.uint8)
     prog.metadata = np.frombuffer(meta_bytes, dtype=np.uint8)
-    prog.provenance = _string_entries(provenance or {})
-    if lowering is not None:
-        low = G.LoweringT()
-        low.request = str(lowering["request"])
-        low.fingerprint = str(lowering.get("fingerprint") or "")
-        low.torchVersion = str(lowering.get("torch_version") or torch.__version__)
-        low.outsideOpset = _string_entries({k: str(v) for k, v in (lowering.get("outside_opset") or {}).items()})
-        prog.lowering = low
+    prog.provenance = _string_entries(provenance)
+    if used["default_method"] or used["methods"]:  # a single "forward" artifact stays what 1.1 wrote
+        prog.defaultMethod = methods[0].name
+    if used["methods"]:
+        prog.methods = []
+        for m, p, recs in zip(methods[1:], parts[1:], records[1:]):
+            t = G.MethodT()
+            t.name = m.name
+            _fill(t, m, p, recs)
+            prog.methods.append(t)
 
     data_offset = align(HEADER_SIZE)
     with atomic_path(dest) as tmp:
@@ -207,7 +283,7 @@ def check_readable(tmp: str, dest: str) -> None:
     from . import reader
 
     try:
-        reader.read_program(tmp)
+        reader.read_programs(tmp)
     except ArtifactError as e:
         why = str(e).replace(tmp, dest)
         raise ExportError(f"pt2b would refuse to load what it was about to write, so {dest!r} was not written: "

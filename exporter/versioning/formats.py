@@ -13,8 +13,12 @@ from __future__ import annotations
 #        request it was lowered for (label, fingerprint, torch version, ops outside the opset),
 #        so a backend handed a lowered artifact can check what it holds. Appended field: 1.0
 #        readers ignore it; a 1.0 file is read as "not lowered by pt2b".
+#   1.2  Program.default_method + Program.methods (table Method): several entry points in one
+#        artifact (prefill/decode, encode/decode) over one set of weight segments. Appended fields:
+#        the root still holds the default method, so 1.0/1.1 readers read that one; a 1.1 file is
+#        read as one method named "forward".
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 1
+FORMAT_MINOR = 2
 
 FORMAT_VERSION = (FORMAT_MAJOR, FORMAT_MINOR)
 
@@ -22,12 +26,15 @@ FORMAT_VERSION = (FORMAT_MAJOR, FORMAT_MINOR)
 KNOWN_VERSIONS: dict[tuple[int, int], str] = {
     (1, 0): "first release",
     (1, 1): "Program.lowering: the request a lowered program was lowered for",
+    (1, 2): "Program.methods: several entry points over one set of weights",
 }
 
 # Program-table fields each minor version added: writing an older minor leaves them out, and
 # refuses (naming them) when the program uses them. Field -> what it holds, for that message.
 FIELDS_ADDED: dict[tuple[int, int], dict[str, str]] = {
     (1, 1): {"lowering": "the record of how pt2b lowered this program"},
+    (1, 2): {"methods": "the program's other entry points (a multi-method artifact)",
+             "default_method": "the name of its default method when that is not 'forward'"},
 }
 
 

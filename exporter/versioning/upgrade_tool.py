@@ -59,7 +59,7 @@ def upgrade_file(source, dest=None, *, check: bool = False, to: tuple[int, int] 
     source = os.fspath(source)
     dest = os.fspath(dest) if dest is not None else source
     prog = load(source)  # older formats and drifted op schemas are upgraded in memory here
-    changes = _changes(prog, target)
+    changes = list(dict.fromkeys(c for p in prog.methods.values() for c in _changes(p, target)))
     result = UpgradeResult(source, dest, prog.format_version, target, changes, written=False)
     if check or (not changes and dest == source):
         return result
@@ -71,10 +71,12 @@ def upgrade_file(source, dest=None, *, check: bool = False, to: tuple[int, int] 
     # replaced by the writer (atomically), checked, then moved onto dest (atomically, folder
     # synced); any failure removes it and leaves dest as it was.
     with atomic_path(dest, tag="upgrade.") as tmp:
-        writer.write_artifact(prog.exported_program(), tmp, ir_level=prog.ir_level, metadata=prog.metadata,
-                              provenance=provenance, version=target, lowering=prog.lowering)
+        methods = [writer.MethodSource(name, p.exported_program(), p.ir_level, p.lowering)
+                   for name, p in prog.methods.items()]  # every method, the default first
+        writer.write_artifact(None, tmp, ir_level="", metadata=prog.metadata, provenance=provenance,
+                              version=target, methods=methods)
         check_prog = load(tmp, verify=True)  # the new file must load before the old one is touched
-        if check_prog.ops() != prog.ops():
+        if {n: p.ops() for n, p in check_prog.methods.items()} != {n: p.ops() for n, p in prog.methods.items()}:
             raise ExportError(f"{dest}: the upgraded artifact's op table differs from the loaded program's.")
         del check_prog  # (its mapping of the temp file)
     result.written = True

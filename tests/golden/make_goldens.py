@@ -2,7 +2,9 @@
 
 Goldens are added once per released format version and never regenerated: this script refuses
 to touch a folder that already exists. Each case is <name>.pt2b plus <name>.io.npz holding the
-inputs and the expected outputs (numpy, no pickle) and their pytree specs.
+inputs and the expected outputs (numpy, no pickle) and their pytree specs. From format 1.2 on, a
+multi-method golden <name>.methods.pt2b holds as inputs a list of calls [method, args, kwargs], run
+in order over one state, and as outputs their results.
 Usage: python tests/golden/make_goldens.py
 """
 
@@ -75,7 +77,30 @@ def main() -> int:
         expected = load(folder / f"{name}.pt2b")(*copy.deepcopy(case.args), **copy.deepcopy(kwargs))
         save_io(folder / f"{stem}.io.npz", (case.args, kwargs), expected)
         print(f"wrote {stem}")
+    if FORMAT_VERSION >= (1, 2):  # several methods over one set of weights: <name>.methods
+        write_methods_golden(folder)
     return 0
+
+
+def write_methods_golden(folder: pathlib.Path) -> None:
+    """tiny_kv.methods: a KV-cache decoder's prefill and decode (tests/multi_method_models.TinyKV); its
+    io holds a sequence of calls [method, args, kwargs] run in order over one state, and their outputs."""
+    sys.path.insert(0, str(ROOT.parent))
+    from multi_method_models import TinyKV
+
+    stem = "tiny_kv.methods"
+    m = TinyKV().eval()
+    prompt = torch.tensor([3, 14, 15, 9])
+    export_model({"prefill": (m, (prompt, torch.arange(4))), "decode": (m, (torch.tensor([7]), torch.tensor([4])))},
+                 folder / f"{stem}.pt2b", metadata={"golden": stem, "format": version_str(FORMAT_VERSION)})
+    eager = copy.deepcopy(m)
+    calls, outputs = [["prefill", (prompt, torch.arange(4)), {}]], []
+    outputs.append(eager(*calls[0][1]))
+    for pos in range(4, 8):
+        calls.append(["decode", (outputs[-1][-1:].argmax(-1), torch.tensor([pos])), {}])
+        outputs.append(eager(*calls[-1][1]))
+    save_io(folder / f"{stem}.io.npz", calls, outputs)
+    print(f"wrote {stem}")
 
 
 if __name__ == "__main__":

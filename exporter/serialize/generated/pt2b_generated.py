@@ -9758,8 +9758,39 @@ class Program(object):
             return obj
         return None
 
+    # Program
+    def DefaultMethod(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(30))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
+    # Program
+    def Methods(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(32))
+        if o != 0:
+            x = self._tab.Vector(o)
+            x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
+            x = self._tab.Indirect(x)
+            obj = Method()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+    # Program
+    def MethodsLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(32))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # Program
+    def MethodsIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(32))
+        return o == 0
+
 def ProgramStart(builder):
-    builder.StartObject(13)
+    builder.StartObject(15)
 
 def ProgramAddProducer(builder, producer):
     builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(producer), 0)
@@ -9818,6 +9849,15 @@ def ProgramStartProvenanceVector(builder, numElems):
 def ProgramAddLowering(builder, lowering):
     builder.PrependUOffsetTRelativeSlot(12, flatbuffers.number_types.UOffsetTFlags.py_type(lowering), 0)
 
+def ProgramAddDefaultMethod(builder, defaultMethod):
+    builder.PrependUOffsetTRelativeSlot(13, flatbuffers.number_types.UOffsetTFlags.py_type(defaultMethod), 0)
+
+def ProgramAddMethods(builder, methods):
+    builder.PrependUOffsetTRelativeSlot(14, flatbuffers.number_types.UOffsetTFlags.py_type(methods), 0)
+
+def ProgramStartMethodsVector(builder, numElems):
+    return builder.StartVector(4, numElems, 4)
+
 def ProgramEnd(builder):
     return builder.EndObject()
 
@@ -9845,6 +9885,8 @@ class ProgramT(object):
         metadata = None,
         provenance = None,
         lowering = None,
+        defaultMethod = None,
+        methods = None,
     ):
         self.producer = producer  # type: Optional[str]
         self.torchVersion = torchVersion  # type: Optional[str]
@@ -9859,6 +9901,8 @@ class ProgramT(object):
         self.metadata = metadata  # type: Optional[List[int]]
         self.provenance = provenance  # type: Optional[List[StringEntryT]]
         self.lowering = lowering  # type: Optional[LoweringT]
+        self.defaultMethod = defaultMethod  # type: Optional[str]
+        self.methods = methods  # type: Optional[List[MethodT]]
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -9936,6 +9980,15 @@ class ProgramT(object):
                     self.provenance.append(stringEntry_)
         if program.Lowering() is not None:
             self.lowering = LoweringT.InitFromObj(program.Lowering())
+        self.defaultMethod = program.DefaultMethod()
+        if not program.MethodsIsNone():
+            self.methods = []
+            for i in range(program.MethodsLength()):
+                if program.Methods(i) is None:
+                    self.methods.append(None)
+                else:
+                    method_ = MethodT.InitFromObj(program.Methods(i))
+                    self.methods.append(method_)
 
     # ProgramT
     def Pack(self, builder):
@@ -9999,6 +10052,16 @@ class ProgramT(object):
             provenance = builder.EndVector()
         if self.lowering is not None:
             lowering = self.lowering.Pack(builder)
+        if self.defaultMethod is not None:
+            defaultMethod = builder.CreateString(self.defaultMethod)
+        if self.methods is not None:
+            methodslist = []
+            for i in range(len(self.methods)):
+                methodslist.append(self.methods[i].Pack(builder))
+            ProgramStartMethodsVector(builder, len(self.methods))
+            for i in reversed(range(len(self.methods))):
+                builder.PrependUOffsetTRelative(methodslist[i])
+            methods = builder.EndVector()
         ProgramStart(builder)
         if self.producer is not None:
             ProgramAddProducer(builder, producer)
@@ -10025,8 +10088,327 @@ class ProgramT(object):
             ProgramAddProvenance(builder, provenance)
         if self.lowering is not None:
             ProgramAddLowering(builder, lowering)
+        if self.defaultMethod is not None:
+            ProgramAddDefaultMethod(builder, defaultMethod)
+        if self.methods is not None:
+            ProgramAddMethods(builder, methods)
         program = ProgramEnd(builder)
         return program
+
+
+class Method(object):
+    __slots__ = ['_tab']
+
+    @classmethod
+    def GetRootAs(cls, buf, offset=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, offset)
+        x = Method()
+        x.Init(buf, n + offset)
+        return x
+
+    @classmethod
+    def GetRootAsMethod(cls, buf, offset=0):
+        """This method is deprecated. Please switch to GetRootAs."""
+        return cls.GetRootAs(buf, offset)
+    @classmethod
+    def MethodBufferHasIdentifier(cls, buf, offset, size_prefixed=False):
+        return flatbuffers.util.BufferHasIdentifier(buf, offset, b"\x50\x32\x42\x46", size_prefixed=size_prefixed)
+
+    # Method
+    def Init(self, buf, pos):
+        self._tab = flatbuffers.table.Table(buf, pos)
+
+    # Method
+    def Name(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
+    # Method
+    def IrLevel(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
+    # Method
+    def ExportedProgram(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            x = self._tab.Indirect(o + self._tab.Pos)
+            obj = ExportedProgram()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+    # Method
+    def Tensors(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            x = self._tab.Vector(o)
+            x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
+            x = self._tab.Indirect(x)
+            obj = TensorRecord()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+    # Method
+    def TensorsLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # Method
+    def TensorsIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        return o == 0
+
+    # Method
+    def Operators(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            x = self._tab.Vector(o)
+            x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
+            x = self._tab.Indirect(x)
+            obj = OperatorRecord()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+    # Method
+    def OperatorsLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # Method
+    def OperatorsIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        return o == 0
+
+    # Method
+    def ExampleInputsSpec(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
+    # Method
+    def ExampleInputsLeaves(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        if o != 0:
+            a = self._tab.Vector(o)
+            return self._tab.Get(flatbuffers.number_types.Uint8Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 1))
+        return 0
+
+    # Method
+    def ExampleInputsLeavesAsNumpy(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        if o != 0:
+            return self._tab.GetVectorAsNumpy(flatbuffers.number_types.Uint8Flags, o)
+        return 0
+
+    # Method
+    def ExampleInputsLeavesLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # Method
+    def ExampleInputsLeavesIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        return o == 0
+
+    # Method
+    def Lowering(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        if o != 0:
+            x = self._tab.Indirect(o + self._tab.Pos)
+            obj = Lowering()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+def MethodStart(builder):
+    builder.StartObject(8)
+
+def MethodAddName(builder, name):
+    builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(name), 0)
+
+def MethodAddIrLevel(builder, irLevel):
+    builder.PrependUOffsetTRelativeSlot(1, flatbuffers.number_types.UOffsetTFlags.py_type(irLevel), 0)
+
+def MethodAddExportedProgram(builder, exportedProgram):
+    builder.PrependUOffsetTRelativeSlot(2, flatbuffers.number_types.UOffsetTFlags.py_type(exportedProgram), 0)
+
+def MethodAddTensors(builder, tensors):
+    builder.PrependUOffsetTRelativeSlot(3, flatbuffers.number_types.UOffsetTFlags.py_type(tensors), 0)
+
+def MethodStartTensorsVector(builder, numElems):
+    return builder.StartVector(4, numElems, 4)
+
+def MethodAddOperators(builder, operators):
+    builder.PrependUOffsetTRelativeSlot(4, flatbuffers.number_types.UOffsetTFlags.py_type(operators), 0)
+
+def MethodStartOperatorsVector(builder, numElems):
+    return builder.StartVector(4, numElems, 4)
+
+def MethodAddExampleInputsSpec(builder, exampleInputsSpec):
+    builder.PrependUOffsetTRelativeSlot(5, flatbuffers.number_types.UOffsetTFlags.py_type(exampleInputsSpec), 0)
+
+def MethodAddExampleInputsLeaves(builder, exampleInputsLeaves):
+    builder.PrependUOffsetTRelativeSlot(6, flatbuffers.number_types.UOffsetTFlags.py_type(exampleInputsLeaves), 0)
+
+def MethodStartExampleInputsLeavesVector(builder, numElems):
+    return builder.StartVector(1, numElems, 1)
+
+def MethodAddLowering(builder, lowering):
+    builder.PrependUOffsetTRelativeSlot(7, flatbuffers.number_types.UOffsetTFlags.py_type(lowering), 0)
+
+def MethodEnd(builder):
+    return builder.EndObject()
+
+
+try:
+    from typing import List, Optional
+except:
+    pass
+
+class MethodT(object):
+
+    # MethodT
+    def __init__(
+        self,
+        name = None,
+        irLevel = None,
+        exportedProgram = None,
+        tensors = None,
+        operators = None,
+        exampleInputsSpec = None,
+        exampleInputsLeaves = None,
+        lowering = None,
+    ):
+        self.name = name  # type: Optional[str]
+        self.irLevel = irLevel  # type: Optional[str]
+        self.exportedProgram = exportedProgram  # type: Optional[ExportedProgramT]
+        self.tensors = tensors  # type: Optional[List[TensorRecordT]]
+        self.operators = operators  # type: Optional[List[OperatorRecordT]]
+        self.exampleInputsSpec = exampleInputsSpec  # type: Optional[str]
+        self.exampleInputsLeaves = exampleInputsLeaves  # type: Optional[List[int]]
+        self.lowering = lowering  # type: Optional[LoweringT]
+
+    @classmethod
+    def InitFromBuf(cls, buf, pos):
+        method = Method()
+        method.Init(buf, pos)
+        return cls.InitFromObj(method)
+
+    @classmethod
+    def InitFromPackedBuf(cls, buf, pos=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, pos)
+        return cls.InitFromBuf(buf, pos+n)
+
+    @classmethod
+    def InitFromObj(cls, method):
+        x = MethodT()
+        x._UnPack(method)
+        return x
+
+    # MethodT
+    def _UnPack(self, method):
+        if method is None:
+            return
+        self.name = method.Name()
+        self.irLevel = method.IrLevel()
+        if method.ExportedProgram() is not None:
+            self.exportedProgram = ExportedProgramT.InitFromObj(method.ExportedProgram())
+        if not method.TensorsIsNone():
+            self.tensors = []
+            for i in range(method.TensorsLength()):
+                if method.Tensors(i) is None:
+                    self.tensors.append(None)
+                else:
+                    tensorRecord_ = TensorRecordT.InitFromObj(method.Tensors(i))
+                    self.tensors.append(tensorRecord_)
+        if not method.OperatorsIsNone():
+            self.operators = []
+            for i in range(method.OperatorsLength()):
+                if method.Operators(i) is None:
+                    self.operators.append(None)
+                else:
+                    operatorRecord_ = OperatorRecordT.InitFromObj(method.Operators(i))
+                    self.operators.append(operatorRecord_)
+        self.exampleInputsSpec = method.ExampleInputsSpec()
+        if not method.ExampleInputsLeavesIsNone():
+            if np is None:
+                self.exampleInputsLeaves = []
+                for i in range(method.ExampleInputsLeavesLength()):
+                    self.exampleInputsLeaves.append(method.ExampleInputsLeaves(i))
+            else:
+                self.exampleInputsLeaves = method.ExampleInputsLeavesAsNumpy()
+        if method.Lowering() is not None:
+            self.lowering = LoweringT.InitFromObj(method.Lowering())
+
+    # MethodT
+    def Pack(self, builder):
+        if self.name is not None:
+            name = builder.CreateString(self.name)
+        if self.irLevel is not None:
+            irLevel = builder.CreateString(self.irLevel)
+        if self.exportedProgram is not None:
+            exportedProgram = self.exportedProgram.Pack(builder)
+        if self.tensors is not None:
+            tensorslist = []
+            for i in range(len(self.tensors)):
+                tensorslist.append(self.tensors[i].Pack(builder))
+            MethodStartTensorsVector(builder, len(self.tensors))
+            for i in reversed(range(len(self.tensors))):
+                builder.PrependUOffsetTRelative(tensorslist[i])
+            tensors = builder.EndVector()
+        if self.operators is not None:
+            operatorslist = []
+            for i in range(len(self.operators)):
+                operatorslist.append(self.operators[i].Pack(builder))
+            MethodStartOperatorsVector(builder, len(self.operators))
+            for i in reversed(range(len(self.operators))):
+                builder.PrependUOffsetTRelative(operatorslist[i])
+            operators = builder.EndVector()
+        if self.exampleInputsSpec is not None:
+            exampleInputsSpec = builder.CreateString(self.exampleInputsSpec)
+        if self.exampleInputsLeaves is not None:
+            if np is not None and type(self.exampleInputsLeaves) is np.ndarray:
+                exampleInputsLeaves = builder.CreateNumpyVector(self.exampleInputsLeaves)
+            else:
+                MethodStartExampleInputsLeavesVector(builder, len(self.exampleInputsLeaves))
+                for i in reversed(range(len(self.exampleInputsLeaves))):
+                    builder.PrependUint8(self.exampleInputsLeaves[i])
+                exampleInputsLeaves = builder.EndVector()
+        if self.lowering is not None:
+            lowering = self.lowering.Pack(builder)
+        MethodStart(builder)
+        if self.name is not None:
+            MethodAddName(builder, name)
+        if self.irLevel is not None:
+            MethodAddIrLevel(builder, irLevel)
+        if self.exportedProgram is not None:
+            MethodAddExportedProgram(builder, exportedProgram)
+        if self.tensors is not None:
+            MethodAddTensors(builder, tensors)
+        if self.operators is not None:
+            MethodAddOperators(builder, operators)
+        if self.exampleInputsSpec is not None:
+            MethodAddExampleInputsSpec(builder, exampleInputsSpec)
+        if self.exampleInputsLeaves is not None:
+            MethodAddExampleInputsLeaves(builder, exampleInputsLeaves)
+        if self.lowering is not None:
+            MethodAddLowering(builder, lowering)
+        method = MethodEnd(builder)
+        return method
 
 
 class Lowering(object):

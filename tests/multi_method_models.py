@@ -1,0 +1,190 @@
+"""Two tiny transformers models exported as several methods sharing one model object, for tests of
+artifacts that hold several entry points over one copy of the weights. Built offline from configs
+with seeded random weights.
+
+- ``TinyKV``: a hand-written one-layer decoder over a KV cache held as buffers (no transformers).
+- ``decoder_case()``: a LlamaForCausalLM in transformers' static-cache export wrapper
+  (TorchExportableModuleWithStaticCache, the KV cache held as non-persistent buffers key_cache_0, ...).
+  Methods "prefill" (4 tokens, cache_position arange(4)) and "decode" (1 token): both are the wrapper's
+  forward, so an entry is the module itself. The cache is state the methods share: decode reads what
+  prefill wrote.
+- ``seq2seq_case()``: a T5ForConditionalGeneration in ``Seq2Seq``, methods "encode" and "decode" (no
+  KV cache: each step re-reads the whole decoder prefix, so decode's length is dynamic). Entries are
+  bound methods of the wrapper.
+
+``MethodsCase.export(name)`` exports one method; ``generate(call)`` runs greedy generation with every
+model call routed through ``call(method_name, args, kwargs)``; ``eager_tokens()`` is the eager reference,
+run on a deep copy so the case's model (and its zero KV cache) is left as it was.
+
+Found with torch 2.13 / transformers 5.24:
+- the static-cache wrapper needs ``strict=True``: non-strict export traces the cache through
+  ``static_cache.layers[i].keys`` (a plain attribute, not the registered buffer) and lifts it as
+  constants ``lifted_tensor_N``. Strict names the placeholders ``b_static_cache_layers_0_keys`` with
+  target ``key_cache_0``. torch.export leaves the writes in place (index_copy_/copy_, so
+  buffers_to_mutate is empty) until run_decompositions, which lists key_cache_0 ... cumulative_length_1.
+- non-persistent buffers sit in ``ep.constants`` as the very tensors of the model, so running
+  ``ep.module()`` writes the case model's cache: export a deep copy to keep it zero.
+- ``torch._export.utils.wrap_method`` shares only the owner's own ``_parameters``/``_buffers``, not its
+  submodules: non-strict export then lifts every weight as an anonymous constant, strict fails with
+  KeyError. pt2b's ``exporter.capture.BoundMethod`` also shares ``_modules``, so the names are the owner's.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import transformers
+
+from exporter.capture import BoundMethod
+
+__all__ = ["MethodsCase", "Seq2Seq", "TinyKV", "decoder_case", "seq2seq_case"]
+
+CACHE_LEN = 16
+PROMPT_LEN = 4
+
+
+@dataclass
+class MethodsCase:
+    name: str
+    model: torch.nn.Module  # the object every method belongs to
+    methods: dict[str, tuple]  # name -> (module or bound method of model, args, kwargs or None)
+    dynamic_shapes: dict[str, object]  # name -> dynamic_shapes for torch.export.export, or None
+    strict: bool
+    prompt: torch.Tensor  # [1, L] token ids
+    n_new: int = 6
+    kind: str = "decoder"  # "decoder": prefill/decode with a KV cache; "seq2seq": encode/decode
+    start_token: int = 0  # the seq2seq decoder's first token
+
+    def export(self, name: str) -> torch.export.ExportedProgram:
+        fn, args, kwargs = self.methods[name]
+        mod = fn if isinstance(fn, torch.nn.Module) else BoundMethod(fn)
+        return torch.export.export(mod, args, kwargs, dynamic_shapes=self.dynamic_shapes[name], strict=self.strict)
+
+    def generate(self, call: Callable[[str, tuple, dict], torch.Tensor]) -> list[int]:
+        """Greedy generation of n_new tokens, every model invocation as ``call(method, args, kwargs)``."""
+        out = []
+        if self.kind == "decoder":
+            n = self.prompt.shape[1]
+            logits = call("prefill", (), {"input_ids": self.prompt, "cache_position": torch.arange(n)})
+            out.append(int(logits[0, -1].argmax()))
+            for pos in range(n, n + self.n_new - 1):
+                logits = call("decode", (), {"input_ids": torch.tensor([[out[-1]]]),
+                                             "cache_position": torch.tensor([pos])})
+                out.append(int(logits[0, -1].argmax()))
+        else:
+            enc = call("encode", (self.prompt,), {})
+            dec = torch.tensor([[self.start_token]])
+            for _ in range(self.n_new):
+                tok = int(call("decode", (dec, enc), {})[0].argmax())
+                out.append(tok)
+                dec = torch.cat([dec, torch.tensor([[tok]])], dim=1)
+        return out
+
+    def eager_tokens(self) -> list[int]:
+        """``generate`` run eagerly on a deep copy of the model (the case's own state stays untouched)."""
+        model = copy.deepcopy(self.model)
+
+        def resolve(fn):
+            if fn is self.model:
+                return model
+            if getattr(fn, "__self__", None) is self.model:  # a bound method of the model
+                return getattr(model, fn.__func__.__name__)
+            raise ValueError(f"{fn!r} does not belong to the case's model")
+
+        fns = {name: resolve(entry[0]) for name, entry in self.methods.items()}
+        with torch.no_grad():
+            return self.generate(lambda name, args, kwargs: fns[name](*args, **(kwargs or {})))
+
+
+def decoder_case(seed: int = 0) -> MethodsCase:
+    """Tiny Llama in transformers' static-cache wrapper: "prefill" [1, 4] and "decode" [1, 1]."""
+    from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
+
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                   use_cache=True)
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    model.generation_config.use_cache = True
+    model.generation_config.cache_implementation = "static"
+    wrapper = TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=CACHE_LEN).model.eval()
+    prompt = torch.randint(0, cfg.vocab_size, (1, PROMPT_LEN), generator=torch.Generator().manual_seed(seed))
+    methods = {"prefill": (wrapper, (), {"input_ids": prompt, "cache_position": torch.arange(PROMPT_LEN)}),
+               "decode": (wrapper, (), {"input_ids": prompt[:, :1], "cache_position": torch.tensor([PROMPT_LEN])})}
+    return MethodsCase(name="llama_static_cache", model=wrapper, methods=methods,
+                       dynamic_shapes={"prefill": None, "decode": None}, strict=True, prompt=prompt)
+
+
+class Seq2Seq(torch.nn.Module):
+    """An encoder-decoder LM with two entry points: ``encode`` and ``decode`` (no KV cache)."""
+
+    def __init__(self, model: transformers.PreTrainedModel):
+        super().__init__()
+        self.model = model
+
+    def encode(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.get_encoder()(input_ids=input_ids).last_hidden_state
+
+    def decode(self, decoder_input_ids: torch.Tensor, encoder_hidden_states: torch.Tensor) -> torch.Tensor:
+        out = self.model(encoder_outputs=(encoder_hidden_states,), decoder_input_ids=decoder_input_ids,
+                         use_cache=False)
+        return out.logits[:, -1]
+
+
+def seq2seq_case(seed: int = 0) -> MethodsCase:
+    """Tiny T5 in ``Seq2Seq``: "encode" [1, 6] and "decode" (decoder length dynamic, 1..15)."""
+    cfg = transformers.T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2,
+                                num_heads=4, decoder_start_token_id=0, use_cache=False)
+    torch.manual_seed(seed)
+    model = transformers.T5ForConditionalGeneration(cfg).eval()
+    # T5 ties its embeddings (always, in transformers 5): with its default init the input token's embedding
+    # dominates the residual stream and greedy decoding just repeats the start token. Damp the embedding and
+    # boost the other matrices so that generation varies (deterministic; no random numbers drawn).
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2 and "shared" not in name and "relative_attention_bias" not in name:
+                p.mul_(2.0)
+        model.shared.weight.mul_(0.1)
+    wrapper = Seq2Seq(model).eval()
+    prompt = torch.randint(0, cfg.vocab_size, (1, 6), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        enc = wrapper.encode(prompt)
+    dec = torch.tensor([[cfg.decoder_start_token_id, 1, 2]])
+    methods = {"encode": (wrapper.encode, (prompt,), None), "decode": (wrapper.decode, (dec, enc), None)}
+    dyn = {"encode": None, "decode": ({1: torch.export.Dim("dec_len", min=1, max=15)}, None)}
+    return MethodsCase(name="t5_encode_decode", model=wrapper, methods=methods, dynamic_shapes=dyn, strict=True,
+                       prompt=prompt, kind="seq2seq", start_token=cfg.decoder_start_token_id)
+
+
+MAX_LEN = 12
+
+
+class TinyKV(torch.nn.Module):
+    """A one-layer attention decoder over a KV cache held as buffers (what transformers' static cache
+    export does): ``forward(ids, pos)`` writes the keys and values of ``pos`` and attends over the
+    positions up to each; the output projection is tied to the embedding."""
+
+    def __init__(self, vocab: int = 50, d: int = 16):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = torch.nn.Embedding(vocab, d)
+        self.k = torch.nn.Linear(d, d)
+        self.v = torch.nn.Linear(d, d)
+        self.register_buffer("k_cache", torch.zeros(MAX_LEN, d))
+        self.register_buffer("v_cache", torch.zeros(MAX_LEN, d))
+
+    def forward(self, ids, pos):
+        h = self.emb(ids)
+        self.k_cache.index_copy_(0, pos, self.k(h))
+        self.v_cache.index_copy_(0, pos, self.v(h))
+        scores = (h @ self.k_cache.T) / 4.0
+        visible = torch.arange(MAX_LEN)[None, :] <= pos[:, None]
+        scores = scores.masked_fill(~visible, float("-inf"))
+        out = torch.softmax(scores, -1) @ self.v_cache
+        return out @ self.emb.weight.T
+
+    def embed(self, ids):
+        return self.emb(ids)
