@@ -93,7 +93,7 @@ def _lower_from_args(ns):
     with progress.status(f"lowering {ns.artifact}"):
         return load_for_backend(ns.artifact, ns.preset, supported_ops=supported, keep=ns.keep or None,
                                 decompose=ns.decompose or None, cache=False if ns.no_cache else None,
-                                strict=ns.strict, validate=not ns.no_validate)
+                                strict=ns.strict, validate=not ns.no_validate, method=ns.method)
 
 
 def cmd_cache(ns) -> int:
@@ -114,10 +114,12 @@ def cmd_lower(ns) -> int:
     from .api import export_model
 
     lowered = _lower_from_args(ns)
-    print(lowered.report())
+    methods = lowered.methods
+    for name, low in methods.items():
+        print((f"method {name}: " if len(methods) > 1 else "") + low.report())
     if ns.output:
-        with progress.status(f"writing {ns.output}"):
-            export_model(lowered, path=ns.output)  # with the record of how it was lowered
+        with progress.status(f"writing {ns.output}"):  # with the record of how each was lowered
+            export_model(lowered if len(methods) == 1 else methods, path=ns.output)
         print(f"wrote {ns.output}")
     return 0
 
@@ -320,6 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
         lo.add_argument("--decompose", nargs="*", metavar="OP",
                         help="ops to decompose beyond the preset (torch's registered decompositions)")
         lo.add_argument("--no-cache", action="store_true", help="neither read nor write the lowering cache")
+        lo.add_argument("--method", metavar="NAME", help="the method of a multi-method artifact (default: "
+                        + ("every method" if name == "lower" else "the default method") + ")")
         lo.add_argument("--strict", action="store_true",
                         help="apply no decomposition the audit classes lossy or wrong (schemas/opsets/audit@*.json)")
         lo.add_argument("--no-validate", action="store_true",

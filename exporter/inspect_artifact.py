@@ -7,6 +7,7 @@ import collections
 
 from .serialize import reader
 from .serialize.dtypes import enum_to_dtype
+from .serialize.generated import pt2b_generated as G
 from .serialize.weights import KIND_NAMES
 from .versioning.formats import version_str
 
@@ -19,14 +20,49 @@ def _argument_name(arg) -> str:
 def summarize(path) -> str:
     art = reader.open_artifact(path)
     prog = art.program
-    ep = reader.decode_graph(art)
     lines = [
         f"file:            {art.path}",
         f"format version:  {version_str(art.version)}",
         f"producer:        {reader.text(prog.producer)}",
         f"torch version:   {reader.text(prog.torchVersion)}",
-        f"IR level:        {reader.text(prog.irLevel)}",
     ]
+    names = art.method_names
+    if len(names) == 1:
+        lines += _method_lines(art, {})
+    else:
+        users = collections.defaultdict(set)  # segment -> the methods whose state it holds
+        for name in names:
+            for rec in reader.method(art, name).program.tensors or []:
+                if rec.kind != G.TensorKind.EXAMPLE_INPUT:
+                    users[int(rec.segment)].add(name)
+        lines.append(f"methods ({len(names)}): {', '.join(names)} (default: {names[0]})")
+        for name in names:
+            m = reader.method(art, name)
+            shared = {seg: sorted(u - {name}, key=names.index) for seg, u in users.items() if name in u}
+            n_shared = sum(1 for rec in m.program.tensors or [] if shared.get(int(rec.segment)))
+            lines.append(f"method {name} ({n_shared} tensors shared with other methods):")
+            lines += ["  " + line for line in _method_lines(m, shared) + [_lowered_line(m)]]
+    by_kind = collections.Counter(KIND_NAMES.get(rec.kind, "?") for name in names
+                                  for rec in reader.method(art, name).program.tensors or [])
+    total = sum(int(s.nbytes) for s in prog.segments or [])
+    lines.append(f"weight data: {total} bytes in {len(prog.segments or [])} segments "
+                 f"({', '.join(f'{n} {k}s' for k, n in sorted(by_kind.items()))})")
+    meta = reader.read_metadata(art)
+    lines.append(f"metadata: {meta if meta else '(none)'}")
+    prov = {reader.text(e.key): reader.text(e.value) for e in prog.provenance or []}
+    if prov:
+        lines.append(f"provenance: {prov}")
+    if len(names) == 1:
+        lines.append(_lowered_line(art))
+    return "\n".join(lines)
+
+
+def _method_lines(art, shared: dict) -> list[str]:
+    """IR level, op table, signature, symbols and tensors of one method (``shared``: segment -> the
+    other methods using it, marked on its tensors)."""
+    prog = art.program
+    ep = reader.decode_graph(art)
+    lines = [f"IR level:        {reader.text(prog.irLevel)}"]
     ops = reader.operator_records(art)
     lines.append(f"operators ({len(ops)}):")
     for (qname, overload, schema, _), rec in zip(ops, prog.operators or []):
@@ -58,26 +94,20 @@ def summarize(path) -> str:
     if not ep.range_constraints:
         lines.append("  (none: all shapes static)")
     lines.append("tensors:")
-    by_kind = collections.Counter()
     for rec in prog.tensors or []:
         dtype = enum_to_dtype(rec.dtype, art.path)
         sizes = [int(s) for s in (rec.sizes if rec.sizes is not None else [])]
         kind = KIND_NAMES.get(rec.kind, "?")
-        by_kind[kind] += 1
-        lines.append(f"  {kind:10s} {reader.text(rec.name)}: {str(dtype).removeprefix('torch.')}{sizes}")
-    total = sum(int(s.nbytes) for s in prog.segments or [])
-    lines.append(f"weight data: {total} bytes in {len(prog.segments or [])} segments "
-                 f"({', '.join(f'{n} {k}s' for k, n in sorted(by_kind.items()))})")
-    meta = reader.read_metadata(art)
-    lines.append(f"metadata: {meta if meta else '(none)'}")
-    prov = {reader.text(e.key): reader.text(e.value) for e in prog.provenance or []}
-    if prov:
-        lines.append(f"provenance: {prov}")
+        others = shared.get(int(rec.segment))
+        lines.append(f"  {kind:10s} {reader.text(rec.name)}: {str(dtype).removeprefix('torch.')}{sizes}"
+                     + (f" (shared with {', '.join(others)})" if others else ""))
+    return lines
+
+
+def _lowered_line(art) -> str:
     low = reader.read_lowering(art)
-    if low:
-        outside = ", ".join(f"{k} x{v}" for k, v in low["outside_opset"].items()) or "none"
-        lines.append(f"lowered for:     {low['request']} by torch {low['torch_version']} "
-                     f"(request {low['fingerprint'][:12] or 'custom'}; outside the declared opset: {outside})")
-    else:
-        lines.append("lowered for:     (not lowered by pt2b)")
-    return "\n".join(lines)
+    if not low:
+        return "lowered for:     (not lowered by pt2b)"
+    outside = ", ".join(f"{k} x{v}" for k, v in low["outside_opset"].items()) or "none"
+    return (f"lowered for:     {low['request']} by torch {low['torch_version']} "
+            f"(request {low['fingerprint'][:12] or 'custom'}; outside the declared opset: {outside})")

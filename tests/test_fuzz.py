@@ -171,3 +171,30 @@ def test_mutants_are_deterministic_and_replayable(campaign, tmp_path):
     rc = main(["--replay", f"{SEED}:7", "--out", str(out), "--models", ",".join(MODELS),
                "--seeds-dir", campaign.seeds_dir])
     assert rc == 0 and out.read_bytes() == a.mutant(SEED, 7).data
+
+
+METHODS_MODELS = ("mlp_methods",)  # the zoo's mlp written as two methods over one set of weights
+N_METHODS_MUTANTS = 150
+
+
+@pytest.fixture(scope="module")
+def methods_campaign(tmp_path_factory):
+    seeds_dir = str(tmp_path_factory.mktemp("fuzz_seeds_methods"))
+    camp = run_campaign(SEED, 0, indices=[(SEED, i) for i in range(N_METHODS_MUTANTS)], workers=2,
+                        models=METHODS_MODELS, seeds_dir=seeds_dir, timeout=TIMEOUT_S, mem_gib=6, keep_results=True)
+    camp.by_job = {(r["seed"], r["index"]): r for r in camp.results}
+    assert len(camp.by_job) == N_METHODS_MUTANTS
+    return camp
+
+
+def test_multi_method_mutants_have_allowed_outcomes(methods_campaign):
+    """Mutants of a multi-method artifact (its Method tables, every method's graph, the shared segments)
+    are refused or run every method, eagerly and on runtime_ref, as the seed does."""
+    results = list(methods_campaign.by_job.values())
+    bad = [r for r in results if not r["allowed"]]
+    assert not bad, f"{len(bad)} disallowed outcome(s):\n" + "\n".join(_describe(r) for r in bad)
+    outcomes = {r["outcome"] for r in results}
+    assert "ok_equal" in outcomes and "artifact_error:CorruptArtifactError" in outcomes
+    past_checksums = [r for r in results if r["kind"] in ("struct_fb", "struct_schema", "repaired_program")
+                      and (r["outcome"] == "ok_equal" or r.get("phase") not in (None, "load"))]
+    assert len(past_checksums) >= 5

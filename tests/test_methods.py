@@ -192,3 +192,37 @@ def test_upgrade_keeps_every_method(written, tmp_path):
     assert list(new.methods) == ["prefill", "decode"]
     assert generate(lambda name, *a: new[name](*a)) == eager_tokens()
     assert not res.changes or res.written
+
+
+def test_cli_inspect_lower_and_run_by_method(written, tmp_path, capsys):
+    from exporter import cli
+
+    assert cli.main(["inspect", str(written / "two.pt2b")]) == 0
+    out = capsys.readouterr().out
+    assert "methods (2): prefill, decode (default: prefill)" in out
+    assert "method decode (7 tensors shared with other methods):" in out
+    assert "    buffer     k_cache: float32[12, 16] (shared with prefill)" in out
+    assert cli.main(["lower", str(written / "two.pt2b"), "--no-cache", "-o", str(tmp_path / "low.pt2b")]) == 0
+    out = capsys.readouterr().out
+    assert "method prefill: " in out and "method decode: " in out
+    low = load(tmp_path / "low.pt2b")
+    assert list(low.methods) == ["prefill", "decode"] and low["decode"].lowering["request"].startswith("core")
+    assert cli.main(["run", str(written / "two.pt2b"), "--no-cache", "--method", "decode"]) == 0
+    assert capsys.readouterr().out.strip() == "output 0: float32[1, 50]"
+    assert cli.main(["run", str(written / "two.pt2b"), "--no-cache", "--method", "verify"]) == 2
+    assert "no method 'verify'; the artifact holds prefill, decode." in capsys.readouterr().err
+
+
+def test_coverage_and_explorer_count_every_method(written):
+    from exporter.lowering import coverage, explorer
+
+    single_ops = load_for_backend(written / "single.pt2b", "core", cache=False).ops()
+    row, = coverage.measure([written / "two.pt2b"], "core")
+    assert row.covered and row.ops == {op: 2 * n for op, n in single_ops.items()}  # prefill's and decode's
+    prog, = explorer.artifact_corpus([written / "two.pt2b"])
+    assert len(prog.more) == 1
+    one, = explorer.artifact_corpus([written / "single.pt2b"])
+    data = explorer.build_data([prog, one])
+    two_model, one_model = data["models"]
+    assert len(two_model["trees"]) == 2 * len(one_model["trees"]) > 0
+    assert two_model["leaves"] == one_model["leaves"]

@@ -2,7 +2,7 @@
 
 Each artifact is lowered for real (the same plan load_for_backend makes, verification reporting
 instead of raising), so the answer is what load_for_backend would do: a model is covered when its
-lowered graph holds only accepted ops. The greedy list says which ops to implement next to cover
+lowered graph holds only accepted ops (every method's, for a multi-method artifact). The greedy list says which ops to implement next to cover
 the most models soonest.
 """
 
@@ -36,20 +36,26 @@ def artifacts(corpus) -> list[str]:
 def measure(paths, preset: str = "core", *, supported_ops=None, keep=None, track=None) -> list[ModelCoverage]:
     """Lower each artifact of ``paths`` with the plan ``preset``/``supported_ops``/``keep`` make;
     ``track`` (exporter.progress.tracker) reports each one."""
+    from collections import Counter
+
     from ..errors import Pt2bError
-    from ..serialize.reader import read_program
+    from ..serialize.reader import read_programs
     from .lower import lower, plan_lowering
 
     plan = plan_lowering(preset, supported_ops=supported_ops, keep=keep)
     plan.strict = False  # report what falls outside instead of raising on the first model
     rows = []
     for path in (track(paths, label=lambda p: pathlib.Path(p).name) if track is not None else paths):
+        ops, missing = Counter(), Counter()  # over every method of the artifact
         try:
-            lowered = lower(read_program(path), plan=plan)
+            for ep in read_programs(path).values():
+                lowered = lower(ep, plan=plan)
+                ops.update(lowered.ops())
+                missing.update(lowered.outside_opset)
         except Pt2bError as e:
             rows.append(ModelCoverage(os.fspath(path), {}, {}, f"{type(e).__name__}: {str(e).splitlines()[0]}"))
             continue
-        rows.append(ModelCoverage(os.fspath(path), lowered.ops(), dict(lowered.outside_opset)))
+        rows.append(ModelCoverage(os.fspath(path), dict(ops), dict(missing)))
     return rows
 
 

@@ -34,6 +34,7 @@ ATEN_LIKE = ("aten::", "prims::")
 class CorpusProgram:
     name: str
     ep: torch.export.ExportedProgram
+    more: tuple = ()  # a multi-method artifact's other methods: the model's call sites are all of theirs
 
 
 def default_corpus(names=None, track=None) -> list[CorpusProgram]:
@@ -47,14 +48,18 @@ def default_corpus(names=None, track=None) -> list[CorpusProgram]:
 
 def artifact_corpus(paths, track=None) -> list[CorpusProgram]:
     """The programs of .pt2b artifacts (files, or folders searched recursively); ``track`` reports each load."""
-    from ..serialize.reader import read_program
+    from ..serialize.reader import read_programs
     from .coverage import artifacts
 
     files = artifacts(paths)
     if not files:
         raise LoweringError(f"no .pt2b artifacts found in {', '.join(map(str, paths))}.")
     files = track(files, label=os.path.basename) if track is not None else files
-    return [CorpusProgram(os.path.basename(f), read_program(f)) for f in files]
+    out = []
+    for f in files:
+        first, *more = read_programs(f).values()  # every method: one model, counted over all of them
+        out.append(CorpusProgram(os.path.basename(f), first, tuple(more)))
+    return out
 
 
 def build_data(corpus: list[CorpusProgram], track=None) -> dict:
@@ -80,18 +85,20 @@ def build_data(corpus: list[CorpusProgram], track=None) -> dict:
     models, left_out = [], []
     for prog in (track(corpus, label=lambda p: p.name) if track is not None else corpus):
         try:
-            r = route_trace.record(prog.ep)
+            rs = [route_trace.record(ep) for ep in (prog.ep, *prog.more)]
         except LoweringError as e:  # tracing routes lowers with every decomposition: where that fails
             left_out.append({"name": prog.name, "error": str(e).splitlines()[0]})
             continue
+        leaves = list(dict.fromkeys(op for r in rs for op in r.leaves))
+        unlowered = list(dict.fromkeys(op for r in rs for op in r.unlowered))
         ids = []
-        for t in r.trees:
+        for t in (t for r in rs for t in r.trees):
             key = json.dumps(t, sort_keys=True)
             if key not in trees:
                 trees[key] = len(tree_list)
                 tree_list.append(t)
             ids.append(trees[key])
-        models.append({"name": prog.name, "trees": ids, "leaves": r.leaves, "unlowered": r.unlowered})
+        models.append({"name": prog.name, "trees": ids, "leaves": leaves, "unlowered": unlowered})
     stored = audit.read() or {"ops": {}}
     verdicts = {n: {"verdict": rec["verdict"], "detail": audit.describe(rec), "emits": rec.get("emits", [])}
                 for n, rec in stored["ops"].items() if n in avail_set}

@@ -3,7 +3,8 @@
 Execution: a persistent worker process (torch imported once, RLIMIT_AS set) takes one mutant at a
 time: ``load(path, verify=v)`` (v random per mutant), runs the loaded program eagerly on the seed's
 example inputs, then ``Runtime(load_for_backend(path, preset, verify=v))`` (preset "none" or
-"core") and compares both with the seed's own outputs (bitwise). The parent kills a worker that
+"core") and compares both with the seed's own outputs (bitwise); for a multi-method seed
+("<case>_methods") every method, in order, eagerly and on ``runtime_ref.runtimes`` over one state. The parent kills a worker that
 exceeds the per-mutant limit (``timeout``) and restarts a worker that died (``crash``).
 
 Outcome classes and the rule that decides whether an outcome is allowed (``allowed()``):
@@ -136,12 +137,14 @@ def _fingerprint(path):
 
     art = reader.open_artifact(path)
     try:
-        ep = _strip_metadata(reader.decode_graph(art))
+        methods = [reader.method(art, name) for name in art.method_names]
+        ep = [(m.method, _strip_metadata(reader.decode_graph(m))) for m in methods]
         records = tuple(
-            (reader.text(r.name), int(r.kind), int(r.dtype), tuple(int(x) for x in (r.sizes if r.sizes is not None else [])),
+            (m.method, reader.text(r.name), int(r.kind), int(r.dtype),
+             tuple(int(x) for x in (r.sizes if r.sizes is not None else [])),
              tuple(int(x) for x in (r.strides if r.strides is not None else [])), int(r.storageOffset), int(r.segment),
              bool(r.requiresGrad))
-            for r in art.program.tensors or [])
+            for m in methods for r in m.program.tensors or [])
         segs = []
         for seg in art.program.segments or []:
             off = art.header.data_offset + int(seg.offset)
@@ -160,15 +163,25 @@ class Reference:
     def __init__(self, name: str, path: str):
         from exporter import load
         from exporter.api import load_for_backend
-        from exporter.corpus.zoo import make_case
-        from runtime_ref import Runtime
 
-        case = make_case(name)
+        from .seeds import seed_case
+
+        case, self.methods = seed_case(name)
         self.args, self.kwargs = case.args, case.kwargs or {}
-        self.eager = load(path)(*_clone_tree(self.args), **_clone_tree(self.kwargs))
-        self.rt = {p: Runtime(load_for_backend(path, p, cache=False))(*_clone_tree(self.args), **_clone_tree(self.kwargs))
-                   for p in PRESETS}
+        self.eager = self.run_all(load(path))
+        self.rt = {p: self.run_all(load_for_backend(path, p, cache=False), runtime=True) for p in PRESETS}
         self.fp = _fingerprint(path)
+
+    def run_all(self, prog, runtime: bool = False) -> list:
+        """Every method of the seed on its inputs, in order (runtime: on runtime_ref, over one state);
+        a program that lacks one of the seed's methods raises MethodNotFoundError."""
+        from runtime_ref import runtimes
+
+        call = runtimes(prog) if runtime else prog.methods
+        missing = [m for m in self.methods if m not in call]
+        if missing:
+            prog[missing[0]]  # raises MethodNotFoundError
+        return [call[m](*_clone_tree(self.args), **_clone_tree(self.kwargs)) for m in self.methods]
 
     def changed(self, path, verify: bool):
         """(changed?, note); note names weight damage that verify=True should have refused."""
@@ -237,7 +250,7 @@ def execute(path: str, mutant: Mutant, ref: Reference, on_phase=lambda phase, ch
     """Load, run eagerly, lower and run with runtime_ref; the outcome of one mutant."""
     from exporter import load
     from exporter.api import load_for_backend
-    from runtime_ref import Runtime
+    from runtime_ref import runtimes
 
     res = {"outcome": "ok_equal", "changed": None, "phase": None, "detail": "", "traceback": ""}
 
@@ -272,7 +285,7 @@ def execute(path: str, mutant: Mutant, ref: Reference, on_phase=lambda phase, ch
     try:
         phase = "eager"
         on_phase(phase, res["changed"])
-        out = prog(*_clone_tree(ref.args), **_clone_tree(ref.kwargs))
+        out = ref.run_all(prog)
         if not _same_outputs(out, ref.eager):
             events.append(("mismatch", phase, "eager outputs differ from the seed's", ""))
     except (Exception, SystemExit, CodeExecution) as e:
@@ -285,10 +298,13 @@ def execute(path: str, mutant: Mutant, ref: Reference, on_phase=lambda phase, ch
         lowered = load_for_backend(path, mutant.preset, verify=mutant.verify, cache=False)
         phase = "runtime"
         on_phase(phase, res["changed"])
-        rt = Runtime(lowered)
+        rts = runtimes(lowered)
+        missing = [m for m in ref.methods if m not in rts]
+        if missing:
+            lowered[missing[0]]  # raises MethodNotFoundError
         phase = "run"
         on_phase(phase, res["changed"])
-        out = rt(*_clone_tree(ref.args), **_clone_tree(ref.kwargs))
+        out = [rts[m](*_clone_tree(ref.args), **_clone_tree(ref.kwargs)) for m in ref.methods]
         if not _same_outputs(out, ref.rt[mutant.preset]):
             events.append(("mismatch", phase, f"runtime_ref outputs (preset {mutant.preset}) differ from the seed's", ""))
     except (Exception, SystemExit, CodeExecution) as e:

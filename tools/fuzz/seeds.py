@@ -11,22 +11,36 @@ from .schema_tree import graph_of
 from .slots import schema_slots
 
 DEFAULT_MODELS = ("mlp", "cnn_bn", "cond", "dynamic_shapes", "buffer_mutation")
+METHODS_SUFFIX = "_methods"  # "<zoo case>_methods": the case written as two methods, "forward" and "again"
+SEED_METHODS = ("forward", "again")
+
+
+def seed_case(name: str):
+    """(zoo case, the methods the seed artifact holds) of a seed name."""
+    from exporter.corpus.zoo import make_case
+
+    base = name.removesuffix(METHODS_SUFFIX)
+    return make_case(base), (SEED_METHODS if base != name else ("forward",))
 
 
 def export_seeds(models, folder) -> dict[str, str]:
-    """Export each zoo case in ``models`` to ``folder``/<name>.pt2b; name -> path."""
+    """Export each zoo case in ``models`` to ``folder``/<name>.pt2b (a name ending in "_methods": the
+    case as a multi-method artifact, both methods over the one model's weights); name -> path."""
     from exporter import export_model
-    from exporter.corpus.zoo import make_case
 
     os.makedirs(folder, exist_ok=True)
     out = {}
     for name in models:
         path = os.path.join(folder, f"{name}.pt2b")
         if not os.path.exists(path):
-            case = make_case(name)
+            case, methods = seed_case(name)
             tmp = path + ".tmp.pt2b"
-            export_model(case.model, case.args, tmp, kwargs=case.kwargs, dynamic_shapes=case.dynamic_shapes,
-                         strict=case.strict)
+            if len(methods) == 1:
+                export_model(case.model, case.args, tmp, kwargs=case.kwargs, dynamic_shapes=case.dynamic_shapes,
+                             strict=case.strict)
+            else:
+                export_model({m: (case.model, case.args, case.kwargs) for m in methods}, tmp, strict=case.strict,
+                             dynamic_shapes={m: case.dynamic_shapes for m in methods} if case.dynamic_shapes else None)
             os.replace(tmp, path)
         out[name] = path
     return out
