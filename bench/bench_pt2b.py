@@ -1,9 +1,10 @@
 """pt2b against its anchors (torch.export.save/load, run_decompositions, GraphModule, eager), side
 by side in one process per model; prints medians and ratios (targets: docs/benchmarks.md).
 
-Usage: python bench/bench_pt2b.py [--models mlp,encoder_6x512,chain100,gpt_350m] [--repeat 5]
+Usage: python bench/bench_pt2b.py [--models mlp,encoder_6x512,chain100,gpt_350m,llama_methods] [--repeat 5]
                                   [--sweep 1,2,4,8,12] [--real-models sample|NAME,NAME...]
-gpt_350m (355M parameters, 1.4 GB) runs with at most 2 repeats; --sweep times save/load/lower of the
+gpt_350m (355M parameters, 1.4 GB) runs with at most 2 repeats; llama_methods writes a decoder's prefill
+and decode as one artifact and prints its size and the memory of loading it against one method alone; --sweep times save/load/lower of the
 512-wide encoder at each layer count and prints the cost per added layer; --real-models times save,
 load and cold lowering on real transformers architectures (exporter/corpus/transformers_zoo.py; "sample"
 is the default test sample, exporter/corpus/transformers_sample.txt) and prints each ratio's geometric mean.
@@ -34,7 +35,7 @@ from runtime_ref import Runtime  # noqa: E402
 TARGETS = {"save": 0.25, "size": 1.01, "load": 0.05, "lower_core_cold": 0.3, "lower_core_cold_real": 0.3,
            "lower_core_cached": 0.05, "open": 0.02, "load_first_call": 0.5, "ready": 0.05,
            "runtime_large": 1.0,
-           "runtime_tiny": 0.6}
+           "runtime_tiny": 0.6, "methods_size": 1.01, "methods_rss": 1.1}
 
 
 def median_time(fn, repeat: int) -> float:
@@ -78,6 +79,55 @@ print((after - before) / 1024)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
+
+
+def rss_of_methods(paths: list[str], kind: str) -> float:
+    """Resident memory growth (MB) of a fresh process that imports torch, loads ``paths`` (pt2b: every
+    method of each; torch: torch.export.load) and reads every weight and buffer of every program."""
+    code = f"""
+import sys, torch
+sys.path.insert(0, {os.getcwd()!r})
+import exporter
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+before = rss()
+if {kind!r} == "pt2b":
+    eps = [m.exported_program() for p in {paths!r} for m in exporter.load(p).methods.values()]
+else:
+    eps = [torch.export.load(p) for p in {paths!r}]
+total = sum(float(t.detach().sum()) for ep in eps for t in [*ep.state_dict.values(), *ep.constants.values()]
+            if isinstance(t, torch.Tensor))
+print((rss() - before) / 1024)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def bench_methods(tmp: str) -> list[tuple[str, float, float, str]]:
+    """A decoder deployed as prefill + decode (transformers' static-cache wrapper around a 4-layer Llama
+    with 47M parameters, 190 MB, exporter/corpus/methods.py) written as ONE artifact, against the same model
+    written with one method, and against one torch .pt2 per method."""
+    from exporter.corpus.methods import decoder_case
+
+    case = decoder_case(vocab_size=32000, hidden_size=512, intermediate_size=1376, num_hidden_layers=4,
+                        num_attention_heads=8, num_key_value_heads=4)
+    both, alone = os.path.join(tmp, "methods.pt2b"), os.path.join(tmp, "prefill.pt2b")
+    export_model(case.methods, both, strict=case.strict)
+    export_model({"prefill": case.methods["prefill"]}, alone, strict=case.strict)
+    pt2 = []
+    for name in case.methods:
+        pt2.append(os.path.join(tmp, f"{name}.pt2"))
+        torch.export.save(case.export(name), pt2[-1])
+    size = os.path.getsize
+    return [("file size (MB), prefill + decode vs prefill alone", size(both) / 1e6, size(alone) / 1e6, "methods_size"),
+            ("file size (MB), prefill + decode vs a torch .pt2 per method", size(both) / 1e6,
+             sum(map(size, pt2)) / 1e6, ""),
+            ("RSS growth (MB), load every method, read every weight: vs prefill alone",
+             rss_of_methods([both], "pt2b"), rss_of_methods([alone], "pt2b"), "methods_rss"),
+            ("RSS growth (MB), the same vs torch.export.load of a .pt2 per method",
+             rss_of_methods([both], "pt2b"), rss_of_methods(pt2, "torch"), "")]
 
 
 class Chain(torch.nn.Module):
@@ -322,7 +372,7 @@ def main(argv=None) -> int:
 
 def _run(ns) -> int:
     factories = {"mlp": lambda: make_case("mlp"), "encoder_6x512": encoder_6x512, "chain100": tiny_case,
-                 "gpt_350m": gpt_350m}
+                 "gpt_350m": gpt_350m, "llama_methods": None}
     all_rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["PT2B_CACHE_DIR"] = os.path.join(tmp, "lowering-cache")
@@ -331,9 +381,11 @@ def _run(ns) -> int:
             all_rows["sweep"] = sweep([int(n) for n in ns.sweep.split(",")], tmp)
         models = [n for n in ns.models.split(",") if n]
         for name in progress.track(models, "benchmarking", unit="model", label=str):
-            case = factories[name]()
             repeat = min(ns.repeat, 2) if name == "gpt_350m" else ns.repeat  # 1.4 GB: each step takes seconds
-            rows = bench_model(case, repeat, tmp)
+            if name == "llama_methods":  # one artifact with two methods: sizes and memory, no timing
+                rows, repeat = bench_methods(tmp), 1
+            else:
+                rows = bench_model(factories[name](), repeat, tmp)
             all_rows[name] = rows
             with progress.printing():
                 print(f"\n## {name}  (median of {repeat}; ratio = pt2b / anchor)")

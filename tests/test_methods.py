@@ -13,7 +13,7 @@ from artifact_surgery import damage_graph_table
 from exporter import export_model, load, load_for_backend
 from exporter.errors import CorruptArtifactError, ExportError, MethodNotFoundError
 from exporter.serialize import reader
-from multi_method_models import MAX_LEN, TinyKV
+from exporter.corpus.methods import MAX_LEN, TinyKV
 from runtime_ref import Runtime, runtimes
 
 PROMPT = torch.tensor([3, 14, 15, 9])

@@ -83,10 +83,9 @@ def main() -> int:
 
 
 def write_methods_golden(folder: pathlib.Path) -> None:
-    """tiny_kv.methods: a KV-cache decoder's prefill and decode (tests/multi_method_models.TinyKV); its
+    """tiny_kv.methods: a KV-cache decoder's prefill and decode (exporter/corpus/methods.py TinyKV); its
     io holds a sequence of calls [method, args, kwargs] run in order over one state, and their outputs."""
-    sys.path.insert(0, str(ROOT.parent))
-    from multi_method_models import TinyKV
+    from exporter.corpus.methods import TinyKV
 
     stem = "tiny_kv.methods"
     m = TinyKV().eval()

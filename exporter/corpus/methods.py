@@ -1,6 +1,6 @@
-"""Two tiny transformers models exported as several methods sharing one model object, for tests of
-artifacts that hold several entry points over one copy of the weights. Built offline from configs
-with seeded random weights.
+"""Models exported as several methods sharing one model object (multi-method artifacts: tests, the
+golden of format 1.2, the bench): two tiny transformers models built offline from configs with seeded
+random weights, and a hand-written one.
 
 - ``TinyKV``: a hand-written one-layer decoder over a KV cache held as buffers (no transformers).
 - ``decoder_case()``: a LlamaForCausalLM in transformers' static-cache export wrapper
@@ -36,9 +36,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import transformers
 
-from exporter.capture import BoundMethod
+from ..capture import BoundMethod
 
 __all__ = ["MethodsCase", "Seq2Seq", "TinyKV", "decoder_case", "seq2seq_case"]
 
@@ -99,13 +98,15 @@ class MethodsCase:
             return self.generate(lambda name, args, kwargs: fns[name](*args, **(kwargs or {})))
 
 
-def decoder_case(seed: int = 0) -> MethodsCase:
-    """Tiny Llama in transformers' static-cache wrapper: "prefill" [1, 4] and "decode" [1, 1]."""
+def decoder_case(seed: int = 0, **sizes) -> MethodsCase:
+    """Tiny Llama in transformers' static-cache wrapper: "prefill" [1, 4] and "decode" [1, 1]; ``sizes``
+    override the config's (vocab_size, hidden_size, intermediate_size, num_hidden_layers, ...)."""
+    import transformers
     from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
 
-    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                   use_cache=True)
+    cfg = transformers.LlamaConfig(**{**dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64),
+                                      **sizes, "use_cache": True})
     torch.manual_seed(seed)
     model = transformers.LlamaForCausalLM(cfg).eval()
     model.generation_config.use_cache = True
@@ -121,7 +122,7 @@ def decoder_case(seed: int = 0) -> MethodsCase:
 class Seq2Seq(torch.nn.Module):
     """An encoder-decoder LM with two entry points: ``encode`` and ``decode`` (no KV cache)."""
 
-    def __init__(self, model: transformers.PreTrainedModel):
+    def __init__(self, model: torch.nn.Module):
         super().__init__()
         self.model = model
 
@@ -136,6 +137,8 @@ class Seq2Seq(torch.nn.Module):
 
 def seq2seq_case(seed: int = 0) -> MethodsCase:
     """Tiny T5 in ``Seq2Seq``: "encode" [1, 6] and "decode" (decoder length dynamic, 1..15)."""
+    import transformers
+
     cfg = transformers.T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2,
                                 num_heads=4, decoder_start_token_id=0, use_cache=False)
     torch.manual_seed(seed)
