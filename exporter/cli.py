@@ -72,9 +72,11 @@ def cmd_verify(ns) -> int:
 
     with progress.status(f"verifying {ns.artifact}"):
         art = reader.open_artifact(ns.artifact)
-        reader.check(art)  # the graph's walk and checks, which load() leaves to first use
+        for name in art.method_names:  # every method's graph: its walk and checks, which load() leaves to first use
+            reader.check(reader.method(art, name))
         n = reader.verify_weights(art)
-    print(f"{ns.artifact}: OK (program and {n} bytes of weights verified)")
+    methods = f"{len(art.method_names)} methods" if len(art.method_names) > 1 else "program"
+    print(f"{ns.artifact}: OK ({methods} and {n} bytes of weights verified)")
     return 0
 
 
