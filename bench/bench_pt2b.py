@@ -59,8 +59,8 @@ def interleaved(fns, repeat: int) -> list[float]:
     return [statistics.median(t) for t in times]
 
 
-def peak_rss_of_load(path: str, kind: str) -> float:
-    """Resident memory growth (MB) of a fresh process that imports torch and loads ``path``."""
+def _rss_growth(body: str) -> float:
+    """Resident memory growth (MB) of a fresh process that imports torch and pt2b, then runs ``body``."""
     code = f"""
 import sys, torch
 sys.path.insert(0, {os.getcwd()!r})
@@ -70,39 +70,27 @@ def rss():
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
 before = rss()
-if {kind!r} == "pt2b":
-    p = exporter.load({path!r}); sd = p.exported_program().state_dict
-else:
-    ep = torch.export.load({path!r}); sd = ep.state_dict
-after = rss()
-print((after - before) / 1024)
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return float(out.stdout.strip().splitlines()[-1])
-
-
-def rss_of_methods(paths: list[str], kind: str) -> float:
-    """Resident memory growth (MB) of a fresh process that imports torch, loads ``paths`` (pt2b: every
-    method of each; torch: torch.export.load) and reads every weight and buffer of every program."""
-    code = f"""
-import sys, torch
-sys.path.insert(0, {os.getcwd()!r})
-import exporter
-def rss():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-before = rss()
-if {kind!r} == "pt2b":
-    eps = [m.exported_program() for p in {paths!r} for m in exporter.load(p).methods.values()]
-else:
-    eps = [torch.export.load(p) for p in {paths!r}]
-total = sum(float(t.detach().sum()) for ep in eps for t in [*ep.state_dict.values(), *ep.constants.values()]
-            if isinstance(t, torch.Tensor))
+{body}
 print((rss() - before) / 1024)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
+
+
+def peak_rss_of_load(path: str, kind: str) -> float:
+    """Resident memory growth (MB) of a fresh process that imports torch and loads ``path``."""
+    if kind == "pt2b":
+        return _rss_growth(f"p = exporter.load({path!r}); sd = p.exported_program().state_dict")
+    return _rss_growth(f"ep = torch.export.load({path!r}); sd = ep.state_dict")
+
+
+def rss_of_methods(paths: list[str], kind: str) -> float:
+    """Resident memory growth (MB) of a fresh process that loads ``paths`` (pt2b: every method of each;
+    torch: torch.export.load) and reads every weight and buffer of every program."""
+    load = ("eps = [m.exported_program() for p in {0!r} for m in exporter.load(p).methods.values()]" if kind == "pt2b"
+            else "eps = [torch.export.load(p) for p in {0!r}]").format(paths)
+    return _rss_growth(load + "\ntotal = sum(float(t.detach().sum()) for ep in eps for t in [*ep.state_dict.values(), "
+                       "*ep.constants.values()] if isinstance(t, torch.Tensor))")
 
 
 def bench_methods(tmp: str) -> list[tuple[str, float, float, str]]:
