@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import collections
 import copy
+import gzip
 import json
 import multiprocessing as mp
 import multiprocessing.connection
@@ -485,7 +486,7 @@ def sweep(names, *, workers: int, timeout: float, stop_after, out_path: str, log
 
     def flush():
         tmp = out_path + ".tmp"
-        with open(tmp, "w") as f:
+        with _open_json(tmp, "w") as f:
             json.dump({"meta": {"stop_after": stop_after, "cases": len(names), "wall_seconds":
                                 round(time.time() - t_start, 1), "workers": workers, "timeout": timeout},
                        "records": [records[n] for n in names if n in records]}, f, indent=1)
@@ -538,6 +539,11 @@ def sweep(names, *, workers: int, timeout: float, stop_after, out_path: str, log
                 flush()
     flush()
     return records, time.time() - t_start
+
+
+def _open_json(path: str, mode: str = "r"):
+    """A sweep record file, gzip-compressed when its name ends in .gz (bench/records/ keeps them so)."""
+    return gzip.open(path, mode + "t") if str(path).endswith(".gz") else open(path, mode)
 
 
 def _one_line(rec) -> str:
@@ -766,7 +772,7 @@ def main(argv=None):
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends the output quietly
 
     if args.summary_only or args.pick_sample or args.markdown:
-        with open(args.out) as f:
+        with _open_json(args.out) as f:
             data = json.load(f)
         if args.markdown:
             print(markdown(data["records"], data.get("meta", {}).get("wall_seconds")))
@@ -794,7 +800,7 @@ def main(argv=None):
         names = names[: args.limit]
     resume = None
     if args.resume and os.path.exists(args.out):
-        with open(args.out) as f:
+        with _open_json(args.out) as f:
             resume = {r["name"]: r for r in json.load(f)["records"]}
         if args.redo_failed:
             def failed(r):
