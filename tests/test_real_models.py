@@ -127,3 +127,18 @@ def test_named_corpora_feed_the_explorer_and_coverage(monkeypatch, tmp_path, cap
     assert "preset core: 1 of 1 models fully covered" in out.out and "transformers_llama.pt2b: covered" in out.out
     with pytest.raises(ValueError, match="unknown corpus 'nope'; named corpora: zoo, exportdb, transformers"):
         list(programs.programs(("nope",)))
+
+
+def test_readme_holds_the_sweep_of_the_tracked_records():
+    """README's real-model table is what the tracked sweep records say (bench/records/real_models.json.gz,
+    `python -m tools.real_models --out bench/records/real_models.json.gz --readme`)."""
+    import gzip
+    import json
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    with gzip.open(root / "bench" / "records" / "real_models.json.gz", "rt") as f:
+        data = json.load(f)
+    table = rm.readme_table(data["records"], data["meta"].get("wall_seconds"))
+    assert table in (root / "README.md").read_text()
+    assert len(data["records"]) >= 300 and all(r.get("pt2b") for r in data["records"])

@@ -657,6 +657,20 @@ def markdown(records: list[dict], wall: float | None = None) -> str:
     versions = collections.Counter(r.get("pt2b", "unrecorded") for r in records if _ok(r, "capture"))
     out.append("pt2b code of the captured cases' rows: " + ", ".join(
         f"{v} ({n})" for v, n in versions.most_common()) + ".")
+    groups = _failure_groups(records)
+    out.append("")
+    out.append("| cause | stage and error | cases | e.g. |")
+    out.append("|---|---|---|---|")
+    order = {"pt2b": 0, "torch too": 1, "torch.export": 2, "corpus": 3}
+    for (cause, key), names in sorted(groups.items(), key=lambda kv: (order[kv[0][0]], -len(kv[1]))):
+        out.append(f"| {cause} | {key.replace('|', '/')[:200]} | {len(names)} | {', '.join(names[:3])} |")
+    out += ratio_markdown(records)
+    return "\n".join(out)
+
+
+def _failure_groups(records: list[dict]) -> dict:
+    """(cause, stage and normalized error) -> case names; cause: "pt2b", "torch too" (torch's own
+    run_decompositions fails as well), "torch.export" (capture) or "corpus" (the case cannot be built)."""
     groups = collections.defaultdict(list)
     for r in records:
         for k in STAGE_ORDER:
@@ -668,14 +682,32 @@ def markdown(records: list[dict], wall: float | None = None) -> str:
                 groups[(cause, _group_key(k, st))].append(r["name"])
                 if k != "build" and preset == "":
                     break
-    out.append("")
-    out.append("| cause | stage and error | cases | e.g. |")
-    out.append("|---|---|---|---|")
-    order = {"pt2b": 0, "torch too": 1, "torch.export": 2, "corpus": 3}
-    for (cause, key), names in sorted(groups.items(), key=lambda kv: (order[kv[0][0]], -len(kv[1]))):
-        out.append(f"| {cause} | {key.replace('|', '/')[:200]} | {len(names)} | {', '.join(names[:3])} |")
-    out += ratio_markdown(records)
-    return "\n".join(out)
+    return groups
+
+
+def readme_table(records: list[dict], wall: float | None = None) -> str:
+    """The README's compact form of the sweep: cases and model types through each step, and who the
+    failures after capture belong to (``--readme``; tests/test_real_models.py checks the README holds it)."""
+    cols = [("tried", lambda r: True), ("built offline", lambda r: _ok(r, "build")),
+            ("captured by torch.export", lambda r: _ok(r, "capture")),
+            ("written, read back bitwise", lambda r: _ok(r, "bitwise"))]
+    cols += [(f"`{p}`", lambda r, p=p: _ok(r, f"match:{p}")) for p in PRESETS]  # lowered, run on runtime_ref, close to eager
+    lines = ["| | " + " | ".join(label for label, _ in cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for what, key in (("cases", lambda r: r["name"]), ("model types", lambda r: r["name"].split("/", 1)[0])):
+        lines.append(f"| {what} | " + " | ".join(str(len({key(r) for r in records if pred(r)})) for _, pred in cols)
+                     + " |")
+    after = collections.defaultdict(set)
+    for (cause, _), names in _failure_groups(records).items():
+        if cause in ("pt2b", "torch too"):
+            after[cause].update(names)
+    pt2b = sorted(after["pt2b"])
+    versions = sorted({r.get("pt2b", "unrecorded") for r in records if _ok(r, "capture")})
+    lines.append("")
+    lines.append(f"`none`/`core`/`max`: lowered with that preset, run on runtime_ref, close to eager. Failures after "
+                 f"capture: {len(after['torch too'])} cases where torch's own `run_decompositions` "
+                 f"fails too, {len(pt2b)} pt2b's" + (f" ({', '.join(pt2b[:6])})" if pt2b else "")
+                 + f". pt2b {', '.join(versions)}" + (f", {wall / 3600:.1f} h on 2 cores." if wall else "."))
+    return "\n".join(lines)
 
 
 def ratio_markdown(records: list[dict]) -> list[str]:
@@ -764,18 +796,22 @@ def main(argv=None):
                     "ran on COMMIT or a later one (a sweep resumed after a restart)")
     ap.add_argument("--no-ratios", action="store_true", help="skip timing torch's lowering beside pt2b's (ratio:core)")
     ap.add_argument("--summary-only", action="store_true", help="print the summary of --out and exit")
-    ap.add_argument("--markdown", action="store_true", help="print the README table of --out and exit")
+    ap.add_argument("--markdown", action="store_true", help="print the tables of --out (docs/real-models.md) and exit")
+    ap.add_argument("--readme", action="store_true", help="print the README's compact table of --out and exit")
     ap.add_argument("--pick-sample", metavar="FILE", help="write the default test sample chosen from --out to FILE")
     args = ap.parse_args(argv)
     import signal
 
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends the output quietly
 
-    if args.summary_only or args.pick_sample or args.markdown:
+    if args.summary_only or args.pick_sample or args.markdown or args.readme:
         with _open_json(args.out) as f:
             data = json.load(f)
         if args.markdown:
             print(markdown(data["records"], data.get("meta", {}).get("wall_seconds")))
+            return 0
+        if args.readme:
+            print(readme_table(data["records"], data.get("meta", {}).get("wall_seconds")))
             return 0
         if args.pick_sample:
             chosen = pick_sample(data["records"])
