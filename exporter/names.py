@@ -109,3 +109,17 @@ def rename_state_paths(serialized, rename) -> bool:
             entry.fqn = new
             changed = True
     return changed
+
+
+DEFAULT_METHOD = "forward"  # the name of a single-method artifact's method (format 1.2: Program.default_method)
+
+
+def method_names_problem(found) -> str | None:
+    """What is wrong with an artifact's method names, or None: they must be distinct Python identifiers
+    (they name attributes, CLI choices and cache keys). The writer and the reader apply this one rule."""
+    for name in found:
+        if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+            return f"method name {str(name)[:80]!r} is not a Python identifier"
+    if len(set(found)) != len(found):
+        return f"method names repeat ({', '.join(found)[:200]})"
+    return None

@@ -10,7 +10,6 @@ import collections
 import dataclasses
 import functools
 import hashlib
-import keyword
 import mmap
 import os
 import threading
@@ -125,7 +124,6 @@ def open_artifact(path) -> Artifact:
                     method=names_[0])
 
 
-DEFAULT_METHOD = "forward"
 # the fields a Method table holds for itself; the rest (segments, metadata, provenance, producer) are the root's
 _METHOD_FIELDS = frozenset({"name", "irLevel", "exportedProgram", "tensors", "operators", "exampleInputsSpec",
                             "exampleInputsLeaves", "lowering"})
@@ -151,14 +149,11 @@ class MethodTable:
 
 def _method_names(program, where: str) -> tuple[str, ...]:
     """The artifact's method names, the default first, checked: distinct Python identifiers."""
-    default = text(program.defaultMethod) if program.defaultMethod is not None else DEFAULT_METHOD
+    default = text(program.defaultMethod) if program.defaultMethod is not None else names.DEFAULT_METHOD
     found = (default, *(text(m.name) for m in program.methods or []))
-    for name in found:
-        if not name.isidentifier() or keyword.iskeyword(name):
-            raise CorruptArtifactError(f"{where}: method name {name[:80]!r} is not a Python identifier; the file is "
-                                       f"damaged.")
-    if len(set(found)) != len(found):
-        raise CorruptArtifactError(f"{where}: method names repeat ({', '.join(found)[:200]}); the file is damaged.")
+    why = names.method_names_problem(found)
+    if why is not None:
+        raise CorruptArtifactError(f"{where}: {why}; the file is damaged.")
     return found
 
 

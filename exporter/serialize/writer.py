@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import keyword
 import os
 import zlib
 
@@ -151,25 +150,19 @@ def write_artifact(ep, path, *, ir_level: str, metadata=None, provenance=None, v
     first the default; one weight segment per distinct storage across all of them.
     """
     if methods is None:
-        methods = [MethodSource(DEFAULT_METHOD, ep, ir_level, lowering)]
+        methods = [MethodSource(names.DEFAULT_METHOD, ep, ir_level, lowering)]
     with gc_paused():
         return _write_artifact(methods, path, metadata=metadata, provenance=provenance, version=version,
                                target_torch=target_torch)
-
-
-DEFAULT_METHOD = "forward"  # the name of a single-method artifact's method
 
 
 def check_method_names(names_: list[str]) -> None:
     """Method names are distinct Python identifiers (they name attributes, CLI choices, cache keys)."""
     if not names_:
         raise ExportError("an artifact needs at least one method.")
-    for name in names_:
-        if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
-            raise ExportError(f"method name {name!r} is not a Python identifier; name methods like "
-                              f"'prefill', 'decode', 'encode'.")
-    if len(set(names_)) != len(names_):
-        raise ExportError(f"method names repeat: {names_}; give each method its own name.")
+    why = names.method_names_problem(names_)
+    if why is not None:
+        raise ExportError(f"{why}; name each method its own identifier, like 'prefill', 'decode', 'encode'.")
 
 
 @dataclasses.dataclass
@@ -225,7 +218,7 @@ def _write_artifact(methods: list[MethodSource], path, *, metadata, provenance, 
                           f"(it writes {FORMAT_VERSION[0]}.0 to {version_str(FORMAT_VERSION)}).")
     check_method_names([m.name for m in methods])
     used = {"lowering": any(m.lowering is not None for m in methods), "methods": len(methods) > 1,
-            "default_method": methods[0].name != DEFAULT_METHOD}
+            "default_method": methods[0].name != names.DEFAULT_METHOD}
     missing = [(v, field, what) for v, fields in sorted(FIELDS_ADDED.items()) if v > version
                for field, what in fields.items() if used.get(field)]
     if missing:
