@@ -196,9 +196,9 @@ def _trace_once(gm, placeholders, table: dict):
     functionalization writes (where torch's own retrace fails), in two steps."""
     calls = {n.target for graph in iter_graphs(gm) for n in graph.nodes if n.op == "call_function"}
     if not calls & _WRITERS:
-        watch = _Watch()
+        watch, watched = _Watch.of(table)
         try:
-            return _trace(gm, placeholders, watch.wrap(table))
+            return _trace(gm, placeholders, watched)
         except Exception as e:  # noqa: BLE001 -- a write in place is told by the watch, or one of these
             if watch.wrote is None and not isinstance(e, AssertionError) and "frozen storage" not in str(e):
                 raise
@@ -492,8 +492,23 @@ class _Watch:
     place below functionalization (the graph would not be functional; the trace is redone with the
     decompositions torch runs above functionalization applied there), instead of at its end."""
 
+    _last: tuple | None = None  # (table, watch, watched table): the node-local lowering traces often with one table
+
     def __init__(self):
         self.wrote = None
+
+    @classmethod
+    def of(cls, table: dict) -> tuple["_Watch", dict]:
+        """(a watch reset for a new trace, ``table`` wrapped by it); the wrapping (a closure per entry,
+        about 20 ms for torch's table) is reused while the table is the same object."""
+        last = cls._last
+        if last is not None and last[0] is table:
+            last[1].wrote = None
+            return last[1], last[2]
+        watch = cls()
+        watched = watch.wrap(table)
+        cls._last = (table, watch, watched)
+        return watch, watched
 
     def wrap(self, table: dict) -> dict:
         from torch.fx.experimental.proxy_tensor import get_proxy_mode

@@ -627,6 +627,12 @@ def _ok(rec: dict, stage: str) -> bool:
     return rec.get("stages", {}).get(stage, {}).get("status") == "ok"
 
 
+def _torch_save_fails(stage: str, st: dict) -> bool:
+    """A write pt2b refused because torch's own export serializer, which torch.export.save uses too,
+    cannot serialize the program (a flat_apply higher-order op)."""
+    return stage == "write" and "torch's export serializer rejected the program" in st.get("error", "")
+
+
 def _torch_fails_too(rec: dict, preset: str) -> bool:
     return rec.get("stages", {}).get(f"torch:{preset}", {}).get("status") == "fail"
 
@@ -677,7 +683,7 @@ def _failure_groups(records: list[dict]) -> dict:
             st = r.get("stages", {}).get(k)
             if st and st["status"] == "fail" and not k.startswith("torch:"):
                 preset = k.partition(":")[2]
-                cause = ("torch too" if preset and _torch_fails_too(r, preset) else
+                cause = ("torch too" if (preset and _torch_fails_too(r, preset)) or _torch_save_fails(k, st) else
                          "corpus" if k == "build" else "torch.export" if k == "capture" else "pt2b")
                 groups[(cause, _group_key(k, st))].append(r["name"])
                 if k != "build" and preset == "":

@@ -16,10 +16,28 @@ __all__ = ["applied", "flag_free", "layout_repaired_decompositions", "layout_rep
            "trace_table"]
 
 
-def run_decompositions(ep, table: dict):
+def run_decompositions(ep, table: dict, *, local: bool = True):
     """``ep`` with exactly ``table`` applied (ops not in it stay) and functionalized, as a new
-    ATen-dialect ExportedProgram; the op set equals torch's ``ep.run_decompositions(table)``."""
-    return functionalize(ep, trace_table(table))
+    ATen-dialect ExportedProgram; the op set equals torch's ``ep.run_decompositions(table)``.
+    ``local``: node by node where that applies (local.py), else (or with False) in one retrace."""
+    from .local import lower_locally
+
+    full = _trace_table_of(table)
+    return (local and lower_locally(ep, full)) or functionalize(ep, full)
+
+
+_LAST: list = [None, None]  # [a table, its trace_table]: one lowering request is usually lowered many times
+
+
+def _trace_table_of(table: dict) -> dict:
+    """trace_table(table), the same dict object as for the previous call with an equal table: the
+    trace wraps each entry of the table it is given once per table object (functionalize._Watch)."""
+    last, full = _LAST
+    if last is not None and last == table:
+        return full
+    full = trace_table(table)
+    _LAST[:] = [dict(table), full]
+    return full
 
 
 # ---- the table ----

@@ -1,0 +1,516 @@
+"""Lower a program node by node instead of retracing it whole.
+
+A retrace (torch's run_decompositions, pt2b's functionalize.py) sends every call of the program
+through functionalization, proxy tracing and fake-tensor propagation, twice (aot_export's metadata
+pass, then its trace), also the calls the table leaves as they are: most of a real model's calls.
+Here a call whose op the table does not decompose, on inputs laid out as the program recorded, is
+copied with its recorded value, untraced. The calls the table decomposes are traced together, in one
+trace of a graph holding just them (by the retrace's own code, functionalize._trace_once, so each is
+decomposed exactly as in the whole trace), and each is spliced in where it stood; a call equal to one
+already traced (same op, arguments and input metadata) is copied from it. Where a decomposition lays
+its result out otherwise than the program recorded, the calls that read it are traced (or, for an op
+the table leaves, propagated on fake values) again on the new layout, until the layouts agree: every
+call sees the values it would see in the whole retrace. A write in place into a value only the
+writes see becomes the functional op (_without_writes), as functionalization makes it.
+
+Used only where that argument holds: no write into an input, a buffer or a view, no higher-order op
+or functorch region, no effectful op, no conjugate view, only OpOverload calls, getitem and size
+arithmetic, a trace that takes and returns plain values; and only where it pays off (_pays_off).
+Otherwise ``lower_locally`` returns None and the caller retraces the whole program.
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.utils._pytree as pytree
+
+from .. import functorch_regions
+from ..functionalize import (_LOCK, _fake_mode, _insert_runtime_asserts, _materialize_conj, _trace_once,
+                             updates_hidden_state)
+
+__all__ = ["lower_locally"]
+
+
+_VALUE_KEYS = frozenset({"val", "tensor_meta", "example_value", "unbacked_bindings"})
+
+
+# Ops that functionalization emits as another op (a lifted constant's copy becomes a clone).
+_REWRITTEN = frozenset({torch.ops.aten.lift_fresh_copy.default, torch.ops.aten.lift_fresh.default})
+
+
+def _pays_off(n_traced: int, n_inputs: int, n_calls: int) -> bool:
+    """Whether tracing ``n_traced`` distinct calls on ``n_inputs`` values of the program is cheaper
+    than retracing its ``n_calls`` calls: each traced call and each input of the trace costs about
+    what a call of the whole retrace does (a ResNet, where nearly every call is decomposed, is
+    retraced whole)."""
+    return n_traced + n_inputs < n_calls
+
+
+class _Declined(Exception):
+    """This program (or one of its calls) is not for the node-local lowering."""
+
+
+def _eligible(ep) -> bool:
+    from torch._higher_order_ops.effects import has_effects
+
+    gm = ep.graph_module
+    if functorch_regions.has_regions(gm):
+        return False
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            return False
+        if node.op == "call_function":
+            t = node.target
+            if isinstance(t, torch._ops.OpOverload):
+                if has_effects(t) or updates_hidden_state(node):
+                    return False
+            elif t is not operator.getitem and not _symbolic_arithmetic(node):
+                return False
+        for v in pytree.tree_leaves(node.meta.get("val")):
+            if isinstance(v, torch.Tensor) and (v.is_conj() or v.is_neg() or v.is_sparse or v.is_quantized):
+                return False
+    return True
+
+
+def _symbolic_arithmetic(node) -> bool:
+    """A call of a Python function on sizes (operator.mul, sym_ite, ...), not on tensors."""
+    return callable(node.target) and not any(
+        isinstance(x.meta.get("val"), torch.Tensor) for x in node.all_input_nodes) and not isinstance(
+        node.meta.get("val"), torch.Tensor)
+
+
+# ---- writes in place into a fresh value ----
+
+def _functional_variant(op):
+    """aten.add.Tensor for aten.add_.Tensor (an op writing only its first argument, which it returns),
+    or None."""
+    schema = op._schema
+    written = [i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+    if written != [0] or len(schema.returns) != 1 or schema.name.split("::")[0] != "aten":
+        return None
+    base = op._overloadpacket.__name__
+    if not base.endswith("_") or base.startswith("_"):
+        return None
+    packet = getattr(torch.ops.aten, base[:-1], None)
+    overload = getattr(packet, op._overloadname, None) if packet is not None else None
+    if not isinstance(overload, torch._ops.OpOverload) or \
+            [a.name for a in overload._schema.arguments] != [a.name for a in schema.arguments] or \
+            any(a.alias_info is not None for a in overload._schema.arguments) or \
+            any(r.alias_info is not None for r in overload._schema.returns):
+        return None
+    return overload
+
+
+_RESIZING = frozenset({torch.ops.aten.resize_.default, torch.ops.aten.resize_as_.default})
+
+
+def _without_writes(graph: torch.fx.Graph, fake_mode_of, traced) -> tuple[torch.fx.Graph, set] | None:
+    """``graph`` with each write in place into a value only the writes can see replaced by the
+    functional op, the reads after it reading the result: what functionalization makes of it
+    (``y = x @ w; y.add_(1)``). Aliasing is told by the ops' schemas, not by the recorded values (a
+    program read back from a file has a storage per value): the written value must be made by an op
+    returning a new tensor, and be read before the last write into it only by the writes and by ops
+    returning new tensors. A decomposed op (``traced(node)``) may return its input where its schema
+    promises a new tensor (an eval dropout, type_as), which only its decomposition shows: such calls
+    are returned with the graph, for the lowering to check that their decomposition made a new tensor
+    (_Lowering.check_fresh). A write into an input, into a view, or into a value viewed before the
+    write is left to the whole retrace (None). detach_ calls go (as in the retrace,
+    functionalize._prepared). Returns (the graph, those calls of it)."""
+    from ..functionalize import is_mutating
+
+    writes = [n for n in graph.nodes if n.op == "call_function" and is_mutating(n.target)]
+    if not writes:
+        return graph, set()
+    position = {n: i for i, n in enumerate(graph.nodes)}
+    root: dict = {}  # a write -> the value it writes into (the op that made it)
+    last_write: dict = {}  # that value -> the position of the last write into it
+    for w in writes:
+        target = w.args[0] if w.args else None
+        if not isinstance(target, torch.fx.Node):
+            return None
+        root[w] = root.get(target, target)
+        last_write[root[w]] = position[w]
+    assumed: set = set()  # decomposed calls taken for ops returning a new tensor, checked after tracing
+    for origin, last in last_write.items():
+        if not _makes_new_tensor(origin):
+            return None
+        if traced(origin):
+            assumed.add(origin)
+        for member in [origin, *(w for w in writes if root[w] is origin)]:
+            for user in member.users:
+                if position[user] > last or (user in root and root[user] is origin):
+                    continue
+                if _makes_new_tensor(user):
+                    if traced(user):
+                        assumed.add(user)
+                    continue
+                if not _may_return_alias_of(user, member):
+                    continue  # (a view of another argument: mask.expand_as(scores))
+                if user.op == "call_function" and user.target is not operator.getitem and not any(
+                        isinstance(v, torch.Tensor) for v in pytree.tree_leaves(user.meta.get("val"))):
+                    continue  # (a size, a check)
+                return None  # a view (or an input of the output) of the value before it is written
+    out = torch.fx.Graph()
+    out._codegen = graph._codegen
+    env: dict = {}
+    latest: dict = {}  # a written value -> the functional result the reads after the writes so far read
+
+    def read(x):
+        """What a read of ``x`` reads: the last write's result, where ``x`` is a written value or a
+        write (what reads it after the last write reads the last write's result too)."""
+        origin = root.get(x, x)
+        return latest[origin] if origin in latest and position[x] <= last_write[origin] else env[x]
+
+    for node in graph.nodes:
+        if node not in root:
+            env[node] = out.node_copy(node, read)
+            continue
+        target = node.args[0]
+        if node.target is torch.ops.aten.detach_.default:
+            env[node] = read(target)
+            continue
+        functional = _functional_variant(node.target)
+        if functional is None or node.target in _RESIZING or \
+                not _same_layout(node.meta.get("val"), target.meta.get("val")):
+            return None  # (a write of sizes, not values: functionalization makes another op of it)
+        args = pytree.tree_map_only(torch.fx.Node, read, (node.args, dict(node.kwargs)))
+        new = out.call_function(functional, *args)
+        new.meta.update({k: v for k, v in node.meta.items() if k not in _VALUE_KEYS})
+        vals = pytree.tree_map_only(torch.fx.Node, lambda x: x.meta.get("val"), (node.args, dict(node.kwargs)))
+        try:
+            with fake_mode_of():
+                new.meta["val"] = functional(*vals[0], **vals[1])
+        except Exception:  # noqa: BLE001 -- the whole retrace decides
+            return None
+        env[node] = latest[root[node]] = new
+    return out, {env[c] for c in assumed}
+
+
+def _may_return_alias_of(node, value) -> bool:
+    """Whether ``node`` may return an alias of ``value``: its schema's returns share an alias set with
+    a parameter ``value`` is passed in (True for anything but an op call)."""
+    t = node.target
+    if node.op != "call_function" or not isinstance(t, torch._ops.OpOverload):
+        return True
+    sets = {a for r in t._schema.returns if r.alias_info is not None for a in r.alias_info.before_set}
+    for i, param in enumerate(t._schema.arguments):
+        arg = node.args[i] if i < len(node.args) else node.kwargs.get(param.name)
+        if param.alias_info is not None and set(param.alias_info.before_set) & sets and \
+                any(a is value for a in pytree.tree_leaves(arg)):
+            return True
+    return False
+
+
+def _makes_new_tensor(node) -> bool:
+    """A call of an op whose schema returns one new tensor (no alias of an argument) and writes
+    nothing."""
+    t = node.target
+    if node.op != "call_function" or not isinstance(t, torch._ops.OpOverload) or \
+            not isinstance(node.meta.get("val"), torch.Tensor):
+        return False
+    schema = t._schema
+    return not any(r.alias_info is not None for r in schema.returns) and not any(
+        a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+
+
+def _same_layout(a, b) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return (a.dtype == b.dtype and a.device == b.device and _eq(a.shape, b.shape)
+                and _eq(a.stride(), b.stride()) and _eq(a.storage_offset(), b.storage_offset()))
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(_same_layout(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and (not isinstance(a, torch.Tensor))
+
+
+def _eq(a, b) -> bool:
+    return str(a) == str(b)
+
+
+def _meta_key(v):
+    if isinstance(v, torch.Tensor):
+        return ("T", str(tuple(v.shape)), str(v.stride()), str(v.storage_offset()), v.dtype, v.device.type)
+    if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return ("S", type(v).__name__, str(v))
+    return ("V", repr(v))
+
+
+class _Lowering:
+    """One node-local lowering of ``ep`` with ``table``: ``prefetch()``, ``run()`` (the lowered graph),
+    ``check_fresh()``; _Declined where the whole retrace must do it."""
+
+    def __init__(self, ep, table: dict):
+        self.ep, self.table = ep, table
+        self.graph = torch.fx.Graph()
+        self.env: dict = {}  # source node -> new node (or a list of new nodes for a traced multi-output call)
+        self.vals: dict = {}  # source node -> its value in the lowered program, where it differs from the recorded one
+        self.memo: dict = {}  # call key -> its traced form (_trace_calls)
+        self.traced = 0
+        self.fake_mode = None
+        cleared = _without_writes(ep.graph, self.mode, self.traces)
+        if cleared is None:
+            raise _Declined("a write in place that only functionalization can remove")
+        self.source, self.assumed = cleared
+        self.made: dict = {}  # a traced call -> the nodes its splice made
+
+    def fresh(self, v):
+        """A value of ``v``'s layout that aliases nothing (aot_export handles aliased inputs otherwise)."""
+        if not isinstance(v, torch.Tensor) or not _eq(v.storage_offset(), 0):
+            return v
+        with self.mode():
+            return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device)
+
+    def traces(self, node) -> bool:
+        """Whether the call is traced, not copied: the table decomposes it, or functionalization
+        rewrites it (_REWRITTEN)."""
+        return isinstance(node.target, torch._ops.OpOverload) and (node.target in self.table or node.target in _REWRITTEN)
+
+    def check_fresh(self) -> None:
+        """Each decomposed call whose result the program writes in place (``assumed``) made a new
+        tensor: its value is a node of its own splice, by an op returning a new tensor, or a view of
+        one, not one of its inputs (an eval dropout's decomposition returns its input: a write into
+        it writes the input too, which only the whole retrace's functionalization sees)."""
+        for call in self.assumed:
+            value, made = self.env.get(call), self.made.get(call, set())
+            while isinstance(value, torch.fx.Node) and value in made and isinstance(value.target, torch._ops.OpOverload) \
+                    and any(r.alias_info is not None for r in value.target._schema.returns):
+                value = value.args[0]
+            if not (isinstance(value, torch.fx.Node) and value in made):
+                raise _Declined(f"{call.format_node()} may return an alias of its input, and is written in place")
+
+    def mode(self):
+        """The program's fake mode (functionalize._fake_mode)."""
+        if self.fake_mode is None:
+            self.fake_mode = _fake_mode(self.ep.graph_module)
+        return self.fake_mode
+
+    def value(self, node):
+        return self.vals.get(node, node.meta.get("val"))
+
+    def run(self):
+        for node in self.source.nodes:
+            if node.op == "placeholder":
+                new = self.graph.placeholder(node.name)
+                new.name = new.target = node.name  # (the graph's namespace would rename a builtin's name)
+                new.meta.update(node.meta)
+                self.env[node] = new
+            elif node.op == "output":
+                out = self.graph.output(pytree.tree_map_only(torch.fx.Node, self.env.__getitem__, node.args[0]))
+                out.meta.update(node.meta)
+            elif node.op != "call_function":
+                raise _Declined(f"{node.op} node")
+            elif node.target is operator.getitem and isinstance(self.env.get(node.args[0]), list):
+                self.env[node] = self.env[node.args[0]][node.args[1]]
+                if node.args[0] in self.vals:
+                    self.vals[node] = self.vals[node.args[0]][node.args[1]]
+            elif self.traces(node):
+                self.trace(node)
+            elif any(a in self.vals for a in node.all_input_nodes):
+                if not self.propagate(node):
+                    self.trace(node)
+            else:
+                self.env[node] = self.graph.node_copy(node, self.env.__getitem__)
+        return self.graph
+
+    def propagate(self, node) -> bool:
+        """Copy a call the table leaves, whose inputs are laid out otherwise than recorded, with its
+        value on the new inputs (what the trace would record for it, with less work); False where
+        that is not known to be what a trace gives: a call of a data-dependent op or a Python
+        function, or one the new layout makes fail (a view, which the trace turns into a copy)."""
+        t = node.target
+        if not isinstance(t, torch._ops.OpOverload) or any(
+                tag in t.tags for tag in (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)):
+            return False
+        args, kwargs = pytree.tree_map_only(torch.fx.Node, self.value, (node.args, dict(node.kwargs)))
+        try:
+            with self.mode():
+                val = t(*args, **kwargs)
+        except Exception:  # noqa: BLE001 -- the trace decides (functionalize._tolerant_view for a view)
+            return False
+        new = self.graph.node_copy(node, self.env.__getitem__)
+        new.meta["val"] = val
+        new.meta.pop("tensor_meta", None)
+        self.env[node] = new
+        if not _same_layout(val, node.meta.get("val")):
+            self.vals[node] = val
+        return True
+
+    def key(self, node):
+        inputs = list(dict.fromkeys(node.all_input_nodes))
+        index = {x: i for i, x in enumerate(inputs)}
+        shape = pytree.tree_map_only(torch.fx.Node, lambda x: ("in", index[x]), (node.args, dict(node.kwargs)))
+        return (node.target, repr(shape), tuple(_meta_key(self.value(x)) for x in inputs)), inputs
+
+    def prefetch(self) -> None:
+        """Trace every distinct call the lowering traces, on the values the program recorded, in one
+        trace: one trace's fixed cost instead of one per call. A call whose inputs turn out laid out
+        otherwise in the lowered program is traced again (``trace``)."""
+        calls, n_calls = {}, 0
+        for node in self.source.nodes:
+            n_calls += node.op == "call_function"
+            if node.op == "call_function" and self.traces(node):
+                key, inputs = self.key(node)
+                calls.setdefault(key, (node, inputs))
+        n_inputs = len({x for _, inputs in calls.values() for x in inputs})
+        if not _pays_off(len(calls), n_inputs, n_calls):
+            raise _Declined(f"{len(calls)} distinct calls to trace on {n_inputs} inputs, of {n_calls} calls")
+        if len(calls) < 2:
+            return
+        try:
+            traced = self._trace_calls(list(calls.values()))
+        except _Declined:
+            return
+        self.memo.update(zip(calls, traced))
+
+    def trace(self, node):
+        if not isinstance(node.target, torch._ops.OpOverload):
+            raise _Declined(f"{node.target} on a value laid out otherwise than recorded")
+        key, inputs = self.key(node)
+        traced = self.memo.get(key)
+        if traced is not None and traced[4] not in (None, node):
+            traced = None  # (its values depend on the data it read: another call of it reads other data)
+        outs = None if traced is None else self._splice(traced, node, inputs)
+        if outs is None:
+            (traced,) = self._trace_calls([(node, inputs)])
+            self.memo[key] = traced
+            outs = self._splice(traced, node, inputs)
+        recorded = node.meta.get("val")
+        if isinstance(recorded, (tuple, list)):
+            self.env[node] = outs
+            got = [o.meta.get("val") if isinstance(o, torch.fx.Node) else o for o in outs]
+        else:
+            if len(outs) != 1:
+                raise _Declined(f"{node.target}: {len(outs)} outputs for one value")
+            self.env[node] = outs[0]
+            got = outs[0].meta.get("val") if isinstance(outs[0], torch.fx.Node) else outs[0]
+        if not _same_layout(got, recorded):
+            self.vals[node] = got
+
+    def _trace_calls(self, calls: list) -> list:
+        """[(placeholders, nodes, outputs, {other placeholder read: the program's node}, the call it
+        serves alone or None) of the traced graph for each (call, its inputs)], from one trace of a
+        graph holding the calls, each value of the program they read a placeholder (shared by the
+        calls reading it)."""
+        mini = torch.fx.Graph()
+        ins, counts, outputs = {}, [], []  # ins: the program's node -> its placeholder
+        for node, inputs in calls:
+            for x in inputs:
+                if x not in ins:
+                    ins[x] = mini.placeholder(f"in_{len(ins)}")
+                    ins[x].meta["val"] = self.fresh(self.value(x))
+            call = mini.node_copy(node, ins.__getitem__)
+            recorded = node.meta.get("val")
+            if isinstance(recorded, (tuple, list)):
+                for i in range(len(recorded)):
+                    g = mini.call_function(operator.getitem, (call, i))
+                    g.meta["val"] = recorded[i]
+                    outputs.append(g)
+                counts.append(len(recorded))
+            else:
+                outputs.append(call)
+                counts.append(1)
+        placeholders = list(ins.values())
+        mini.output(tuple(outputs))
+        gm = torch.fx.GraphModule(torch.nn.Module(), mini)
+        try:
+            new_gm, aot_sig = _trace_once(gm, placeholders, self.table)
+        except Exception as e:  # noqa: BLE001 -- the whole retrace decides (and reports what fails there)
+            raise _Declined(f"the trace of the calls failed: {type(e).__name__}: {e}") from e
+        if aot_sig.input_tokens or aot_sig.output_tokens or aot_sig.user_inputs_to_mutate or \
+                aot_sig.buffers_to_mutate or len(aot_sig.user_inputs) != len(placeholders):
+            raise _Declined("the trace of the calls is not a plain function")
+        graph = new_gm.graph
+        graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure(impure_random=False))
+        self.traced += 1
+        phs = [n for n in graph.nodes if n.op == "placeholder"]  # in the order of ``ins``
+        outs = list(graph.output_node().args[0])
+        if len(outs) != len(outputs):
+            raise _Declined("the trace of the calls returns another number of values")
+        source = dict(zip(phs, ins))  # a traced placeholder -> the program's node
+        traced_ph = dict(zip(ins, phs))
+        owner: dict = {}
+        result, o = [], 0
+        for k, ((_, inputs), n_out) in enumerate(zip(calls, counts)):
+            result.append([[traced_ph[x] for x in inputs], [], outs[o:o + n_out], None])
+            o += n_out
+            for x in inputs:
+                owner.setdefault(traced_ph[x], k)
+            # what the call's outputs read (a size the trace computed once for two calls goes to both)
+            inside, stack = set(), [x for x in result[-1][2] if isinstance(x, torch.fx.Node)]
+            while stack:
+                x = stack.pop()
+                if x not in inside and x.op != "placeholder":
+                    inside.add(x)
+                    stack += x.all_input_nodes
+            result[-1][1] = inside
+            for x in inside:
+                owner.setdefault(x, k)
+        for n in graph.nodes:
+            if n.op in ("placeholder", "output") or n in owner:
+                continue
+            # what no output reads (a check): to the call whose values it reads, with what it reads
+            k = next((owner[x] for x in n.all_input_nodes if x in owner and x.op != "placeholder"),
+                     next((owner[x] for x in n.all_input_nodes if x in owner), None))
+            if k is None:
+                raise _Declined(f"the trace of the calls holds {n.format_node()}, which reads none of them")
+            stack = [n]
+            while stack:
+                x = stack.pop()
+                if x not in result[k][1] and x.op != "placeholder":
+                    result[k][1].add(x)
+                    stack += x.all_input_nodes
+            owner[n] = k
+        order = {n: i for i, n in enumerate(graph.nodes)}
+        for entry in result:
+            entry[1] = sorted(entry[1], key=order.__getitem__)
+        for entry in result:
+            # a symbol's size the trace took from another call's input (the tracer binds a symbol to the
+            # first value it saw it in): that input's node in the program stands in (same value)
+            own = set(entry[0])
+            read = [x for y in entry[1] for x in y.all_input_nodes] + [x for x in entry[2] if isinstance(x, torch.fx.Node)]
+            entry[3] = {x: source[x] for x in read if x.op == "placeholder" and x not in own}
+        for entry, (node, _) in zip(result, calls):
+            # a traced form that makes values from data (item(), nonzero: new unbacked sizes) serves its
+            # own call only: an equal call elsewhere reads other data
+            entry.append(node if any("unbacked_bindings" in y.meta for y in entry[1]) else None)
+        return [tuple(e) for e in result]
+
+    def _splice(self, traced, node, inputs) -> list | None:
+        """The traced call copied into the lowered graph on ``inputs``; None when it reads another
+        call's input that the lowered graph does not have yet."""
+        phs, nodes, outs, foreign, _ = traced
+        if any(x not in self.env for x in foreign.values()):
+            return None
+        val_map = {ph: self.env[x] for ph, x in zip(phs, inputs)}
+        val_map.update((ph, self.env[x]) for ph, x in foreign.items())
+        for n in nodes:
+            new = self.graph.node_copy(n, val_map.__getitem__)
+            self.made.setdefault(node, set()).add(new)
+            # the call's own provenance (module stack, stack trace), as the whole retrace carries it
+            # over, not that of the equal call first traced (reuse.py finds a layer's nodes by it)
+            new.meta.update((k, v) for k, v in node.meta.items() if k not in _VALUE_KEYS)
+            val_map[n] = new
+        return [val_map[o] if isinstance(o, torch.fx.Node) else o for o in outs]
+
+
+def lower_locally(ep, table: dict):
+    """``ep`` with ``table`` (functionalize's trace table) applied node by node, as a new
+    ExportedProgram, or None when the node-local lowering does not apply (module docstring)."""
+    from .reuse import _program
+
+    if not _eligible(ep):
+        return None
+    with _LOCK:
+        try:
+            low = _Lowering(ep, table)
+            low.prefetch()
+            graph = low.run()
+            low.check_fresh()
+        except _Declined:
+            return None
+    graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure(impure_random=False))
+    prog = _program(ep, graph)
+    _materialize_conj(prog.graph_module)
+    _insert_runtime_asserts(prog.graph_module)
+    prog.graph_module.recompile()
+    return prog

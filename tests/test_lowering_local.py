@@ -1,0 +1,307 @@
+"""The node-local lowering (exporter/lowering/local.py) gives what the whole retrace gives: the same
+ops as torch's run_decompositions, the same values bit for bit, each lowered node tagged with its
+own call's module path; and it steps aside (returns None) where only functionalization of the whole
+program is right."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from exporter.lowering import local, tables
+from exporter.lowering.decompose import run_decompositions, trace_table
+from exporter.lowering.graph_ops import op_counts
+
+
+@pytest.fixture(autouse=True)
+def always_local(request, monkeypatch):
+    """The small programs here would be retraced whole (local._pays_off): they test what the
+    node-local lowering computes, so it is taken whatever it costs (but in the test of that rule)."""
+    if "pays_off" not in request.node.name:
+        monkeypatch.setattr(local, "_pays_off", lambda *counts: True)
+
+
+def _both(ep, table=None):
+    """(the node-local lowering, the whole retrace) of ``ep`` with torch's default table."""
+    table = tables.torch_default_table() if table is None else table
+    ours = local.lower_locally(ep, trace_table(table))
+    assert ours is not None, "the node-local lowering declined"
+    return ours, run_decompositions(ep, table, local=False)
+
+
+def _outputs(ep, *args):
+    return torch.utils._pytree.tree_leaves(ep.module()(*copy.deepcopy(args)))
+
+
+def _assert_same(ours, whole, torchs, *args):
+    assert op_counts(ours.graph_module) == op_counts(whole.graph_module) == op_counts(torchs.graph_module)
+    for a, b in zip(_outputs(ours, *args), _outputs(whole, *args)):
+        assert torch.equal(a, b)
+
+
+class Attention(nn.Module):
+    """Linear projections, fused attention (whose decomposition lays its result out otherwise than
+    the kernel) and the view model code takes on the kernel's layout, a layer norm, a GELU."""
+
+    def __init__(self, d=16, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.norm = nn.LayerNorm(d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = y.transpose(1, 2).reshape(b, t, d)
+        return self.norm(x + nn.functional.gelu(self.proj(y)))
+
+
+def test_attention_block_lowers_as_the_whole_retrace():
+    x = torch.randn(2, 5, 16)
+    model = Attention().eval()
+    ep = torch.export.export(model, (x,))
+    ours, whole = _both(ep)
+    _assert_same(ours, whole, ep.run_decompositions(), x)
+    torch.testing.assert_close(ours.module()(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_dynamic_batch_and_length():
+    x = torch.randn(2, 5, 16)
+    model = Attention().eval()
+    dims = {0: torch.export.Dim("b", max=64), 1: torch.export.Dim("t", max=64)}
+    ep = torch.export.export(model, (x,), dynamic_shapes=({**dims},))
+    ours, whole = _both(ep)
+    _assert_same(ours, whole, ep.run_decompositions(), x)
+    for shape in [(3, 7, 16), (1, 2, 16)]:
+        y = torch.randn(*shape)
+        torch.testing.assert_close(ours.module()(y), model(y), rtol=1e-5, atol=1e-5)
+
+
+class TwoLinears(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def test_each_lowered_node_keeps_its_own_calls_module_path():
+    """Equal calls are traced once and copied: the copy carries its own call's provenance (the
+    repeated-layer reuse finds a layer's nodes by it)."""
+    ep = torch.export.export(TwoLinears(), (torch.randn(4, 8),))
+    ours, whole = _both(ep)
+
+    def paths(prog):
+        return sorted((str(n.target), list(n.meta["nn_module_stack"])[-1]) for n in prog.graph.nodes
+                      if n.op == "call_function" and "nn_module_stack" in n.meta)
+
+    assert paths(ours) == paths(whole)
+    assert len({p for op, p in paths(ours) if op == "aten.addmm.default"}) == 2
+
+
+class WritesIntoFresh(nn.Module):
+    """In-place writes into values only they see (as in model code: ``x = a @ b; x.add_(1)``)."""
+
+    def forward(self, x, mask):
+        y = torch.mm(x, x.T)
+        s = (x @ x.T).mul_(0.5)  # matmul's decomposition makes a new tensor
+        y.add_(1.0)
+        y.mul_(2.0)
+        z = y.masked_fill_(mask, -1.0).softmax(-1)
+        return z + y + s
+
+
+def test_writes_into_fresh_values_are_functionalized_node_by_node():
+    x, mask = torch.randn(4, 4), torch.rand(4, 4) > 0.5
+    ep = torch.export.export(WritesIntoFresh(), (x, mask))
+    assert any(n.target is torch.ops.aten.add_.Tensor for n in ep.graph.nodes)
+    ours, whole = _both(ep)
+    _assert_same(ours, whole, ep.run_decompositions(), x, mask)
+    assert not any(n.op == "call_function" and n.target._schema.is_mutable for n in ours.graph.nodes
+                   if isinstance(n.target, torch._ops.OpOverload))
+    torch.testing.assert_close(ours.module()(x, mask), WritesIntoFresh()(x.clone(), mask), rtol=0, atol=0)
+
+
+class WritesIntoBuffer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("count", torch.zeros(4))
+
+    def forward(self, x):
+        self.count.add_(1.0)
+        return x + self.count
+
+
+class WritesIntoView(nn.Module):
+    def forward(self, x):
+        y = x * 2
+        v = y[:, :2]
+        v.mul_(0.0)  # writes y through a view
+        return y + 1
+
+
+class WritesIntoInput(nn.Module):
+    def forward(self, x):
+        x.add_(1.0)
+        return x * 2
+
+
+@pytest.mark.parametrize("model", [WritesIntoBuffer, WritesIntoView, WritesIntoInput])
+def test_writes_that_only_functionalization_handles_take_the_whole_retrace(model):
+    x = torch.randn(3, 4)
+    ep = torch.export.export(model(), (x.clone(),))
+    assert local.lower_locally(ep, trace_table(tables.torch_default_table())) is None
+    low = run_decompositions(ep, tables.torch_default_table())
+    assert op_counts(low.graph_module) == op_counts(ep.run_decompositions().graph_module)
+    eager = model()
+    torch.testing.assert_close(low.module()(x.clone()), eager(x.clone()), rtol=0, atol=0)
+
+
+def test_a_program_with_a_higher_order_op_takes_the_whole_retrace():
+    class Cond(nn.Module):
+        def forward(self, x):
+            return torch.cond(x.sum() > 0, lambda t: t.sin(), lambda t: t.cos(), (x,))
+
+    ep = torch.export.export(Cond(), (torch.randn(3),))
+    assert local.lower_locally(ep, trace_table(tables.torch_default_table())) is None
+
+
+def test_only_decomposed_calls_are_traced():
+    """A call the table leaves, on inputs laid out as recorded, is copied, not traced: a program
+    of kept ops alone needs no trace at all."""
+    class Kept(nn.Module):
+        def forward(self, x):
+            return (x.sin() + x.cos()).relu() * 3
+
+    ep = torch.export.export(Kept(), (torch.randn(4),))
+    low = local._Lowering(ep, trace_table(tables.torch_default_table()))
+    low.prefetch()
+    low.run()
+    assert low.traced == 0
+    ours, whole = _both(ep)
+    _assert_same(ours, whole, ep.run_decompositions(), torch.randn(4))
+
+
+class ConvStack(nn.Module):
+    """Nearly every call decomposed (conv, batch norm): tracing them alone costs what a retrace does."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(*[m for _ in range(4) for m in (nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4))])
+
+    def forward(self, x):
+        return self.body(x)
+
+
+class ManyKeptCalls(nn.Module):
+    """Few decomposed calls (two linears) among many the table keeps."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        for _ in range(6):
+            x = (x.sin() * 2 + x.cos()).relu() - x.abs()
+        return self.b(self.a(x).tanh())
+
+
+def test_the_node_local_lowering_is_taken_where_it_pays_off():
+    table = trace_table(tables.torch_default_table())
+    conv = torch.export.export(ConvStack().eval(), (torch.randn(1, 4, 8, 8),))
+    assert local.lower_locally(conv, table) is None
+    kept = torch.export.export(ManyKeptCalls(), (torch.randn(2, 8),))
+    ours = local.lower_locally(kept, table)
+    assert ours is not None
+    whole = run_decompositions(kept, tables.torch_default_table(), local=False)
+    _assert_same(ours, whole, kept.run_decompositions(), torch.randn(2, 8))
+
+
+class WritesIntoTypeAs(nn.Module):
+    """type_as returns its input itself when the dtype is already right: the write into its result
+    writes ``h`` too (the recorded values share a storage)."""
+
+    def forward(self, x):
+        h = x * 1.5
+        y = h.type_as(x)
+        y.mul_(2.0)
+        return h + y
+
+
+class WritesIntoClone(nn.Module):
+    def forward(self, x):
+        h = x * 1.5
+        y = h.clone()
+        y.mul_(2.0)
+        return h + y
+
+
+def test_a_write_into_an_alias_takes_the_whole_retrace():
+    x = torch.randn(3, 4)
+    table = tables.torch_default_table()
+    ep = torch.export.export(WritesIntoTypeAs(), (x,))
+    assert local.lower_locally(ep, trace_table(table)) is None
+    torch.testing.assert_close(run_decompositions(ep, table).module()(x), 6 * x, rtol=1e-6, atol=1e-6)
+    # a decomposition returning its input where the schema promises a new tensor (the recorded values
+    # cannot show it): clone -> identity makes ``y`` alias ``h``; the node-local lowering, which would
+    # take ``y`` for a new tensor, steps aside (_Lowering.check_fresh) and the retrace decides
+    aliasing = {**table, torch.ops.aten.clone.default: lambda t, memory_format=None: t}
+    ep = torch.export.export(WritesIntoClone(), (x,))
+    assert local.lower_locally(ep, trace_table(aliasing)) is None
+    torch.testing.assert_close(run_decompositions(ep, aliasing).module()(x),
+                               run_decompositions(ep, aliasing, local=False).module()(x), rtol=0, atol=0)
+
+
+class WritesIntoEvalDropout(nn.Module):
+    """An eval dropout returns its input itself, though its schema promises a new tensor and the
+    recorded values show none: the write into its result writes ``h`` too, in eager."""
+
+    def forward(self, x):
+        h = x * 1.5
+        y = nn.functional.dropout(h, p=0.1, training=False)
+        y.mul_(2.0)
+        return h + y
+
+
+def test_a_write_into_an_eval_dropout_lowers_as_torchs_and_validation_refuses_it(tmp_path):
+    """torch's run_decompositions computes 4.5x where eager computes 6x (dropout stays, and
+    functionalization takes its result for a new tensor); pt2b's lowering computes what torch's does,
+    and load_for_backend's validation refuses it."""
+    from exporter import export_model, load_for_backend
+    from exporter.errors import OpsetError
+
+    x = torch.randn(3, 4)
+    ep = torch.export.export(WritesIntoEvalDropout(), (x,))
+    torchs = ep.run_decompositions().module()(x)
+    torch.testing.assert_close(run_decompositions(ep, tables.torch_default_table()).module()(x), torchs, rtol=0, atol=0)
+    torch.testing.assert_close(WritesIntoEvalDropout()(x), 6 * x, rtol=1e-6, atol=1e-6)
+    assert not torch.allclose(torchs, 6 * x)
+    path = tmp_path / "dropout.pt2b"
+    export_model(WritesIntoEvalDropout(), (x,), path)
+    with pytest.raises(OpsetError, match="does not compute what the program does"):
+        load_for_backend(path, "core", cache=False)
+
+
+def test_a_program_read_back_from_a_file_is_lowered_by_its_schemas_not_its_storages(tmp_path):
+    """A program read back from a file has a storage per recorded value, so aliasing (a write through
+    a select view into a value) is told by the ops' schemas: the write through the view takes the
+    whole retrace, and the lowered program computes what eager does."""
+    from exporter import export_model, load
+
+    x = torch.randn(3, 4)
+    path = tmp_path / "view.pt2b"
+    export_model(WritesIntoView(), (x,), path)
+    ep = load(path).exported_program()
+    table = tables.torch_default_table()
+    assert local.lower_locally(ep, trace_table(table)) is None
+    torch.testing.assert_close(run_decompositions(ep, table).module()(x), WritesIntoView()(x), rtol=0, atol=0)
+    export_model(WritesIntoFresh(), (torch.randn(4, 4), torch.rand(4, 4) > 0.5), path)
+    ep = load(path).exported_program()
+    ours, whole = _both(ep)
+    args = (torch.randn(4, 4), torch.rand(4, 4) > 0.5)
+    _assert_same(ours, whole, ep.run_decompositions(), *args)
+    torch.testing.assert_close(ours.module()(*args), WritesIntoFresh()(*copy.deepcopy(args)), rtol=0, atol=0)
