@@ -508,6 +508,8 @@ def lower_locally(ep, table: dict):
             low.check_fresh()
         except _Declined:
             return None
+        except Exception:  # noqa: BLE001 -- a program this lowering does not foresee: the whole retrace
+            return None  # lowers it (or reports, in its words, why it cannot)
     graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure(impure_random=False))
     prog = _program(ep, graph)
     _materialize_conj(prog.graph_module)
