@@ -710,7 +710,7 @@ def readme_table(records: list[dict], wall: float | None = None) -> str:
     versions = sorted({r.get("pt2b", "unrecorded") for r in records if _ok(r, "capture")})
     lines.append("")
     lines.append(f"`none`/`core`/`max`: lowered with that preset, run on runtime_ref, close to eager. Failures after "
-                 f"capture: {len(after['torch too'])} cases where torch's own `run_decompositions` "
+                 f"capture: {len(after['torch too'])} cases where torch's own `run_decompositions` (or `torch.export.save`) "
                  f"fails too, {len(pt2b)} pt2b's" + (f" ({', '.join(pt2b[:6])})" if pt2b else "")
                  + f". pt2b {', '.join(versions)}" + (f", {wall / 3600:.1f} h on 2 cores." if wall else "."))
     return "\n".join(lines)

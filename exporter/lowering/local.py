@@ -58,8 +58,8 @@ def _eligible(ep) -> bool:
     if functorch_regions.has_regions(gm):
         return False
     for node in gm.graph.nodes:
-        if node.op == "get_attr":
-            return False
+        if node.op == "get_attr" or "unbacked_bindings" in node.meta:
+            return False  # (a size read from data: the whole retrace binds it anew, as torch's does)
         if node.op == "call_function":
             t = node.target
             if isinstance(t, torch._ops.OpOverload):
@@ -315,14 +315,11 @@ class _Lowering:
     def propagate(self, node) -> bool:
         """Copy a call the table leaves, whose inputs are laid out otherwise than recorded, with its
         value on the new inputs (what the trace would record for it, with less work); False where
-        that is not known to be what a trace gives: a call of a data-dependent op or of a Python
-        function on tensors, or one the new layout makes fail (a view, which the trace turns into a
-        copy)."""
+        that is not known to be what a trace gives: a call of a data-dependent op or a Python
+        function, or one the new layout makes fail (a view, which the trace turns into a copy)."""
         t = node.target
-        if isinstance(t, torch._ops.OpOverload):
-            if any(tag in t.tags for tag in (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)):
-                return False
-        elif not _symbolic_arithmetic(node):  # (size arithmetic: sym_ite, operator.mul on new sizes)
+        if not isinstance(t, torch._ops.OpOverload) or any(
+                tag in t.tags for tag in (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)):
             return False
         args, kwargs = pytree.tree_map_only(torch.fx.Node, self.value, (node.args, dict(node.kwargs)))
         try:

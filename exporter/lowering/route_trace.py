@@ -115,8 +115,10 @@ def record(ep: torch.export.ExportedProgram) -> ProgramRoutes:
     available = tables.available_decompositions()
     rec = _Recorder()
     forced = forced_ops()  # decomposed whatever the table says: what they emit is their caller's
+    # (whole: the recorder follows every call of each decomposition into the one traced graph; the
+    # node-local lowering traces equal calls once and copies them)
     lowered = run_decompositions(ep, {op: rec.wrap(op, flag_free(op, fn)) for op, fn in available.items()
-                                      if op not in forced})
+                                      if op not in forced}, local=False)
     rec.final_graphs = {id(m.graph) for m in lowered.graph_module.modules() if isinstance(m, torch.fx.GraphModule)}
     trees = [rec.prune(r).as_tree() for r in rec.roots if not rec.dead(r)]
     trees = [t for t in trees if t["op"] not in INFRASTRUCTURE]
@@ -125,7 +127,7 @@ def record(ep: torch.export.ExportedProgram) -> ProgramRoutes:
     # norm -> _native_batch_norm_legit_no_training), functionalized; `none` returns that when the
     # program mutates and the program itself otherwise (functionalize.py)
     mutates = may_mutate(ep)
-    functional = run_decompositions(ep, {})
+    functional = run_decompositions(ep, {}, local=False)
 
     def ops_of(program):
         return sorted({op_name(n.target) for n in op_nodes(program.graph_module) if not is_infrastructure(n.target)})
