@@ -45,7 +45,7 @@ from .errors import LoweringError
 from .ops import op_name
 from .versioning.op_table import iter_graphs
 
-__all__ = ["forced_ops", "functionalize", "is_mutating", "may_mutate", "updates_hidden_state"]
+__all__ = ["forced_ops", "functionalize", "is_mutating", "may_mutate", "signature_of", "updates_hidden_state"]
 
 # Lowerings are serialized: two threads lowering programs that share a FakeTensorMode (one
 # loaded program lowered twice at once) would interleave inside it.
@@ -274,7 +274,7 @@ def _writing_in_place(gm, table: dict, applied: dict, nested: dict | None = None
                 continue
             args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
             leaves, spec = torch.utils._pytree.tree_flatten((args, kwargs))
-            key = (op, tuple(_signature_of(v) for v in leaves))
+            key = (op, tuple(signature_of(v) for v in leaves))
             if key in seen:
                 continue
             seen.add(key)
@@ -317,11 +317,14 @@ def _returns_alias(op) -> bool:
     return any(r.alias_info is not None for r in op._schema.returns)
 
 
-def _signature_of(v):
+def signature_of(v):
+    """What a decomposition can see of a value traced alone: a tensor's shape, strides, storage
+    offset, dtype, device and conjugate bit; a size's expression; any other value itself. Two calls
+    of one op on values with equal signatures decompose alike."""
     if isinstance(v, torch.Tensor):
-        return ("tensor", str(v.shape), v.dtype, str(v.stride()), v.is_conj())
-    if isinstance(v, torch.SymInt):
-        return ("symint", str(v))
+        return ("tensor", str(v.shape), v.dtype, str(v.stride()), str(v.storage_offset()), v.device, v.is_conj())
+    if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return (type(v).__name__, str(v))
     return ("value", repr(v))
 
 

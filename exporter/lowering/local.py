@@ -26,8 +26,8 @@ import torch
 import torch.utils._pytree as pytree
 
 from .. import functorch_regions
-from ..functionalize import (_LOCK, _fake_mode, _insert_runtime_asserts, _materialize_conj, _trace_once,
-                             updates_hidden_state)
+from ..functionalize import (_LOCK, _fake_mode, _insert_runtime_asserts, _materialize_conj, _returns_alias,
+                             _trace_once, is_mutating, signature_of, updates_hidden_state)
 
 __all__ = ["lower_locally"]
 
@@ -117,8 +117,6 @@ def _without_writes(graph: torch.fx.Graph, fake_mode_of, traced) -> tuple[torch.
     (_Lowering.check_fresh). A write into an input, into a view, or into a value viewed before the
     write is left to the whole retrace (None). detach_ calls go (as in the retrace,
     functionalize._prepared). Returns (the graph, those calls of it)."""
-    from ..functionalize import is_mutating
-
     writes = [n for n in graph.nodes if n.op == "call_function" and is_mutating(n.target)]
     if not writes:
         return graph, set()
@@ -206,33 +204,17 @@ def _makes_new_tensor(node) -> bool:
     """A call of an op whose schema returns one new tensor (no alias of an argument) and writes
     nothing."""
     t = node.target
-    if node.op != "call_function" or not isinstance(t, torch._ops.OpOverload) or \
-            not isinstance(node.meta.get("val"), torch.Tensor):
-        return False
-    schema = t._schema
-    return not any(r.alias_info is not None for r in schema.returns) and not any(
-        a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+    return node.op == "call_function" and isinstance(t, torch._ops.OpOverload) and \
+        isinstance(node.meta.get("val"), torch.Tensor) and not _returns_alias(t) and not is_mutating(t)
 
 
 def _same_layout(a, b) -> bool:
+    """Tensors (or lists of them) laid out alike (functionalize.signature_of); other values of one type."""
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return (a.dtype == b.dtype and a.device == b.device and _eq(a.shape, b.shape)
-                and _eq(a.stride(), b.stride()) and _eq(a.storage_offset(), b.storage_offset()))
+        return signature_of(a) == signature_of(b)
     if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
         return len(a) == len(b) and all(_same_layout(x, y) for x, y in zip(a, b))
     return type(a) is type(b) and (not isinstance(a, torch.Tensor))
-
-
-def _eq(a, b) -> bool:
-    return str(a) == str(b)
-
-
-def _meta_key(v):
-    if isinstance(v, torch.Tensor):
-        return ("T", str(tuple(v.shape)), str(v.stride()), str(v.storage_offset()), v.dtype, v.device.type)
-    if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        return ("S", type(v).__name__, str(v))
-    return ("V", repr(v))
 
 
 class _Lowering:
@@ -255,7 +237,7 @@ class _Lowering:
 
     def fresh(self, v):
         """A value of ``v``'s layout that aliases nothing (aot_export handles aliased inputs otherwise)."""
-        if not isinstance(v, torch.Tensor) or not _eq(v.storage_offset(), 0):
+        if not isinstance(v, torch.Tensor) or str(v.storage_offset()) != "0":
             return v
         with self.mode():
             return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device)
@@ -273,7 +255,7 @@ class _Lowering:
         for call in self.assumed:
             value, made = self.env.get(call), self.made.get(call, set())
             while isinstance(value, torch.fx.Node) and value in made and isinstance(value.target, torch._ops.OpOverload) \
-                    and any(r.alias_info is not None for r in value.target._schema.returns):
+                    and _returns_alias(value.target):
                 value = value.args[0]
             if not (isinstance(value, torch.fx.Node) and value in made):
                 raise _Declined(f"{call.format_node()} may return an alias of its input, and is written in place")
@@ -339,7 +321,7 @@ class _Lowering:
         inputs = list(dict.fromkeys(node.all_input_nodes))
         index = {x: i for i, x in enumerate(inputs)}
         shape = pytree.tree_map_only(torch.fx.Node, lambda x: ("in", index[x]), (node.args, dict(node.kwargs)))
-        return (node.target, repr(shape), tuple(_meta_key(self.value(x)) for x in inputs)), inputs
+        return (node.target, repr(shape), tuple(signature_of(self.value(x)) for x in inputs)), inputs
 
     def prefetch(self) -> None:
         """Trace every distinct call the lowering traces, on the values the program recorded, in one
@@ -506,10 +488,8 @@ def lower_locally(ep, table: dict):
             low.prefetch()
             graph = low.run()
             low.check_fresh()
-        except _Declined:
-            return None
-        except Exception:  # noqa: BLE001 -- a program this lowering does not foresee: the whole retrace
-            return None  # lowers it (or reports, in its words, why it cannot)
+        except Exception:  # noqa: BLE001 -- _Declined, or a program this lowering does not foresee: the
+            return None  # whole retrace lowers it (or reports, in its words, why it cannot)
     graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure(impure_random=False))
     prog = _program(ep, graph)
     _materialize_conj(prog.graph_module)
