@@ -77,7 +77,8 @@ def plan_in_place(step_nodes: list, outs: list, reads: list, slot_of: dict, n_us
     skip: indices of steps that must not run in place (inside autocast regions).
     """
     fresh: set[int] = set()
-    aliases: dict[int, set[int]] = {}  # slot -> slots that may share its memory
+    never = len(step_nodes)
+    classes = _AliasClasses(lambda m: last_use.get(m, never))
     chosen: dict[int, object] = {}
     for k, node in enumerate(step_nodes):
         target, out = node.target, outs[k]
@@ -87,15 +88,50 @@ def plan_in_place(step_nodes: list, outs: list, reads: list, slot_of: dict, n_us
             s = slot_of[first]
             others = [a for a in (*node.args[1:], *node.kwargs.values()) if a is first]
             if (s in fresh and s >= n_user and last_use.get(s) == k and not others
-                    and all(last_use.get(m, len(step_nodes)) < k for m in aliases.get(s, ()))
+                    and classes.others_die_before(s, k)
                     and _same_layout(first.meta.get("val"), node.meta.get("val"))):
                 chosen[k] = fn
         if _fresh(target):
             fresh.add(out)
         if _aliases_inputs(target):
-            group = {out}
             for r in reads[k]:
-                group |= {r} | aliases.get(r, set())
-            for m in group:
-                aliases.setdefault(m, set()).update(group - {m})
+                classes.join(out, r)
     return chosen
+
+
+class _AliasClasses:
+    """Slots that may share memory, as classes closed under "may alias" (union-find), each class
+    keeping its two latest-dying members: whether every other member of a slot's class is dead by a
+    step is then one comparison, however large the class (a quadratic walk over sets before, 21 s of
+    planning on a 4,700-step program)."""
+
+    def __init__(self, dies_at):
+        self._dies_at = dies_at
+        self._parent: dict[int, int] = {}
+        self._last: dict[int, list] = {}  # root -> up to two (step it dies after, slot), latest first
+
+    def _root(self, m: int) -> int:
+        parent = self._parent
+        if m not in parent:
+            parent[m] = m
+            self._last[m] = [(self._dies_at(m), m)]
+            return m
+        root = m
+        while parent[root] != root:
+            root = parent[root]
+        while parent[m] != root:
+            parent[m], m = root, parent[m]
+        return root
+
+    def join(self, a: int, b: int) -> None:
+        ra, rb = self._root(a), self._root(b)
+        if ra != rb:
+            self._parent[rb] = ra
+            self._last[ra] = sorted(self._last[ra] + self._last.pop(rb), reverse=True)[:2]
+
+    def others_die_before(self, s: int, k: int) -> bool:
+        """Whether every slot other than s that may alias s dies before step k."""
+        if s not in self._parent:
+            return True
+        others = [lu for lu, m in self._last[self._root(s)] if m != s]
+        return not others or others[0] < k

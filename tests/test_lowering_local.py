@@ -178,7 +178,7 @@ def test_only_decomposed_calls_are_traced():
             return (x.sin() + x.cos()).relu() * 3
 
     ep = torch.export.export(Kept(), (torch.randn(4),))
-    low = local._Lowering(ep, trace_table(tables.torch_default_table()))
+    low = local._Lowering(ep, trace_table(tables.torch_default_table()), ep.graph)
     low.prefetch()
     low.run()
     assert low.traced == 0
@@ -305,3 +305,34 @@ def test_a_program_read_back_from_a_file_is_lowered_by_its_schemas_not_its_stora
     args = (torch.randn(4, 4), torch.rand(4, 4) > 0.5)
     _assert_same(ours, whole, ep.run_decompositions(), *args)
     torch.testing.assert_close(ours.module()(*args), WritesIntoFresh()(*copy.deepcopy(args)), rtol=0, atol=0)
+
+
+class GradRegions(nn.Module):
+    """Model code that switches grad mode around decomposed calls (torch.no_grad() blocks, as in
+    recurrent reasoning models). export makes each a region (wrap_with_set_grad_enabled); the lowering
+    writes it out as mode switches around the body's calls, which lower as any others."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+        self.norm = nn.LayerNorm(d)
+
+    def forward(self, x):
+        y = self.lin(x)
+        with torch.no_grad():
+            z = self.norm(y) * 2
+        return nn.functional.gelu(self.lin(z)) + y
+
+
+def test_grad_mode_regions_are_written_out_as_the_whole_retrace_writes_them():
+    x = torch.randn(2, 5, 16)
+    model = GradRegions().eval()
+    ep = torch.export.export(model, (x,))
+    assert [n.args[0] for n in ep.graph.nodes if n.target is torch.ops.higher_order.wrap_with_set_grad_enabled] == [False]
+    ours, whole = _both(ep)
+    _assert_same(ours, whole, ep.run_decompositions(), x)
+    switches = [[n.args for n in p.graph.nodes if n.target is torch._C._set_grad_enabled] for p in (ours, whole)]
+    assert switches[0] == switches[1] == [(False,), (False,)]
+    layer_norm = next(n for n in ours.graph.nodes if n.target is torch.ops.aten.native_layer_norm.default)
+    assert [n.target for n in (layer_norm.prev, layer_norm.next.next.next)] == [torch._C._set_grad_enabled] * 2
+    torch.testing.assert_close(ours.module()(x), model(x), rtol=1e-5, atol=1e-5)

@@ -14,8 +14,8 @@ call sees the values it would see in the whole retrace. A write in place into a 
 writes see becomes the functional op (_without_writes), as functionalization makes it.
 
 Used only where that argument holds: no write into an input, a buffer or a view, no higher-order op
-or functorch region, no effectful op, no conjugate view, only OpOverload calls, getitem and size
-arithmetic, a trace that takes and returns plain values; and only where it pays off (_pays_off).
+or functorch region, no effectful op, no conjugate view, only OpOverload calls, getitem, grad-mode
+switches and size arithmetic, a trace that takes and returns plain values; and only where it pays off (_pays_off).
 Otherwise ``lower_locally`` returns None and the caller retraces the whole program.
 """
 from __future__ import annotations
@@ -51,13 +51,13 @@ class _Declined(Exception):
     """This program (or one of its calls) is not for the node-local lowering."""
 
 
-def _eligible(ep) -> bool:
+def _eligible(ep, graph: torch.fx.Graph) -> bool:
+    """Whether ``graph`` (``ep``'s, its grad-mode regions inlined) is for the node-local lowering."""
     from torch._higher_order_ops.effects import has_effects
 
-    gm = ep.graph_module
-    if functorch_regions.has_regions(gm):
+    if functorch_regions.has_regions(ep.graph_module):
         return False
-    for node in gm.graph.nodes:
+    for node in graph.nodes:
         if node.op == "get_attr" or "unbacked_bindings" in node.meta:
             return False  # (a size read from data: the whole retrace binds it anew, as torch's does)
         if node.op == "call_function":
@@ -65,12 +65,62 @@ def _eligible(ep) -> bool:
             if isinstance(t, torch._ops.OpOverload):
                 if has_effects(t) or updates_hidden_state(node):
                     return False
-            elif t is not operator.getitem and not _symbolic_arithmetic(node):
+            elif t not in _KEPT_CALLS and not _symbolic_arithmetic(node):
                 return False
         for v in pytree.tree_leaves(node.meta.get("val")):
             if isinstance(v, torch.Tensor) and (v.is_conj() or v.is_neg() or v.is_sparse or v.is_quantized):
                 return False
     return True
+
+
+def _inline_grad_regions(gm: torch.fx.GraphModule) -> torch.fx.Graph:
+    """``gm``'s graph with each ``wrap_with_set_grad_enabled(flag, body, *args)`` region written out
+    as the whole retrace writes it: ``_set_grad_enabled(flag)``, the body's calls, then
+    ``_set_grad_enabled(False)`` (the mode the retrace runs in, restored). A body that holds anything
+    but calls (a nested region) leaves the graph as it is, and the lowering declines it."""
+    region = torch.ops.higher_order.wrap_with_set_grad_enabled
+    if not any(n.op == "call_function" and n.target is region for n in gm.graph.nodes):
+        return gm.graph
+    graph, env = torch.fx.Graph(), {}
+
+    def switch(flag):
+        graph.call_function(torch._C._set_grad_enabled, (flag,)).meta["val"] = None
+
+    def inline(node) -> bool:
+        flag, body, *args = node.args
+        body = getattr(gm, body.target) if not node.kwargs else None
+        if not isinstance(body, torch.fx.GraphModule) or any(
+                n.op not in ("placeholder", "call_function", "output") for n in body.graph.nodes):
+            return False
+        inner = dict(zip((n for n in body.graph.nodes if n.op == "placeholder"),
+                         (env[a] if isinstance(a, torch.fx.Node) else a for a in args)))
+        switch(flag)
+        for b in body.graph.nodes:
+            if b.op == "output":
+                env[node] = [inner[o] if isinstance(o, torch.fx.Node) else o for o in b.args[0]]
+            elif b.op == "call_function":
+                inner[b] = graph.node_copy(b, inner.__getitem__)
+        switch(False)
+        return True
+
+    for node in gm.graph.nodes:
+        if node.op == "get_attr" and node.users and all(u.target is region for u in node.users):
+            continue  # (the body of a region, inlined below)
+        if node.op == "call_function" and node.target is region:
+            if not inline(node):
+                return gm.graph
+        elif node.op == "call_function" and node.target is operator.getitem and isinstance(env.get(node.args[0]), list):
+            env[node] = env[node.args[0]][node.args[1]]
+        else:
+            env[node] = graph.node_copy(node, env.__getitem__)
+            if node.op == "placeholder":
+                env[node].name = env[node].target = node.name
+    return graph
+
+
+# Python calls copied as they are: a tuple element, and a grad-mode switch (no tensor in or out; the
+# whole retrace records it where it stood, and a decomposition traces to the same ops in either mode)
+_KEPT_CALLS = frozenset({operator.getitem, torch._C._set_grad_enabled})
 
 
 def _symbolic_arithmetic(node) -> bool:
@@ -221,7 +271,7 @@ class _Lowering:
     """One node-local lowering of ``ep`` with ``table``: ``prefetch()``, ``run()`` (the lowered graph),
     ``check_fresh()``; _Declined where the whole retrace must do it."""
 
-    def __init__(self, ep, table: dict):
+    def __init__(self, ep, table: dict, graph: torch.fx.Graph):
         self.ep, self.table = ep, table
         self.graph = torch.fx.Graph()
         self.env: dict = {}  # source node -> new node (or a list of new nodes for a traced multi-output call)
@@ -229,7 +279,7 @@ class _Lowering:
         self.memo: dict = {}  # call key -> its traced form (_trace_calls)
         self.traced = 0
         self.fake_mode = None
-        cleared = _without_writes(ep.graph, self.mode, self.traces)
+        cleared = _without_writes(graph, self.mode, self.traces)
         if cleared is None:
             raise _Declined("a write in place that only functionalization can remove")
         self.source, self.assumed = cleared
@@ -480,11 +530,12 @@ def lower_locally(ep, table: dict):
     ExportedProgram, or None when the node-local lowering does not apply (module docstring)."""
     from .reuse import _program
 
-    if not _eligible(ep):
+    source = _inline_grad_regions(ep.graph_module)
+    if not _eligible(ep, source):
         return None
     with _LOCK:
         try:
-            low = _Lowering(ep, table)
+            low = _Lowering(ep, table, source)
             low.prefetch()
             graph = low.run()
             low.check_fresh()
