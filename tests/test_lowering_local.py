@@ -336,3 +336,38 @@ def test_grad_mode_regions_are_written_out_as_the_whole_retrace_writes_them():
     layer_norm = next(n for n in ours.graph.nodes if n.target is torch.ops.aten.native_layer_norm.default)
     assert [n.target for n in (layer_norm.prev, layer_norm.next.next.next)] == [torch._C._set_grad_enabled] * 2
     torch.testing.assert_close(ours.module()(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+class ReadsData(nn.Module):
+    """Sizes and checks read from data, as transformers' multimodal models write them: a size from
+    `item()`, and `torch_compilable_check` on a mask (`_is_all_true(...).item()`, which export records
+    as True). The table decomposes `item` (to `_local_scalar_dense`); its trace binds a new unbacked
+    symbol, which the lowered program's range constraints must hold for the reader to rebuild it."""
+
+    def forward(self, x, n, ids):
+        k = n.item()
+        torch._check(k >= 1)
+        torch._check(k <= x.shape[0])
+        mask = ids == 5
+        torch._check_tensor_all(x[mask].numel() == mask.sum() * x.shape[-1])
+        return nn.functional.layer_norm(x[:k], (x.shape[-1],)) * 2
+
+
+def test_sizes_read_from_data_lower_node_by_node_and_are_written_and_read_back(tmp_path):
+    from exporter import export_model, load
+
+    x, ids = torch.randn(6, 8), torch.tensor([5, 1, 5, 1, 1, 5])
+    ep = torch.export.export(ReadsData(), (x, torch.tensor(4), ids))
+    assert any("unbacked_bindings" in node.meta for node in ep.graph.nodes)
+    ours, whole = _both(ep)
+    # the same ops, but runtime assertions: the whole retrace repeats one (docs/lowering.md)
+    counts = [{op: k for op, k in op_counts(p.graph_module).items() if op != "aten::_assert_scalar.default"}
+              for p in (ours, whole, ep.run_decompositions())]
+    assert counts[0] == counts[1] == counts[2]
+    for a, b in zip(_outputs(ours, x, torch.tensor(4), ids), _outputs(whole, x, torch.tensor(4), ids)):
+        assert torch.equal(a, b)
+    path = tmp_path / "sizes.pt2b"
+    export_model(ours, path=path)  # (the reader refuses a symbol without a range)
+    for k in (1, 4, 6):
+        want = ReadsData()(x, torch.tensor(k), ids)
+        torch.testing.assert_close(load(path)(x, torch.tensor(k), ids), want, rtol=0, atol=0)

@@ -58,8 +58,8 @@ def _eligible(ep, graph: torch.fx.Graph) -> bool:
     if functorch_regions.has_regions(ep.graph_module):
         return False
     for node in graph.nodes:
-        if node.op == "get_attr" or "unbacked_bindings" in node.meta:
-            return False  # (a size read from data: the whole retrace binds it anew, as torch's does)
+        if node.op == "get_attr":
+            return False
         if node.op == "call_function":
             t = node.target
             if isinstance(t, torch._ops.OpOverload):
@@ -348,10 +348,13 @@ class _Lowering:
         """Copy a call the table leaves, whose inputs are laid out otherwise than recorded, with its
         value on the new inputs (what the trace would record for it, with less work); False where
         that is not known to be what a trace gives: a call of a data-dependent op or a Python
-        function, or one the new layout makes fail (a view, which the trace turns into a copy)."""
+        function on tensors, or one the new layout makes fail (a view, which the trace turns into a
+        copy)."""
         t = node.target
-        if not isinstance(t, torch._ops.OpOverload) or any(
-                tag in t.tags for tag in (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)):
+        if isinstance(t, torch._ops.OpOverload):
+            if any(tag in t.tags for tag in (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)):
+                return False
+        elif not _symbolic_arithmetic(node):  # (size arithmetic, sym_ite on a size read anew: run it on the new sizes)
             return False
         args, kwargs = pytree.tree_map_only(torch.fx.Node, self.value, (node.args, dict(node.kwargs)))
         try:
@@ -525,6 +528,21 @@ class _Lowering:
         return [val_map[o] if isinstance(o, torch.fx.Node) else o for o in outs]
 
 
+def _range_constraints(ep, graph: torch.fx.Graph, fake_mode) -> dict:
+    """``ep``'s range constraints, and the range of each size the lowering reads from data anew (a
+    decomposition's ``_local_scalar_dense`` for ``item``: its symbol is new), as torch's retrace
+    records them (the reader refuses a symbol without a range)."""
+    out = dict(ep.range_constraints)
+    env = getattr(fake_mode, "shape_env", None)
+    if env is None:
+        return out
+    for node in graph.nodes:
+        for sym in node.meta.get("unbacked_bindings") or {}:
+            if sym not in out and sym not in env.replacements and sym in env.var_to_range:
+                out[sym] = env.var_to_range[sym]
+    return out
+
+
 def lower_locally(ep, table: dict):
     """``ep`` with ``table`` (functionalize's trace table) applied node by node, as a new
     ExportedProgram, or None when the node-local lowering does not apply (module docstring)."""
@@ -542,7 +560,7 @@ def lower_locally(ep, table: dict):
         except Exception:  # noqa: BLE001 -- _Declined, or a program this lowering does not foresee: the
             return None  # whole retrace lowers it (or reports, in its words, why it cannot)
     graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure(impure_random=False))
-    prog = _program(ep, graph)
+    prog = _program(ep, graph, _range_constraints(ep, graph, low.fake_mode))
     _materialize_conj(prog.graph_module)
     _insert_runtime_asserts(prog.graph_module)
     prog.graph_module.recompile()
