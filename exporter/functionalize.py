@@ -52,14 +52,22 @@ __all__ = ["forced_ops", "functionalize", "is_mutating", "may_mutate", "signatur
 _LOCK = threading.RLock()
 
 
-def functionalize(ep, table: dict | None = None):
+def functionalize(ep, table: dict | None = None, *, local: bool = False):
     """``ep`` functionalized, with ``table`` (op -> decomposition, applied exactly as given, in the
     same trace) as a new ATen-dialect ExportedProgram. Without a table only the decompositions every
-    retrace applies (forced_ops) are, and ``ep`` itself is returned when it has no mutation."""
+    retrace applies (forced_ops) are, and ``ep`` itself is returned when it has no mutation; with
+    ``local``, node by node where that applies (lowering/local.py: the writes into fresh values made
+    functional without a retrace of the whole program), else in one retrace."""
     if table is None:
         if not may_mutate(ep) and not functorch_regions.has_regions(ep.graph_module):
             return ep
         table = _forced()
+        if local:
+            from .lowering.local import lower_locally
+
+            lowered = lower_locally(ep, table)
+            if lowered is not None:
+                return lowered
     with _LOCK:
         try:
             return _retrace(ep, table)

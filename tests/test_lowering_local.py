@@ -140,8 +140,38 @@ class WritesIntoView(nn.Module):
     def forward(self, x):
         y = x * 2
         v = y[:, :2]
-        v.mul_(0.0)  # writes y through a view
-        return y + 1
+        v.mul_(0.5)  # writes y through a view, which is read again after the write
+        return y + v.sum()
+
+
+class WritesThroughFreshViews(nn.Module):
+    """A tensor filled through views made for each write alone (glm4_moe_lite's and deepseek's
+    rotary halves: ``q = x.new_empty(...); q[..., :8] = a; q[..., 8:] = b``): each write becomes the
+    view of the value as written so far, written, and scattered back (slice_scatter,
+    select_scatter), as functionalization makes it."""
+
+    def forward(self, a, b):
+        q = a.new_empty(a.shape[0], a.shape[1], 12)
+        q[..., :8] = a
+        q[..., 8:] = b.expand(a.shape[0], a.shape[1], 4)
+        q[:, 0] = 0.5
+        return nn.functional.layer_norm(q, (12,)) * 2
+
+
+def test_writes_through_views_made_for_them_lower_node_by_node(tmp_path):
+    from exporter import export_model, load
+
+    a, b = torch.randn(2, 5, 8), torch.randn(1, 1, 4)
+    ep = torch.export.export(WritesThroughFreshViews(), (a, b), dynamic_shapes=({1: torch.export.Dim("t", max=64)}, None))
+    ours, whole = _both(ep)
+    _assert_same(ours, whole, ep.run_decompositions(), a, b)
+    torch.testing.assert_close(ours.module()(a, b), WritesThroughFreshViews()(a, b), rtol=1e-6, atol=1e-6)
+    path = tmp_path / "views.pt2b"  # read back from a file: a storage per value, the same lowering
+    export_model(ep, path=path)
+    ours, whole = _both(load(path).exported_program())
+    a = torch.randn(2, 9, 8)
+    _assert_same(ours, whole, ep.run_decompositions(), a, b)
+    torch.testing.assert_close(ours.module()(a, b), WritesThroughFreshViews()(a, b), rtol=1e-6, atol=1e-6)
 
 
 class WritesIntoInput(nn.Module):
@@ -371,3 +401,24 @@ def test_sizes_read_from_data_lower_node_by_node_and_are_written_and_read_back(t
     for k in (1, 4, 6):
         want = ReadsData()(x, torch.tensor(k), ids)
         torch.testing.assert_close(load(path)(x, torch.tensor(k), ids), want, rtol=0, atol=0)
+
+
+def test_the_none_preset_functionalizes_writes_into_fresh_values_node_by_node(monkeypatch):
+    """`none` applies no table, only functionalization (and the decompositions every retrace
+    applies): writes into fresh values become functional ops without a retrace of the program, with
+    the ops and values of the whole retrace."""
+    from exporter.functionalize import functionalize
+    from exporter.lowering.lower import lower
+
+    x, mask = torch.randn(4, 4), torch.rand(4, 4) > 0.5
+    ep = torch.export.export(WritesIntoFresh(), (x, mask))
+    calls = []
+    real = local.lower_locally
+    monkeypatch.setattr(local, "lower_locally", lambda *a: calls.append(real(*a)) or calls[-1])
+    ours = lower(ep, "none").exported_program()
+    assert len(calls) == 1 and calls[0] is ours
+    whole = functionalize(ep)
+    _assert_same(ours, whole, ep.run_decompositions({}), x, mask)
+    assert not any(n.target.__name__.endswith("_") for n in ours.graph.nodes
+                   if isinstance(n.target, torch._ops.OpOverload))
+    torch.testing.assert_close(ours.module()(x, mask), WritesIntoFresh()(x, mask), rtol=0, atol=0)

@@ -13,7 +13,7 @@ the table leaves, propagated on fake values) again on the new layout, until the 
 call sees the values it would see in the whole retrace. A write in place into a value only the
 writes see becomes the functional op (_without_writes), as functionalization makes it.
 
-Used only where that argument holds: no write into an input, a buffer or a view, no higher-order op
+Used only where that argument holds: no write into an input, a buffer or a view read again, no higher-order op
 or functorch region, no effectful op, no conjugate view, only OpOverload calls, getitem, grad-mode
 switches and size arithmetic, a trace that takes and returns plain values; and only where it pays off (_pays_off).
 Otherwise ``lower_locally`` returns None and the caller retraces the whole program.
@@ -153,6 +153,9 @@ def _functional_variant(op):
 
 
 _RESIZING = frozenset({torch.ops.aten.resize_.default, torch.ops.aten.resize_as_.default})
+# Views a write through is made functional by the scatter functionalization emits for it
+_SCATTER = {torch.ops.aten.slice.Tensor: torch.ops.aten.slice_scatter.default,
+            torch.ops.aten.select.int: torch.ops.aten.select_scatter.default}
 
 
 def _without_writes(graph: torch.fx.Graph, fake_mode_of, traced) -> tuple[torch.fx.Graph, set] | None:
@@ -164,8 +167,11 @@ def _without_writes(graph: torch.fx.Graph, fake_mode_of, traced) -> tuple[torch.
     returning new tensors. A decomposed op (``traced(node)``) may return its input where its schema
     promises a new tensor (an eval dropout, type_as), which only its decomposition shows: such calls
     are returned with the graph, for the lowering to check that their decomposition made a new tensor
-    (_Lowering.check_fresh). A write into an input, into a view, or into a value viewed before the
-    write is left to the whole retrace (None). detach_ calls go (as in the retrace,
+    (_Lowering.check_fresh). A write through a slice or select made for that write alone (``q[..., :8]
+    = a``) becomes that view of the value as written so far, written by the functional op, and
+    scattered back (slice_scatter, select_scatter), as functionalization makes it. A write into an
+    input, through any other view, or into a value viewed before the write is left to the whole
+    retrace (None). detach_ calls go (as in the retrace,
     functionalize._prepared). Returns (the graph, those calls of it)."""
     writes = [n for n in graph.nodes if n.op == "call_function" and is_mutating(n.target)]
     if not writes:
@@ -173,12 +179,17 @@ def _without_writes(graph: torch.fx.Graph, fake_mode_of, traced) -> tuple[torch.
     position = {n: i for i, n in enumerate(graph.nodes)}
     root: dict = {}  # a write -> the value it writes into (the op that made it)
     last_write: dict = {}  # that value -> the position of the last write into it
+    through: dict = {}  # a write through a view made for it alone (q[..., :8] = a) -> that view
     for w in writes:
         target = w.args[0] if w.args else None
         if not isinstance(target, torch.fx.Node):
             return None
+        if target.op == "call_function" and target.target in _SCATTER and len(target.users) == 1 and \
+                not w.users and isinstance(target.args[0], torch.fx.Node):
+            through[w], target = target, target.args[0]
         root[w] = root.get(target, target)
         last_write[root[w]] = position[w]
+    views = set(through.values())
     assumed: set = set()  # decomposed calls taken for ops returning a new tensor, checked after tracing
     for origin, last in last_write.items():
         if not _makes_new_tensor(origin):
@@ -187,7 +198,7 @@ def _without_writes(graph: torch.fx.Graph, fake_mode_of, traced) -> tuple[torch.
             assumed.add(origin)
         for member in [origin, *(w for w in writes if root[w] is origin)]:
             for user in member.users:
-                if position[user] > last or (user in root and root[user] is origin):
+                if position[user] > last or (user in root and root[user] is origin) or user in views:
                     continue
                 if _makes_new_tensor(user):
                     if traced(user):
@@ -210,11 +221,37 @@ def _without_writes(graph: torch.fx.Graph, fake_mode_of, traced) -> tuple[torch.
         origin = root.get(x, x)
         return latest[origin] if origin in latest and position[x] <= last_write[origin] else env[x]
 
+    def call(op, args, kwargs, like):
+        """A new call of ``op`` with ``like``'s provenance and its value on the recorded values."""
+        new = out.call_function(op, args, kwargs)
+        new.meta.update({k: v for k, v in like.meta.items() if k not in _VALUE_KEYS})
+        vals = pytree.tree_map_only(torch.fx.Node, lambda x: x.meta.get("val"), (args, kwargs))
+        with fake_mode_of():
+            new.meta["val"] = op(*vals[0], **vals[1])
+        return new
+
     for node in graph.nodes:
+        if node in views:
+            continue  # (made where its write is)
         if node not in root:
             env[node] = out.node_copy(node, read)
             continue
         target = node.args[0]
+        if node in through:  # the view of the value as written so far, written, scattered back into it
+            view, functional = through[node], _functional_variant(node.target)
+            if functional is None:
+                return None
+            try:
+                base = read(view.args[0])
+                sliced = call(view.target, (base, *view.args[1:]), dict(view.kwargs), view)
+                args = pytree.tree_map_only(torch.fx.Node, read, (node.args[1:], dict(node.kwargs)))
+                written = call(functional, (sliced, *args[0]), args[1], node)
+                latest[root[node]] = call(_SCATTER[view.target], (base, written, *view.args[1:]),
+                                          dict(view.kwargs), node)
+            except Exception:  # noqa: BLE001 -- the whole retrace decides
+                return None
+            env[node] = written
+            continue
         if node.target is torch.ops.aten.detach_.default:
             env[node] = read(target)
             continue

@@ -175,7 +175,7 @@ def lower(source_ep, preset: str = "core", *, supported_ops=None, decompositions
                                  decompose=decompose, strict=strict)
     reused = None
     if not plan.table:
-        lowered = functionalize(source_ep)
+        lowered = functionalize(source_ep, local=True)
     else:  # a chain of equal layers is traced once (reuse.py); anything else whole
         decompose = lambda ep: run_decompositions(ep, plan.table)  # noqa: E731
         reused = lower_with_reuse(source_ep, decompose)
