@@ -52,22 +52,14 @@ __all__ = ["forced_ops", "functionalize", "is_mutating", "may_mutate", "signatur
 _LOCK = threading.RLock()
 
 
-def functionalize(ep, table: dict | None = None, *, local: bool = False):
+def functionalize(ep, table: dict | None = None):
     """``ep`` functionalized, with ``table`` (op -> decomposition, applied exactly as given, in the
     same trace) as a new ATen-dialect ExportedProgram. Without a table only the decompositions every
-    retrace applies (forced_ops) are, and ``ep`` itself is returned when it has no mutation; with
-    ``local``, node by node where that applies (lowering/local.py: the writes into fresh values made
-    functional without a retrace of the whole program), else in one retrace."""
+    retrace applies (forced_ops) are, and ``ep`` itself is returned when it has no mutation."""
     if table is None:
-        if not may_mutate(ep) and not functorch_regions.has_regions(ep.graph_module):
+        if not needs_functionalization(ep):
             return ep
         table = _forced()
-        if local:
-            from .lowering.local import lower_locally
-
-            lowered = lower_locally(ep, table)
-            if lowered is not None:
-                return lowered
     with _LOCK:
         try:
             return _retrace(ep, table)
@@ -75,6 +67,11 @@ def functionalize(ep, table: dict | None = None, *, local: bool = False):
             raise
         except Exception as e:
             raise LoweringError(f"decomposition failed: {type(e).__name__}: {e}") from e
+
+
+def needs_functionalization(ep) -> bool:
+    """Whether functionalize(ep) (no table) changes ``ep``: it may write in place or holds a functorch region."""
+    return may_mutate(ep) or functorch_regions.has_regions(ep.graph_module)
 
 
 # ---- what functionalization removes ----

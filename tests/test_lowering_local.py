@@ -360,12 +360,14 @@ def test_grad_mode_regions_are_written_out_as_the_whole_retrace_writes_them():
     ep = torch.export.export(model, (x,))
     assert [n.args[0] for n in ep.graph.nodes if n.target is torch.ops.higher_order.wrap_with_set_grad_enabled] == [False]
     ours, whole = _both(ep)
-    _assert_same(ours, whole, ep.run_decompositions(), x)
+    with torch.enable_grad():  # (a lowered GraphModule leaves grad mode as its last switch set it, as torch's does)
+        _assert_same(ours, whole, ep.run_decompositions(), x)
     switches = [[n.args for n in p.graph.nodes if n.target is torch._C._set_grad_enabled] for p in (ours, whole)]
     assert switches[0] == switches[1] == [(False,), (False,)]
     layer_norm = next(n for n in ours.graph.nodes if n.target is torch.ops.aten.native_layer_norm.default)
     assert [n.target for n in (layer_norm.prev, layer_norm.next.next.next)] == [torch._C._set_grad_enabled] * 2
-    torch.testing.assert_close(ours.module()(x), model(x), rtol=1e-5, atol=1e-5)
+    with torch.enable_grad():
+        torch.testing.assert_close(ours.module()(x), model(x), rtol=1e-5, atol=1e-5)
 
 
 class ReadsData(nn.Module):

@@ -12,8 +12,8 @@ from .. import torch_compat
 from ..errors import LoweringError
 from ..functionalize import _forced, functionalize
 
-__all__ = ["applied", "flag_free", "layout_repaired_decompositions", "layout_repaired_ops", "run_decompositions",
-           "trace_table"]
+__all__ = ["applied", "flag_free", "functionalized", "layout_repaired_decompositions", "layout_repaired_ops",
+           "run_decompositions", "trace_table"]
 
 
 def run_decompositions(ep, table: dict, *, local: bool = True):
@@ -24,6 +24,20 @@ def run_decompositions(ep, table: dict, *, local: bool = True):
 
     full = _trace_table_of(table)
     return (local and lower_locally(ep, full)) or functionalize(ep, full)
+
+
+def functionalized(ep):
+    """``ep`` functionalized with no table (functionalize.functionalize: only the decompositions every
+    retrace applies), node by node where that applies (local.py: writes into fresh values made
+    functional without a retrace of the whole program), else in one retrace."""
+    from ..functionalize import needs_functionalization
+    from .local import lower_locally
+
+    if needs_functionalization(ep):
+        lowered = lower_locally(ep, _forced())
+        if lowered is not None:
+            return lowered
+    return functionalize(ep)
 
 
 _LAST: list = [None, None]  # [a table, its trace_table]: one lowering request is usually lowered many times

@@ -10,11 +10,10 @@ from typing import Callable
 import torch
 
 from ..errors import LoweringError, OpsetError
-from ..functionalize import functionalize
 from ..ops import OpMatcher, op_name, resolve_op
 from . import presets as _presets
 from . import tables
-from .decompose import run_decompositions
+from .decompose import functionalized, run_decompositions
 from ..lazy import Lazy
 from .lowered import LoweredProgram
 from .reuse import lower_with_reuse
@@ -175,7 +174,7 @@ def lower(source_ep, preset: str = "core", *, supported_ops=None, decompositions
                                  decompose=decompose, strict=strict)
     reused = None
     if not plan.table:
-        lowered = functionalize(source_ep, local=True)
+        lowered = functionalized(source_ep)
     else:  # a chain of equal layers is traced once (reuse.py); anything else whole
         decompose = lambda ep: run_decompositions(ep, plan.table)  # noqa: E731
         reused = lower_with_reuse(source_ep, decompose)
