@@ -10,7 +10,7 @@ import torch
 
 from .. import torch_compat
 from ..errors import LoweringError
-from ..functionalize import _forced, functionalize
+from ..functionalize import _forced, functionalize, needs_functionalization
 
 __all__ = ["applied", "flag_free", "functionalized", "layout_repaired_decompositions", "layout_repaired_ops",
            "run_decompositions", "trace_table"]
@@ -30,7 +30,6 @@ def functionalized(ep):
     """``ep`` functionalized with no table (functionalize.functionalize: only the decompositions every
     retrace applies), node by node where that applies (local.py: writes into fresh values made
     functional without a retrace of the whole program), else in one retrace."""
-    from ..functionalize import needs_functionalization
     from .local import lower_locally
 
     if needs_functionalization(ep):

@@ -222,7 +222,7 @@ def _without_writes(graph: torch.fx.Graph, fake_mode_of, traced) -> tuple[torch.
         return latest[origin] if origin in latest and position[x] <= last_write[origin] else env[x]
 
     def call(op, args, kwargs, like):
-        """A new call of ``op`` with ``like``'s provenance and its value on the recorded values."""
+        """A new call of ``op`` with ``like``'s provenance, its value computed on its inputs' values."""
         new = out.call_function(op, args, kwargs)
         new.meta.update({k: v for k, v in like.meta.items() if k not in _VALUE_KEYS})
         vals = pytree.tree_map_only(torch.fx.Node, lambda x: x.meta.get("val"), (args, kwargs))
@@ -260,15 +260,10 @@ def _without_writes(graph: torch.fx.Graph, fake_mode_of, traced) -> tuple[torch.
                 not _same_layout(node.meta.get("val"), target.meta.get("val")):
             return None  # (a write of sizes, not values: functionalization makes another op of it)
         args = pytree.tree_map_only(torch.fx.Node, read, (node.args, dict(node.kwargs)))
-        new = out.call_function(functional, *args)
-        new.meta.update({k: v for k, v in node.meta.items() if k not in _VALUE_KEYS})
-        vals = pytree.tree_map_only(torch.fx.Node, lambda x: x.meta.get("val"), (node.args, dict(node.kwargs)))
         try:
-            with fake_mode_of():
-                new.meta["val"] = functional(*vals[0], **vals[1])
+            env[node] = latest[root[node]] = call(functional, *args, node)
         except Exception:  # noqa: BLE001 -- the whole retrace decides
             return None
-        env[node] = latest[root[node]] = new
     return out, {env[c] for c in assumed}
 
 
