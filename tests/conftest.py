@@ -18,3 +18,24 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if item.path.name in COMPAT_FILES:
             item.add_marker(pytest.mark.compat)
+
+
+class GradModeLeft(UserWarning):
+    """A test left grad mode off (named in the warning summary)."""
+
+
+@pytest.fixture(autouse=True)
+def grad_mode_on(request):
+    """Each test starts with grad mode on, whatever ran before it on this worker. A lowered GraphModule
+    run outside runtime_ref leaves grad mode as its program's last ``_set_grad_enabled`` switch set it
+    (as torch's lowered programs do); a later export of a ``with torch.no_grad():`` block would then
+    record no region. A test that leaves it off is named in the warning summary."""
+    import torch
+
+    torch._C._set_grad_enabled(True)
+    yield
+    if not torch.is_grad_enabled():
+        torch._C._set_grad_enabled(True)
+        import warnings
+
+        warnings.warn(GradModeLeft(f"{request.node.nodeid} left grad mode off"))

@@ -126,14 +126,99 @@ def test_writes_into_fresh_values_are_functionalized_node_by_node():
     torch.testing.assert_close(ours.module()(x, mask), WritesIntoFresh()(x.clone(), mask), rtol=0, atol=0)
 
 
-class WritesIntoBuffer(nn.Module):
+class StaticCache(nn.Module):
+    """A decoder's static key/value cache (transformers' StaticCache, exported strict): buffers
+    written in place each call (index_copy_ at the cache positions, copy_ of a length), one written
+    through a ``to`` that changes nothing (and so returns the buffer itself), read after the writes."""
+
+    def __init__(self, d=8, slots=6):
+        super().__init__()
+        self.proj = nn.Linear(d, 2 * d)
+        self.register_buffer("keys", torch.zeros(1, slots, d))
+        self.register_buffer("values", torch.zeros(1, slots, d))
+        self.register_buffer("length", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, x, positions):
+        k, v = self.proj(x).chunk(2, dim=-1)
+        self.keys.index_copy_(1, positions, k)
+        self.values.index_copy_(1, positions, v)
+        self.length.copy_(positions[-1])
+        n = self.length.to(torch.int64)  # the buffer itself
+        n.add_(1)
+        scores = (x @ self.keys.transpose(1, 2)).softmax(-1)
+        return scores @ self.values, n * 2
+
+
+def test_writes_into_buffers_and_inputs_lower_node_by_node_and_are_returned_as_torch_returns_them(tmp_path):
+    """A write into a buffer or an input becomes the functional op, and the final value an output
+    before the program's own (BUFFER_MUTATION, USER_INPUT_MUTATION), as torch's functionalization
+    returns it: the same ops and output specs as torch's run_decompositions, the same values and the
+    same buffers after the call, also read back from a file."""
+    from exporter import export_model, load
+
+    x, positions = torch.randn(1, 3, 8), torch.tensor([1, 2, 3])
+    ep = torch.export.export(StaticCache().eval(), (x, positions), strict=True)
+    assert any(n.target is torch.ops.aten.index_copy_.default for n in ep.graph.nodes)
+
+    def specs(p):
+        return [(s.kind.name, s.target) for s in p.graph_signature.output_specs]
+
+    def called(p):
+        m = p.module()
+        out = m(x, positions)
+        return out, dict(m.named_buffers())
+
+    for source in [ep, None]:
+        if source is None:  # read back from a file: a storage per value, the same lowering
+            export_model(ep, path=tmp_path / "cache.pt2b")
+            source = load(tmp_path / "cache.pt2b").exported_program()
+        ours, whole = _both(source)
+        torchs = source.run_decompositions()
+        assert specs(ours) == specs(whole) == specs(torchs)
+        assert [k for k, _ in specs(ours)][:4] == ["BUFFER_MUTATION"] * 3 + ["USER_OUTPUT"]
+        _assert_same(ours, whole, torchs, x, positions)
+        eager = StaticCache().eval()
+        eager.load_state_dict(ep.state_dict)
+        (out, n), buffers = called(ours)
+        (ref, ref_n) = eager(x, positions)
+        torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+        assert torch.equal(n, ref_n)
+        for name, value in eager.named_buffers():
+            torch.testing.assert_close(buffers[name], value, rtol=0, atol=0)
+        assert int(buffers["length"]) == 4  # written twice: the copy, then the add through the to
+
+
+class WritesIntoInputs(nn.Module):
+    def forward(self, x, y):
+        x.add_(1.0)
+        y[:, 0] = 5.0
+        return x * 2 + y.sum()
+
+
+def test_writes_into_inputs_are_returned_as_user_input_mutations():
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    ep = torch.export.export(WritesIntoInputs(), (x.clone(), y.clone()))
+    ours, whole = _both(ep)
+    torchs = ep.run_decompositions()
+    assert [(s.kind.name, s.target) for s in ours.graph_signature.output_specs] == \
+        [(s.kind.name, s.target) for s in torchs.graph_signature.output_specs] == \
+        [("USER_INPUT_MUTATION", "x"), ("USER_INPUT_MUTATION", "y"), ("USER_OUTPUT", None)]
+    _assert_same(ours, whole, torchs, x, y)
+    a, b, ea, eb = x.clone(), y.clone(), x.clone(), y.clone()
+    out = ours.module()(a, b)
+    assert torch.equal(out, WritesIntoInputs()(ea, eb))
+    assert torch.equal(a, ea) and torch.equal(b, eb)  # the inputs written as eager writes them
+
+
+class WritesIntoBufferViewedBefore(nn.Module):
     def __init__(self):
         super().__init__()
         self.register_buffer("count", torch.zeros(4))
 
     def forward(self, x):
+        head = self.count[:2]  # a view of the buffer, read after the write
         self.count.add_(1.0)
-        return x + self.count
+        return x + head.sum()
 
 
 class WritesIntoView(nn.Module):
@@ -174,13 +259,7 @@ def test_writes_through_views_made_for_them_lower_node_by_node(tmp_path):
     torch.testing.assert_close(ours.module()(a, b), WritesThroughFreshViews()(a, b), rtol=1e-6, atol=1e-6)
 
 
-class WritesIntoInput(nn.Module):
-    def forward(self, x):
-        x.add_(1.0)
-        return x * 2
-
-
-@pytest.mark.parametrize("model", [WritesIntoBuffer, WritesIntoView, WritesIntoInput])
+@pytest.mark.parametrize("model", [WritesIntoBufferViewedBefore, WritesIntoView])
 def test_writes_that_only_functionalization_handles_take_the_whole_retrace(model):
     x = torch.randn(3, 4)
     ep = torch.export.export(model(), (x.clone(),))

@@ -38,7 +38,11 @@ STAGE_ORDER = ["build", "capture", "eager", "write", "load", "bitwise"] + \
 # table where it can, its outputs bitwise those of the plan from the program
 # "torch:<preset>" runs only where pt2b's lower/run/match failed: torch's own run_decompositions with the
 # preset's table, run and compared with eager; where it fails too the failure is torch's limitation
+# "ratio": build, capture, write, then only the ratio:core timing (one untimed lowering first, as the
+# full pipeline's lowerings warm the tracing machinery before it): the per-model ratios of a corpus
+# whose other stages were swept before
 STOP_AFTER = {"build": "build", "capture": "capture", "eager": "eager", "write": "write", "load": "bitwise",
+              "ratio": "ratio:core",
               "all": None}
 MSG_CHARS = 300
 # "ratio:core" (after the core lowering): torch's load + run_decompositions timed beside pt2b's cold core
@@ -246,6 +250,9 @@ def run_case(name: str, stop_after: str | None, conn, workdir: str) -> None:
     rec["artifact_bytes"] = os.path.getsize(path)
     if done("write"):
         return send()
+    if stop_after == "ratio:core":
+        stage("ratio:core", lambda: _lowering_ratio(ep, path, rec, warm=True))
+        return send()
 
     def load():
         prog = exporter.load(path)
@@ -336,7 +343,7 @@ def _table_plan(lp, path, custom, fresh, rec) -> None:
         raise AssertionError("planning from the table built the ExportedProgram")
 
 
-def _lowering_ratio(ep, path, rec) -> None:
+def _lowering_ratio(ep, path, rec, warm: bool = False) -> None:
     """pt2b's cold core lowering (load_for_backend(path, "core", cache=False, validate=False): torch's
     does not validate) against torch's torch.export.load + run_decompositions() of the same program
     saved as .pt2, back to back in the case's process (the tracing machinery warm from the lowerings
@@ -348,6 +355,8 @@ def _lowering_ratio(ep, path, rec) -> None:
 
     pt2 = path[: -len(".pt2b")] + ".pt2"
     torch.export.save(ep, pt2)
+    if warm:  # (the tracing machinery warmed, as the full pipeline's lowerings leave it)
+        exporter.load_for_backend(path, "core", cache=False, validate=False)
     t0 = time.process_time()
     exporter.load_for_backend(path, "core", cache=False, validate=False)
     ours = time.process_time() - t0
@@ -712,22 +721,43 @@ def readme_table(records: list[dict], wall: float | None = None) -> str:
     lines.append(f"`none`/`core`/`max`: lowered with that preset, run on runtime_ref, close to eager. Failures after "
                  f"capture: {len(after['torch too'])} cases where torch's own `run_decompositions` (or `torch.export.save`) "
                  f"fails too, {len(pt2b)} pt2b's" + (f" ({', '.join(pt2b[:6])})" if pt2b else "")
-                 + f". pt2b {', '.join(versions)}" + (f", {wall / 3600:.1f} h on 2 cores." if wall else "."))
+                 + f". pt2b {', '.join(versions)}" + (f", {wall / 3600:.1f} h on 2 cores." if wall else ".")
+                 + _ratio_sentence(records))
     return "\n".join(lines)
+
+
+def _timed(records: list[dict]) -> list[dict]:
+    """The records with a ratio:core timing in CPU seconds, slowest ratio first (not those timed in wall
+    seconds, before the CPU clock: they moved with whatever else ran on the machine)."""
+    return sorted((r for r in records if r.get("lowering_ratio", {}).get("clock") == "cpu"),
+                  key=lambda r: -r["lowering_ratio"]["ratio"])
+
+
+def _ratio_sentence(records: list[dict]) -> str:
+    """The per-model lowering ratios in one sentence (the README's): geomean, median, count above 1.0x, worst five."""
+    import statistics
+
+    timed = _timed(records)
+    if not timed:
+        return ""
+    ratios = [r["lowering_ratio"]["ratio"] for r in timed]
+    worst = ", ".join(f"{r['name']} {r['lowering_ratio']['ratio']:.2f}" for r in timed[:5])
+    return (f" Cold `core` lowering over torch's `torch.export.load` + `run_decompositions()`, per case in CPU seconds "
+            f"({len(ratios)} cases, [docs/real-models.md](docs/real-models.md#cold-core-lowering-per-case)): geometric mean "
+            f"{statistics.geometric_mean(ratios):.2f}x, median {statistics.median(ratios):.2f}x, "
+            f"{sum(x > 1.0 for x in ratios)} above 1.0x; worst five: {worst}.")
 
 
 def ratio_markdown(records: list[dict]) -> list[str]:
     """Cold core lowering, pt2b / torch, per case (the ratio:core stage): the distribution, then every case."""
     import statistics
 
-    # (rows timed in wall seconds, before the CPU clock, moved with whatever else ran on the machine)
-    timed = sorted((r for r in records if r.get("lowering_ratio", {}).get("clock") == "cpu"),
-                   key=lambda r: -r["lowering_ratio"]["ratio"])
+    timed = _timed(records)
     if not timed:
         return []
     ratios = [r["lowering_ratio"]["ratio"] for r in timed]
     over = [r["name"] for r in timed if r["lowering_ratio"]["ratio"] > 1.0]
-    out = ["", f"Cold core lowering, pt2b's `load_for_backend(path, \"core\", cache=False, validate=False)` over torch's "
+    out = ["", "### Cold core lowering per case", "", f"Cold core lowering, pt2b's `load_for_backend(path, \"core\", cache=False, validate=False)` over torch's "
            f"`torch.export.load` + `run_decompositions()`, one run each, back to back in the case's process, "
            f"in CPU seconds ({len(ratios)} cases): "
            f"geometric mean {statistics.geometric_mean(ratios):.2f}x, median {statistics.median(ratios):.2f}x, "

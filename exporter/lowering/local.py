@@ -11,9 +11,11 @@ already traced (same op, arguments and input metadata) is copied from it. Where 
 its result out otherwise than the program recorded, the calls that read it are traced (or, for an op
 the table leaves, propagated on fake values) again on the new layout, until the layouts agree: every
 call sees the values it would see in the whole retrace. A write in place into a value only the
-writes see becomes the functional op (_without_writes), as functionalization makes it.
+writes see, or into a buffer or an input, becomes the functional op (_without_writes), as
+functionalization makes it; a written buffer or input is returned as its mutation, as
+functionalization returns it.
 
-Used only where that argument holds: no write into an input, a buffer or a view read again, no higher-order op
+Used only where that argument holds: no write into a parameter, a constant or a view read again, no higher-order op
 or functorch region, no effectful op, no conjugate view, only OpOverload calls, getitem, grad-mode
 switches and size arithmetic, a trace that takes and returns plain values; and only where it pays off (_pays_off).
 Otherwise ``lower_locally`` returns None and the caller retraces the whole program.
@@ -158,7 +160,30 @@ _SCATTER = {torch.ops.aten.slice.Tensor: torch.ops.aten.slice_scatter.default,
             torch.ops.aten.select.int: torch.ops.aten.select_scatter.default}
 
 
-def _without_writes(graph: torch.fx.Graph, fake_mode_of, traced) -> tuple[torch.fx.Graph, set] | None:
+# Ops that return their input itself where the value they record has its dtype, device and layout
+# (``x.to(torch.int64)`` on an int64 x): a write into their result writes into their input
+_SELF_WHEN_ALIKE = frozenset({torch.ops.aten.to.dtype, torch.ops.aten.to.dtype_layout, torch.ops.aten.to.device,
+                              torch.ops.aten.alias.default})
+
+
+def _returns_self(node) -> bool:
+    """A call that returns its first argument itself: an alias, or a ``to`` that changes nothing
+    (no copy=True, no memory format other than preserve, the recorded dtype, device and layout those
+    of its input)."""
+    if node.op != "call_function" or node.target not in _SELF_WHEN_ALIKE or not node.args or \
+            not isinstance(node.args[0], torch.fx.Node):
+        return False
+    given = [*node.args[1:], *node.kwargs.values()]
+    if any(a is True for a in given) or \
+            any(isinstance(a, torch.memory_format) and a != torch.preserve_format for a in given):
+        return False  # (copy=True, non_blocking=True, or another memory format)
+    a, b = node.args[0].meta.get("val"), node.meta.get("val")
+    return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and \
+        (a.dtype, a.device, a.layout) == (b.dtype, b.device, b.layout)
+
+
+def _without_writes(graph: torch.fx.Graph, fake_mode_of, traced,
+                    state: dict | None = None) -> tuple[torch.fx.Graph, set, list] | None:
     """``graph`` with each write in place into a value only the writes can see replaced by the
     functional op, the reads after it reading the result: what functionalization makes of it
     (``y = x @ w; y.add_(1)``). Aliasing is told by the ops' schemas, not by the recorded values (a
@@ -169,15 +194,23 @@ def _without_writes(graph: torch.fx.Graph, fake_mode_of, traced) -> tuple[torch.
     are returned with the graph, for the lowering to check that their decomposition made a new tensor
     (_Lowering.check_fresh). A write through a slice or select made for that write alone (``q[..., :8]
     = a``) becomes that view of the value as written so far, written by the functional op, and
-    scattered back (slice_scatter, select_scatter), as functionalization makes it. A write into an
-    input, through any other view, or into a value viewed before the write is left to the whole
-    retrace (None). detach_ calls go (as in the retrace,
-    functionalize._prepared). Returns (the graph, those calls of it)."""
+    scattered back (slice_scatter, select_scatter), as functionalization makes it. A write into a
+    buffer or an input named in ``state`` ({placeholder name: (output kind, target)}, _writable) is
+    made functional alike, its final value returned before the graph's outputs; a write through a
+    ``to`` that changes nothing writes the value it returns itself (_returns_self). A write into a
+    parameter or a constant, through any other view, or into a value viewed before the write is left
+    to the whole retrace (None). detach_ calls go (as in the retrace, functionalize._prepared).
+    Returns (the graph, those calls of it, [(output kind, target)] of the returned writes)."""
     writes = [n for n in graph.nodes if n.op == "call_function" and is_mutating(n.target)]
     if not writes:
-        return graph, set()
+        return graph, set(), []
+    state = state or {}
     position = {n: i for i, n in enumerate(graph.nodes)}
-    root: dict = {}  # a write -> the value it writes into (the op that made it)
+    selves: dict = {}  # a call returning its input itself (_returns_self) -> the value it returns
+    for n in graph.nodes:
+        if _returns_self(n):
+            selves[n] = selves.get(n.args[0], n.args[0])
+    root: dict = {}  # a write (or a call returning a written value itself) -> the value written into
     last_write: dict = {}  # that value -> the position of the last write into it
     through: dict = {}  # a write through a view made for it alone (q[..., :8] = a) -> that view
     for w in writes:
@@ -187,16 +220,25 @@ def _without_writes(graph: torch.fx.Graph, fake_mode_of, traced) -> tuple[torch.
         if target.op == "call_function" and target.target in _SCATTER and len(target.users) == 1 and \
                 not w.users and isinstance(target.args[0], torch.fx.Node):
             through[w], target = target, target.args[0]
+        target = selves.get(target, target)
         root[w] = root.get(target, target)
         last_write[root[w]] = position[w]
+    aliases = set()
+    for a, base in selves.items():
+        if root.get(base, base) in last_write:
+            root[a] = root.get(base, base)
+            aliases.add(a)
     views = set(through.values())
     assumed: set = set()  # decomposed calls taken for ops returning a new tensor, checked after tracing
     for origin, last in last_write.items():
-        if not _makes_new_tensor(origin):
+        if origin.op == "placeholder":
+            if origin.name not in state:
+                return None  # (a parameter, a constant: nothing to write back into)
+        elif not _makes_new_tensor(origin):
             return None
         if traced(origin):
             assumed.add(origin)
-        for member in [origin, *(w for w in writes if root[w] is origin)]:
+        for member in [origin, *(m for m in root if root[m] is origin)]:
             for user in member.users:
                 if position[user] > last or (user in root and root[user] is origin) or user in views:
                     continue
@@ -233,6 +275,9 @@ def _without_writes(graph: torch.fx.Graph, fake_mode_of, traced) -> tuple[torch.
     for node in graph.nodes:
         if node in views:
             continue  # (made where its write is)
+        if node in aliases:
+            env[node] = read(node.args[0])  # (the value itself, as written so far)
+            continue
         if node not in root:
             env[node] = out.node_copy(node, read)
             continue
@@ -264,7 +309,26 @@ def _without_writes(graph: torch.fx.Graph, fake_mode_of, traced) -> tuple[torch.
             env[node] = latest[root[node]] = call(functional, *args, node)
         except Exception:  # noqa: BLE001 -- the whole retrace decides
             return None
-    return out, {env[c] for c in assumed}
+    # an input or buffer written: its final value is an output before the program's own, as
+    # functionalization returns it (BUFFER_MUTATION, USER_INPUT_MUTATION), in the order of the inputs
+    written = [n for n in graph.nodes if n.op == "placeholder" and n in latest]
+    if written:
+        output = out.output_node()
+        output.args = ((*(latest[n] for n in written), *output.args[0]),)
+    return out, {env[c] for c in assumed}, [state[n.name] for n in written]
+
+
+def _writable(ep) -> dict:
+    """{placeholder name: (output kind, target)} of the inputs a write into is returned for: the
+    buffers (BUFFER_MUTATION) and user inputs (USER_INPUT_MUTATION), as functionalization returns them."""
+    from torch.export.graph_signature import InputKind, OutputKind
+
+    kinds = {InputKind.BUFFER: OutputKind.BUFFER_MUTATION, InputKind.USER_INPUT: OutputKind.USER_INPUT_MUTATION}
+    out = {}
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind in kinds and hasattr(spec.arg, "name"):
+            out[spec.arg.name] = (kinds[spec.kind], spec.target if spec.kind == InputKind.BUFFER else spec.arg.name)
+    return out
 
 
 def _may_return_alias_of(node, value) -> bool:
@@ -311,10 +375,10 @@ class _Lowering:
         self.memo: dict = {}  # call key -> its traced form (_trace_calls)
         self.traced = 0
         self.fake_mode = None
-        cleared = _without_writes(graph, self.mode, self.traces)
+        cleared = _without_writes(graph, self.mode, self.traces, _writable(ep))
         if cleared is None:
             raise _Declined("a write in place that only functionalization can remove")
-        self.source, self.assumed = cleared
+        self.source, self.assumed, self.mutations = cleared
         self.made: dict = {}  # a traced call -> the nodes its splice made
 
     def fresh(self, v):
@@ -592,7 +656,7 @@ def lower_locally(ep, table: dict):
         except Exception:  # noqa: BLE001 -- _Declined, or a program this lowering does not foresee: the
             return None  # whole retrace lowers it (or reports, in its words, why it cannot)
     graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure(impure_random=False))
-    prog = _program(ep, graph, _range_constraints(ep, graph, low.fake_mode))
+    prog = _program(ep, graph, _range_constraints(ep, graph, low.fake_mode), low.mutations)
     _materialize_conj(prog.graph_module)
     _insert_runtime_asserts(prog.graph_module)
     prog.graph_module.recompile()

@@ -151,13 +151,19 @@ def _chain(blocks: list) -> list:
     return blocks if chained is not None else []
 
 
-def _program(ep, graph: torch.fx.Graph, range_constraints: dict | None = None) -> ExportedProgram:
+def _program(ep, graph: torch.fx.Graph, range_constraints: dict | None = None,
+             mutations: list = ()) -> ExportedProgram:
     """``graph`` (same placeholders as ``ep``) as a program with ``ep``'s inputs, state and outputs
-    (and ``ep``'s range constraints, or those given). ExportedProgram makes the graph module itself
-    from ``ep``'s (one code generation, not two)."""
+    (and ``ep``'s range constraints, or those given), after the outputs of ``mutations`` ([(output
+    kind, target)]: the inputs the graph returns written, first). ExportedProgram makes the graph
+    module itself from ``ep``'s (one code generation, not two)."""
     outs = [a.name if isinstance(a, torch.fx.Node) else None for a in pytree.tree_leaves(graph.output_node().args[0])]
-    output_specs = [OutputSpec(s.kind, TensorArgument(name) if name else s.arg, s.target)
-                    for s, name in zip(ep.graph_signature.output_specs, outs)]
+    specs = [(kind, None, target) for kind, target in mutations] + \
+        [(s.kind, s.arg, s.target) for s in ep.graph_signature.output_specs]
+    if len(specs) != len(outs):
+        raise ValueError(f"{len(outs)} outputs for {len(specs)} output specs")
+    output_specs = [OutputSpec(kind, TensorArgument(name) if name else arg, target)
+                    for (kind, arg, target), name in zip(specs, outs)]
     sig = ExportGraphSignature(list(ep.graph_signature.input_specs), output_specs)
     return ExportedProgram(root=ep.graph_module, graph=graph, graph_signature=sig, state_dict=ep.state_dict,
                            range_constraints=ep.range_constraints if range_constraints is None else range_constraints,
