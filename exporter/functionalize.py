@@ -486,9 +486,38 @@ def _trace(gm, placeholders, table, above: bool = False):
 
     fake_mode, args = _fake_inputs(gm, placeholders)
     modes = _AboveFunctionalization(_above_functionalization(table)) if above else contextlib.nullcontext()
-    with fake_mode, torch.no_grad(), modes:
+    with fake_mode, torch.no_grad(), modes, _rng_tracker_outside_fake_mode():
         return aot_export_module(_prepared(gm), args, decompositions=table, trace_joint=False,
                                  pre_dispatch=True)
+
+
+@contextlib.contextmanager
+def _rng_tracker_outside_fake_mode():
+    """aot_export resets torch's Philox RNG-state tracker (torch._decomp.decompositions_for_rng) twice
+    per trace, inside its fake mode: twelve empty tensors, each converted to a fake one, a fifth of
+    the time of a trace of one call (the node-local lowering traces small graphs often). The tracker's
+    tensors are read only where torch._functorch.config.functionalize_rng_ops is on; where it is off
+    (always, here), they are made as plain tensors outside the fake mode for the trace: nothing
+    else changes."""
+    from torch._decomp import decompositions_for_rng as rng
+    from torch._functorch import config
+
+    state = getattr(rng, "PhiloxState", None)
+    reset = getattr(state, "reset", None)
+    if config.functionalize_rng_ops or reset is None:
+        yield
+        return
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    def plain_reset(self):
+        with unset_fake_temporarily():
+            reset(self)
+
+    state.reset = plain_reset
+    try:
+        yield
+    finally:
+        state.reset = reset
 
 
 class _WritesInPlace(Exception):
