@@ -68,6 +68,33 @@ def test_attention_block_lowers_as_the_whole_retrace():
     torch.testing.assert_close(ours.module()(x), model(x), rtol=1e-5, atol=1e-5)
 
 
+def test_calls_after_a_new_layout_are_traced_in_one_trace_with_the_same_result(monkeypatch):
+    """The math decomposition of scaled_dot_product_attention lays its result out otherwise than the
+    kernel, so the calls after it (transpose, reshape, the projection) are traced again: together, in
+    one trace (_chain), with the same ops and values as traced one by one and as the whole retrace."""
+    x = torch.randn(2, 5, 16)
+    model = Attention().eval()
+    ep = torch.export.export(model, (x,))
+    table = trace_table(tables.torch_default_table())
+    traces = []
+    real = local._Lowering._trace_calls
+
+    def counted(self, calls, **kw):
+        traces.append(([c.target for c, _ in calls], kw.get("chained", False)))
+        return real(self, calls, **kw)
+
+    monkeypatch.setattr(local._Lowering, "_trace_calls", counted)
+    chained = local.lower_locally(ep, table)
+    chains = [targets for targets, is_chain in traces if is_chain]
+    assert chains == [[torch.ops.aten.transpose.int, torch.ops.aten.reshape.default, torch.ops.aten.linear.default]]
+    n_chained = len(traces)
+    traces.clear()
+    monkeypatch.setattr(local._Lowering, "CHAIN", 0)
+    one_by_one = local.lower_locally(ep, table)
+    assert n_chained < len(traces) and not any(is_chain for _, is_chain in traces)
+    _assert_same(chained, one_by_one, run_decompositions(ep, tables.torch_default_table(), local=False), x)
+
+
 def test_dynamic_batch_and_length():
     x = torch.randn(2, 5, 16)
     model = Attention().eval()
@@ -419,6 +446,42 @@ def test_a_program_read_back_from_a_file_is_lowered_by_its_schemas_not_its_stora
     args = (torch.randn(4, 4), torch.rand(4, 4) > 0.5)
     _assert_same(ours, whole, ep.run_decompositions(), *args)
     torch.testing.assert_close(ours.module()(*args), WritesIntoFresh()(*copy.deepcopy(args)), rtol=0, atol=0)
+
+
+class SlicesOfAView(nn.Module):
+    """Rotary halves of a head taken from a fused projection (falcon): a ``slice`` of a value that sits
+    at a storage offset inside a larger one."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(8, 24)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).view(2, 5, 3, 8).unbind(2)
+        k1, k2 = k[..., :4], k[..., 4:]
+        return torch.cat([-k2, k1], -1) * q + v
+
+
+def test_a_decomposition_placing_its_result_at_a_storage_offset_takes_the_whole_retrace(tmp_path):
+    """slice's decomposition (max preset) is an as_strided at the storage offset of the value it traced
+    on; a program read back from a file records offset 0 for every value, so a slice of ``k`` (offset 8
+    in the projection's output at run time) traced node by node would read ``q``'s numbers. The
+    node-local lowering steps aside there and the whole retrace computes the offsets."""
+    from torch._decomp import decomposition_table
+
+    from exporter import export_model, load
+
+    x = torch.randn(2, 5, 8)
+    model = SlicesOfAView().eval()
+    export_model(torch.export.export(model, (x,)), path=tmp_path / "slices.pt2b")
+    read = load(tmp_path / "slices.pt2b").exported_program()
+    k = next(n for n in read.graph.nodes if n.target is torch.ops.aten.slice.Tensor).args[0]
+    assert k.meta["val"].storage_offset() == 0  # (8 at run time)
+    table = {**tables.torch_default_table(), torch.ops.aten.slice.Tensor: decomposition_table[torch.ops.aten.slice.Tensor]}
+    assert local.lower_locally(read, trace_table(table)) is None
+    lowered = run_decompositions(read, table)
+    assert any(n.target is torch.ops.aten.as_strided.default for n in lowered.graph.nodes)
+    torch.testing.assert_close(lowered.module()(x), model(x), rtol=1e-6, atol=1e-6)
 
 
 class GradRegions(nn.Module):

@@ -10,7 +10,8 @@ decomposed exactly as in the whole trace), and each is spliced in where it stood
 already traced (same op, arguments and input metadata) is copied from it. Where a decomposition lays
 its result out otherwise than the program recorded, the calls that read it are traced (or, for an op
 the table leaves, propagated on fake values) again on the new layout, until the layouts agree: every
-call sees the values it would see in the whole retrace. A write in place into a value only the
+call sees the values it would see in the whole retrace (the calls reading such a result in a row are
+traced again together, _Lowering._chain). A write in place into a value only the
 writes see, or into a buffer or an input, becomes the functional op (_without_writes), as
 functionalization makes it; a written buffer or input is returned as its mutation, as
 functionalization returns it.
@@ -363,6 +364,14 @@ def _same_layout(a, b) -> bool:
     return type(a) is type(b) and (not isinstance(a, torch.Tensor))
 
 
+# Ops placing their result at an absolute storage offset (a decomposition of slice, select or narrow
+# into as_strided, with the offset of the value it traced on): right only where the offsets the program
+# recorded are those at run time, which a program read back from a file (a storage per value, offset 0)
+# does not promise; the whole retrace computes the offsets from the program's views
+_PLACING = frozenset({torch.ops.aten.as_strided.default, torch.ops.aten.as_strided_.default,
+                      torch.ops.aten.as_strided_copy.default, torch.ops.aten.as_strided_scatter.default})
+
+
 class _Lowering:
     """One node-local lowering of ``ep`` with ``table``: ``prefetch()``, ``run()`` (the lowered graph),
     ``check_fresh()``; _Declined where the whole retrace must do it."""
@@ -466,11 +475,15 @@ class _Lowering:
             self.vals[node] = val
         return True
 
-    def key(self, node):
+    def key(self, node, values: dict | None = None):
+        """(what makes two calls decompose alike: op, argument structure, inputs' signatures; the
+        call's distinct inputs); ``values`` overrides the values of some inputs."""
         inputs = list(dict.fromkeys(node.all_input_nodes))
         index = {x: i for i, x in enumerate(inputs)}
         shape = pytree.tree_map_only(torch.fx.Node, lambda x: ("in", index[x]), (node.args, dict(node.kwargs)))
-        return (node.target, repr(shape), tuple(signature_of(self.value(x)) for x in inputs)), inputs
+        values = values or {}
+        return (node.target, repr(shape),
+                tuple(signature_of(values[x] if x in values else self.value(x)) for x in inputs)), inputs
 
     def prefetch(self) -> None:
         """Trace every distinct call the lowering traces, on the values the program recorded, in one
@@ -502,8 +515,7 @@ class _Lowering:
             traced = None  # (its values depend on the data it read: another call of it reads other data)
         outs = None if traced is None else self._splice(traced, node, inputs)
         if outs is None:
-            (traced,) = self._trace_calls([(node, inputs)])
-            self.memo[key] = traced
+            traced = self._trace_chain(node, key, inputs)
             outs = self._splice(traced, node, inputs)
         recorded = node.meta.get("val")
         if isinstance(recorded, (tuple, list)):
@@ -517,19 +529,63 @@ class _Lowering:
         if not _same_layout(got, recorded):
             self.vals[node] = got
 
-    def _trace_calls(self, calls: list) -> list:
+    # at most this many calls after a call traced anew are traced with it (_chain)
+    CHAIN = 8
+
+    def _chain(self, node) -> list:
+        """``node`` and the calls after it that read its result in a row (one user each), each one
+        the table decomposes, of one tensor, its other inputs lowered already: the calls a
+        decomposition that lays its result out anew makes the lowering trace again one by one
+        (attention's output: transpose, reshape, linear). Traced together, one trace's fixed cost
+        instead of one per call."""
+        chain, last = [node], node
+        while len(chain) <= self.CHAIN and len(last.users) == 1:
+            (m,) = last.users
+            if m.op != "call_function" or not self.traces(m) or not isinstance(m.meta.get("val"), torch.Tensor) \
+                    or not isinstance(last.meta.get("val"), torch.Tensor) \
+                    or any(x is not last and x not in self.env for x in m.all_input_nodes):
+                break
+            chain.append(m)
+            last = m
+        return chain
+
+    def _trace_chain(self, node, key, inputs):
+        """``node`` traced (with the calls of its _chain, in one trace where there are some); each call's
+        traced form memoized under the key it will have when the lowering reaches it; ``node``'s returned."""
+        chain = self._chain(node)
+        if len(chain) > 1:
+            try:
+                traced = self._trace_calls([(c, list(dict.fromkeys(c.all_input_nodes))) for c in chain], chained=True)
+            except _Declined:
+                traced = None
+            if traced is not None and all(t[4] is None for t in traced):
+                values = {}
+                for c, t in zip(chain, traced):
+                    out = t[2][0]
+                    values[c] = out.meta.get("val") if isinstance(out, torch.fx.Node) else out
+                    self.memo.setdefault(self.key(c, values)[0], t)
+                return traced[0]
+        (traced,) = self._trace_calls([(node, inputs)])
+        self.memo[key] = traced
+        return traced
+
+    def _trace_calls(self, calls: list, chained: bool = False) -> list:
         """[(placeholders, nodes, outputs, {other placeholder read: the program's node}, the call it
         serves alone or None) of the traced graph for each (call, its inputs)], from one trace of a
         graph holding the calls, each value of the program they read a placeholder (shared by the
-        calls reading it)."""
+        calls reading it). ``chained``: a call reads an earlier one's result (_chain) as the program
+        does; the traced form of the later call starts at the earlier one's traced result."""
         mini = torch.fx.Graph()
         ins, counts, outputs = {}, [], []  # ins: the program's node -> its placeholder
+        made: dict = {}  # (chained) a call of ``calls`` -> its node in the graph traced
         for node, inputs in calls:
             for x in inputs:
-                if x not in ins:
+                if x not in ins and x not in made:
                     ins[x] = mini.placeholder(f"in_{len(ins)}")
                     ins[x].meta["val"] = self.fresh(self.value(x))
-            call = mini.node_copy(node, ins.__getitem__)
+            call = mini.node_copy(node, lambda x: made[x] if x in made else ins[x])
+            if chained:
+                made[node] = call
             recorded = node.meta.get("val")
             if isinstance(recorded, (tuple, list)):
                 for i in range(len(recorded)):
@@ -553,6 +609,11 @@ class _Lowering:
         graph = new_gm.graph
         graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure(impure_random=False))
         self.traced += 1
+        placed = next((n for n in graph.nodes if n.op == "call_function" and n.target in _PLACING), None)
+        if placed is not None:
+            raise _Declined(f"the trace of the calls holds {placed.format_node()}, which places its result at an "
+                            "absolute storage offset: the recorded values' offsets (0 in a program read back "
+                            "from a file) need not be those at run time")
         phs = [n for n in graph.nodes if n.op == "placeholder"]  # in the order of ``ins``
         outs = list(graph.output_node().args[0])
         if len(outs) != len(outputs):
@@ -562,18 +623,33 @@ class _Lowering:
         owner: dict = {}
         result, o = [], 0
         for k, ((_, inputs), n_out) in enumerate(zip(calls, counts)):
-            result.append([[traced_ph[x] for x in inputs], [], outs[o:o + n_out], None])
+            result.append([[traced_ph[x] for x in inputs if x in traced_ph], [], outs[o:o + n_out], None])
             o += n_out
             for x in inputs:
-                owner.setdefault(traced_ph[x], k)
+                if x in traced_ph:
+                    owner.setdefault(traced_ph[x], k)
+        start = {}  # (chained) an earlier call's traced result -> the call reading it, where it starts
+        if chained:
+            index = {node: k for k, (node, _) in enumerate(calls)}
+            for k, (node, inputs) in enumerate(calls):
+                for x in inputs:
+                    if x in index:
+                        earlier = result[index[x]][2][0]
+                        if not isinstance(earlier, torch.fx.Node):
+                            raise _Declined("a chained call's traced result is not a node")
+                        result[k][0].insert(inputs.index(x), earlier)
+                        start[earlier] = k
+        for k, entry in enumerate(result):
             # what the call's outputs read (a size the trace computed once for two calls goes to both)
-            inside, stack = set(), [x for x in result[-1][2] if isinstance(x, torch.fx.Node)]
+            inside, stack = set(), [x for x in entry[2] if isinstance(x, torch.fx.Node)]
             while stack:
                 x = stack.pop()
-                if x not in inside and x.op != "placeholder":
+                if x not in inside and x.op != "placeholder" and start.get(x) != k:
                     inside.add(x)
                     stack += x.all_input_nodes
-            result[-1][1] = inside
+            if chained and any(owner.get(x, k) != k for x in inside):
+                raise _Declined("a chained call's traced form holds another call's nodes")
+            entry[1] = inside
             for x in inside:
                 owner.setdefault(x, k)
         for n in graph.nodes:
