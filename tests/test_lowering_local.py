@@ -484,6 +484,26 @@ def test_a_decomposition_placing_its_result_at_a_storage_offset_takes_the_whole_
     torch.testing.assert_close(lowered.module()(x), model(x), rtol=1e-6, atol=1e-6)
 
 
+class ChannelsLastPool(nn.Module):
+    """A vision pooler (swin, focalnet): adaptive_avg_pool2d on a permuted (channels-last) value, whose
+    decomposition ends in an as_strided relative to its own fresh result."""
+
+    def forward(self, x):
+        return nn.functional.adaptive_avg_pool2d(x.permute(0, 3, 1, 2), 1).flatten(1) * 2
+
+
+def test_an_as_strided_on_a_value_the_decomposition_made_lowers_node_by_node(tmp_path):
+    from exporter import export_model, load
+
+    x = torch.randn(2, 7, 7, 96)
+    export_model(torch.export.export(ChannelsLastPool(), (x,)), path=tmp_path / "pool.pt2b")
+    read = load(tmp_path / "pool.pt2b").exported_program()
+    ours, whole = _both(read)
+    assert any(n.target is torch.ops.aten.as_strided.default for n in ours.graph.nodes)
+    _assert_same(ours, whole, read.run_decompositions(), x)
+    torch.testing.assert_close(ours.module()(x), ChannelsLastPool()(x), rtol=1e-6, atol=1e-6)
+
+
 class GradRegions(nn.Module):
     """Model code that switches grad mode around decomposed calls (torch.no_grad() blocks, as in
     recurrent reasoning models). export makes each a region (wrap_with_set_grad_enabled); the lowering

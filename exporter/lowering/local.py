@@ -364,12 +364,30 @@ def _same_layout(a, b) -> bool:
     return type(a) is type(b) and (not isinstance(a, torch.Tensor))
 
 
-# Ops placing their result at an absolute storage offset (a decomposition of slice, select or narrow
-# into as_strided, with the offset of the value it traced on): right only where the offsets the program
-# recorded are those at run time, which a program read back from a file (a storage per value, offset 0)
-# does not promise; the whole retrace computes the offsets from the program's views
-_PLACING = frozenset({torch.ops.aten.as_strided.default, torch.ops.aten.as_strided_.default,
-                      torch.ops.aten.as_strided_copy.default, torch.ops.aten.as_strided_scatter.default})
+# Ops that may place their result at an absolute storage offset, and the position of that argument
+_PLACING = {torch.ops.aten.as_strided.default: 3, torch.ops.aten.as_strided_.default: 3,
+            torch.ops.aten.as_strided_copy.default: 3, torch.ops.aten.as_strided_scatter.default: 4}
+
+
+def _placed_on_input(node) -> bool:
+    """A call of a traced graph placing its result at an absolute storage offset in a value of the
+    program (a placeholder, or a view of one): a decomposition of slice, select or narrow into
+    as_strided with the offset of the value it traced on. Right only where the offsets the program
+    recorded are those at run time, which a program read back from a file (a storage per value,
+    offset 0) does not promise; the whole retrace computes the offsets from the program's views. An
+    as_strided without an offset (relative to its input's: adaptive_avg_pool2d's) or on a value the
+    trace made is not."""
+    at = _PLACING.get(node.target) if node.op == "call_function" else None
+    if at is None:
+        return False
+    offset = node.args[at] if len(node.args) > at else node.kwargs.get("storage_offset")
+    if offset is None:
+        return False
+    base = node.args[0]
+    while isinstance(base, torch.fx.Node) and base.op == "call_function" and \
+            isinstance(base.target, torch._ops.OpOverload) and _returns_alias(base.target) and base.args:
+        base = base.args[0]
+    return isinstance(base, torch.fx.Node) and base.op == "placeholder"
 
 
 class _Lowering:
@@ -609,7 +627,7 @@ class _Lowering:
         graph = new_gm.graph
         graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure(impure_random=False))
         self.traced += 1
-        placed = next((n for n in graph.nodes if n.op == "call_function" and n.target in _PLACING), None)
+        placed = next((n for n in graph.nodes if _placed_on_input(n)), None)
         if placed is not None:
             raise _Declined(f"the trace of the calls holds {placed.format_node()}, which places its result at an "
                             "absolute storage offset: the recorded values' offsets (0 in a program read back "
