@@ -742,10 +742,14 @@ def _ratio_sentence(records: list[dict]) -> str:
         return ""
     ratios = [r["lowering_ratio"]["ratio"] for r in timed]
     worst = ", ".join(f"{r['name']} {r['lowering_ratio']['ratio']:.2f}" for r in timed[:5])
+    failed = sum(1 for r in records if "error" in r.get("lowering_ratio", {}))
+    versions = collections.Counter(r["lowering_ratio"].get("pt2b", "unrecorded") for r in timed)
     return (f" Cold `core` lowering over torch's `torch.export.load` + `run_decompositions()`, per case in CPU seconds "
-            f"({len(ratios)} cases, [docs/real-models.md](docs/real-models.md#cold-core-lowering-per-case)): geometric mean "
+            f"({len(ratios)} cases, pt2b {', '.join(f'{v} ({n})' for v, n in versions.most_common())}, "
+            f"[docs/real-models.md](docs/real-models.md#cold-core-lowering-per-case)): geometric mean "
             f"{statistics.geometric_mean(ratios):.2f}x, median {statistics.median(ratios):.2f}x, "
-            f"{sum(x > 1.0 for x in ratios)} above 1.0x; worst five: {worst}.")
+            f"{sum(x > 1.0 for x in ratios)} above 1.0x; worst five: {worst}"
+            + (f"; {failed} more where torch's load or `run_decompositions()` fails" if failed else "") + ".")
 
 
 def ratio_markdown(records: list[dict]) -> list[str]:
@@ -757,12 +761,14 @@ def ratio_markdown(records: list[dict]) -> list[str]:
         return []
     ratios = [r["lowering_ratio"]["ratio"] for r in timed]
     over = [r["name"] for r in timed if r["lowering_ratio"]["ratio"] > 1.0]
+    failed = sorted(r["name"] for r in records if "error" in r.get("lowering_ratio", {}))
     out = ["", "### Cold core lowering per case", "", f"Cold core lowering, pt2b's `load_for_backend(path, \"core\", cache=False, validate=False)` over torch's "
            f"`torch.export.load` + `run_decompositions()`, one run each, back to back in the case's process, "
            f"in CPU seconds ({len(ratios)} cases): "
            f"geometric mean {statistics.geometric_mean(ratios):.2f}x, median {statistics.median(ratios):.2f}x, "
            f"{len(over)} above 1.0x" + (f" ({', '.join(over[:10])}{', ...' if len(over) > 10 else ''})" if over else "")
-           + ".", "", "<details><summary>per case, slowest ratio first</summary>", "",
+           + "." + (f" No ratio where torch's own `torch.export.load` or `run_decompositions()` fails: "
+                     f"{', '.join(failed)}." if failed else ""), "", "<details><summary>per case, slowest ratio first</summary>", "",
            "| case | pt2b s | torch s | ratio |", "|---|---|---|---|"]
     out += [f"| {r['name']} | {r['lowering_ratio']['pt2b_s']:.2f} | {r['lowering_ratio']['torch_s']:.2f} | "
             f"{r['lowering_ratio']['ratio']:.2f} |" for r in timed]
