@@ -226,6 +226,7 @@ def load_for_backend(path: StrPath, preset: str = "core", *, supported_ops: Iter
     default method's LoweredProgram is returned, the others are in its ``.methods`` (``lowered["decode"]``).
     """
     from .lowering import cache as _cache
+    from .lowering.deferred_codegen import deferred
     from .lowering.lower import finish, lower, plan_lowering
 
     plan = plan_lowering(preset, supported_ops=supported_ops, decompositions=decompositions, keep=keep,
@@ -256,7 +257,8 @@ def load_for_backend(path: StrPath, preset: str = "core", *, supported_ops: Iter
         lowered = {}
         for name in names:  # one file mapping: the methods' shared weights stay one set of bytes
             prog = _program_of(reader.method(art, name), verify=False)
-            ep = prog.exported_program()
+            with deferred():  # lowered below: its own code is generated only if it is run
+                ep = prog.exported_program()
             if device != "cpu":
                 from torch.export.passes import move_to_device_pass
 

@@ -1,0 +1,96 @@
+"""Graph modules whose Python code is generated when first run or printed, not when made.
+
+A lowering makes several programs on the way to the one it returns: the program read from the file,
+reuse.py's collapsed program, the node-local lowering's result before its expansion. torch makes each ExportedProgram's graph module by generating and compiling its
+Python code (GraphModule.recompile), 10-20 ms for a decoder's graph, and most of these programs are
+never run. Inside ``deferred()`` they are made as torch.fx's _LazyGraphModule (what inductor uses for
+the same reason), whose code is generated on first use; ``compiled(ep)`` generates the code of the
+program a lowering returns, so what the caller gets is as ready to run as torch's.
+
+ExportedProgram makes its graph module in torch.export.exported_program._create_graph_module_for_export;
+``deferred()`` puts a wrapper there once (it calls torch's own outside ``deferred()``, in every
+thread). Where a torch release lacks either name, ``deferred()`` changes nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import warnings
+
+import torch
+
+__all__ = ["compiled", "deferred"]
+
+_STATE = threading.local()
+_INSTALL = threading.Lock()
+
+
+def _lazy_class():
+    try:
+        from torch.fx._lazy_graph_module import _LazyGraphModule
+    except ImportError:  # pragma: no cover -- every supported release has it
+        return None
+    return _LazyGraphModule
+
+
+def _installed() -> bool:
+    """Whether ExportedProgram's graph-module maker is wrapped (wrapping it on the first call)."""
+    import torch.export.exported_program as ep_module
+
+    make = getattr(ep_module, "_create_graph_module_for_export", None)
+    if make is None or _lazy_class() is None:
+        return False
+    if getattr(make, "_pt2b_deferred", False):
+        return True
+    with _INSTALL:
+        make = ep_module._create_graph_module_for_export
+        if not getattr(make, "_pt2b_deferred", False):
+            lazy = _lazy_class()
+
+            def create(root, graph, _torch_make=make):
+                if getattr(_STATE, "depth", 0):
+                    return lazy(root, graph)
+                return _torch_make(root, graph)
+
+            create._pt2b_deferred = True
+            ep_module._create_graph_module_for_export = create
+    return True
+
+
+@contextlib.contextmanager
+def deferred():
+    """Inside, this thread's new ExportedPrograms generate their graph module's code on first use
+    (module docstring). (torch's own switch for this, torch.fx._lazy_graph_module._use_lazy_graph_module,
+    is one flag for all threads: two lowerings in two threads could leave it on for everyone.)"""
+    if not _installed():
+        yield
+        return
+    _STATE.depth = getattr(_STATE, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _STATE.depth -= 1
+
+
+def compiled(ep):
+    """``ep`` with its graph module's code generated now (a no-op for one made outside ``deferred()``).
+    Code that cannot be generated (an object in the graph that Python source cannot name) leaves the
+    graph module runnable only by torch.fx.Interpreter, with torch's own warning for that case."""
+    lazy = _lazy_class()
+    gm = ep.graph_module
+    if lazy is not None and isinstance(gm, lazy):
+        try:
+            lazy.force_recompile(gm)
+        except SyntaxError:
+            warnings.warn(
+                "Unable to execute the generated python source code from the graph. The graph module "
+                "will no longer be directly callable, but you can still run the ExportedProgram, and if "
+                "needed, you can run the graph module eagerly using torch.fx.Interpreter.", stacklevel=2)
+    return ep
+
+
+def is_deferred(gm: torch.fx.GraphModule) -> bool:
+    """Whether ``gm``'s code is still to be generated (tests)."""
+    lazy = _lazy_class()
+    return lazy is not None and isinstance(gm, lazy) and gm._needs_recompile()
