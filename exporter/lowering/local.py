@@ -235,7 +235,7 @@ def _without_writes(graph: torch.fx.Graph, fake_mode_of, traced,
         if origin.op == "placeholder":
             if origin.name not in state:
                 return None  # (a parameter, a constant: nothing to write back into)
-        elif not _makes_new_tensor(origin):
+        elif not (_makes_new_tensor(origin) or _new_output(origin, traced)):
             return None
         if traced(origin):
             assumed.add(origin)
@@ -353,6 +353,19 @@ def _makes_new_tensor(node) -> bool:
     t = node.target
     return node.op == "call_function" and isinstance(t, torch._ops.OpOverload) and \
         isinstance(node.meta.get("val"), torch.Tensor) and not _returns_alias(t) and not is_mutating(t)
+
+
+def _new_output(node, traced) -> bool:
+    """An output of a call whose schema returns new tensors (no alias of an argument) and writes
+    nothing, copied untraced: ``topk(x, k)[0]``, which a mixture of experts normalizes in place. (A
+    decomposed call's outputs are left to the whole retrace: its decomposition may return an input.)"""
+    if node.op != "call_function" or node.target is not operator.getitem or not node.args:
+        return False
+    call = node.args[0]
+    return isinstance(call, torch.fx.Node) and call.op == "call_function" and \
+        isinstance(call.target, torch._ops.OpOverload) and not traced(call) and \
+        isinstance(node.meta.get("val"), torch.Tensor) and isinstance(call.meta.get("val"), (tuple, list)) and \
+        not _returns_alias(call.target) and not is_mutating(call.target)
 
 
 def _same_layout(a, b) -> bool:
