@@ -193,14 +193,17 @@ def _without_writes(graph: torch.fx.Graph, fake_mode_of, traced,
     returning new tensors. A decomposed op (``traced(node)``) may return its input where its schema
     promises a new tensor (an eval dropout, type_as), which only its decomposition shows: such calls
     are returned with the graph, for the lowering to check that their decomposition made a new tensor
-    (_Lowering.check_fresh). A write through a slice or select made for that write alone (``q[..., :8]
-    = a``) becomes that view of the value as written so far, written by the functional op, and
-    scattered back (slice_scatter, select_scatter), as functionalization makes it. A write into a
+    (_Lowering.check_fresh). A write through slices and selects (``q[..., :8] = a``, ``f[0][..., 1:6:3]
+    = g``) becomes those views of the value as written so far, written by the functional op, and
+    scattered back level by level (slice_scatter, select_scatter), as functionalization makes it; a
+    slice or select of a written value (or what such a write returns) read after a write is remade
+    from the value as written so far. The output of a call returning new tensors, copied untraced
+    (``topk(x, k)[0]``), is written alike (_new_output). A write into a
     buffer or an input named in ``state`` ({placeholder name: (output kind, target)}, _writable) is
     made functional alike, its final value returned before the graph's outputs; a write through a
     ``to`` that changes nothing writes the value it returns itself (_returns_self). A write into a
-    parameter or a constant, through any other view, or into a value viewed before the write is left
-    to the whole retrace (None). detach_ calls go (as in the retrace, functionalize._prepared).
+    parameter or a constant, through any other view, or into a value viewed otherwise than by slices
+    and selects before the write is left to the whole retrace (None). detach_ calls go (as in the retrace, functionalize._prepared).
     Returns (the graph, those calls of it, [(output kind, target)] of the returned writes)."""
     writes = [n for n in graph.nodes if n.op == "call_function" and is_mutating(n.target)]
     if not writes:
@@ -213,14 +216,17 @@ def _without_writes(graph: torch.fx.Graph, fake_mode_of, traced,
             selves[n] = selves.get(n.args[0], n.args[0])
     root: dict = {}  # a write (or a call returning a written value itself) -> the value written into
     last_write: dict = {}  # that value -> the position of the last write into it
-    through: dict = {}  # a write through a view made for it alone (q[..., :8] = a) -> that view
+    through: dict = {}  # a write through slices and selects (q[..., :8] = a; f[0][..., 1:6:3] = g) -> them, outermost first
     for w in writes:
         target = w.args[0] if w.args else None
         if not isinstance(target, torch.fx.Node):
             return None
-        if target.op == "call_function" and target.target in _SCATTER and len(target.users) == 1 and \
-                not w.users and isinstance(target.args[0], torch.fx.Node):
-            through[w], target = target, target.args[0]
+        chain = []
+        while target.op == "call_function" and target.target in _SCATTER and isinstance(target.args[0], torch.fx.Node):
+            chain.insert(0, target)
+            target = target.args[0]
+        if chain:
+            through[w] = chain
         target = selves.get(target, target)
         root[w] = root.get(target, target)
         last_write[root[w]] = position[w]
@@ -229,7 +235,18 @@ def _without_writes(graph: torch.fx.Graph, fake_mode_of, traced,
         if root.get(base, base) in last_write:
             root[a] = root.get(base, base)
             aliases.add(a)
-    views = set(through.values())
+    # the slices and selects of a written value, (transitively): each read is re-made from the value
+    # as written so far, as functionalization regenerates a view of a written base
+    sliced: dict = {}  # view -> (the written value, [its slices and selects, outermost first])
+    for n in graph.nodes:
+        if n.op == "call_function" and n.target in _SCATTER and n.args and isinstance(n.args[0], torch.fx.Node):
+            base = n.args[0]
+            if base in sliced:
+                sliced[n] = (sliced[base][0], [*sliced[base][1], n])
+            elif root.get(base, base) in last_write and base not in root:
+                sliced[n] = (root.get(base, base), [n])
+    for w, chain in through.items():  # what such a write returns is its view (of the value as written)
+        sliced[w] = (root[w], chain)
     assumed: set = set()  # decomposed calls taken for ops returning a new tensor, checked after tracing
     for origin, last in last_write.items():
         if origin.op == "placeholder":
@@ -239,9 +256,10 @@ def _without_writes(graph: torch.fx.Graph, fake_mode_of, traced,
             return None
         if traced(origin):
             assumed.add(origin)
-        for member in [origin, *(m for m in root if root[m] is origin)]:
+        members = [origin, *(m for m in root if root[m] is origin), *(v for v in sliced if sliced[v][0] is origin)]
+        for member in members:
             for user in member.users:
-                if position[user] > last or (user in root and root[user] is origin) or user in views:
+                if position[user] > last or (user in root and root[user] is origin) or user in sliced:
                     continue
                 if _makes_new_tensor(user):
                     if traced(user):
@@ -258,11 +276,34 @@ def _without_writes(graph: torch.fx.Graph, fake_mode_of, traced,
     env: dict = {}
     latest: dict = {}  # a written value -> the functional result the reads after the writes so far read
 
+    version: dict = {}  # a written value -> how many writes into it are made so far
+    remade: dict = {}  # (a slice or select of a written value, that value's version) -> the view re-made
+
     def read(x):
         """What a read of ``x`` reads: the last write's result, where ``x`` is a written value or a
-        write (what reads it after the last write reads the last write's result too)."""
+        write (what reads it after the last write reads the last write's result too); where ``x`` is
+        a slice or select of a written value, that view of the value as written so far."""
+        if x in sliced:
+            origin, chain = sliced[x]
+            if origin not in latest:
+                return env[x]
+            key = (x, version[origin])
+            if key not in remade:
+                remade[key] = viewed(latest[origin], chain)[-1]
+            return remade[key]
         origin = root.get(x, x)
         return latest[origin] if origin in latest and position[x] <= last_write[origin] else env[x]
+
+    def viewed(base, chain) -> list:
+        """[base, then each slice or select of ``chain`` of it in turn]."""
+        out_ = [base]
+        for v in chain:
+            out_.append(call(v.target, (out_[-1], *v.args[1:]), dict(v.kwargs), v))
+        return out_
+
+    def written_into(origin, value) -> None:
+        latest[origin] = value
+        version[origin] = version.get(origin, 0) + 1
 
     def call(op, args, kwargs, like):
         """A new call of ``op`` with ``like``'s provenance, its value computed on its inputs' values."""
@@ -274,8 +315,6 @@ def _without_writes(graph: torch.fx.Graph, fake_mode_of, traced,
         return new
 
     for node in graph.nodes:
-        if node in views:
-            continue  # (made where its write is)
         if node in aliases:
             env[node] = read(node.args[0])  # (the value itself, as written so far)
             continue
@@ -283,19 +322,19 @@ def _without_writes(graph: torch.fx.Graph, fake_mode_of, traced,
             env[node] = out.node_copy(node, read)
             continue
         target = node.args[0]
-        if node in through:  # the view of the value as written so far, written, scattered back into it
-            view, functional = through[node], _functional_variant(node.target)
+        if node in through:  # the views of the value as written so far, written, scattered back into it
+            chain, functional = through[node], _functional_variant(node.target)
             if functional is None:
                 return None
             try:
-                base = read(view.args[0])
-                sliced = call(view.target, (base, *view.args[1:]), dict(view.kwargs), view)
                 args = pytree.tree_map_only(torch.fx.Node, read, (node.args[1:], dict(node.kwargs)))
-                written = call(functional, (sliced, *args[0]), args[1], node)
-                latest[root[node]] = call(_SCATTER[view.target], (base, written, *view.args[1:]),
-                                          dict(view.kwargs), node)
+                views = viewed(read(root[node]), chain)
+                written = value = call(functional, (views[-1], *args[0]), args[1], node)
+                for v, base in zip(reversed(chain), reversed(views[:-1])):
+                    value = call(_SCATTER[v.target], (base, value, *v.args[1:]), dict(v.kwargs), node)
             except Exception:  # noqa: BLE001 -- the whole retrace decides
                 return None
+            written_into(root[node], value)
             env[node] = written
             continue
         if node.target is torch.ops.aten.detach_.default:
@@ -307,9 +346,10 @@ def _without_writes(graph: torch.fx.Graph, fake_mode_of, traced,
             return None  # (a write of sizes, not values: functionalization makes another op of it)
         args = pytree.tree_map_only(torch.fx.Node, read, (node.args, dict(node.kwargs)))
         try:
-            env[node] = latest[root[node]] = call(functional, *args, node)
+            env[node] = call(functional, *args, node)
         except Exception:  # noqa: BLE001 -- the whole retrace decides
             return None
+        written_into(root[node], env[node])
     # an input or buffer written: its final value is an output before the program's own, as
     # functionalization returns it (BUFFER_MUTATION, USER_INPUT_MUTATION), in the order of the inputs
     written = [n for n in graph.nodes if n.op == "placeholder" and n in latest]
