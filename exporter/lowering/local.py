@@ -146,13 +146,18 @@ def _functional_variant(op):
     if not base.endswith("_") or base.startswith("_"):
         return None
     packet = getattr(torch.ops.aten, base[:-1], None)
-    overload = getattr(packet, op._overloadname, None) if packet is not None else None
-    if not isinstance(overload, torch._ops.OpOverload) or \
-            [a.name for a in overload._schema.arguments] != [a.name for a in schema.arguments] or \
-            any(a.alias_info is not None for a in overload._schema.arguments) or \
-            any(r.alias_info is not None for r in overload._schema.returns):
+    if packet is None:
         return None
-    return overload
+    # the overload of the same name, else (floor_divide_.Tensor -> floor_divide.default) the default
+    for name in dict.fromkeys((op._overloadname, "default")):
+        overload = getattr(packet, name, None)
+        if isinstance(overload, torch._ops.OpOverload) and \
+                [(a.name, str(a.type)) for a in overload._schema.arguments] == \
+                [(a.name, str(a.type)) for a in schema.arguments] and \
+                not any(a.alias_info is not None for a in overload._schema.arguments) and \
+                not any(r.alias_info is not None for r in overload._schema.returns):
+            return overload
+    return None
 
 
 _RESIZING = frozenset({torch.ops.aten.resize_.default, torch.ops.aten.resize_as_.default})
@@ -252,7 +257,7 @@ def _without_writes(graph: torch.fx.Graph, fake_mode_of, traced,
         if origin.op == "placeholder":
             if origin.name not in state:
                 return None  # (a parameter, a constant: nothing to write back into)
-        elif not (_makes_new_tensor(origin) or _new_output(origin, traced)):
+        elif not (_makes_new_tensor(origin) or _new_output(origin, traced) or _copied_by_decomposition(origin, traced)):
             return None
         if traced(origin):
             assumed.add(origin)
@@ -406,6 +411,33 @@ def _new_output(node, traced) -> bool:
         isinstance(call.target, torch._ops.OpOverload) and not traced(call) and \
         isinstance(node.meta.get("val"), torch.Tensor) and isinstance(call.meta.get("val"), (tuple, list)) and \
         not _returns_alias(call.target) and not is_mutating(call.target)
+
+
+# Ops whose schema returns a view of their input but which copy where the layout asks for it
+# (``x.permute(...).contiguous()``, a reshape of a slice): written into, they are assumed to copy,
+# which _Lowering.check_fresh verifies on their decomposition
+_COPY_WHEN_RELAID = frozenset({torch.ops.aten.contiguous.default, torch.ops.aten.reshape.default})
+
+
+def _copied_by_decomposition(node, traced) -> bool:
+    """A decomposed contiguous or reshape (_COPY_WHEN_RELAID) of a value whose recorded layout it cannot
+    view as it stands (not contiguous): its decomposition copies, which check_fresh verifies."""
+    if node.op != "call_function" or node.target not in _COPY_WHEN_RELAID or not traced(node) or \
+            not node.args or not isinstance(node.args[0], torch.fx.Node):
+        return False
+    v, out = node.args[0].meta.get("val"), node.meta.get("val")
+    if not (isinstance(v, torch.Tensor) and isinstance(out, torch.Tensor)) or v.is_contiguous():
+        return False
+    if node.target is torch.ops.aten.reshape.default:  # a reshape views where it can: only a static
+        sizes, strides, shape = list(v.shape), list(v.stride()), list(out.shape)  # layout no view can take is copied
+        if not all(type(x) is int for x in (*sizes, *strides, *shape)):
+            return False  # (symbolic sizes)
+        try:
+            torch.empty_strided(sizes, strides, device="meta").view(shape)
+        except RuntimeError:
+            return True
+        return False
+    return True
 
 
 def _same_layout(a, b) -> bool:
