@@ -747,7 +747,7 @@ def _ratio_sentence(records: list[dict]) -> str:
     return (f" Cold `core` lowering over torch's `torch.export.load` + `run_decompositions()`, per case in CPU seconds "
             f"({len(ratios)} cases, pt2b {', '.join(f'{v} ({n})' for v, n in versions.most_common())}, "
             f"[docs/real-models.md](docs/real-models.md#cold-core-lowering-per-case)): geometric mean "
-            f"{statistics.geometric_mean(ratios):.2f}x, median {statistics.median(ratios):.2f}x, "
+            f"{statistics.geometric_mean(ratios):.3f}x, median {statistics.median(ratios):.3f}x, "
             f"{sum(x > 1.0 for x in ratios)} above 1.0x; worst five: {worst}"
             + (f"; {failed} more where torch's load or `run_decompositions()` fails" if failed else "") + ".")
 
@@ -765,7 +765,7 @@ def ratio_markdown(records: list[dict]) -> list[str]:
     out = ["", "### Cold core lowering per case", "", f"Cold core lowering, pt2b's `load_for_backend(path, \"core\", cache=False, validate=False)` over torch's "
            f"`torch.export.load` + `run_decompositions()`, one run each, back to back in the case's process, "
            f"in CPU seconds ({len(ratios)} cases): "
-           f"geometric mean {statistics.geometric_mean(ratios):.2f}x, median {statistics.median(ratios):.2f}x, "
+           f"geometric mean {statistics.geometric_mean(ratios):.3f}x, median {statistics.median(ratios):.3f}x, "
            f"{len(over)} above 1.0x" + (f" ({', '.join(over[:10])}{', ...' if len(over) > 10 else ''})" if over else "")
            + "." + (f" No ratio where torch's own `torch.export.load` or `run_decompositions()` fails: "
                      f"{', '.join(failed)}." if failed else ""), "", "<details><summary>per case, slowest ratio first</summary>", "",
