@@ -193,6 +193,7 @@ def test_each_repaired_op_really_disagrees_with_its_fake_kernel(op):
     assert _strides(real) == _strides(fake)  # what the repair gives them
 
 
+@pytest.mark.slow  # a sweep over every core op's OpInfo samples in four layouts (about 50 s): -m slow
 def test_no_other_core_op_disagrees_with_its_fake_kernel_on_opinfo_samples():
     """Every core op the OpInfo samples reach, with each tensor argument also transposed, permuted
     and channels-last: the kernel's result strides equal the fake kernel's, except for the repaired ops."""
