@@ -1,9 +1,9 @@
 """Graph modules whose Python code is generated when first run or printed, not when made.
 
 A lowering makes several programs on the way to the one it returns: the program read from the file,
-reuse.py's collapsed program, the node-local lowering's result before its expansion. torch makes each ExportedProgram's graph module by generating and compiling its
-Python code (GraphModule.recompile), 10-20 ms for a decoder's graph, and most of these programs are
-never run. Inside ``deferred()`` they are made as torch.fx's _LazyGraphModule (what inductor uses for
+reuse.py's collapsed program, the node-local lowering's result before its expansion. torch makes
+each ExportedProgram's graph module by generating and compiling its Python code
+(GraphModule.recompile), 10-20 ms for a decoder's graph, and most of these programs are never run. Inside ``deferred()`` they are made as torch.fx's _LazyGraphModule (what inductor uses for
 the same reason), whose code is generated on first use; ``compiled(ep)`` generates the code of the
 program a lowering returns, so what the caller gets is as ready to run as torch's.
 
@@ -15,6 +15,7 @@ thread). Where a torch release lacks either name, ``deferred()`` changes nothing
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import warnings
 
@@ -26,6 +27,7 @@ _STATE = threading.local()
 _INSTALL = threading.Lock()
 
 
+@functools.cache
 def _lazy_class():
     try:
         from torch.fx._lazy_graph_module import _LazyGraphModule
@@ -76,7 +78,8 @@ def deferred():
 def compiled(ep):
     """``ep`` with its graph module's code generated now (a no-op for one made outside ``deferred()``).
     Code that cannot be generated (an object in the graph that Python source cannot name) leaves the
-    graph module runnable only by torch.fx.Interpreter, with torch's own warning for that case."""
+    graph module runnable only by torch.fx.Interpreter, with a warning saying so (torch's own
+    ExportedProgram does the same)."""
     lazy = _lazy_class()
     gm = ep.graph_module
     if lazy is not None and isinstance(gm, lazy):
@@ -84,9 +87,9 @@ def compiled(ep):
             lazy.force_recompile(gm)
         except SyntaxError:
             warnings.warn(
-                "Unable to execute the generated python source code from the graph. The graph module "
-                "will no longer be directly callable, but you can still run the ExportedProgram, and if "
-                "needed, you can run the graph module eagerly using torch.fx.Interpreter.", stacklevel=2)
+                "pt2b: the lowered graph holds an object Python source cannot name, so its graph module "
+                "has no generated code and cannot be called itself; run the ExportedProgram, or the graph "
+                "module through torch.fx.Interpreter.", stacklevel=2)
     return ep
 
 

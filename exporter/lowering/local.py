@@ -208,7 +208,8 @@ def _without_writes(graph: torch.fx.Graph, fake_mode_of, traced,
     made functional alike, its final value returned before the graph's outputs; a write through a
     ``to`` that changes nothing writes the value it returns itself (_returns_self). A write into a
     parameter or a constant, through any other view, or into a value viewed otherwise than by slices
-    and selects before the write is left to the whole retrace (None). detach_ calls go (as in the retrace, functionalize._prepared).
+    and selects before the write is left to the whole retrace (None). detach_ calls go (as in the
+    retrace, functionalize._prepared).
     Returns (the graph, those calls of it, [(output kind, target)] of the returned writes)."""
     writes = [n for n in graph.nodes if n.op == "call_function" and is_mutating(n.target)]
     if not writes:
@@ -221,7 +222,7 @@ def _without_writes(graph: torch.fx.Graph, fake_mode_of, traced,
             selves[n] = selves.get(n.args[0], n.args[0])
     root: dict = {}  # a write (or a call returning a written value itself) -> the value written into
     last_write: dict = {}  # that value -> the position of the last write into it
-    through: dict = {}  # a write through slices and selects (q[..., :8] = a; f[0][..., 1:6:3] = g) -> them, outermost first
+    through: dict = {}  # a write through slices and selects (f[0][..., 1:6:3] = g) -> them, outermost first
     for w in writes:
         target = w.args[0] if w.args else None
         if not isinstance(target, torch.fx.Node):
@@ -257,7 +258,7 @@ def _without_writes(graph: torch.fx.Graph, fake_mode_of, traced,
         if origin.op == "placeholder":
             if origin.name not in state:
                 return None  # (a parameter, a constant: nothing to write back into)
-        elif not (_makes_new_tensor(origin) or _new_output(origin, traced) or _copied_by_decomposition(origin, traced)):
+        elif not _new_value(origin, traced):
             return None
         if traced(origin):
             assumed.add(origin)
@@ -400,6 +401,13 @@ def _makes_new_tensor(node) -> bool:
         isinstance(node.meta.get("val"), torch.Tensor) and not _returns_alias(t) and not is_mutating(t)
 
 
+def _new_value(node, traced) -> bool:
+    """Whether ``node`` makes a value nothing else sees, so a write into it can be made functional
+    where it is: a call returning a new tensor, an output of a call returning new tensors, or what a
+    decomposed contiguous or reshape copies."""
+    return _makes_new_tensor(node) or _new_output(node, traced) or _copied_by_decomposition(node, traced)
+
+
 def _new_output(node, traced) -> bool:
     """An output of a call whose schema returns new tensors (no alias of an argument) and writes
     nothing, copied untraced: ``topk(x, k)[0]``, which a mixture of experts normalizes in place. (A
@@ -429,7 +437,7 @@ def _copied_by_decomposition(node, traced) -> bool:
     if not (isinstance(v, torch.Tensor) and isinstance(out, torch.Tensor)) or v.is_contiguous():
         return False
     if node.target is torch.ops.aten.reshape.default:  # a reshape views where it can: only a static
-        sizes, strides, shape = list(v.shape), list(v.stride()), list(out.shape)  # layout no view can take is copied
+        sizes, strides, shape = list(v.shape), list(v.stride()), list(out.shape)  # layout no view takes copies
         if not all(type(x) is int for x in (*sizes, *strides, *shape)):
             return False  # (symbolic sizes)
         try:
