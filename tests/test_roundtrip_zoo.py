@@ -142,7 +142,9 @@ def _meta_signature(v):
 def test_fast_tensor_meta_equals_torchs_deserializer(tmp_path, name):
     """exporter/serialize/deserialize.py builds static CPU fake tensors directly instead of through
     a fake dispatch of empty_strided: every node's meta['val'] (type, sizes, strides, dtype, device,
-    requires_grad), the generated code and the fake mode sharing must equal torch's deserializer's."""
+    requires_grad), the generated code and the fake mode sharing must equal torch's deserializer's;
+    so must every other meta entry (module stacks are split once per distinct text), in the same order,
+    with module-stack dicts shared between nodes exactly where torch's are."""
     from torch._export.serde.serialize import ExportedProgramDeserializer
 
     from exporter.serialize import deserialize, reader
@@ -155,14 +157,19 @@ def test_fast_tensor_meta_equals_torchs_deserializer(tmp_path, name):
     ours = deserialize.deserialize_program(serialized, ep.state_dict, ep.constants, None)
     theirs = ExportedProgramDeserializer().deserialize(serialized, ep.state_dict, ep.constants, None)
     assert ours.graph_module.code == theirs.graph_module.code
-    modes = set()
+    modes, stacks = set(), []
     for a, b in zip(ours.graph.nodes, theirs.graph.nodes, strict=True):
         va, vb = a.meta.get("val"), b.meta.get("val")
         assert _meta_signature(va) == _meta_signature(vb), a.name
+        assert list(a.meta) == list(b.meta), a.name
+        assert {k: v for k, v in a.meta.items() if k != "val"} == {k: v for k, v in b.meta.items() if k != "val"}
+        if "nn_module_stack" in a.meta:
+            stacks.append((id(a.meta["nn_module_stack"]), id(b.meta["nn_module_stack"])))
         for v in va if isinstance(va, (list, tuple)) else [va]:
             if isinstance(v, torch.Tensor):
                 modes.add(id(v.fake_mode))
     assert len(modes) <= 1  # one FakeTensorMode for the whole graph, as in torch's
+    assert len(set(stacks)) == len({o for o, _ in stacks}) == len({t for _, t in stacks})
     assert ours.range_constraints == theirs.range_constraints
 
 

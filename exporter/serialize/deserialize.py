@@ -1,5 +1,5 @@
-"""torch's ExportedProgramDeserializer with two steps made cheaper: the fake tensors of nodes, and
-the parsing of symbolic expressions.
+"""torch's ExportedProgramDeserializer with three steps made cheaper: the fake tensors of nodes, the
+parsing of symbolic expressions, and the module stacks of nodes.
 
 torch makes each node's ``meta["val"]`` by calling ``torch.empty_strided`` under its FakeTensorMode,
 a full fake dispatch (~60 us); for a tensor whose sizes and strides are plain integers on the CPU
@@ -13,6 +13,11 @@ a program whose sizes are deep expressions (lara_mini: 2,456 of them, 54,266 rec
 20 s there. The same walk on an expression already parsed only re-registers what it registered the
 first time, so an expression or sub-expression met again returns the object torch cached for it (one
 that comes with a hint torch has not recorded for it yet still takes torch's own path).
+
+torch splits each node's ``nn_module_stack`` text character by character (its entries may hold
+bracketed commas); the nodes of one module share the same text, so each distinct text is split once
+by torch's own code and every node gets a new dict of that result (on llama, 546 nodes and 1,344
+entries: 6 ms of a 50 ms read).
 """
 
 from __future__ import annotations
@@ -70,12 +75,35 @@ def _memoized_parse(d):
     return _parse_sym_expr
 
 
+def _shared_module_stacks(d):
+    """GraphModuleDeserializer.deserialize_metadata of ``d``, splitting each distinct ``nn_module_stack``
+    text once; the result has the same keys in the same order, and a dict of its own per node."""
+    deserialize = d.deserialize_metadata
+    split = {}
+
+    def deserialize_metadata(metadata):
+        text = metadata.get("nn_module_stack")
+        if not text:
+            return deserialize(metadata)
+        entries = split.get(text)
+        if entries is None:
+            entries = split[text] = tuple(deserialize({"nn_module_stack": text})["nn_module_stack"].items())
+        rest = deserialize({k: v for k, v in metadata.items() if k != "nn_module_stack"})
+        out = {"stack_trace": rest.pop("stack_trace")} if "stack_trace" in rest else {}
+        out["nn_module_stack"] = dict(entries)
+        out.update(rest)
+        return out
+
+    return deserialize_metadata
+
+
 def _graph_module_deserializer():
-    """torch's GraphModuleDeserializer (final: it refuses subclasses) with the two steps above bound
+    """torch's GraphModuleDeserializer (final: it refuses subclasses) with the three steps above bound
     on this one instance; nothing process-wide changes."""
     d = _serde.GraphModuleDeserializer()
     d.deserialize_tensor_meta = types.MethodType(_fast_tensor_meta, d)
     d._parse_sym_expr = _memoized_parse(d)
+    d.deserialize_metadata = _shared_module_stacks(d)
     return d
 
 
