@@ -4,6 +4,7 @@ rebuilds: every node's symbolic sizes and strides, hints, the range constraints,
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import exporter
@@ -75,3 +76,64 @@ def test_an_expression_met_again_is_not_parsed_again(tmp_path, monkeypatch):
     ours, calls[:] = len(calls), []
     torch.export.load(tmp_path / "m.pt2")
     assert 0 < ours * 3 < len(calls)
+
+
+class DataDependent(torch.nn.Module):
+    """Sizes read from data (unbacked symbols): nonzero's count, and an item() used as a size."""
+
+    def forward(self, x, n):
+        idx = torch.nonzero(x > 0)
+        k = n.item()
+        torch._check(k >= 0)
+        torch._check(k <= x.shape[0])
+        return idx.float().sum(0), x[:k] * 2, torch.zeros(k, 3)
+
+
+def _bindings(ep):
+    return [(n.name, {str(s): str(p) for s, p in n.meta["unbacked_bindings"].items()})
+            for n in ep.graph.nodes if "unbacked_bindings" in n.meta]
+
+
+def test_unbacked_bindings_equal_torch_loaders(tmp_path):
+    """pt2b's loader skips torch's walk for unbacked symbols once none is pending: every node that
+    binds one still records the same bindings as torch's loader, and the program runs alike."""
+    x, n = torch.tensor([1.0, -2.0, 3.0, 0.5, -1.0]), torch.tensor(3)
+    ep = torch.export.export(DataDependent(), (x, n))
+    exporter.export_model(ep, path=tmp_path / "d.pt2b")
+    torch.export.save(ep, tmp_path / "d.pt2")
+    ours = exporter.load(tmp_path / "d.pt2b").exported_program()
+    theirs = torch.export.load(tmp_path / "d.pt2")
+    bindings = _bindings(ours)
+    assert bindings == _bindings(theirs)
+    assert len(bindings) >= 2  # nonzero's size and item()'s value
+    for x, n in [(x, n), (torch.tensor([-1.0, 2.0, 2.0, 2.0, 4.0]), torch.tensor(5))]:
+        assert_bitwise(ours.module()(x, n), ep.module()(x, n))
+
+
+def test_the_walk_is_skipped_only_while_pt2b_reads(tmp_path, monkeypatch):
+    """Outside pt2b's loader (after it ran once and wrapped the walk), and with something pending,
+    torch's walk runs as before; inside it, a walk with nothing pending returns at once."""
+    from torch.fx.experimental import symbolic_shapes
+
+    from exporter.serialize import deserialize
+
+    _program(tmp_path)  # (reads a program: the walk is wrapped now)
+    walk = symbolic_shapes._free_unbacked_symbols_with_path
+    assert walk._pt2b_wrapped
+    with torch._subclasses.fake_tensor.FakeTensorMode(shape_env=symbolic_shapes.ShapeEnv()) as mode:
+        u = mode.shape_env.create_unbacked_symint()
+        val = torch.empty(u, 2)
+    for reading in (False, True):
+        deserialize._STATE.reading = reading
+        try:
+            pending = {u.node.expr}
+            assert walk(val, (), pending=pending) == {u.node.expr: walk(val, (), pending={u.node.expr})[u.node.expr]}
+            assert not pending
+            assert walk(val, (), pending=set()) == {}
+            if reading:  # (torch's walk refuses a real tensor: it does not run)
+                assert walk(torch.ones(2), (), pending=set()) == {}
+            else:
+                with pytest.raises(AssertionError, match="Expected FakeTensor"):
+                    walk(torch.ones(2), (), pending=set())
+        finally:
+            deserialize._STATE.reading = False
