@@ -101,3 +101,29 @@ def test_another_thread_and_strict_export_are_untouched_while_a_lowering_defers(
     strict = torch.export.export(m, (x,), strict=True)  # dynamo's export reads its graph module's specs
     assert not dc.is_deferred(strict.graph_module)
     assert_bitwise(strict.module()(x), m(x))
+
+
+def test_graph_modules_traced_inside_deferred_generate_their_code_on_first_run():
+    """make_fx's graph modules (the traces of a lowering: aot_export's result) are made lazy inside
+    deferred() only, in this thread only; run, they compute what an eagerly made one does; torch's
+    own switch that forbids lazy graph modules still holds."""
+    from torch.fx._lazy_graph_module import _force_skip_lazy_graph_module
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(a, b):
+        return torch.nn.functional.gelu(a @ b).softmax(-1)
+
+    a, b = torch.randn(3, 4), torch.randn(4, 5)
+    with dc.deferred():
+        inside = make_fx(f)(a, b)
+        with _force_skip_lazy_graph_module():
+            forced = make_fx(f)(a, b)
+        seen = {}
+        t = threading.Thread(target=lambda: seen.setdefault("gm", make_fx(f)(a, b)))
+        t.start()
+        t.join(60)
+    outside = make_fx(f)(a, b)
+    assert dc.is_deferred(inside)
+    assert not dc.is_deferred(outside) and not dc.is_deferred(forced) and not dc.is_deferred(seen["gm"])
+    assert_bitwise(inside(a, b), outside(a, b))
+    assert inside.code == outside.code

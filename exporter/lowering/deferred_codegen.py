@@ -7,9 +7,16 @@ each ExportedProgram's graph module by generating and compiling its Python code
 the same reason), whose code is generated on first use; ``compiled(ep)`` generates the code of the
 program a lowering returns, so what the caller gets is as ready to run as torch's.
 
-ExportedProgram makes its graph module in torch.export.exported_program._create_graph_module_for_export;
-``deferred()`` puts a wrapper there once (it calls torch's own outside ``deferred()``, in every
-thread). Where a torch release lacks either name, ``deferred()`` changes nothing.
+The traces a lowering runs make graph modules too (make_fx's result in each aot_export: made, then
+recompiled by aot_export after its passes, twice 3-10 ms), which pt2b reads and never runs; inside
+``deferred()`` they are _LazyGraphModules as well, as under torch's own switch for this (a graph
+module that is run generates its code then, as any _LazyGraphModule does).
+
+ExportedProgram makes its graph module in torch.export.exported_program._create_graph_module_for_export,
+and torch.fx picks the class of the graph modules it makes in
+torch.fx._lazy_graph_module._get_graph_module_cls; ``deferred()`` puts a wrapper on each once (they
+call torch's own outside ``deferred()``, in every thread). Where a torch release lacks these names,
+``deferred()`` changes nothing.
 """
 
 from __future__ import annotations
@@ -57,7 +64,28 @@ def _installed() -> bool:
 
             create._pt2b_deferred = True
             ep_module._create_graph_module_for_export = create
+        _defer_traced_modules()
     return True
+
+
+def _defer_traced_modules() -> None:
+    """Wrap torch.fx's choice of graph-module class (where this torch has it) so that a thread inside
+    ``deferred()`` gets _LazyGraphModule, unless torch's own switch forbids it; called once, under
+    _INSTALL."""
+    import torch.fx._lazy_graph_module as lazy_module
+
+    pick = getattr(lazy_module, "_get_graph_module_cls", None)
+    if pick is None or getattr(pick, "_pt2b_deferred", False):
+        return
+    lazy = _lazy_class()
+
+    def graph_module_cls(_torch_pick=pick):
+        if getattr(_STATE, "depth", 0) and not getattr(lazy_module, "_force_skip_lazy_graph_module_flag", False):
+            return lazy
+        return _torch_pick()
+
+    graph_module_cls._pt2b_deferred = True
+    lazy_module._get_graph_module_cls = graph_module_cls
 
 
 @contextlib.contextmanager
