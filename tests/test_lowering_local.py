@@ -412,6 +412,31 @@ def test_writes_through_selects_of_slices_are_scattered_back_level_by_level(tmp_
         assert torch.equal(a, b)
 
 
+class FilledUpToASymbolicBound(nn.Module):
+    """superpoint's keypoint scores: rows of a fresh value filled up to a length read from another
+    input's size (a slice whose bound is a node of the program, not a number)."""
+
+    def forward(self, x, k):
+        f = x * 2.0
+        f[0][: k.shape[0]] = 1.0
+        f[1][1 : k.shape[0]] = f[2][1 : k.shape[0]]
+        return f, f[0].sum()
+
+
+def test_a_write_through_a_slice_with_a_symbolic_bound_lowers_node_by_node():
+    x, k = torch.randn(3, 8), torch.randn(5)
+    dims = ({1: torch.export.Dim("n", min=4, max=64)}, {0: torch.export.Dim("m", min=3, max=16)})
+    ep = torch.export.export(FilledUpToASymbolicBound(), (x, k), dynamic_shapes=dims)
+    ours, whole = _both(ep)
+    torchs = ep.run_decompositions()
+    assert set(op_counts(ours.graph_module)) == set(op_counts(torchs.graph_module))
+    for xs, ks in [((3, 8), (5,)), ((3, 13), (7,)), ((3, 4), (3,))]:
+        x, k = torch.randn(*xs), torch.randn(*ks)
+        want = torch.utils._pytree.tree_leaves(FilledUpToASymbolicBound()(x.clone(), k))
+        for a, b, c, d in zip(_outputs(ours, x, k), _outputs(whole, x, k), _outputs(torchs, x, k), want):
+            assert torch.equal(a, b) and torch.equal(a, c) and torch.equal(a, d)
+
+
 class WritesThroughPermute(nn.Module):
     def forward(self, x):
         y = x @ x.T

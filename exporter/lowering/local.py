@@ -300,11 +300,17 @@ def _without_writes(graph: torch.fx.Graph, fake_mode_of, traced,
         origin = root.get(x, x)
         return latest[origin] if origin in latest and position[x] <= last_write[origin] else env[x]
 
+    def rest(v) -> tuple:
+        """The arguments of the slice or select ``v`` after its input, as the new graph reads them (a
+        symbolic bound is a node of the program: ``x[:n] = y`` with n = x.size(0))."""
+        return pytree.tree_map_only(torch.fx.Node, read, (tuple(v.args[1:]), dict(v.kwargs)))
+
     def viewed(base, chain) -> list:
         """[base, then each slice or select of ``chain`` of it in turn]."""
         out_ = [base]
         for v in chain:
-            out_.append(call(v.target, (out_[-1], *v.args[1:]), dict(v.kwargs), v))
+            args, kwargs = rest(v)
+            out_.append(call(v.target, (out_[-1], *args), kwargs, v))
         return out_
 
     def written_into(origin, value) -> None:
@@ -337,7 +343,8 @@ def _without_writes(graph: torch.fx.Graph, fake_mode_of, traced,
                 views = viewed(read(root[node]), chain)
                 written = value = call(functional, (views[-1], *args[0]), args[1], node)
                 for v, base in zip(reversed(chain), reversed(views[:-1])):
-                    value = call(_SCATTER[v.target], (base, value, *v.args[1:]), dict(v.kwargs), node)
+                    args, kwargs = rest(v)
+                    value = call(_SCATTER[v.target], (base, value, *args), kwargs, node)
             except Exception:  # noqa: BLE001 -- the whole retrace decides
                 return None
             written_into(root[node], value)
