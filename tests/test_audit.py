@@ -73,7 +73,10 @@ def test_readme_states_the_stored_totals():
         len(STORED["ops"]), t["exact"], t["ulp"], STORED["ulp_limit"], t["lossy"], t["wrong"], t["untested"])
 
 
-@pytest.mark.parametrize("name", sorted(KNOWN))
+# _log_softmax's fresh audit takes 70-100 s on 2 cores: behind the slow marker (-m slow runs it),
+# to keep the default suite under 15 minutes
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "aten::_log_softmax.default" else n
+                                  for n in sorted(KNOWN)])
 def test_known_cases_fresh_audit_matches_stored_and_expected(name):
     fresh = audit.audit_op(_op(name), applied(_op(name), TABLE[_op(name)]))
     assert fresh["verdict"] == STORED["ops"][name]["verdict"] == KNOWN[name], fresh
