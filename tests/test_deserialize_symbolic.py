@@ -110,7 +110,7 @@ def test_unbacked_bindings_equal_torch_loaders(tmp_path):
         assert_bitwise(ours.module()(x, n), ep.module()(x, n))
 
 
-def test_the_walk_is_skipped_only_while_pt2b_reads(tmp_path, monkeypatch):
+def test_the_walk_is_skipped_only_while_pt2b_reads(tmp_path):
     """Outside pt2b's loader (after it ran once and wrapped the walk), and with something pending,
     torch's walk runs as before; inside it, a walk with nothing pending returns at once."""
     from torch.fx.experimental import symbolic_shapes
