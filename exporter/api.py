@@ -236,21 +236,21 @@ def load_for_backend(path: StrPath, preset: str = "core", *, supported_ops: Iter
     def key(digest: str) -> str:  # one slot for all methods, one per method asked for by name
         return _cache.cache_key(digest if method is None else f"{digest}#method={method}", plan.fingerprint, device)
 
-    if use_cache:
-        digest = reader.program_digest(path)
-        with gc_paused():
-            hits = _cache.Entry(key(digest)).open()  # each method's answers; graphs checked and built on first use
+    with gc_paused():  # the trace allocates fx nodes and fake tensors by the 10^4 as well
+        art = reader.open_artifact(path)  # looked up, and on a miss lowered and stored, from this one reading
+        if use_cache:
+            digest = _cache.content_digest(art)
+            entry = _cache.Entry(key(digest))
+            hits = entry.open(verify=verify)  # each method's answers; graphs checked and built on first use
             if validate and hits is not None and any(h.validation is None for h in hits.values()):
                 hits = None  # stored without validation: lowered (and validated) again
-            if hits is not None and (not verify or _weights_verified(path, digest)):
-                lowered = {name: _from_hit(path, digest, name, hit, plan, finish, dict(
+            if hits is not None:
+                if verify:
+                    reader.verify_weights(art)  # the source's own, against its digests (a damaged file is an error)
+                lowered = {name: _from_hit(path, art.digest, name, hit, plan, finish, dict(
                     preset=preset, supported_ops=supported_ops, decompositions=decompositions, keep=keep,
                     decompose=decompose, strict=strict, device=device)) for name, hit in hits.items()}
                 return _linked(lowered)
-    # The miss path keys the entry by the digest of the artifact it actually read, so a file
-    # replaced between the lookup and this open cannot file one version's lowering under another's.
-    with gc_paused():  # the trace allocates fx nodes and fake tensors by the 10^4 as well
-        art = reader.open_artifact(path)
         names = list(art.method_names) if method is None else [reader.method(art, method).method]
         if verify:
             reader.verify_weights(art)
@@ -270,7 +270,7 @@ def load_for_backend(path: StrPath, preset: str = "core", *, supported_ops: Iter
                 one = validated(one, plan, ep, lambda p, ep=ep, prog=prog: lower(ep, preset, source=prog, plan=p))
             lowered[name] = one
         if use_cache:
-            _cache.Entry(key(art.digest)).store(lowered, source_path=art.path)
+            entry.store(lowered, source=art)  # refuses a source whose weights are not the ones it records
     return _linked(lowered)
 
 
@@ -299,16 +299,6 @@ def _from_hit(path, digest: str, name: str, hit, plan, finish, request: dict) ->
     lowered.from_cache = True
     lowered.validation = hit.validation
     return lowered
-
-
-def _weights_verified(path, digest: str) -> bool:
-    """verify=True on a cache hit: check the weights of the file at ``path``, provided it still
-    holds the content the hit was keyed by (False sends the caller down the uncached path)."""
-    art = reader.open_artifact(path)
-    if art.digest != digest:
-        return False
-    reader.verify_weights(art)
-    return True
 
 
 def _same_content(path, digest: str, name: str) -> Pt2bProgram:

@@ -11,11 +11,10 @@ from .serialize.container import MAGIC
 
 
 def _kind(path) -> str:
-    try:
-        with open(path, "rb") as f:
-            head = f.read(4)
-    except OSError as e:
-        raise ArtifactError(f"{path}: cannot open ({e.strerror or e}).") from None
+    from .serialize.reader import open_regular
+
+    with open_regular(os.fspath(path), os.fspath(path)) as f:  # never blocks on a FIFO
+        head = f.read(4)
     if head == MAGIC:
         return "pt2b"
     if head[:2] == b"PK":

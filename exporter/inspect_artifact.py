@@ -36,9 +36,15 @@ def summarize(path) -> str:
                 if rec.kind != G.TensorKind.EXAMPLE_INPUT:
                     users[int(rec.segment)].add(name)
         lines.append(f"methods ({len(names)}): {', '.join(names)} (default: {names[0]})")
+        order = {name: i for i, name in enumerate(names)}
+        ordered = {seg: sorted(u, key=order.__getitem__) for seg, u in users.items()}  # once per segment
         for name in names:
             m = reader.method(art, name)
-            shared = {seg: sorted(u - {name}, key=names.index) for seg, u in users.items() if name in u}
+            shared = {}  # segment -> the other methods using it (at most _LISTED named, then a count)
+            for rec in m.program.tensors or []:
+                seg = int(rec.segment)
+                if seg not in shared and name in users.get(seg, ()):
+                    shared[seg] = _others(ordered[seg], name)
             n_shared = sum(1 for rec in m.program.tensors or [] if shared.get(int(rec.segment)))
             lines.append(f"method {name} ({n_shared} tensors shared with other methods):")
             lines += ["  " + line for line in _method_lines(m, shared) + [_lowered_line(m)]]
@@ -55,6 +61,16 @@ def summarize(path) -> str:
     if len(names) == 1:
         lines.append(_lowered_line(art))
     return "\n".join(lines)
+
+
+_LISTED = 8  # methods named per shared tensor; the rest are counted
+
+
+def _others(users: list[str], name: str) -> list[str]:
+    """The methods in ``users`` (in method order) other than ``name``: at most _LISTED, then "N more"."""
+    others = [u for u in users[:_LISTED + 1] if u != name][:_LISTED]
+    rest = len(users) - 1 - len(others)
+    return others + [f"{rest} more"] if rest > 0 else others
 
 
 def _method_lines(art, shared: dict) -> list[str]:

@@ -55,7 +55,7 @@ def add_op_record(program, qualified_name: str, overload: str, schema: str, kind
 
 
 def rewrite_artifact(src, dst, *, edit=None, ops: dict | None = None, torch_version: str | None = None,
-                     provenance: dict | None = None) -> str:
+                     provenance: dict | None = None, keep_graph: bool = False) -> str:
     """Copy ``src`` to ``dst`` with ``edit(serialized_ep, program)`` applied, the op-table records
     in ``ops`` ({(qualified_name, overload): old schema string}) replaced, the producing torch
     version and extra provenance entries set. Returns ``dst``."""
@@ -65,9 +65,10 @@ def rewrite_artifact(src, dst, *, edit=None, ops: dict | None = None, torch_vers
         serialized = reader.decode_graph(art)
         for (qname, overload), schema in (ops or {}).items():
             set_op_record(prog, qname, overload, schema)
+        if not keep_graph:  # (``edit`` set the graph table itself)
+            prog.exportedProgram = encode_schema.Packed(serialized)
         if edit is not None:
             edit(serialized, prog)
-        prog.exportedProgram = encode_schema.Packed(serialized)
         if torch_version is not None:
             prog.torchVersion = torch_version
         if provenance:
@@ -122,3 +123,35 @@ def damage_graph_table(tmp_path, source=None, method=None):
                        zlib.crc32(bytes(program))).pack()
     path.write_bytes(bytes(data) + bytes(program))
     return path
+
+
+class _SharedTable:
+    """Stands in one table that several fields reference: packed once per builder, then the same
+    offset is returned to every later reference (what a crafted file can do; pt2b's writer never
+    shares a table)."""
+
+    def __init__(self, obj):
+        self.obj, self.offsets = obj, {}
+
+    def Pack(self, builder):  # noqa: N802 (flatc's name)
+        if id(builder) not in self.offsets:
+            self.offsets[id(builder)] = self.obj.Pack(builder)
+        return self.offsets[id(builder)]
+
+
+def share_graph_across_methods(src, dst, count: int) -> str:
+    """Copy ``src`` (a one-method artifact) to ``dst`` as a format 1.2 artifact whose ``count`` extra
+    methods (m0, m1, ...) all point at the ONE graph table of the default method, each with its own
+    copy of the tensor records and op table."""
+    def edit(serialized, program):
+        shared = _SharedTable(encode_schema.Packed(serialized))
+        program.exportedProgram = shared
+        methods = []
+        for i in range(count):
+            m = G.MethodT()
+            m.name, m.irLevel, m.exportedProgram = f"m{i}", program.irLevel, shared
+            m.tensors, m.operators = program.tensors, program.operators
+            methods.append(m)
+        program.methods = methods
+
+    return rewrite_artifact(src, dst, edit=edit, keep_graph=True)

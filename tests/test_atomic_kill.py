@@ -348,7 +348,7 @@ def _fail(step: str, code: int, dest: Path, monkeypatch) -> None:
         monkeypatch.setattr(os, "open", failing_open)
     elif step == "write":  # the disk fills up half way through the weights
         real = weights.write_segments
-        monkeypatch.setattr(weights, "write_segments", lambda f, *a: real(_DiskFills(f, 100_000), *a))
+        monkeypatch.setattr(weights, "write_segments", lambda f, *a, **k: real(_DiskFills(f, 100_000), *a, **k))
     elif step == "fsync":
         def failing_fsync(fd):
             raise err
@@ -419,7 +419,7 @@ def test_export_interrupted_by_ctrl_c(folder, monkeypatch):
     before = dest.read_bytes()
     real = weights.write_segments
 
-    def interrupted(f, *a):
+    def interrupted(f, *a, **k):
         f.write(b"\1" * 5000)
         raise KeyboardInterrupt
 

@@ -274,19 +274,19 @@ def test_readers_see_whole_versions_while_a_writer_replaces_the_file(artifact, t
 def test_lowering_cache_is_not_poisoned_by_a_replace_during_load_for_backend(artifact, monkeypatch):
     """A writer replaces the file (A -> B) while load_for_backend runs; later, with A back at the
     path, load_for_backend must give A's outputs, not B's from the cache."""
-    from exporter.serialize import reader
+    from exporter.lowering import cache
 
-    real = reader.program_digest
+    real = cache.content_digest
     b = torch.export.export(net(2), (X,))
 
-    def digest_then_replaced(path):
-        d = real(path)
+    def digest_then_replaced(art):
+        d = real(art)
         export_model(b, path=artifact)  # the concurrent writer's replace, at the worst moment
         return d
 
-    monkeypatch.setattr(reader, "program_digest", digest_then_replaced)
+    monkeypatch.setattr(cache, "content_digest", digest_then_replaced)
     first = open_program("cached", artifact)(X)
-    monkeypatch.setattr(reader, "program_digest", real)
+    monkeypatch.setattr(cache, "content_digest", real)
     assert torch.equal(first, eager(2)) or torch.equal(first, eager(1))  # either version, whole
     export_model(net(1), (X,), artifact)  # A again
     again = open_program("cached", artifact)(X)

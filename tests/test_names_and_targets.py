@@ -48,7 +48,7 @@ def test_every_registered_aten_overload_is_an_accepted_target():
     "torch.ops.aten.no_such_op.default", "torch.os.system", "builtins.eval", "torch.load",
 ])
 def test_targets_outside_the_registry_are_refused(target):
-    with pytest.raises(CorruptArtifactError, match="neither an operator registered with this torch"):
+    with pytest.raises(CorruptArtifactError, match="neither an operator registered with this torch|higher-order op .* which pt2b does not accept"):
         untrusted.check_target(target, "t")
     assert ops.op_of_target(target) is None
 

@@ -1,13 +1,24 @@
 """The lowering cache: load_for_backend's results stored as .pt2b files, keyed by the artifact's
 content, the lowering request and the software versions, so a repeated lowering is one load.
 
-Off with cache=False or PT2B_CACHE=0. Where: $PT2B_CACHE_DIR, else $XDG_CACHE_HOME/pt2b, else ~/.cache/pt2b. Key: sha256 of the source's
-program section (which records every tensor and weight-segment checksum), the resolved
-lowering plan (preset and its frozen lists, supported_ops, keep, the decomposition table's ops),
-torch, pt2b and format versions. Entries are written atomically (temp file + rename), so
-concurrent lowerings of one artifact each see a complete entry or none; an entry that does
-not load (damaged, written by another format) is a miss and is rewritten. Requests with a
-custom decomposition table (code cannot be keyed) and non-CPU devices are not cached.
+Off with cache=False or PT2B_CACHE=0. Where: $PT2B_CACHE_DIR, else $XDG_CACHE_HOME/pt2b, else ~/.cache/pt2b.
+Key: sha256 over the source's content (content_digest: its program section, which from format 1.3
+on records the sha256 of every weight segment, so no weight is read; for an older file, the program
+section and the weights' bytes themselves), the resolved lowering plan (preset and its frozen lists,
+supported_ops, keep, the decomposition table's ops), torch, pt2b and format versions. CRC32 alone
+would not do: it is easy to forge, so a second file with the same program and other weights would
+share the first one's key.
+
+An entry is stored only after the source's weights are found to be the ones its program section
+records (the entry's own segments hold the source's bytes and are hashed as they are written, so this
+costs no extra read; a source segment the entry does not hold is hashed on its own): a file whose
+weights were swapped under a forged program section cannot file its lowering under the original's
+key. An entry is opened like any artifact (checksums, every check); with verify=True its weights are
+checked against their digests too, and an entry that fails is removed and lowered again. Entries are
+written atomically (temp file + rename), so concurrent lowerings of one artifact each see a complete
+entry or none; an entry that does not load (damaged, written by another format) is a miss and is
+rewritten. Requests with a custom decomposition table (code cannot be keyed) and non-CPU devices are
+not cached.
 """
 
 from __future__ import annotations
@@ -25,8 +36,8 @@ from ..version import __version__
 from ..errors import ArtifactError, ExportError
 from ..versioning.formats import FORMAT_VERSION
 
-CACHE_LAYOUT = 4  # bump when what an entry holds changes meaning (2: collapsed lowerings + recipe; 3: op counts;
-# 4: entries hold every method lowered, their metadata fields keyed by method name)
+CACHE_LAYOUT = 5  # bump when what an entry holds changes meaning (2: collapsed lowerings + recipe; 3: op counts;
+# 4: entries hold every method lowered, their metadata fields keyed by method name; 5: keyed by content_digest)
 _KEY_FIELD = "pt2b_lowering_cache_key"
 _RECIPE_FIELD = "pt2b_reuse_recipe"  # present when the entry holds a collapsed lowering (reuse.py)
 _VALIDATION_FIELD = "pt2b_validation"  # the lowering's validation (validate.py), when it was validated
@@ -48,6 +59,44 @@ def cache_dir() -> pathlib.Path:
     return (pathlib.Path(xdg) if xdg else pathlib.Path.home() / ".cache") / "pt2b"
 
 
+def content_digest(art) -> str:
+    """What an artifact's lowering depends on, as one digest: its program section's sha256 when the
+    section records the weights' sha256 digests (format 1.3+: nothing more is read), else the sha256
+    of the program section's digest and every weight segment's bytes (read in full)."""
+    from ..serialize import reader
+
+    if reader.weight_digests(art) is not None:
+        return art.digest
+    h = hashlib.sha256(art.digest.encode())
+    for view in reader.segment_views(art):
+        if view.numel():
+            h.update(memoryview(view.numpy()))
+    return "weights:" + h.hexdigest()
+
+
+def check_source_weights(source, plan) -> None:
+    """Raise CorruptArtifactError unless every weight segment of ``source`` (an opened Artifact whose
+    lowering is being stored) holds the bytes its program section's digests record. A segment the
+    entry stores (``plan``: the entry's weights.WeightPlan; the same storage, mapped from the source)
+    was hashed as it was written; any other is hashed here. A source without digests was keyed by
+    its bytes themselves (content_digest): nothing to check."""
+    from ..errors import CorruptArtifactError
+    from ..serialize import reader, weights
+
+    recorded = reader.weight_digests(source)
+    if recorded is None:
+        return
+    written = {(seg.storage.data_ptr(), seg.nbytes): seg.digest for seg in plan.segments if seg.digest}
+    for i, view in enumerate(reader.segment_views(source)):
+        found = written.get((view.data_ptr(), view.numel()))
+        if found is None:
+            found = weights.digest(memoryview(view.numpy()) if view.numel() else b"")
+        if found != recorded[i]:
+            raise CorruptArtifactError(
+                f"{source.path}: weight segment {i} does not hold the bytes the program section's digest "
+                f"records; the file is damaged or its weights were replaced (re-export or re-copy it).")
+
+
 def cache_key(program_digest: str, fingerprint: str, device: str) -> str:
     what = {"program": program_digest, "plan": fingerprint, "device": device, "torch": torch.__version__,
             "pt2b": __version__, "format": list(FORMAT_VERSION), "layout": CACHE_LAYOUT}
@@ -63,35 +112,49 @@ class Entry:
         self.key = key
         self.path = (folder or cache_dir()) / f"lowered-{key[:40]}.pt2b"
 
-    def open(self) -> dict[str, Hit] | None:
+    def open(self, *, verify: bool = False) -> dict[str, Hit] | None:
         """Each stored method's answers without its graph, by name (None on a miss: absent, damaged,
         not this key's, an op the running torch lacks, or stored before entries recorded their ops);
         a lowered ExportedProgram is checked, built on first use, and, for an entry made by reusing
         repeated layers (the collapsed lowering and its recipe), expanded exactly as the lowering that
-        stored it was."""
+        stored it was. ``verify``: the entry's weights are checked against their digests too; an entry
+        whose weights fail is removed (and so lowered again)."""
         from ..serialize import reader
         from ..serialize.gc_pause import gc_paused
 
-        if not self.path.exists():
-            return None
         try:
             with gc_paused():
                 art = reader.open_artifact(self.path)
                 metadata = reader.read_metadata(art)
                 if metadata.get(_KEY_FIELD) != self.key:
                     return None
+                if verify:
+                    if reader.weight_digests(art) is None:
+                        raise ArtifactError("an entry without weight digests cannot be verified")
+                    reader.verify_weights(art)
                 hits = {}
                 for name in art.method_names:
                     one = reader.method(art, name)
                     reader.check_ops(one)
                     hits[name] = _hit(one, reader.read_lowering(one), metadata, name)
         except ArtifactError:
+            if self.path.exists():
+                self.discard()
             return None
         return None if any(h is None for h in hits.values()) else hits
 
-    def store(self, lowered: dict, *, source_path: str) -> bool:
-        """Write the LoweredPrograms ``lowered`` (method name -> program) to the slot, each with its
-        lowering record; a cache that cannot be written only warns (lowering succeeded)."""
+    def discard(self) -> None:
+        """Remove the entry (damaged or failing verification): the next lowering writes it again."""
+        try:
+            self.path.unlink()
+        except OSError:
+            pass
+
+    def store(self, lowered: dict, *, source) -> bool:
+        """Write the LoweredPrograms ``lowered`` (method name -> program) of the opened Artifact
+        ``source`` to the slot, each with its lowering record, once the source's weights are found to
+        be the ones its digests record (check_source_weights: a CorruptArtifactError otherwise, and no
+        entry); a cache that cannot be written only warns (lowering succeeded)."""
         from ..serialize.writer import MethodSource, write_artifact
 
         try:
@@ -107,7 +170,8 @@ class Entry:
                 methods.append(MethodSource(name, ep, f"lowered:{low.preset}", low.lowering_record()))
             preset = next(iter(lowered.values())).preset
             write_artifact(None, self.path, ir_level="", methods=methods, metadata=metadata,
-                           provenance={"lowered_from": os.fspath(source_path), "lowering": preset})
+                           provenance={"lowered_from": os.fspath(source.path), "lowering": preset},
+                           check_written=lambda plan: check_source_weights(source, plan))
             return True
         except (OSError, ExportError) as e:
             warnings.warn(f"pt2b lowering cache: cannot write {self.path} ({e}); continuing without it.",

@@ -84,22 +84,75 @@ def _memoized_parse(d):
     return _parse_sym_expr
 
 
+_META_TARGETS: dict[str, object] = {}
+
+
+def _meta_targets() -> dict[str, object]:
+    """The callables a ``source_fn_stack`` entry may name, as torch's serializer spells them
+    ("<module>.<name>"): torch.nn's module classes, torch.nn.functional's functions, torch's builtin
+    functions, and the operator and math modules' functions. Read from those modules' own dicts once
+    (no getattr on a name from a file, no lazy import)."""
+    if not _META_TARGETS:
+        import math
+        import operator
+
+        found = {}
+        for module in (torch.nn, torch.nn.functional, torch, operator, math):
+            for key, obj in list(vars(module).items()):
+                if key.startswith("_") or not callable(obj):
+                    continue
+                if module is torch.nn and not (isinstance(obj, type) and issubclass(obj, torch.nn.Module)):
+                    continue
+                if module is torch and not isinstance(obj, types.BuiltinFunctionType):
+                    continue
+                name = getattr(obj, "__name__", None)
+                if isinstance(name, str) and isinstance(getattr(obj, "__module__", None), str):
+                    found[f"{obj.__module__}.{name}"] = obj
+        _META_TARGETS.update(found)
+    return _META_TARGETS
+
+
+def _source_fn_stack(text: str) -> list:
+    """A node's ``source_fn_stack`` metadata (";"-separated "node name,callable" entries) as torch's
+    deserializer makes it, except that a callable is resolved only through the operator registry or
+    _meta_targets: torch's own code resolves any torch.*, operator.* or math.* path with getattr.
+    A name neither knows stays text, as torch leaves a name it cannot resolve."""
+    from .. import ops
+    from ..errors import CorruptArtifactError
+
+    out = []
+    for entry in text.split(_serde.ST_DELIMITER):
+        parts = entry.split(",")
+        if len(parts) != 2:
+            raise CorruptArtifactError(f"node metadata source_fn_stack entry {entry[:80]!r} is not 'name,callable'.")
+        name, target = parts
+        op = ops.op_of_target(target)
+        out.append((name, op if op is not None else _meta_targets().get(target, target)))
+    return out
+
+
 def _shared_module_stacks(d):
     """GraphModuleDeserializer.deserialize_metadata of ``d``, splitting each distinct ``nn_module_stack``
-    text once; the result has the same keys in the same order, and a dict of its own per node."""
+    text once; the result has the same keys in the same order, and a dict of its own per node.
+    ``source_fn_stack`` is read by _source_fn_stack, never by torch's resolver."""
     deserialize = d.deserialize_metadata
     split = {}
 
     def deserialize_metadata(metadata):
         text = metadata.get("nn_module_stack")
-        if not text:
+        source_fns = metadata.get("source_fn_stack")
+        if not text and not source_fns:
             return deserialize(metadata)
-        entries = split.get(text)
-        if entries is None:
-            entries = split[text] = tuple(deserialize({"nn_module_stack": text})["nn_module_stack"].items())
-        rest = deserialize({k: v for k, v in metadata.items() if k != "nn_module_stack"})
+        if text:
+            entries = split.get(text)
+            if entries is None:
+                entries = split[text] = tuple(deserialize({"nn_module_stack": text})["nn_module_stack"].items())
+        rest = deserialize({k: v for k, v in metadata.items() if k not in ("nn_module_stack", "source_fn_stack")})
         out = {"stack_trace": rest.pop("stack_trace")} if "stack_trace" in rest else {}
-        out["nn_module_stack"] = dict(entries)
+        if text:
+            out["nn_module_stack"] = dict(entries)
+        if source_fns:
+            out["source_fn_stack"] = _source_fn_stack(source_fns)
         out.update(rest)
         return out
 

@@ -12,6 +12,7 @@ import functools
 import hashlib
 import mmap
 import os
+import stat
 import threading
 import zlib
 
@@ -59,6 +60,30 @@ def _where(path) -> str:
     return f"{os.fspath(path)!s}"
 
 
+def open_regular(path: str, where: str):
+    """``path`` opened for binary reading if it is a regular file. The open never blocks (O_NONBLOCK:
+    a FIFO named like an artifact would wait forever for a writer); a directory, FIFO, device or
+    socket is a NotAnArtifactError."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    except FileNotFoundError:
+        raise ArtifactError(f"{where}: no such file.") from None
+    except IsADirectoryError:
+        raise NotAnArtifactError(f"{where} is a directory, not a .pt2b file.") from None
+    except OSError as e:
+        raise ArtifactError(f"{where}: cannot open ({e.strerror or e}).") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode)
+                else "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "not a regular file")
+        raise NotAnArtifactError(f"{where} is {kind}, not a .pt2b file; pt2b reads regular files only.")
+    if hasattr(os, "set_blocking"):
+        os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
 def _open_checked(path, *, mapped: bool):
     """(where, header, file mapping or None, program bytes) after the preamble, version, header
     and program checksum checks; the mapping is made only when ``mapped``."""
@@ -67,14 +92,7 @@ def _open_checked(path, *, mapped: bool):
     except TypeError:
         raise ArtifactError(f"path must be str or os.PathLike, got {type(path).__name__}.") from None
     where = _where(path)
-    if os.path.isdir(path):
-        raise NotAnArtifactError(f"{where} is a directory, not a .pt2b file.")
-    try:
-        f = open(path, "rb")
-    except FileNotFoundError:
-        raise ArtifactError(f"{where}: no such file.") from None
-    except OSError as e:
-        raise ArtifactError(f"{where}: cannot open ({e.strerror or e}).") from None
+    f = open_regular(path, where)
     with f:
         size = os.fstat(f.fileno()).st_size
         head = f.read(HEADER_SIZE)
@@ -107,7 +125,8 @@ def open_artifact(path) -> Artifact:
     if len(program_bytes) < 8 or not G.Program.ProgramBufferHasIdentifier(program_bytes, 0):
         raise CorruptArtifactError(f"{where}: program section lacks the file identifier {FILE_IDENTIFIER!r}.")
     # bounds, enums, depth, work: before any unpacking; the graph's own walk runs at its first read
-    skipped = verifier.verify_program(program_bytes, where, skip=(_GRAPH_FIELD,))
+    budget = verifier.Budget(len(program_bytes))  # one for the file: every graph's walk below draws on it
+    skipped = verifier.verify_program(program_bytes, where, skip=(_GRAPH_FIELD,), budget=budget)
     try:
         # = G.ProgramT.InitFromPackedBuf, 4x faster; the graph is left packed for decode_graph to read directly
         program = unpack_tables.unpack_program(program_bytes, lazy=("exportedProgram",))
@@ -118,7 +137,8 @@ def open_artifact(path) -> Artifact:
                                                      for i, m in enumerate(program.methods or [])]:
         graph = table.exportedProgram
         if isinstance(graph, unpack_tables.TableRef):
-            graph.pending = functools.partial(verifier.verify_table, graph.buf, graph.pos, graph.table, field, where)
+            graph.pending = functools.partial(verifier.verify_table, graph.buf, graph.pos, graph.table, field, where,
+                                              budget=budget)
     names_ = _method_names(program, where)
     return Artifact(path, header, program, mm, digest=digest, format_notes=notes, method_names=names_,
                     method=names_[0])
@@ -201,16 +221,37 @@ def text(b) -> str:
     return b.decode("utf-8", "replace") if isinstance(b, bytes) else (b or "")
 
 
+def weight_digests(art: Artifact) -> list[bytes] | None:
+    """The sha256 digest of each weight segment as the file records it (format 1.3+), or None for a
+    file that records none (written by an older pt2b, or as an older format)."""
+    raw = art.program.weightDigests
+    if raw is None:
+        return None
+    raw = bytes(raw)
+    n = len(art.program.segments or [])
+    if len(raw) != n * weights.DIGEST_SIZE:
+        raise CorruptArtifactError(f"{_where(art.path)}: the program records {len(raw)} bytes of weight digests for "
+                                   f"{n} segments ({weights.DIGEST_SIZE} bytes each); the file is damaged.")
+    return [raw[i:i + weights.DIGEST_SIZE] for i in range(0, len(raw), weights.DIGEST_SIZE)]
+
+
+def segment_views(art: Artifact) -> list[torch.Tensor]:
+    """A uint8 tensor over each weight segment of the mapped file (no copy, nothing read)."""
+    where = _where(art.path)
+    return [weights.segment_view(art.mm, art.header.data_offset, art.header.data_size, seg, i, where)
+            for i, seg in enumerate(art.program.segments or [])]
+
+
 def load_tensors(art: Artifact, *, verify: bool = False) -> dict[str, tuple[int, torch.Tensor, bool]]:
-    """name -> (TensorKind, tensor, requires_grad); tensors are views into the mapped file."""
+    """name -> (TensorKind, tensor, requires_grad); tensors are views into the mapped file.
+    ``verify``: each segment checked against its recorded digest (format 1.3+) or CRC32 first."""
     where = _where(art.path)
     segments = art.program.segments or []
-    views = []
-    for i, seg in enumerate(segments):
-        v = weights.segment_view(art.mm, art.header.data_offset, art.header.data_size, seg, i, where)
-        if verify:
-            weights.verify_segment(v, seg, i, where)
-        views.append(v)
+    views = segment_views(art)
+    if verify:
+        digests = weight_digests(art)
+        for i, (v, seg) in enumerate(zip(views, segments)):
+            weights.verify_segment(v, seg, i, where, None if digests is None else digests[i])
     out = {}
     for rec in art.program.tensors or []:
         name = text(rec.name)
@@ -220,7 +261,7 @@ def load_tensors(art: Artifact, *, verify: bool = False) -> dict[str, tuple[int,
             raise CorruptArtifactError(f"{where}: tensor {name!r} has unknown kind {rec.kind}.")
         if name in out:
             raise CorruptArtifactError(f"{where}: tensor {name!r} is stored twice.")
-        out[name] = (rec.kind, weights.materialize(rec, views, where), bool(rec.requiresGrad))
+        out[name] = (rec.kind, weights.materialize(rec, views, where, len(art.mm)), bool(rec.requiresGrad))
     return out
 
 

@@ -81,6 +81,98 @@ _AST_OK = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Compare, ast.Call, ast.Na
            ast.keyword, ast.Load, ast.operator, ast.unaryop, ast.cmpop, ast.Tuple)
 
 
+# sympy's Max and Min compare their arguments pairwise (nested ones are flattened first), and so do
+# And/Or/Piecewise conditions: Max(s0, ..., s119) takes minutes. Real programs hold a few per expression.
+_QUADRATIC_CALLS = frozenset({"Max", "Min", "Piecewise", "And", "Or"})
+MAX_MINMAX_ARGS = 8  # in one expression, all such calls together
+MAX_CALL_ARGS = 64
+MAX_EXPR_DEPTH = 128  # nested syntax nodes in one expression or guard (a sum of n terms nests n deep)
+# torch's value-range analysis of an expression (bound_sympy, when a fake tensor is made from it) takes
+# time exponential in the factors of a product and in nested calls: a product of 12 symbols, or 16
+# nested FloorDivs, take over 10 s. Real programs (transformers architectures with dynamic shapes)
+# stay far below these caps.
+MAX_FACTORS = 5  # non-constant factors of one product
+MAX_CALL_NESTING = 8  # function calls (FloorDiv, Mod, Max, ...) inside one another (real programs: up to 6)
+MAX_SYMBOLS = 12  # distinct symbols in one expression
+MAX_GUARDS_TEXT = 256 * 1024  # all of guards_code together: ep.module() compiles and runs every guard
+
+
+def _check_depth(tree, bad) -> None:
+    """Raise bad(...) when ``tree`` nests deeper than MAX_EXPR_DEPTH (one iterative walk)."""
+    stack = [(tree, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_EXPR_DEPTH:
+            raise bad(f"nests deeper than {MAX_EXPR_DEPTH} levels")
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+
+
+_ATOMS = frozenset({"Symbol", "Integer", "Rational", "Float", "Half", "One", "Zero", "NegativeOne"})
+_ARITHMETIC = _ATOMS | {"Mul", "Add", "Pow"}  # srepr's spelling of + * **: not counted as nested calls
+
+
+def _call_name(node) -> str:
+    return node.func.id if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) else ""
+
+
+def _constant(node) -> bool:
+    return isinstance(node, ast.Constant) or _call_name(node) in _ATOMS - {"Symbol"} or (
+        isinstance(node, ast.UnaryOp) and _constant(node.operand))
+
+
+def _factors(node, chain: set) -> list:
+    """The operands of the product ``node`` heads, flattened (a*b*c parses as (a*b)*c; srepr writes
+    Mul(a, Mul(b, c))); the ids of the product's own nodes are added to ``chain``."""
+    out, stack = [], [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult):
+            chain.add(id(n))
+            stack += [n.left, n.right]
+        elif _call_name(n) == "Mul":
+            chain.add(id(n))
+            stack += n.args
+        else:
+            out.append(n)
+    return out
+
+
+def expression_cost(tree) -> tuple[int, int, int]:
+    """(distinct symbols, most non-constant factors of one product, deepest nesting of function
+    calls other than arithmetic) of a parsed expression, in either spelling torch writes: str()'s
+    (s0*FloorDiv(s1, 2)) or srepr()'s (Mul(Symbol('s0', ...), FloorDiv(...)))."""
+    symbols, chain = set(), set()
+    factors = nesting = 0
+    stack = [(tree, 0)]
+    while stack:
+        node, calls = stack.pop()
+        name = _call_name(node)
+        if isinstance(node, ast.Name) and _SYMBOL.fullmatch(node.id):
+            symbols.add(node.id)
+        elif name == "Symbol" and node.args and isinstance(node.args[0], ast.Constant):
+            symbols.add(node.args[0].value)
+        elif name and name not in _ARITHMETIC:
+            calls += 1
+            nesting = max(nesting, calls)
+        if id(node) not in chain and ((isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult))
+                                      or name == "Mul"):
+            factors = max(factors, sum(not _constant(f) for f in _factors(node, chain)))
+        stack.extend((child, calls) for child in ast.iter_child_nodes(node))
+    return len(symbols), factors, nesting
+
+
+def _check_torch_cost(tree, bad) -> None:
+    """Raise bad(...) past the caps on what makes torch's analysis of an expression exponential:
+    MAX_FACTORS, MAX_CALL_NESTING, MAX_SYMBOLS (module constants)."""
+    symbols, factors, nesting = expression_cost(tree)
+    if factors > MAX_FACTORS:
+        raise bad(f"multiplies more than {MAX_FACTORS} non-constant factors")
+    if nesting > MAX_CALL_NESTING:
+        raise bad(f"nests more than {MAX_CALL_NESTING} function calls")
+    if symbols > MAX_SYMBOLS:
+        raise bad(f"names more than {MAX_SYMBOLS} symbols")
+
+
 def _small_exponent(node) -> bool:
     return (isinstance(node, ast.Name) and _SYMBOL.fullmatch(node.id) is not None) or (
         isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and abs(node.value) <= MAX_EXPONENT) or (
@@ -107,9 +199,19 @@ def check_expr(expr: str, where: str) -> None:
     if not isinstance(expr, str) or len(expr) > MAX_EXPR_LEN:
         raise bad("is too long")
     tree = _parse(expr, bad)
+    _check_depth(tree, bad)
+    _check_torch_cost(tree, bad)
+    minmax = 0
     for node in ast.walk(tree):
         if not isinstance(node, _AST_OK):
             raise bad(f"contains {type(node).__name__}")
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") in _QUADRATIC_CALLS:
+            minmax += len(node.args)
+            if minmax > MAX_MINMAX_ARGS:
+                raise bad(f"holds more than {MAX_MINMAX_ARGS} arguments of Max/Min/Piecewise (sympy compares "
+                          f"them pairwise: quadratic work)")
+        if isinstance(node, ast.Call) and len(node.args) + len(node.keywords) > MAX_CALL_ARGS:
+            raise bad(f"calls a function with more than {MAX_CALL_ARGS} arguments")
         if isinstance(node, ast.Name) and not (node.id in _EXPR_FUNCTIONS or _SYMBOL.fullmatch(node.id)):
             raise bad(f"names {node.id!r}")
         if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in _EXPR_FUNCTIONS):
@@ -161,22 +263,106 @@ def check_name(value, kind, where: str, what: str, *, may_be_self: bool = False)
             f"generated Python code or attribute paths, so pt2b accepts only such names.")
 
 
+_HOP_PREFIX = "torch.ops.higher_order."
+# The higher-order ops pt2b knows the semantics of (what torch.export writes for control flow, effects,
+# grad-mode and autocast regions and custom ops made functional): every other one (foreach_map,
+# flat_apply, print, dynamo_bypassing_wrapper, ...) takes Python callables or runs code of its own, so a
+# file naming it is refused. Value: whether the op takes an operator argument (as_operator), which must
+# then be a registered OpOverload; the callables of the others are subgraphs of the same file.
+ALLOWED_HOPS: dict[str, bool] = {
+    "cond": False, "while_loop": False, "map_impl": False, "scan": False, "invoke_subgraph": False,
+    "wrap_with_set_grad_enabled": False, "wrap_with_autocast": False,
+    "with_effects": True, "auto_functionalized": True, "auto_functionalized_v2": True, "out_dtype": True,
+}
+
+
 def _target_ok(target, recorded=frozenset()) -> bool:
-    """A registered operator, SymInt arithmetic, a pre-dispatch region function, or an op the
-    artifact's op table records (those are resolved, upgraded or refused by name by
-    versioning/schema_drift before anything runs)."""
-    return type(target) is str and (target in _PYTHON_TARGETS or ops.op_of_target(target) is not None
-                                    or target in PREDISPATCH_TARGETS or target in recorded)
+    """A registered operator (a higher-order op only from ALLOWED_HOPS), SymInt arithmetic, a
+    pre-dispatch region function, or an op the artifact's op table records (those are resolved,
+    upgraded or refused by name by versioning/schema_drift before anything runs)."""
+    if type(target) is not str:
+        return False
+    if target.startswith(_HOP_PREFIX):
+        return target[len(_HOP_PREFIX):] in ALLOWED_HOPS and ops.op_of_target(target) is not None
+    return (target in _PYTHON_TARGETS or ops.op_of_target(target) is not None
+            or target in PREDISPATCH_TARGETS or target in recorded)
 
 
 def check_target(target: str, where: str, recorded=frozenset()) -> None:
     if _target_ok(target, recorded):
         return
+    if type(target) is str and target.startswith(_HOP_PREFIX):
+        raise CorruptArtifactError(
+            f"{where}: node calls the higher-order op {target[:120]!r}, which pt2b does not accept from a file "
+            f"(it accepts {', '.join(sorted(ALLOWED_HOPS))}: ops whose callables are subgraphs of the file or "
+            f"registered operators).")
     raise CorruptArtifactError(
         f"{where}: node calls {str(target)[:120]!r}, which is neither an operator registered with this torch "
         f"({torch.__version__}) nor SymInt arithmetic nor a pre-dispatch region function, and the artifact's "
         f"op table does not record it; pt2b does not resolve or call arbitrary Python objects from a file."
     )
+
+
+def check_operator_argument(value, where: str) -> None:
+    """An operator passed as an argument (Argument.as_operator; torch's deserializer resolves it with
+    getattr from torch, operator or math): only a registered OpOverload."""
+    if type(value) is str and not value.startswith(_HOP_PREFIX) and isinstance(
+            ops.op_of_target(value), torch._ops.OpOverload):
+        return
+    raise CorruptArtifactError(
+        f"{where}: an operator argument names {str(value)[:120]!r}, which is not an operator registered with this "
+        f"torch ({torch.__version__}); pt2b resolves operator arguments only through the operator registry, "
+        f"never as Python paths.")
+
+
+def _check_node_operator_arguments(d: dict, where: str) -> None:
+    """Operator arguments only where the node is a higher-order op that takes one (ALLOWED_HOPS)."""
+    target = d["target"]
+    takes = type(target) is str and target.startswith(_HOP_PREFIX) and ALLOWED_HOPS.get(target[len(_HOP_PREFIX):])
+    for inp in d["inputs"]:
+        arg = inp.arg
+        if type(arg) is S.Argument and str.__str__(arg.__dict__["_type"]).startswith("as_operator") and not takes:
+            raise CorruptArtifactError(
+                f"{where}: node {d['name'] or '?'} calls {str(target)[:120]} with an operator argument "
+                f"({inp.name or 'positional'}); only {', '.join(k for k, v in ALLOWED_HOPS.items() if v)} take one.")
+
+
+INT64_MAX = (1 << 63) - 1
+
+
+def _itemsize(dtype) -> int:
+    from torch._export.serde.serialize import _SERIALIZE_TO_TORCH_DTYPE
+
+    t = _SERIALIZE_TO_TORCH_DTYPE.get(dtype)
+    return 8 if t is None else t.itemsize
+
+
+def extent_problem(sizes, strides, offset: int, itemsize: int) -> str | None:
+    """What is wrong with a strided layout's known (integer) sizes and strides: a negative one, or an
+    element count or byte extent beyond int64 (torch would fail with a raw integer-overflow error)."""
+    if any(x < 0 for x in sizes) or any(x < 0 for x in strides) or offset < 0:
+        return "has a negative size, stride or offset"
+    numel = 1
+    for x in sizes:
+        numel *= x
+    if numel > INT64_MAX or numel * itemsize > INT64_MAX:
+        return f"holds {numel} elements, more than an int64 can count"
+    if numel and (offset + 1 + sum((a - 1) * b for a, b in zip(sizes, strides))) * itemsize > INT64_MAX:
+        return "reaches past the largest byte offset an int64 can hold"
+    return None
+
+
+def check_tensor_meta(d: dict, where: str) -> None:
+    """A tensor's metadata in the graph (fake tensors are made from it): its integer sizes and strides
+    must not overflow int64 (symbolic ones are bounded by their ranges when the program runs)."""
+    sizes = [s.__dict__["as_int"] for s in d["sizes"] if str.__str__(s.__dict__["_type"]) == "as_int"]
+    strides = [s.__dict__["as_int"] for s in d["strides"] if str.__str__(s.__dict__["_type"]) == "as_int"]
+    if len(sizes) != len(d["sizes"]) or len(strides) != len(d["strides"]):
+        strides = []  # a symbolic dimension: only the known sizes' product is checked
+    why = extent_problem(sizes, strides if strides else [0] * len(sizes), 0, _itemsize(d["dtype"]))
+    if why is not None:
+        raise CorruptArtifactError(f"{where}: tensor metadata (sizes {sizes[:8]}, strides {strides[:8]}) {why}; "
+                                   f"the file is damaged or crafted.")
 
 
 _LEAF_TYPES = frozenset((str, int, float, bool, type(None)))  # values the walk does not descend into
@@ -239,6 +425,9 @@ def check_program(ep: S.ExportedProgram, where: str, recorded=frozenset()) -> No
         elif cls is S.Node:
             if not _target_ok(d["target"], recorded):
                 check_target(d["target"], f"{where}: node {d['name'] or '?'}", recorded)
+            _check_node_operator_arguments(d, where)
+        elif cls is S.TensorMeta:
+            check_tensor_meta(d, f"{where}: {_path_text(path)}")
         elif cls is S.Graph:
             for field in _VALUE_MAPS:
                 for key in d[field]:
@@ -253,6 +442,9 @@ def check_program(ep: S.ExportedProgram, where: str, recorded=frozenset()) -> No
         union, names, nested = kind
         if union:
             active = str.__str__(d["_type"])
+            if active.startswith("as_operator"):  # as_operator (and as_operators where a release has it)
+                for value in (d[active] if isinstance(d[active], list) else [d[active]]):
+                    check_operator_argument(value, f"{where}: {_path_text(path)}")
             if active in nested:
                 push((d[active], path))
             continue
@@ -355,6 +547,8 @@ def check_guard(code, root_args: set, where: str) -> list[tuple]:
     if not isinstance(code, str) or not _plain_guard_text(code):
         raise bad("is too long or holds a double quote, backslash or control character")
     tree = _parse(code, bad)
+    _check_depth(tree, bad)
+    subscripted = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Subscript)}
     for node in ast.walk(tree):
         if not isinstance(node, _GUARD_NODES):
             raise bad(f"contains {type(node).__name__}")
@@ -374,7 +568,7 @@ def check_guard(code, root_args: set, where: str) -> list[tuple]:
                 raise bad("indexes with something other than a name or a number")
             if isinstance(node.value, ast.Name) and (node.value.id != "L" or key.value not in root_args | {"flat_args"}):
                 raise bad(f"reads {ast.unparse(node)}, which is not a forward argument")
-        if isinstance(node, ast.Name) and node.id == "L" and not _is_subscripted(tree, node):
+        if isinstance(node, ast.Name) and node.id == "L" and id(node) not in subscripted:
             raise bad("uses L other than to read an argument")
         if isinstance(node, ast.Constant):
             v = node.value
@@ -411,6 +605,11 @@ def check_guards(guards_code, example_inputs, forward_arg_names, where: str) -> 
     args[i] textually; any other L[...] is left for Python to fail on (NameError) at every call."""
     import torch.utils._pytree as pytree
 
+    total = sum(len(code) if isinstance(code, str) else 0 for code in guards_code or [])
+    if total > MAX_GUARDS_TEXT:
+        raise CorruptArtifactError(
+            f"{where}: {len(guards_code)} guards of {total} characters in all, more than {MAX_GUARDS_TEXT}; "
+            f"ep.module() compiles and runs every guard on every call, and torch writes a few short ones.")
     reads = [(code, check_guard(code, set(forward_arg_names), where)) for code in guards_code or []]
     if not reads or example_inputs is None:
         return
@@ -434,5 +633,4 @@ def _plain_guard_text(code: str) -> bool:
     return len(code) <= MAX_EXPR_LEN and code.isprintable() and not any(c in code for c in "\"\\")
 
 
-def _is_subscripted(tree, name_node) -> bool:
-    return any(isinstance(n, ast.Subscript) and n.value is name_node for n in ast.walk(tree))
+

@@ -78,7 +78,20 @@ def _plans(lay: Layout) -> dict:
     return out
 
 
-def _walk(buf, lay: Layout, start: int | None = None, name: str = "", skip=frozenset(), depth0: int = 0) -> dict:
+class Budget:
+    """The work left to one buffer's walks: its size in bytes at first. verify_program's walk and every
+    later verify_table walk of a table it skipped (each method's graph) draw from the same Budget, so
+    tables that several methods reference are counted once per reference and the whole of a file's
+    checking, however its tables are shared, reads at most the file's size."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, left: int):
+        self.left = left
+
+
+def _walk(buf, lay: Layout, start: int | None = None, name: str = "", skip=frozenset(), depth0: int = 0,
+          shared: Budget | None = None) -> dict:
     """Check the root table (or the ``name`` table at ``start``, ``depth0`` levels below the root)
     and everything it reaches; raises _Refusal (place: below the table). Fields of the first table
     named in ``skip`` (".field") are checked as offsets only and not entered: returns {".field":
@@ -86,7 +99,7 @@ def _walk(buf, lay: Layout, start: int | None = None, name: str = "", skip=froze
     read; a Method's table of that field is skipped alike, for the reader to check the same way."""
     n = len(buf)
     plans = _plans(lay)
-    budget = n
+    budget = n if shared is None else shared.left
     skipped: dict[str, int] = {}
     u32, i32, u16 = _U32, _I32, _U16
 
@@ -197,6 +210,9 @@ def _walk(buf, lay: Layout, start: int | None = None, name: str = "", skip=froze
     except _Refusal as r:
         r.parts.append(lay.root if depth0 == 0 else "")
         raise
+    finally:
+        if shared is not None:
+            shared.left = min(budget, shared.left)
     return skipped
 
 
@@ -206,34 +222,37 @@ def problem(buf, lay: Layout | None = None, skip=()) -> str | None:
     return _checked(buf, lay or layout(), frozenset("." + f for f in skip))[0]
 
 
-def _checked(buf, lay: Layout, skip) -> tuple[str | None, dict]:
+def _checked(buf, lay: Layout, skip, shared: Budget | None = None) -> tuple[str | None, dict]:
     if len(buf) < 8:
         return f"{len(buf)} bytes cannot hold a root offset and file identifier", {}
     if lay.file_identifier and bytes(buf[4:8]) != lay.file_identifier.encode():
         return f"file identifier {bytes(buf[4:8])!r} is not {lay.file_identifier!r}", {}
     try:
-        return None, _walk(buf, lay, skip=skip)
+        return None, _walk(buf, lay, skip=skip, shared=shared)
     except _Refusal as r:
         return r.message(), {}
 
 
-def verify_program(buf, where: str, lay: Layout | None = None, skip=()) -> dict[str, int]:
+def verify_program(buf, where: str, lay: Layout | None = None, skip=(), budget: Budget | None = None) -> dict[str, int]:
     """Raise CorruptArtifactError unless ``buf`` is a well-formed buffer of the schema's root table;
     the message names the place and what is wrong there. The root's table fields named in ``skip``
     (schema names, e.g. "exported_program") are checked as offsets only: returns {field: position}
-    of those present, for verify_table when the field is first read."""
-    why, skipped = _checked(buf, lay or layout(), frozenset("." + f for f in skip))
+    of those present, for verify_table when the field is first read. ``budget``: the buffer's Budget,
+    which the walks of the skipped tables then draw from (by default a fresh one, unshared)."""
+    why, skipped = _checked(buf, lay or layout(), frozenset("." + f for f in skip), budget)
     if why is not None:
         raise CorruptArtifactError(f"{where}: program section is malformed: {why}.")
     return {f[1:]: pos for f, pos in skipped.items()}
 
 
-def verify_table(buf, pos: int, table: str, field: str, where: str, lay: Layout | None = None) -> None:
+def verify_table(buf, pos: int, table: str, field: str, where: str, lay: Layout | None = None,
+                 budget: Budget | None = None) -> None:
     """The check verify_program skipped for the root's ``field``: the ``table`` at ``pos`` and
-    everything it reaches (the same rules; the work budget is the buffer's size again)."""
+    everything it reaches (the same rules), drawing on the buffer's ``budget`` (verify_program's):
+    a table reached again through another reference is paid for again, from the same budget."""
     lay = lay or layout()
     try:
-        _walk(buf, lay, start=pos, name=table, depth0=1)
+        _walk(buf, lay, start=pos, name=table, depth0=1, shared=budget)
     except _Refusal as r:
         raise CorruptArtifactError(f"{where}: program section is malformed: {lay.root}.{field}"
                                    f"{r.message()}.") from None

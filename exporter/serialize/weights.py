@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import hashlib
+import math
 import zlib
 
 import torch
 
 from ..errors import CorruptArtifactError
 from .container import align
+from .untrusted import extent_problem
 from .dtypes import dtype_to_enum, enum_to_dtype
 from .generated import pt2b_generated as G
 
@@ -26,6 +29,7 @@ class SegmentPlan:
     offset: int  # relative to the data section
     nbytes: int
     checksum: int = 0
+    digest: bytes = b""  # sha256 of the bytes (format 1.3+)
 
 
 @dataclasses.dataclass
@@ -73,13 +77,23 @@ def storage_bytes(storage: torch.UntypedStorage) -> memoryview:
     return memoryview(t.numpy()).cast("B")
 
 
-def write_segments(f, wp: WeightPlan, data_start: int) -> None:
-    """Write every segment at data_start + its offset, filling checksums in the plan. Checksums are
-    computed on a second thread while the segments are written (zlib and file writes release the
-    GIL on large buffers): a save of weights costs about one pass over them, not two."""
+DIGEST_SIZE = 32  # sha256
+
+
+def digest(data) -> bytes:
+    """The digest format 1.3 records of a segment's bytes (sha256)."""
+    return hashlib.sha256(data).digest()
+
+
+def write_segments(f, wp: WeightPlan, data_start: int, *, digests: bool = True) -> None:
+    """Write every segment at data_start + its offset, filling checksums (and with ``digests``, the
+    sha256 digests) in the plan. They are computed on other threads while the segments are written
+    (zlib, hashlib and file writes release the GIL on large buffers): a save of weights costs about
+    one pass over them, not three."""
     views = [storage_bytes(seg.storage) for seg in wp.segments]
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         sums = pool.map(zlib.crc32, views)
+        hashes = pool.map(digest, views) if digests else ()
         pos = data_start
         for seg, mv in zip(wp.segments, views):
             target = data_start + seg.offset
@@ -92,6 +106,8 @@ def write_segments(f, wp: WeightPlan, data_start: int) -> None:
             f.write(b"\0" * (end - pos))
         for seg, checksum in zip(wp.segments, sums):
             seg.checksum = checksum
+        for seg, d in zip(wp.segments, hashes):
+            seg.digest = d
 
 
 def segment_view(mm, data_offset: int, data_size: int, seg, index: int, where: str) -> torch.Tensor:
@@ -107,16 +123,27 @@ def segment_view(mm, data_offset: int, data_size: int, seg, index: int, where: s
     return torch.frombuffer(mm, dtype=torch.uint8, count=n, offset=data_offset + off)
 
 
-def verify_segment(view: torch.Tensor, seg, index: int, where: str) -> None:
-    if view.numel() and zlib.crc32(memoryview(view.numpy())) != int(seg.checksum):
+def verify_segment(view: torch.Tensor, seg, index: int, where: str, recorded: bytes | None = None) -> None:
+    """Check one segment's bytes: against its sha256 digest where the file records one (``recorded``,
+    format 1.3+), else against its CRC32."""
+    data = memoryview(view.numpy()) if view.numel() else b""
+    if recorded is not None:
+        ok = digest(data) == recorded
+    else:
+        ok = not view.numel() or zlib.crc32(data) == int(seg.checksum)
+    if not ok:
         raise CorruptArtifactError(
-            f"{where}: checksum mismatch in weight segment {index}; the weights are damaged "
+            f"{where}: checksum mismatch in weight segment {index} ({'sha256' if recorded is not None else 'CRC32'}); "
+            f"the weights are damaged or are not the ones the program section records "
             f"(re-export or re-copy the file)."
         )
 
 
-def materialize(record, views: list[torch.Tensor], where: str) -> torch.Tensor:
-    """The tensor a record describes, as a strided view into its segment."""
+def materialize(record, views: list[torch.Tensor], where: str, file_size: int | None = None) -> torch.Tensor:
+    """The tensor a record describes, as a strided view into its segment. Its element count and
+    byte extent must fit an int64, and (``file_size`` given) a tensor whose zero strides repeat its
+    bytes may not claim more bytes than the whole file holds: every use of it (a first call, a
+    validation) would compute over that many elements."""
     name = record.name.decode("utf-8", "replace") if isinstance(record.name, bytes) else record.name
     here = f"{where}: tensor {name!r}"
     if not 0 <= record.segment < len(views):
@@ -127,7 +154,16 @@ def materialize(record, views: list[torch.Tensor], where: str) -> torch.Tensor:
     offset = int(record.storageOffset)
     if len(sizes) != len(strides) or any(s < 0 for s in sizes) or any(s < 0 for s in strides) or offset < 0:
         raise CorruptArtifactError(f"{here}: invalid shape {sizes} / strides {strides} / offset {offset}.")
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = dtype.itemsize
+    why = extent_problem(sizes, strides, offset, itemsize)
+    if why is not None:
+        raise CorruptArtifactError(f"{here}: shape {sizes[:8]} / strides {strides[:8]} {why}; the file is damaged.")
+    numel = math.prod(sizes)
+    if file_size is not None and numel * itemsize > max(file_size, views[record.segment].numel()):
+        raise CorruptArtifactError(
+            f"{here}: shape {sizes[:8]} / strides {strides[:8]} claims {numel * itemsize} bytes, more than the "
+            f"{file_size}-byte file holds (zero strides repeat a few stored bytes); pt2b refuses such a tensor "
+            f"because every use of it would compute over all of them.")
     view = views[record.segment]
     extent = 0 if 0 in sizes else offset + 1 + sum((s - 1) * st for s, st in zip(sizes, strides))
     if 0 not in sizes and extent * itemsize > view.numel():

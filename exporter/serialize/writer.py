@@ -139,7 +139,7 @@ class MethodSource:
 
 def write_artifact(ep, path, *, ir_level: str, metadata=None, provenance=None, version=None,
                    lowering: dict | None = None, target_torch: str | None = None,
-                   methods: list[MethodSource] | None = None) -> str:
+                   methods: list[MethodSource] | None = None, check_written=None) -> str:
     """Write ``ep`` to ``path`` in format ``version`` (default: current); returns the path written.
 
     ``lowering`` (format 1.1+): {"request", "fingerprint", "torch_version", "outside_opset": {op: n}}
@@ -148,12 +148,15 @@ def write_artifact(ep, path, *, ir_level: str, metadata=None, provenance=None, v
     ``target_torch``: write the op schemas of that torch release (versioning/retarget.py).
     ``methods`` (format 1.2+, instead of ``ep``/``ir_level``/``lowering``): several entry points, the
     first the default; one weight segment per distinct storage across all of them.
+    ``check_written(plan)``: called with the weights.WeightPlan (each segment's storage, checksum and
+    digest) once the file is written and read back, before it is renamed into place; what it raises
+    leaves no file.
     """
     if methods is None:
         methods = [MethodSource(names.DEFAULT_METHOD, ep, ir_level, lowering)]
     with gc_paused():
         return _write_artifact(methods, path, metadata=metadata, provenance=provenance, version=version,
-                               target_torch=target_torch)
+                               target_torch=target_torch, check_written=check_written)
 
 
 def check_method_names(names_: list[str]) -> None:
@@ -211,7 +214,8 @@ def _fill(table, m: MethodSource, parts: _Parts, records: list) -> None:
         table.lowering = _lowering_table(m.lowering)
 
 
-def _write_artifact(methods: list[MethodSource], path, *, metadata, provenance, version, target_torch=None) -> str:
+def _write_artifact(methods: list[MethodSource], path, *, metadata, provenance, version, target_torch=None,
+                    check_written=None) -> str:
     version = FORMAT_VERSION if version is None else tuple(version)
     if not majors.writable(version):
         raise ExportError(f"writing format {version_str(version)} is not supported by this pt2b "
@@ -266,6 +270,8 @@ def _write_artifact(methods: list[MethodSource], path, *, metadata, provenance, 
             f.flush()
             os.fsync(f.fileno())
         check_readable(tmp, dest)
+        if check_written is not None:
+            check_written(wp)
     return dest
 
 
@@ -283,16 +289,22 @@ def check_readable(tmp: str, dest: str) -> None:
                           f"{type(e).__name__}: {why}") from e
 
 
+DIGESTS_SINCE = (1, 3)  # the format version that records Program.weight_digests
+
+
 def _write_file(f, prog, wp, data_offset: int, version, dest: str) -> None:
     """Header, weight segments and the packed program table, in that order."""
     f.write(b"\0" * data_offset)
-    weights.write_segments(f, wp, data_offset)
+    digests = tuple(version) >= DIGESTS_SINCE
+    weights.write_segments(f, wp, data_offset, digests=digests)
     segs = []
     for s in wp.segments:
         t = G.SegmentT()
         t.offset, t.nbytes, t.checksum = s.offset, s.nbytes, s.checksum
         segs.append(t)
     prog.segments = segs
+    if digests:
+        prog.weightDigests = np.frombuffer(b"".join(s.digest for s in wp.segments), dtype=np.uint8)
     builder = flatbuffers.Builder(1 << 16)
     try:
         builder.Finish(prog.Pack(builder), file_identifier=FILE_IDENTIFIER)

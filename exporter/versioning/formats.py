@@ -17,8 +17,14 @@ from __future__ import annotations
 #        artifact (prefill/decode, encode/decode) over one set of weight segments. Appended fields:
 #        the root still holds the default method, so 1.0/1.1 readers read that one; a 1.1 file is
 #        read as one method named "forward".
+#   1.3  Program.weight_digests: sha256 of every weight segment, recorded at write time. CRC32 finds
+#        damage but is easy to forge; the lowering cache keys entries by content, so a second file
+#        with the same program and other weights (CRCs patched to match) could be served, or stored,
+#        as the first one's lowering. The digests make the program section a cryptographic commitment
+#        to the weights without reading them on every load; verify=True checks them. Appended field:
+#        1.2 readers ignore it; a 1.2 file has no digests (its weights are hashed when needed).
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 2
+FORMAT_MINOR = 3
 
 FORMAT_VERSION = (FORMAT_MAJOR, FORMAT_MINOR)
 
@@ -27,6 +33,7 @@ KNOWN_VERSIONS: dict[tuple[int, int], str] = {
     (1, 0): "first release",
     (1, 1): "Program.lowering: the request a lowered program was lowered for",
     (1, 2): "Program.methods: several entry points over one set of weights",
+    (1, 3): "Program.weight_digests: sha256 of every weight segment",
 }
 
 # Program-table fields each minor version added: writing an older minor leaves them out, and
@@ -35,6 +42,8 @@ FIELDS_ADDED: dict[tuple[int, int], dict[str, str]] = {
     (1, 1): {"lowering": "the record of how pt2b lowered this program"},
     (1, 2): {"methods": "the program's other entry points (a multi-method artifact)",
              "default_method": "the name of its default method when that is not 'forward'"},
+    (1, 3): {"weight_digests": "the sha256 of every weight segment (an older version is written without "
+                               "them: nothing a program uses)"},
 }
 
 

@@ -2,6 +2,8 @@
 
     python -m tools.fuzz --mutants 100000 --seed 1 --workers 2 [--json out.json]
     python -m tools.fuzz --replay 1:4711 [--out mutant.pt2b] [--run]
+    python -m tools.fuzz --semantic --mutants 300 --seed 1 --workers 1   (the semantic mode)
+    python -m tools.fuzz --semantic --replay 1:42 --run   (--replay=-1:I: the I-th concrete attack)
 
 Seed artifacts: small zoo models (``--models``) exported to a temporary folder. Mutant ``i`` of seed
 ``s`` depends only on (s, i) and the seed artifacts (which export byte-for-byte deterministically),
@@ -18,4 +20,10 @@ Modules, by concern:
   worker       the worker process: references built once, then one mutant at a time
   campaign     the parent: a pool of workers with limits, totals, findings, report, replay
   cli          the command line (``python -m tools.fuzz`` runs cli.main)
+the semantic mode (``--semantic``: edits of the program's meaning, every entry point run, side effects watched):
+  semantic_values  callables with the arguments that make them act, grown expressions, sizes, guards
+  semantic_build   schema-tree edits, packing with shared FlatBuffers offsets, the concrete ATTACKS
+  semantic         the semantic kinds (SEMANTIC_KINDS) and SemanticMutator: semantic mutant i of seed s
+  semantic_oracle  the phases (load ... runtime_ref), side-effect watching, the semantic rule (allowed())
+  semantic_worker  the worker process of the semantic mode (cwd: a fresh watched temporary folder)
 """

@@ -16,13 +16,19 @@ import time
 from .mutators import Mutator
 from .oracle import allowed
 from .seeds import DEFAULT_MODELS, export_seeds
+
+SEMANTIC_MODELS = ("mlp", "cond", "dynamic_shapes")  # the semantic mode's default seeds
 from .worker import worker_main
 
 
 class _Worker:
     def __init__(self, ctx, cfg):
         self.parent, child = ctx.Pipe()
-        self.proc = ctx.Process(target=worker_main, args=(child, cfg), daemon=True)
+        if cfg.get("semantic"):
+            from .semantic_worker import semantic_worker_main as target
+        else:
+            target = worker_main
+        self.proc = ctx.Process(target=target, args=(child, cfg), daemon=True)
         self.proc.start()
         child.close()
         self.ready = False
@@ -47,28 +53,40 @@ class Campaign:
     done: int = 0
     seconds: float = 0.0
     restarts: int = 0
+    semantic: bool = False  # the semantic mode: its mutator, oracle and rule (semantic_oracle.allowed)
+
+    def rule(self, outcome: str, changed, phase) -> bool:
+        if self.semantic:
+            from .semantic_oracle import allowed as semantic_allowed
+
+            return semantic_allowed(outcome, changed, phase)
+        return allowed(outcome, changed, phase)
 
     def record(self, res: dict, keep: bool) -> None:
-        res["allowed"] = allowed(res["outcome"], res.get("changed"), res.get("phase"))
+        res["allowed"] = self.rule(res["outcome"], res.get("changed"), res.get("phase"))
         key = _total_key(res)
         self.totals[key] += 1
         self.by_kind[res.get("kind", "?")]["allowed" if res["allowed"] else "FINDING"] += 1
         self.done += 1
         if not res["allowed"]:
-            models = "" if tuple(self.models) == DEFAULT_MODELS else f" --models {','.join(self.models)}"
-            res["replay"] = f"python -m tools.fuzz --replay {res['seed']}:{res['index']}{models} --run"
+            default = SEMANTIC_MODELS if self.semantic else DEFAULT_MODELS
+            models = "" if tuple(self.models) == default else f" --models {','.join(self.models)}"
+            mode = " --semantic" if self.semantic else ""
+            sep = "=" if res["seed"] < 0 else " "  # (argparse reads " -1:0" as an option)
+            res["replay"] = f"python -m tools.fuzz --replay{sep}{res['seed']}:{res['index']}{mode}{models} --run"
             self.findings.append(res)
         if keep:
             self.results.append(res)
 
     def distinct_findings(self) -> dict[str, list]:
         groups = collections.defaultdict(list)
-        for r in sorted(self.findings, key=lambda r: r["index"]):
+        for r in sorted(self.findings, key=lambda r: (r["seed"], r["index"])):
             groups[finding_signature(r)].append(r)
         return dict(groups)
 
     def summary(self) -> dict:
         return {
+            "mode": "semantic" if self.semantic else "bytes",
             "seed": self.seed, "models": list(self.models), "mutants": self.done, "seconds": round(self.seconds, 1),
             "mutants_per_second": round(self.done / self.seconds, 2) if self.seconds else None,
             "worker_restarts": self.restarts,
@@ -101,9 +119,11 @@ def finding_signature(res: dict) -> str:
 def run_campaign(seed: int, mutants: int, *, workers: int = 2, models=DEFAULT_MODELS, seeds_dir: str | None = None,
                  timeout: float = 20.0, mem_gib: float = 6.0, time_budget: float | None = None, start: int = 0,
                  indices=None, keep_results: bool = False, progress=None, log: str | None = None,
-                 threads: int = 1) -> Campaign:
+                 threads: int = 1, semantic: bool = False) -> Campaign:
     """Run mutants ``start .. start+mutants-1`` (or the given ``indices``: ints, or (seed, index)
-    pairs) of ``seed`` on ``workers`` worker processes. ``time_budget`` (seconds) stops dispatching new mutants once spent."""
+    pairs) of ``seed`` on ``workers`` worker processes. ``time_budget`` (seconds) stops dispatching new mutants once spent.
+    ``semantic``: the semantic mode (tools/fuzz/semantic.py, semantic_oracle.py); there the pair
+    (semantic.ATTACK_SEED, i) is the i-th concrete attack of semantic_build.ATTACKS."""
     import multiprocessing as mp
     from multiprocessing.connection import wait
 
@@ -113,11 +133,11 @@ def run_campaign(seed: int, mutants: int, *, workers: int = 2, models=DEFAULT_MO
     seed_paths = export_seeds(models, seeds_dir)
     work = tempfile.mkdtemp(prefix="pt2b-fuzz-run-")  # workers' mutant files; removed even if one was killed
     cfg = {"seeds": seed_paths, "mem_bytes": int(mem_gib * 2**30) if mem_gib else 0, "log": log, "threads": threads,
-           "tmp": work}
+           "tmp": work, "semantic": semantic}
     todo = [x if isinstance(x, tuple) else (seed, x)
             for x in (indices if indices is not None else range(start, start + mutants))]
     todo.reverse()
-    camp = Campaign(seed, tuple(models))
+    camp = Campaign(seed, tuple(models), semantic=semantic)
     ctx = mp.get_context("spawn")
     pool = [_Worker(ctx, cfg) for _ in range(max(1, min(workers, len(todo) or 1)))]
     t0 = time.monotonic()
@@ -211,12 +231,13 @@ def print_report(camp: Campaign, out=sys.stdout) -> None:
     """Totals by outcome class and by mutation kind, then each distinct finding with its replay."""
     s = camp.summary()
     p = lambda *a: print(*a, file=out)  # noqa: E731
-    p(f"seed {camp.seed}: {camp.done} mutants of {', '.join(camp.models)} in {camp.seconds:.0f} s "
+    mode = "semantic mode, " if camp.semantic else ""
+    p(f"{mode}seed {camp.seed}: {camp.done} mutants of {', '.join(camp.models)} in {camp.seconds:.0f} s "
       f"({s['mutants_per_second']} mutants/s), {camp.restarts} worker restarts")
     p("totals by outcome class:")
     for k, n in s["totals"].items():
-        flag = "" if allowed(k.split(" [")[0], True if "[changed" in k else (False if "[same" in k else None),
-                             "run") or k.startswith(("ok_equal", "artifact_error")) else "   <-- NOT ALLOWED"
+        flag = "" if camp.rule(k.split(" [")[0], True if "[changed" in k else (False if "[same" in k else None),
+                               "run") or k.startswith(("ok_equal", "artifact_error")) else "   <-- NOT ALLOWED"
         p(f"  {n:8d}  {k}{flag}")
     p("by mutation kind (allowed / findings):")
     for k, c in s["by_kind"].items():
@@ -232,16 +253,24 @@ def print_report(camp: Campaign, out=sys.stdout) -> None:
 
 
 def replay(spec: str, models, out_path: str | None, run: bool, seeds_dir: str | None, timeout: float,
-           mem_gib: float) -> int:
+           mem_gib: float, semantic: bool = False) -> int:
     """Write mutant ``spec`` ("SEED:INDEX") to ``out_path`` and describe it; with ``run``, also run it
-    in a worker and print its outcome and traceback. 1 if that outcome is not allowed, else 0."""
+    in a worker and print its outcome and traceback. 1 if that outcome is not allowed, else 0.
+    ``semantic``: a mutant of the semantic mode (seed -1: the INDEX-th concrete attack)."""
     seed, _, index = spec.partition(":")
     seed, index = int(seed), int(index)
     own = seeds_dir is None
     seeds_dir = seeds_dir or tempfile.mkdtemp(prefix="pt2b-fuzz-seeds-")
     paths = export_seeds(models, seeds_dir)
-    mutator = Mutator({n: open(p, "rb").read() for n, p in paths.items()})
-    m = mutator.mutant(seed, index)
+    seeds = {n: open(p, "rb").read() for n, p in paths.items()}
+    if semantic:
+        from .semantic import ATTACK_SEED, SemanticMutator
+        from .semantic_build import ATTACKS
+
+        mutator = SemanticMutator(seeds)
+        m = mutator.attack(list(ATTACKS)[index]) if seed == ATTACK_SEED else mutator.mutant(seed, index)
+    else:
+        m = Mutator(seeds).mutant(seed, index)
     out_path = out_path or f"fuzz_{seed}_{index}.pt2b"
     with open(out_path, "wb") as f:
         f.write(m.data)
@@ -251,13 +280,17 @@ def replay(spec: str, models, out_path: str | None, run: bool, seeds_dir: str | 
           f"Runtime(load_for_backend({out_path!r}, {m.preset!r}, verify={m.verify}))(*make_case({m.model!r}).args)")
     rc = 0
     if run:
-        camp = run_campaign(seed, 0, indices=[index], workers=1, models=models, seeds_dir=seeds_dir,
-                            timeout=timeout, mem_gib=mem_gib, keep_results=True)
+        camp = run_campaign(seed, 0, indices=[(seed, index)], workers=1, models=models, seeds_dir=seeds_dir,
+                            timeout=timeout, mem_gib=mem_gib, keep_results=True, semantic=semantic)
         r = camp.results[0]
         print(f"  outcome: {r['outcome']} (phase {r.get('phase')}, changed={r.get('changed')}) -> "
               f"{'allowed' if r['allowed'] else 'NOT ALLOWED'}")
         if r.get("detail"):
             print(f"  detail: {r['detail']}")
+        if r.get("phases"):
+            print(f"  phases: {r['phases']}")
+        if r.get("side_effects"):
+            print(f"  side effects: {r['side_effects']}")
         if r.get("traceback"):
             print(r["traceback"])
         rc = 0 if r["allowed"] else 1

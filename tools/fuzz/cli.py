@@ -7,8 +7,11 @@ import json
 import sys
 
 from . import __doc__ as OVERVIEW
-from .campaign import print_report, replay, run_campaign
+from .campaign import SEMANTIC_MODELS, print_report, replay, run_campaign
 from .seeds import DEFAULT_MODELS
+
+
+SEMANTIC_TIMEOUT = 8.0  # seconds per semantic mutant: every phase of a small seed takes well under 1 s
 
 
 def main(argv=None) -> int:
@@ -19,9 +22,13 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--start", type=int, default=0, help="first mutant index")
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma-separated zoo cases")
+    ap.add_argument("--semantic", action="store_true",
+                    help="semantic mode: edits of the program's meaning (tools/fuzz/semantic.py), every entry point "
+                         "run with side effects watched (semantic_oracle.py); with --replay: a semantic mutant")
+    ap.add_argument("--models", help=f"comma-separated zoo cases (default {','.join(DEFAULT_MODELS)}; "
+                                     f"semantic: {','.join(SEMANTIC_MODELS)})")
     ap.add_argument("--seeds-dir", help="where seed artifacts are (re)used; default: a temporary folder")
-    ap.add_argument("--timeout", type=float, default=20.0, help="seconds per mutant")
+    ap.add_argument("--timeout", type=float, help=f"seconds per mutant (default 20; semantic: {SEMANTIC_TIMEOUT:g})")
     ap.add_argument("--mem-gib", type=float, default=6.0, help="RLIMIT_AS of each worker")
     ap.add_argument("--time-budget", type=float, help="stop dispatching after this many seconds")
     ap.add_argument("--json", help="write totals and findings here")
@@ -30,9 +37,11 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="with --replay: file to write (default fuzz_SEED_INDEX.pt2b)")
     ap.add_argument("--run", action="store_true", help="with --replay: also run it in a worker, print the traceback")
     a = ap.parse_args(argv)
-    models = tuple(m for m in a.models.split(",") if m)
+    models = tuple(m for m in a.models.split(",") if m) if a.models else (
+        SEMANTIC_MODELS if a.semantic else DEFAULT_MODELS)
+    timeout = a.timeout if a.timeout is not None else (SEMANTIC_TIMEOUT if a.semantic else 20.0)
     if a.replay:
-        return replay(a.replay, models, a.out, a.run, a.seeds_dir, a.timeout, a.mem_gib)
+        return replay(a.replay, models, a.out, a.run, a.seeds_dir, timeout, a.mem_gib, semantic=a.semantic)
 
     def progress(camp, elapsed):
         bad = len(camp.findings)
@@ -40,8 +49,8 @@ def main(argv=None) -> int:
               file=sys.stderr, flush=True)
 
     camp = run_campaign(a.seed, a.mutants, workers=a.workers, models=models, seeds_dir=a.seeds_dir,
-                        timeout=a.timeout, mem_gib=a.mem_gib, time_budget=a.time_budget, start=a.start,
-                        progress=progress, log=a.log)
+                        timeout=timeout, mem_gib=a.mem_gib, time_budget=a.time_budget, start=a.start,
+                        progress=progress, log=a.log, semantic=a.semantic)
     print_report(camp)
     if a.json:
         with open(a.json, "w") as f:

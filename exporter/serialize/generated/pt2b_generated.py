@@ -9789,8 +9789,35 @@ class Program(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(32))
         return o == 0
 
+    # Program
+    def WeightDigests(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(34))
+        if o != 0:
+            a = self._tab.Vector(o)
+            return self._tab.Get(flatbuffers.number_types.Uint8Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 1))
+        return 0
+
+    # Program
+    def WeightDigestsAsNumpy(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(34))
+        if o != 0:
+            return self._tab.GetVectorAsNumpy(flatbuffers.number_types.Uint8Flags, o)
+        return 0
+
+    # Program
+    def WeightDigestsLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(34))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # Program
+    def WeightDigestsIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(34))
+        return o == 0
+
 def ProgramStart(builder):
-    builder.StartObject(15)
+    builder.StartObject(16)
 
 def ProgramAddProducer(builder, producer):
     builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(producer), 0)
@@ -9858,6 +9885,12 @@ def ProgramAddMethods(builder, methods):
 def ProgramStartMethodsVector(builder, numElems):
     return builder.StartVector(4, numElems, 4)
 
+def ProgramAddWeightDigests(builder, weightDigests):
+    builder.PrependUOffsetTRelativeSlot(15, flatbuffers.number_types.UOffsetTFlags.py_type(weightDigests), 0)
+
+def ProgramStartWeightDigestsVector(builder, numElems):
+    return builder.StartVector(1, numElems, 1)
+
 def ProgramEnd(builder):
     return builder.EndObject()
 
@@ -9887,6 +9920,7 @@ class ProgramT(object):
         lowering = None,
         defaultMethod = None,
         methods = None,
+        weightDigests = None,
     ):
         self.producer = producer  # type: Optional[str]
         self.torchVersion = torchVersion  # type: Optional[str]
@@ -9903,6 +9937,7 @@ class ProgramT(object):
         self.lowering = lowering  # type: Optional[LoweringT]
         self.defaultMethod = defaultMethod  # type: Optional[str]
         self.methods = methods  # type: Optional[List[MethodT]]
+        self.weightDigests = weightDigests  # type: Optional[List[int]]
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -9989,6 +10024,13 @@ class ProgramT(object):
                 else:
                     method_ = MethodT.InitFromObj(program.Methods(i))
                     self.methods.append(method_)
+        if not program.WeightDigestsIsNone():
+            if np is None:
+                self.weightDigests = []
+                for i in range(program.WeightDigestsLength()):
+                    self.weightDigests.append(program.WeightDigests(i))
+            else:
+                self.weightDigests = program.WeightDigestsAsNumpy()
 
     # ProgramT
     def Pack(self, builder):
@@ -10062,6 +10104,14 @@ class ProgramT(object):
             for i in reversed(range(len(self.methods))):
                 builder.PrependUOffsetTRelative(methodslist[i])
             methods = builder.EndVector()
+        if self.weightDigests is not None:
+            if np is not None and type(self.weightDigests) is np.ndarray:
+                weightDigests = builder.CreateNumpyVector(self.weightDigests)
+            else:
+                ProgramStartWeightDigestsVector(builder, len(self.weightDigests))
+                for i in reversed(range(len(self.weightDigests))):
+                    builder.PrependUint8(self.weightDigests[i])
+                weightDigests = builder.EndVector()
         ProgramStart(builder)
         if self.producer is not None:
             ProgramAddProducer(builder, producer)
@@ -10092,6 +10142,8 @@ class ProgramT(object):
             ProgramAddDefaultMethod(builder, defaultMethod)
         if self.methods is not None:
             ProgramAddMethods(builder, methods)
+        if self.weightDigests is not None:
+            ProgramAddWeightDigests(builder, weightDigests)
         program = ProgramEnd(builder)
         return program
 
