@@ -17,7 +17,7 @@ Modules, by concern:
   values       mutated field values: hostile targets, expressions, code-injection payloads
   mutators     the mutation kinds (KINDS) and Mutator: mutant i of seed s
   oracle       running one mutant and the rule deciding which outcomes are allowed (allowed())
-  worker       the worker process: references built once, then one mutant at a time
+  worker       the worker process of both modes: references built once, then one mutant at a time
   campaign     the parent: a pool of workers with limits, totals, findings, report, replay
   cli          the command line (``python -m tools.fuzz`` runs cli.main)
 the semantic mode (``--semantic``: edits of the program's meaning, every entry point run, side effects watched):
@@ -25,5 +25,4 @@ the semantic mode (``--semantic``: edits of the program's meaning, every entry p
   semantic_build   schema-tree edits, packing with shared FlatBuffers offsets, the concrete ATTACKS
   semantic         the semantic kinds (SEMANTIC_KINDS) and SemanticMutator: semantic mutant i of seed s
   semantic_oracle  the phases (load ... runtime_ref), side-effect watching, the semantic rule (allowed())
-  semantic_worker  the worker process of the semantic mode (cwd: a fresh watched temporary folder)
 """

@@ -24,11 +24,7 @@ from .worker import worker_main
 class _Worker:
     def __init__(self, ctx, cfg):
         self.parent, child = ctx.Pipe()
-        if cfg.get("semantic"):
-            from .semantic_worker import semantic_worker_main as target
-        else:
-            target = worker_main
-        self.proc = ctx.Process(target=target, args=(child, cfg), daemon=True)
+        self.proc = ctx.Process(target=worker_main, args=(child, cfg), daemon=True)
         self.proc.start()
         child.close()
         self.ready = False

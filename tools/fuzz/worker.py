@@ -1,16 +1,49 @@
 """The worker process (started by campaign.run_campaign): torch imported once, RLIMIT_AS set, the
 seeds' references built once, then one mutant at a time, generated here from (seed, index), written
-to a file and run by oracle.execute; phases and results go back to the parent over a pipe."""
+to a file and run by the mode's oracle; phases and results go back to the parent over a pipe.
+
+Byte mode: mutators.Mutator, oracle.execute. Semantic mode (``cfg["semantic"]``):
+semantic.SemanticMutator (seed ATTACK_SEED names a concrete attack by index), semantic_oracle.execute,
+and the process's current directory a fresh temporary folder the oracle watches for side effects
+(the mutant's own folder is watched too)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 import traceback
 
-from .mutators import Mutator
-from .oracle import Reference, execute, install_canary
+
+def _byte_mode(seeds: dict, paths: dict, tmp: str):
+    """(mutant of (seed, index), run(path, mutant, on_phase), extra result fields) of the byte mode."""
+    from .mutators import Mutator
+    from .oracle import Reference, execute
+
+    mutator = Mutator(seeds)
+    refs = {n: Reference(n, p) for n, p in paths.items()}
+    return mutator.mutant, lambda path, m, on_phase: execute(path, m, refs[m.model], on_phase), lambda m: {}
+
+
+def _semantic_mode(seeds: dict, paths: dict, tmp: str):
+    """As _byte_mode, for the semantic mode: the current directory becomes a fresh watched folder."""
+    from .semantic import ATTACK_SEED, SemanticMutator
+    from .semantic_build import ATTACKS
+    from .semantic_oracle import SemanticReference, execute
+
+    mutator = SemanticMutator(seeds)
+    cwd = tempfile.mkdtemp(prefix="cwd-", dir=os.path.dirname(tmp))
+    os.chdir(cwd)
+    refs = {n: SemanticReference(n, p) for n, p in paths.items()}
+
+    def mutant(seed, index):
+        return mutator.attack(list(ATTACKS)[index]) if seed == ATTACK_SEED else mutator.mutant(seed, index)
+
+    def run(path, m, on_phase):
+        return execute(path, m, refs[m.model], watch=(cwd, tmp), on_phase=on_phase)
+
+    return mutant, run, lambda m: {"size": len(m.data)}
 
 
 def worker_main(conn, cfg: dict) -> None:
@@ -30,13 +63,15 @@ def worker_main(conn, cfg: dict) -> None:
     warnings.simplefilter("ignore")
     import torch
 
+    from .oracle import install_canary
+
     torch.set_num_threads(cfg.get("threads", 1))
     logging.disable(logging.WARNING)
     seeds = {n: open(p, "rb").read() for n, p in cfg["seeds"].items()}
-    mutator = Mutator(seeds)
+    top = tempfile.mkdtemp(prefix="worker-", dir=cfg.get("tmp"))
+    tmp = tempfile.mkdtemp(prefix="mutants-", dir=top)
+    mutant, run, extra = (_semantic_mode if cfg.get("semantic") else _byte_mode)(seeds, cfg["seeds"], tmp)
     install_canary()
-    refs = {n: Reference(n, p) for n, p in cfg["seeds"].items()}
-    tmp = tempfile.mkdtemp(prefix="worker-", dir=cfg.get("tmp"))
     conn.send(("ready", os.getpid()))
     try:
         while True:
@@ -46,26 +81,25 @@ def worker_main(conn, cfg: dict) -> None:
             _, seed, index = msg
             t0 = time.perf_counter()
             try:
-                m = mutator.mutant(seed, index)
+                m = mutant(seed, index)
             except Exception as e:
-                conn.send(("done", {"seed": seed, "index": index, "outcome": "fuzzer_error", "kind": "?", "model": "?", "desc": "",
-                                    "verify": None, "preset": None, "changed": None, "phase": "generate",
+                conn.send(("done", {"seed": seed, "index": index, "outcome": "fuzzer_error", "kind": "?", "model": "?",
+                                    "desc": "", "verify": None, "preset": None, "changed": None, "phase": "generate",
                                     "detail": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-6000:]}))
                 continue
             meta = {"seed": seed, "index": index, "kind": m.kind, "model": m.model, "desc": m.desc, "verify": m.verify,
-                    "preset": m.preset}
+                    "preset": m.preset, **extra(m)}
             conn.send(("start", meta))
             path = os.path.join(tmp, f"m{index}.pt2b")
             with open(path, "wb") as f:
                 f.write(m.data)
             try:
-                res = execute(path, m, refs[m.model], lambda p, c: conn.send(("phase", (p, c))))
+                res = run(path, m, lambda p, c: conn.send(("phase", (p, c))))
             finally:
                 os.unlink(path)
             res.update(meta)
             res["seconds"] = time.perf_counter() - t0
             conn.send(("done", res))
     finally:
-        for f in os.listdir(tmp):
-            os.unlink(os.path.join(tmp, f))
-        os.rmdir(tmp)
+        os.chdir(cfg.get("tmp") or "/")
+        shutil.rmtree(top, ignore_errors=True)
