@@ -52,6 +52,12 @@ KNOWN_BUGS: dict[tuple[int, int], str] = {}
 FIXED: dict[tuple[int, int], str] = {
     (SEED, 19): _GUARDS + " (500 guards of ~4000 chars: timeout); now untrusted.MAX_GUARDS_TEXT",
     (SEED, 35): _GUARDS + " (500 guards of ~4000 chars: timeout); now untrusted.MAX_GUARDS_TEXT",
+    (11, 258): ("cond's target swapped for with_effects, its subgraph where with_effects takes its operator: "
+                "AssertionError inside torch at the first call; now untrusted.ALLOWED_HOPS' callable places"),
+    (12, 943): ("a new with_effects node over aten.view (an aliasing op without effects): AssertionError inside "
+                "torch at the first call; now refused unless torch's has_effects holds for the op"),
+    (11, 371): ("cond's target swapped for wrap_with_set_grad_enabled, one subgraph too many: KeyError "
+                "false_graph_0 in load_for_backend; now untrusted.ALLOWED_HOPS' callable places"),
 }
 
 # attack -> what it does to pt2b when it is not refused

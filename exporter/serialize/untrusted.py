@@ -267,12 +267,21 @@ _HOP_PREFIX = "torch.ops.higher_order."
 # The higher-order ops pt2b knows the semantics of (what torch.export writes for control flow, effects,
 # grad-mode and autocast regions and custom ops made functional): every other one (foreach_map,
 # flat_apply, print, dynamo_bypassing_wrapper, ...) takes Python callables or runs code of its own, so a
-# file naming it is refused. Value: whether the op takes an operator argument (as_operator), which must
-# then be a registered OpOverload; the callables of the others are subgraphs of the same file.
-ALLOWED_HOPS: dict[str, bool] = {
-    "cond": False, "while_loop": False, "map_impl": False, "scan": False, "invoke_subgraph": False,
-    "wrap_with_set_grad_enabled": False, "wrap_with_autocast": False,
-    "with_effects": True, "auto_functionalized": True, "auto_functionalized_v2": True, "out_dtype": True,
+# file naming it is refused. Value: (the positional inputs that are its subgraphs, the input that is its
+# operator or None), as torch's serializer writes them: every callable argument is a subgraph of the same
+# file (Argument.as_graph) or a registered OpOverload (Argument.as_operator), at exactly these places.
+ALLOWED_HOPS: dict[str, tuple[tuple[int, ...], int | None]] = {
+    "cond": ((1, 2), None),  # (pred, true_fn, false_fn, operands)
+    "while_loop": ((0, 1), None),  # (cond_fn, body_fn, carried_inputs, additional_inputs)
+    "map_impl": ((0,), None),  # (f, xs, pos_args)
+    "scan": ((0,), None),  # (combine_fn, init, xs, additional_inputs)
+    "invoke_subgraph": ((0,), None),  # (subgraph, identifier, *operands)
+    "wrap_with_set_grad_enabled": ((1,), None),  # (enabled, body, *args)
+    "wrap_with_autocast": ((4,), None),  # (device_type, dtype, enabled, cache_enabled, body, *args)
+    "with_effects": ((), 1),  # (token, op, *args)
+    "auto_functionalized": ((), 0),  # (op, **kwargs)
+    "auto_functionalized_v2": ((), 0),
+    "out_dtype": ((), 0),  # (op, output_dtype, *args)
 }
 
 
@@ -315,16 +324,54 @@ def check_operator_argument(value, where: str) -> None:
         f"never as Python paths.")
 
 
-def _check_node_operator_arguments(d: dict, where: str) -> None:
-    """Operator arguments only where the node is a higher-order op that takes one (ALLOWED_HOPS)."""
+def _operator_fits(hop: str, value) -> bool:
+    """Whether the higher-order op ``hop`` takes the operator ``value`` names, by torch's own rule for
+    it: with_effects an op with effects, auto_functionalized(_v2) an op it can make functional, out_dtype
+    one of its allowed ops. True where this torch has no such rule, or the name is no operator (the
+    walk refuses that one by itself)."""
+    import importlib
+
+    op = ops.op_of_target(value) if type(value) is str else None
+    if not isinstance(op, torch._ops.OpOverload):
+        return True
+    try:
+        if hop == "with_effects":
+            return bool(importlib.import_module("torch._higher_order_ops.effects").has_effects(op))
+        if hop in ("auto_functionalized", "auto_functionalized_v2"):
+            return bool(importlib.import_module("torch._higher_order_ops.auto_functionalize").can_auto_functionalize(op))
+        if hop == "out_dtype":
+            return op in importlib.import_module("torch._higher_order_ops.out_dtype").ALLOWABLE_OPS
+    except (ImportError, AttributeError, TypeError):
+        return True
+    return True
+
+
+def _check_node_callables(d: dict, where: str) -> None:
+    """A node's callable arguments (subgraphs, operators) only where its op takes them: at the places
+    ALLOWED_HOPS names for a higher-order op, nowhere for any other op. A higher-order op handed a
+    callable where it takes another kind of value fails inside torch (an AssertionError, a KeyError);
+    one handed an operator where it calls a subgraph would call it."""
     target = d["target"]
-    takes = type(target) is str and target.startswith(_HOP_PREFIX) and ALLOWED_HOPS.get(target[len(_HOP_PREFIX):])
-    for inp in d["inputs"]:
+    name = target[len(_HOP_PREFIX):] if type(target) is str and target.startswith(_HOP_PREFIX) else None
+    graphs, operator_at = ALLOWED_HOPS.get(name, ((), None))
+    for i, inp in enumerate(d["inputs"]):
         arg = inp.arg
-        if type(arg) is S.Argument and str.__str__(arg.__dict__["_type"]).startswith("as_operator") and not takes:
+        kind = str.__str__(arg.__dict__["_type"]) if type(arg) is S.Argument else ""
+        is_graph, is_operator = kind == "as_graph", kind.startswith("as_operator")
+        wanted_graph, wanted_operator = i in graphs, i == operator_at
+        if is_operator and wanted_operator and not _operator_fits(name, arg.__dict__[kind]):
             raise CorruptArtifactError(
-                f"{where}: node {d['name'] or '?'} calls {str(target)[:120]} with an operator argument "
-                f"({inp.name or 'positional'}); only {', '.join(k for k, v in ALLOWED_HOPS.items() if v)} take one.")
+                f"{where}: node {d['name'] or '?'} calls {str(target)[:120]} on the operator "
+                f"{str(arg.__dict__[kind])[:120]}, which {name} does not take (torch would fail inside it).")
+        if is_graph != wanted_graph or is_operator != wanted_operator:
+            wanted = "a subgraph" if wanted_graph else "an operator" if wanted_operator else "a value, not a callable"
+            raise CorruptArtifactError(
+                f"{where}: node {d['name'] or '?'} calls {str(target)[:120]} with {kind or 'an argument'} as input "
+                f"{i}, where it takes {wanted}; pt2b accepts callables only where the op calls one.")
+    missing = [i for i in (*graphs, *(() if operator_at is None else (operator_at,))) if i >= len(d["inputs"])]
+    if missing:
+        raise CorruptArtifactError(f"{where}: node {d['name'] or '?'} calls {str(target)[:120]} without its input "
+                                   f"{missing[0]} (a subgraph or operator it calls).")
 
 
 INT64_MAX = (1 << 63) - 1
@@ -425,7 +472,7 @@ def check_program(ep: S.ExportedProgram, where: str, recorded=frozenset()) -> No
         elif cls is S.Node:
             if not _target_ok(d["target"], recorded):
                 check_target(d["target"], f"{where}: node {d['name'] or '?'}", recorded)
-            _check_node_operator_arguments(d, where)
+            _check_node_callables(d, where)
         elif cls is S.TensorMeta:
             check_tensor_meta(d, f"{where}: {_path_text(path)}")
         elif cls is S.Graph:
