@@ -131,7 +131,8 @@ def _methods(spec: Mapping[str, Any], dynamic_shapes, strict: bool) -> tuple[lis
 def load(path: StrPath, *, verify: bool = False) -> Pt2bProgram:
     """Read a .pt2b artifact at its recorded (undecomposed) level; weights are mmap'd.
 
-    ``verify=True`` also checks every weight segment's checksum (reads all weights).
+    ``verify=True`` also checks every weight segment against its recorded sha256 digest (format
+    1.3+; its CRC32 in an older file): reads all weights.
     """
     with gc_paused():
         return _programs_of(reader.open_artifact(path), verify=verify)
@@ -209,7 +210,8 @@ def load_for_backend(path: StrPath, preset: str = "core", *, supported_ops: Iter
     Results are cached (exporter/lowering/cache.py: $PT2B_CACHE_DIR, else $XDG_CACHE_HOME/pt2b,
     else ~/.cache/pt2b) keyed by the artifact's content, the request and the versions; a hit
     costs one load. ``cache=False`` neither reads nor writes the cache; the default (None) uses it
-    unless the environment sets PT2B_CACHE=0 (or off/false/no).
+    unless the environment sets PT2B_CACHE=0 (or off/false/no). ``verify=True`` checks the artifact's
+    weights against their digests, and a cache entry's too (one that fails is removed and lowered again).
 
     ``strict=True`` applies no decomposition that `pt2b opset audit` measured as lossy or wrong
     (schemas/opsets/audit@<torch>.json): such an op stays when the backend accepts it, and is an

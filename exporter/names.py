@@ -44,6 +44,12 @@ def identifier_ok(name) -> bool:
     return type(name) is str and len(name) <= 1024 and _source_identifier(name) and not keyword.iskeyword(name)
 
 
+def schema_argument_ok(name) -> bool:
+    """A name an operator schema gives an argument: an identifier, Python keywords included
+    (aten::uniform_'s `from`); never pasted into generated code as a keyword argument of Python."""
+    return type(name) is str and len(name) <= 1024 and _source_identifier(name)
+
+
 def _source_identifier(text: str) -> bool:
     """An identifier that Python source spells as written: the parser NFKC-normalizes identifiers,
     so `self.ª` in generated code would read attribute "a"."""

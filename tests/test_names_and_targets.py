@@ -178,3 +178,36 @@ def test_export_refuses_to_write_what_it_would_not_read(tmp_path, monkeypatch):
         export_model(torch.nn.Linear(3, 2), (torch.randn(1, 3),), path)
     assert path.read_bytes() == before  # the earlier file is untouched, no temp file is left
     assert [p.name for p in tmp_path.iterdir()] == ["m.pt2b"]
+
+
+class Uniform(torch.nn.Module):
+    def forward(self, x):
+        y = x.clone()
+        y.uniform_(1.0, 10.0)  # aten::uniform_(Tensor(a!) self, float from=0., float to=1., *, Generator? generator=None)
+        return y
+
+
+def test_schema_argument_named_like_a_python_keyword(tmp_path):
+    """Op schemas name arguments `from` and `to`: the writer and reader accept what schemas hold (torch
+    passes them positionally, so no keyword reaches generated code), while value names stay identifiers."""
+    from exporter import load_for_backend
+    from runtime_ref import Runtime
+
+    path = tmp_path / "u.pt2b"
+    export_model(Uniform(), (torch.randn(1000),), path)
+    names_ = {i.name for n in reader.decode_graph(reader.open_artifact(path)).graph_module.graph.nodes
+              for i in n.inputs if n.target == "torch.ops.aten.uniform_.default"}
+    assert {"from", "to"} <= names_
+
+    def drawn(out):
+        assert out.shape == (1000,) and bool((out >= 1).all()) and bool((out < 10).all()) and out.std() > 1
+
+    drawn(load(path)(torch.randn(1000)))
+    for preset in ("core", "max"):
+        lowered = load_for_backend(path, preset, cache=False)
+        drawn(Runtime(lowered)(torch.randn(1000)))
+    export_model(load_for_backend(path, "core", cache=False), path=tmp_path / "u.core.pt2b")  # aten::uniform
+    drawn(load(tmp_path / "u.core.pt2b")(torch.randn(1000)))
+    untrusted.check_name("from", untrusted.IDENT, "t", "NamedArgument.name", may_be_self=True)
+    with pytest.raises(CorruptArtifactError, match="is not a Python identifier"):
+        untrusted.check_name("from", untrusted.IDENT, "t", "value name")

@@ -250,12 +250,14 @@ def _name_ok(value, kind, may_be_self: bool = False) -> bool:
         return names.path_ok(value)
     if kind is CLASS:
         return type(value) is str and _CLASS_NAME.fullmatch(value) is not None
-    return names.identifier_ok(value) and (may_be_self or value != "self")
+    if may_be_self:  # an operator argument's name: what op schemas hold, Python keywords included
+        return names.schema_argument_ok(value)  # (aten::uniform_'s `from`); torch passes them positionally
+    return names.identifier_ok(value) and value != "self"
 
 
 def check_name(value, kind, where: str, what: str, *, may_be_self: bool = False) -> None:
     if not _name_ok(value, kind, may_be_self):
-        rule = {IDENT: "a Python identifier (not a keyword, not 'self')",
+        rule = {IDENT: "an identifier" if may_be_self else "a Python identifier (not a keyword, not 'self')",
                 FQN: "a path of non-empty names joined by '.' (what nn.Module accepts)",
                 CLASS: "a dotted class name"}[kind]
         raise CorruptArtifactError(
