@@ -751,3 +751,38 @@ def test_the_none_preset_functionalizes_writes_into_fresh_values_node_by_node(mo
     assert not any(n.target.__name__.endswith("_") for n in ours.graph.nodes
                    if isinstance(n.target, torch._ops.OpOverload))
     torch.testing.assert_close(ours.module()(x, mask), WritesIntoFresh()(x, mask), rtol=0, atol=0)
+
+
+class PromotingWrite(nn.Module):
+    """An in-place op whose functional form promotes to another dtype (float32 += float64): the write
+    casts back to the written tensor's dtype, as functionalization's copy_ does."""
+
+    def forward(self, a, b):
+        a = a * 1
+        a += b  # add computes float64; a stays float32
+        return a
+
+
+class PromotingWriteThroughSlice(nn.Module):
+    def forward(self, a, b):
+        a = a * 1
+        c = a[1:]
+        c += b[1:]  # the same, then scattered back into a
+        return a
+
+
+@pytest.mark.parametrize("model", [PromotingWrite, PromotingWriteThroughSlice])
+def test_in_place_ops_that_promote_are_cast_back_without_validation(model, tmp_path):
+    """Node-local lowering alone (no validation looks at it) gives torch's ops, dtype and values."""
+    from exporter import export_model, load_for_backend
+
+    args = (torch.randn(5), torch.randn(5, dtype=torch.float64))
+    ep = torch.export.export(model(), args)
+    ours, whole = _both(ep)
+    _assert_same(ours, whole, ep.run_decompositions(), *args)
+    (out,), eager = _outputs(ours, *args), model()(*copy.deepcopy(args))
+    assert out.dtype == eager.dtype == torch.float32 and torch.equal(out, eager)
+    assert op_counts(ours.graph_module)["aten::_to_copy.default"] == 1
+    export_model(model(), args, tmp_path / "m.pt2b")  # the user's path, validation off
+    lowered = load_for_backend(tmp_path / "m.pt2b", cache=False, validate=False)
+    assert lowered(*args).dtype == torch.float32 and torch.equal(lowered(*args), eager)

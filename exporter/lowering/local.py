@@ -326,6 +326,15 @@ def _without_writes(graph: torch.fx.Graph, fake_mode_of, traced,
             new.meta["val"] = op(*vals[0], **vals[1])
         return new
 
+    def cast_back(value, like, node):
+        """``value`` in the dtype of ``like`` (the tensor written in place): an in-place op writes its
+        result into its input's dtype, where its functional form may promote (float32 += float64 adds in
+        float64); functionalization's copy_ becomes this _to_copy."""
+        dtype = like.meta["val"].dtype
+        if value.meta["val"].dtype == dtype:
+            return value
+        return call(torch.ops.aten._to_copy.default, (value,), {"dtype": dtype, "layout": torch.strided}, node)
+
     for node in graph.nodes:
         if node in aliases:
             env[node] = read(node.args[0])  # (the value itself, as written so far)
@@ -341,7 +350,7 @@ def _without_writes(graph: torch.fx.Graph, fake_mode_of, traced,
             try:
                 args = pytree.tree_map_only(torch.fx.Node, read, (node.args[1:], dict(node.kwargs)))
                 views = viewed(read(root[node]), chain)
-                written = value = call(functional, (views[-1], *args[0]), args[1], node)
+                written = value = cast_back(call(functional, (views[-1], *args[0]), args[1], node), views[-1], node)
                 for v, base in zip(reversed(chain), reversed(views[:-1])):
                     args, kwargs = rest(v)
                     value = call(_SCATTER[v.target], (base, value, *args), kwargs, node)
@@ -359,7 +368,7 @@ def _without_writes(graph: torch.fx.Graph, fake_mode_of, traced,
             return None  # (a write of sizes, not values: functionalization makes another op of it)
         args = pytree.tree_map_only(torch.fx.Node, read, (node.args, dict(node.kwargs)))
         try:
-            env[node] = call(functional, *args, node)
+            env[node] = cast_back(call(functional, *args, node), node, node)
         except Exception:  # noqa: BLE001 -- the whole retrace decides
             return None
         written_into(root[node], env[node])
