@@ -769,6 +769,8 @@ def _signature(ep, gm, tokens, new_phs, aot_sig):
         elif spec.kind == InputKind.USER_INPUT:
             output_specs.append(OutputSpec(OutputKind.USER_INPUT_MUTATION, TensorArgument(name=out_name),
                                            spec.arg.name))
+        elif spec.kind == InputKind.PARAMETER:  # `with torch.no_grad(): self.p.div_(2)`: as torch records it
+            output_specs.append(OutputSpec(OutputKind.PARAMETER_MUTATION, TensorArgument(name=out_name), spec.target))
         else:
             raise LoweringError(f"the program mutates {spec.kind.name.lower()} {spec.target!r}, which pt2b "
                                 f"cannot write back (only buffers and user inputs can be mutated).")

@@ -316,3 +316,36 @@ def test_a_mutated_tensor_attribute_lowers_as_a_non_persistent_buffer(tmp_path, 
     with torch.no_grad():
         for step in range(3):  # the cache carries across calls
             torch.testing.assert_close(rt(x * step, pos + step), eager(x * step, pos + step))
+
+
+class HalvesItsParameter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.p = torch.nn.Parameter(torch.full((3,), 8.0))
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.p.div_(2)  # a parameter written in place: torch records it as a PARAMETER_MUTATION
+        return x * self.p
+
+
+@pytest.mark.parametrize("preset", ["none", "core", "max"])
+def test_parameters_written_in_place_are_lowered_as_torch_lowers_them(tmp_path, preset):
+    """Issue 37, case 6: lowered (and validated) with the write recorded as torch's run_decompositions
+    records it; runtime_ref keeps the write across calls as eager does; the lowered file reads back."""
+    from torch.export.graph_signature import OutputKind
+
+    from runtime_ref import Runtime
+
+    x = torch.randn(3)
+    torchs = torch.export.export(HalvesItsParameter(), (x,)).run_decompositions()
+    export_model(HalvesItsParameter(), (x,), tmp_path / "m.pt2b")
+    lowered = load_for_backend(tmp_path / "m.pt2b", preset, cache=False)
+    specs = [(s.kind, s.target) for s in lowered.exported_program().graph_signature.output_specs]
+    assert specs == [(s.kind, s.target) for s in torchs.graph_signature.output_specs]
+    assert specs[0] == (OutputKind.PARAMETER_MUTATION, "p")
+    runtime, eager = Runtime(lowered), HalvesItsParameter()
+    for _ in range(3):
+        assert torch.equal(runtime(x), eager(x))
+    export_model(lowered, path=tmp_path / "m.low.pt2b")
+    assert torch.equal(load(tmp_path / "m.low.pt2b")(x), HalvesItsParameter()(x))

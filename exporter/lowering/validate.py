@@ -134,6 +134,38 @@ def _derived(inputs):
     return pytree.tree_map(permute, inputs)
 
 
+def _written_placeholders(graph) -> set[str]:
+    """The names of the placeholders ``graph`` writes in place, directly or through views of them
+    (``with torch.no_grad(): self.p.div_(2)``; ``self.p[0].zero_()``)."""
+    from ..functionalize import is_mutating
+
+    def writes(node):  # the arguments ``node`` writes
+        if isinstance(node.target, torch._ops.HigherOrderOperator):  # a region whose body writes its operands:
+            subs = [getattr(graph.owning_module, a.target) for a in node.args  # all of them, to be safe
+                    if isinstance(a, torch.fx.Node) and a.op == "get_attr"]
+            if any(isinstance(g, torch.fx.GraphModule) and _written_placeholders(g.graph) for g in subs):
+                return [a for a in pytree.tree_leaves((node.args, node.kwargs))
+                        if isinstance(a, torch.fx.Node) and a.op != "get_attr"]
+            return []
+        if not is_mutating(node.target):
+            return []
+        return [node.args[i] if i < len(node.args) else node.kwargs.get(a.name)
+                for i, a in enumerate(node.target._schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+
+    out = set()
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        for base in writes(node):
+            while isinstance(base, torch.fx.Node) and base.op == "call_function" and base.args and \
+                    isinstance(base.target, torch._ops.OpOverload) and base.target._schema.returns and \
+                    base.target._schema.returns[0].alias_info is not None:
+                base = base.args[0]  # through a view of it
+            if isinstance(base, torch.fx.Node) and base.op == "placeholder":
+                out.add(base.name)
+    return out
+
+
 class _Runner:
     """Runs the program's graph module on the flat inputs its signature lists, from the program's
     stored state each time (buffers are copied before every run: an unlowered program updates them
@@ -149,11 +181,12 @@ class _Runner:
         self.ep, self.module = ep, None
         self.in_spec = ep.call_spec.in_spec
         self.slots = []  # per graph input: ("user", None) | ("state", tensor) | ("buffer", tensor)
+        written = _written_placeholders(ep.graph)
         for spec in sig.input_specs:
             if spec.kind == InputKind.USER_INPUT:
                 self.slots.append(("user", None))
-            elif spec.kind == InputKind.PARAMETER:
-                self.slots.append(("state", ep.state_dict[spec.target]))
+            elif spec.kind == InputKind.PARAMETER:  # copied too where the program writes it in place
+                self.slots.append(("buffer" if spec.arg.name in written else "state", ep.state_dict[spec.target]))
             elif spec.kind == InputKind.BUFFER:
                 home = ep.state_dict if spec.persistent else ep.constants
                 self.slots.append(("buffer", home[spec.target]))
