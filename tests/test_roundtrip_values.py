@@ -173,3 +173,30 @@ def test_weights_over_2gib_export_and_load(tmp_path):
     big = prog.exported_program().state_dict["big"]
     assert big.numel() == nbytes and int(big[-1]) == 7 and int(big[0]) == 7
     assert torch.equal(prog(torch.ones(4)), torch.full((4,), 8.0))
+
+
+class ReturnsNamedTuples(torch.nn.Module):
+    def forward(self, x, m):
+        s = torch.sort(x)
+        return s, torch.topk(x, 2), torch.linalg.slogdet(m), s.values + 1
+
+
+def test_torch_return_types_are_written_and_read_back(tmp_path):
+    """Issue 37, case 7: results that are torch.return_types named tuples (which torch.export.save
+    cannot write) round-trip bitwise, keep their types, and lower and run."""
+    from exporter import load_for_backend
+    from exporter.serialize import reader
+    from runtime_ref import Runtime
+
+    x, m = torch.randn(5), torch.randn(3, 3)
+    path = tmp_path / "m.pt2b"
+    export_model(ReturnsNamedTuples(), (x, m), path)
+    got, want = load(path)(x, m), ReturnsNamedTuples()(x, m)
+    assert [type(a) for a in got] == [type(a) for a in want] == [
+        torch.return_types.sort, torch.return_types.topk, torch.return_types.linalg_slogdet, torch.Tensor]
+    leaves = torch.utils._pytree.tree_leaves
+    assert all(torch.equal(a, b) for a, b in zip(leaves(got), leaves(want)))
+    ran = Runtime(load_for_backend(path, cache=False))(x, m)
+    assert type(ran[0]) is torch.return_types.sort and torch.allclose(ran[2].logabsdet, want[2].logabsdet)
+    spec = reader.decode_graph(reader.open_artifact(path)).graph_module.module_call_graph[0].signature.out_spec
+    assert "torch.return_types.sort" in spec

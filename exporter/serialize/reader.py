@@ -27,9 +27,12 @@ from torch.utils._sympy.value_ranges import ValueRanges
 from .. import names
 from ..errors import ArtifactError, CorruptArtifactError, MethodNotFoundError, NotAnArtifactError
 from ..versioning import formats, majors, schema_drift
-from . import decode_schema, deserialize, module_stacks, unpack_tables, untrusted, verifier, weights
+from . import decode_schema, deserialize, module_stacks, return_types, unpack_tables, untrusted, verifier, weights
 from .container import FILE_IDENTIFIER, HEADER_SIZE, Header, read_preamble
 from .generated import pt2b_generated as G
+
+return_types.register()  # torch.return_types (sort, topk, ...) in pytree specs: named, to write and read
+
 
 # torch's GraphModuleDeserializer keeps the active deserializer in a module global, so two
 # threads deserializing at once corrupt each other; pt2b serializes that one step.

@@ -19,7 +19,7 @@ from .. import names
 from ..errors import ArtifactError, ExportError, UnsupportedValueError
 from ..versioning import majors, op_table
 from ..versioning.formats import FIELDS_ADDED, FORMAT_VERSION, version_str
-from . import encode_schema, module_stacks, serde_repairs, weights
+from . import encode_schema, module_stacks, return_types, serde_repairs, weights
 from .atomic import atomic_path, check_destination
 from .container import ALIGNMENT, FILE_IDENTIFIER, HEADER_SIZE, Header, align
 from .gc_pause import gc_paused
@@ -27,6 +27,9 @@ from .generated import pt2b_generated as G
 
 MAX_METADATA_BYTES = 16 << 20
 _SCALAR_LEAVES = (bool, int, float, str, type(None))
+
+
+return_types.register()  # torch.return_types (sort, topk, ...) in pytree specs: named, to write and read
 
 
 def serialize_graph(ep: torch.export.ExportedProgram):
