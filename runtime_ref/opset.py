@@ -27,7 +27,9 @@ __all__ = [
     "count_ops",
 ]
 
-DEFAULT_NAMESPACES = frozenset({"aten", "prims"})
+# quantized_decomposed: the functional (de)quantize and choose_qparams ops torch registers with CPU
+# kernels, which PT2E-quantized programs keep after core and max (as torch's own lowering keeps them)
+DEFAULT_NAMESPACES = frozenset({"aten", "prims", "quantized_decomposed"})
 
 # Python-level SymInt/SymFloat/SymBool arithmetic as it appears in dynamic-shape graphs.
 _SYM_PYTHON = frozenset({
@@ -79,7 +81,8 @@ def default_opset_accepts(op: OpSpec | Callable[..., Any]) -> bool:
     """Whether the default "functional ATen" opset accepts `op` (an OpOverload, a HOP, a Python
     callable, or a name like "aten::add.Tensor"): functional aten/prims overloads, getitem, SymInt
     arithmetic, runtime assertions, the cond/while_loop/map_impl/with_effects higher-order ops and
-    grad-mode/autocast regions (flat markers and the wrap_with_* higher-order ops)."""
+    grad-mode/autocast regions (flat markers and the wrap_with_* higher-order ops); the functional
+    quantized_decomposed ops too (quantize/dequantize per tensor or channel, choose_qparams)."""
     op = _resolve(op)
     if _always_accepted(op):
         return True
@@ -130,7 +133,7 @@ class Acceptor:
         if self.restricted:
             base = f"the given opset ({len(self.names)} ops)"
         else:
-            base = "the default opset (functional aten/prims ops)"
+            base = "the default opset (functional aten/prims/quantized_decomposed ops)"
         extra = f" plus extra_ops {sorted(self.extra)}" if self.extra else ""
         return (base + extra + ", getitem, SymInt arithmetic, runtime assertions, cond/while_loop/map_impl/with_effects"
                 " and grad-mode/autocast regions")

@@ -421,3 +421,37 @@ def test_cpu_input_to_cuda_runtime_is_refused():
     rt = Runtime(_lowered("mlp", "core"), device="cuda")
     with pytest.raises(RuntimeInputError, match=r'input "x" is on cpu but this Runtime runs on cuda'):
         rt(torch.randn(4, 16))
+
+
+class QuantizedLinear(torch.nn.Module):
+    """What a PT2E-quantized program holds around its float ops: choose_qparams, quantize, dequantize."""
+
+    def __init__(self):
+        super().__init__()
+        self.l = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        import torch.ao.quantization.fx._decomposed  # noqa: F401 (registers quantized_decomposed)
+
+        q = torch.ops.quantized_decomposed
+        s, z = q.choose_qparams.tensor(x, -128, 127, 1e-5, torch.int8)
+        xq = q.quantize_per_tensor.tensor(x, s, z, -128, 127, torch.int8)
+        return self.l(q.dequantize_per_tensor.tensor(xq, s, z, -128, 127, torch.int8))
+
+
+@pytest.mark.parametrize("preset", ["core", "max"])
+def test_quantized_decomposed_ops_run_by_default(tmp_path, preset):
+    """Issue 37, case 3: the functional quantized_decomposed ops stay after core and max (as torch keeps
+    them) and the reference runtime runs them without extra_ops=, bitwise equal to eager."""
+    import torch.ao.quantization.fx._decomposed  # noqa: F401
+
+    from exporter import export_model, load_for_backend
+
+    x = torch.randn(2, 4)
+    model = QuantizedLinear()
+    export_model(model, (x,), tmp_path / "q.pt2b")
+    lowered = load_for_backend(tmp_path / "q.pt2b", preset, cache=False)
+    assert {op for op in lowered.ops() if op.startswith("quantized_decomposed::")} == {
+        "quantized_decomposed::choose_qparams.tensor", "quantized_decomposed::quantize_per_tensor.tensor",
+        "quantized_decomposed::dequantize_per_tensor.tensor"}
+    assert torch.equal(Runtime(lowered)(x), model(x))
