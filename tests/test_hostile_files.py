@@ -454,3 +454,53 @@ def test_cache_entry_with_overwritten_weights_is_discarded_under_verify(tmp_path
     again = load_for_backend(path, verify=True)
     assert again.from_cache
     torch.testing.assert_close(again(x), model(x))
+
+
+_PEAK_SCRIPT = """
+import resource, sys, torch
+from exporter import load, load_for_backend
+from exporter.errors import ArtifactError
+def call(p):  # the first call, on the program's stored example inputs
+    args, kwargs = load(p).exported_program().example_inputs
+    load(p)(*args, **kwargs)
+for step in (lambda p: load(p).check(), call, lambda p: load_for_backend(p, cache=False)):
+    for path in sys.argv[1:]:
+        try:
+            step(path)
+        except ArtifactError:
+            pass
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)  # KiB on Linux
+"""
+
+
+def _peak_kib(*paths) -> int:
+    out = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, *map(str, paths)], capture_output=True, text=True,
+                         timeout=300, cwd=pathlib.Path(__file__).parents[1])
+    assert out.returncode == 0, out.stderr[-2000:]
+    return int(out.stdout.split()[-1])
+
+
+def test_attack_files_take_no_more_memory_than_a_clean_file(tmp_path):
+    """The memory half of "bounded": a process that loads, checks, calls and lowers every attack file
+    of this module (each refused) peaks within 200 MB of one that does so with the clean file."""
+    clean = _exported(tmp_path, "clean.pt2b")
+    attacks = []
+    for name, sizes, strides in (("w", [2**62, 2**62], [0, 0]), ("example", [2**40], [0])):
+        path = tmp_path / f"{name}.pt2b"
+        path.write_bytes(clean.read_bytes())
+        part = "l1.weight" if name == "w" else next(n for n in _record_names(path) if "l1" not in n and "l2" not in n)
+        _set_record(path, part, sizes, strides)
+        attacks.append(path)
+    chain = _exported(tmp_path, "chain.pt2b", Chain(), (torch.randn(3),))
+    attacks.append(share_graph_across_methods(chain, tmp_path / "shared.pt2b", 300))
+    expr = tmp_path / "expr.pt2b"
+    export_model(Dyn(), (torch.randn(4, 3),), expr, dynamic_shapes={"x": {0: torch.export.Dim("b", min=2, max=64)}})
+
+    def grow(serialized, program):
+        meta = next(iter(serialized.graph_module.graph.tensor_values.values()))
+        meta.sizes[0] = S.SymInt.create(as_expr=S.SymExpr("*".join(f"s{i}" for i in range(12))))
+
+    rewrite_artifact(expr, expr, edit=grow)
+    attacks.append(expr)
+    baseline, hostile = _peak_kib(clean), _peak_kib(*attacks)
+    assert hostile < baseline + 200 * 1024, (baseline, hostile)
