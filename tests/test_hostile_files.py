@@ -171,8 +171,8 @@ def test_many_long_guards_are_checked_in_linear_time(tmp_path):
     guard = " and ".join([clause] * (untrusted.MAX_EXPR_LEN // (len(clause) + 5)))  # ~4 KB, ~160 reads of L
     assert len(guard) <= untrusted.MAX_EXPR_LEN
 
-    count = untrusted.MAX_GUARDS_TEXT // len(guard)  # the fifty 4 KB guards fit: accepted, quickly
-    assert count >= 50
+    count = untrusted.MAX_GUARDS_TEXT // len(guard)  # as many ~4 KB guards as fit: accepted, quickly
+    assert count >= 10
 
     def edit(serialized, program):
         serialized.guards_code = [guard] * count
@@ -185,8 +185,8 @@ def test_many_long_guards_are_checked_in_linear_time(tmp_path):
     assert torch.equal(prog(x), x * 2)
     assert time.perf_counter() - start < SECONDS
 
-    def more(serialized, program):  # more guard text than torch ever writes: refused, quickly
-        serialized.guards_code = [guard] * (count + 1)
+    def more(serialized, program):  # the fifty 4 KB guards (107 s at the first call): refused, quickly
+        serialized.guards_code = [guard] * 50
 
     rewrite_artifact(path, path, edit=more)
     _every_command(path, CorruptArtifactError, "guards of .* characters in all, more than")
