@@ -4,6 +4,7 @@ Owns turning OpInfo samples into nn.Modules + inputs and checking torch can expo
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import io
 import itertools
@@ -210,10 +211,35 @@ def _matches(ep, args, kwargs, expected) -> bool:
     return _outputs_equal(ep.module()(*a, **k), expected)
 
 
+def _returns_named_tuple(module, args, kwargs) -> bool:
+    """Whether the sample returns a torch.return_types named tuple (svd, sort, linalg_inv_ex, ...).
+    torch.export.save could not write those until pt2b named them in torch's pytree registry
+    (exporter/serialize/return_types.py), so the corpus, fixed before that, leaves them out; they are
+    tested in tests/test_roundtrip_values.py."""
+    import torch.return_types as return_types
+
+    named = tuple(return_types.all_return_types)
+    try:
+        with torch.no_grad():
+            out = module(*copy.deepcopy(args), **copy.deepcopy(kwargs))
+    except Exception:
+        return False
+    stack = [out]
+    while stack:
+        o = stack.pop()
+        if isinstance(o, named):
+            return True
+        if isinstance(o, (list, tuple)):
+            stack.extend(o)
+        elif isinstance(o, dict):
+            stack.extend(o.values())
+    return False
+
+
 def _check(module, args, kwargs) -> bool:
     """Eager is usable, and export (non-strict) and torch's own save/load both reproduce it bitwise."""
     expected = _eager_ok(module, args, kwargs)
-    if expected is None:
+    if expected is None or _returns_named_tuple(module, args, kwargs):
         return False
     with contextlib.redirect_stderr(io.StringIO()):  # a failing export prints its partial graph there
         ep = torch.export.export(module, args, kwargs, strict=False)

@@ -786,3 +786,51 @@ def test_in_place_ops_that_promote_are_cast_back_without_validation(model, tmp_p
     export_model(model(), args, tmp_path / "m.pt2b")  # the user's path, validation off
     lowered = load_for_backend(tmp_path / "m.pt2b", cache=False, validate=False)
     assert lowered(*args).dtype == torch.float32 and torch.equal(lowered(*args), eager)
+
+
+class UpsampleDisagreeingScales(nn.Module):
+    def forward(self, x):
+        return torch.ops.aten.upsample_nearest2d.default(x, [6, 10], 2.3, 4.7)
+
+
+@pytest.mark.parametrize("preset", ["core", "max"])
+def test_ops_torchs_retrace_keeps_are_kept(tmp_path, preset):
+    """Issue 37, case 4: torch's run_decompositions keeps upsample_nearest2d.default (its only
+    CompositeImplicitAutograd kernel is a Python one), whose decomposition indexes past its source when
+    output_size and scales disagree; pt2b's lowering keeps it too, node by node and whole, and runs it."""
+    from exporter import export_model, load_for_backend
+    from exporter.lowering.decompose import kept_by_torchs_retrace
+    from runtime_ref import Runtime
+
+    x = torch.randn(1, 2, 3, 4)
+    ep = torch.export.export(UpsampleDisagreeingScales(), (x,))
+    ours, whole = _both(ep)
+    _assert_same(ours, whole, ep.run_decompositions(), x)
+    assert op_counts(ours.graph_module) == {"aten::upsample_nearest2d.default": 1}
+    export_model(UpsampleDisagreeingScales(), (x,), tmp_path / "m.pt2b")
+    lowered = load_for_backend(tmp_path / "m.pt2b", preset, cache=False)
+    assert lowered.ops() == {"aten::upsample_nearest2d.default": 1}
+    assert torch.equal(Runtime(lowered)(x), UpsampleDisagreeingScales()(x))
+
+
+def test_torchs_retrace_keeps_each_op_pt2b_keeps_for_it():
+    """The list pt2b keeps (decompose.KEPT_BY_TORCHS_RETRACE) is measured: torch's run_decompositions
+    leaves each op in the graph, with its own table and with every registered decomposition."""
+    from exporter.lowering.decompose import KEPT_BY_TORCHS_RETRACE, kept_by_torchs_retrace
+
+    a = torch.ops.aten
+    inputs = {1: torch.randn(1, 2, 4), 2: torch.randn(1, 2, 3, 4), 3: torch.randn(1, 2, 2, 3, 4)}
+    sizes = {1: [8], 2: [6, 10], 3: [4, 6, 8]}
+    for name in KEPT_BY_TORCHS_RETRACE:
+        op = getattr(a, name).default
+        assert kept_by_torchs_retrace(op) and not kept_by_torchs_retrace(getattr(a, name).vec)
+        dims = int(name[-2])
+
+        class M(nn.Module):
+            def forward(self, x, op=op, dims=dims):
+                return op(x, sizes[dims])
+
+        ep = torch.export.export(M(), (inputs[dims],))
+        for table in (tables.torch_default_table(), tables.available_decompositions()):
+            kept = [n.target for n in ep.run_decompositions(dict(table)).graph.nodes if n.op == "call_function"]
+            assert kept == [op], (name, kept)

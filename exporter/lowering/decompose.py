@@ -71,11 +71,30 @@ def _lstm_without_mkldnn(input, hx, params, has_biases, num_layers, dropout, tra
     return out, torch.stack(finals[0], 0), torch.stack(finals[1], 0)
 
 
+# Ops torch's retrace keeps whatever its table says (measured: run_decompositions() leaves them in the
+# graph with torch's own table and with every registered decomposition; their Python decomposition is
+# registered as a CompositeImplicitAutograd kernel beside their real ones). Their decompositions are not
+# safe in their place: upsample_nearest2d's indexes past its source when output_size and scales disagree
+# (output_size [6, 10], scales 2.3 and 4.7), where the kernel follows output_size.
+# tests/test_lowering_local.py checks that torch keeps each one.
+KEPT_BY_TORCHS_RETRACE = ("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d",
+                          "_upsample_nearest_exact1d", "_upsample_nearest_exact2d", "_upsample_nearest_exact3d")
+
+
+def kept_by_torchs_retrace(op) -> bool:
+    """Whether torch's retrace keeps ``op`` whatever its table says (KEPT_BY_TORCHS_RETRACE, the
+    .default overloads)."""
+    return isinstance(op, torch._ops.OpOverload) and op._overloadname == "default" and \
+        op._schema.name == f"aten::{op._overloadpacket.__name__}" and op._overloadpacket.__name__ in KEPT_BY_TORCHS_RETRACE
+
+
 def trace_table(table: dict) -> dict:
-    """The table the pre-dispatch retrace applies for run_decompositions' ``table``."""
+    """The table the pre-dispatch retrace applies for run_decompositions' ``table``, less the ops
+    torch's retrace keeps whatever its table says (kept_by_torchs_retrace): the node-local lowering
+    applies this table call by call, and keeps what torch keeps."""
     from torch._export.utils import _special_op_to_preserve_cia
 
-    full = {op: fn for op, fn in table.items() if fn is not _special_op_to_preserve_cia}
+    full = {op: fn for op, fn in table.items() if fn is not _special_op_to_preserve_cia and not kept_by_torchs_retrace(op)}
     for op, fn in _forced().items():
         full.setdefault(op, fn)
     out = {op: applied(op, fn) for op, fn in full.items()}
