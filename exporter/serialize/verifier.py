@@ -212,7 +212,7 @@ def _walk(buf, lay: Layout, start: int | None = None, name: str = "", skip=froze
         raise
     finally:
         if shared is not None:
-            shared.left = min(budget, shared.left)
+            shared.left = budget  # (it started from shared.left and only went down)
     return skipped
 
 

@@ -159,7 +159,7 @@ def materialize(record, views: list[torch.Tensor], where: str, file_size: int | 
     if why is not None:
         raise CorruptArtifactError(f"{here}: shape {sizes[:8]} / strides {strides[:8]} {why}; the file is damaged.")
     numel = math.prod(sizes)
-    if file_size is not None and numel * itemsize > max(file_size, views[record.segment].numel()):
+    if file_size is not None and numel * itemsize > file_size:
         raise CorruptArtifactError(
             f"{here}: shape {sizes[:8]} / strides {strides[:8]} claims {numel * itemsize} bytes, more than the "
             f"{file_size}-byte file holds (zero strides repeat a few stored bytes); pt2b refuses such a tensor "

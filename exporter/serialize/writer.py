@@ -292,7 +292,7 @@ def check_readable(tmp: str, dest: str) -> None:
                           f"{type(e).__name__}: {why}") from e
 
 
-DIGESTS_SINCE = (1, 3)  # the format version that records Program.weight_digests
+DIGESTS_SINCE = next(v for v, fields in FIELDS_ADDED.items() if "weight_digests" in fields)  # (1, 3)
 
 
 def _write_file(f, prog, wp, data_offset: int, version, dest: str) -> None:
