@@ -1,7 +1,8 @@
 """pt2b against its anchors (torch.export.save/load, run_decompositions, GraphModule, eager), side
 by side in one process per model; prints medians and ratios (targets: docs/benchmarks.md).
 
-Usage: python bench/bench_pt2b.py [--models mlp,encoder_6x512,chain100,gpt_350m,llama_methods] [--repeat 5]
+Usage: python bench/bench_pt2b.py [--models mlp,encoder_6x512,chain100,gpt_350m,llama_methods,instance_norm_large]
+                                  [--repeat 5]
                                   [--sweep 1,2,4,8,12] [--real-models sample|NAME,NAME...]
 gpt_350m (355M parameters, 1.4 GB) runs with at most 2 repeats; llama_methods writes a decoder's prefill
 and decode as one artifact and prints its size and the memory of loading it against one method alone; --sweep times save/load/lower of the
@@ -129,6 +130,18 @@ class Chain(torch.nn.Module):
 
 def tiny_case():
     return make_case("mlp").__class__(name="chain100", model=Chain(), args=(torch.ones(1),))
+
+
+class InstanceNorm(torch.nn.Module):
+    def forward(self, x):
+        return torch.nn.functional.instance_norm(x)
+
+
+def instance_norm_large():
+    """Where validation's own work once dominated (issue 37, case 5): instance norm in float16 on a
+    1x32x1,048,576 input (64 MB), a single op whose two programs run in a fraction of a second."""
+    return make_case("mlp").__class__(name="instance_norm_large", model=InstanceNorm(),
+                                      args=(torch.randn(1, 32, 1 << 20, dtype=torch.float16),))
 
 
 def bench_model(case, repeat: int, tmp: str) -> list[tuple[str, float, float, str]]:
@@ -360,7 +373,7 @@ def main(argv=None) -> int:
 
 def _run(ns) -> int:
     factories = {"mlp": lambda: make_case("mlp"), "encoder_6x512": encoder_6x512, "chain100": tiny_case,
-                 "gpt_350m": gpt_350m, "llama_methods": None}
+                 "gpt_350m": gpt_350m, "llama_methods": None, "instance_norm_large": instance_norm_large}
     all_rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["PT2B_CACHE_DIR"] = os.path.join(tmp, "lowering-cache")

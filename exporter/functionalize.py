@@ -171,9 +171,10 @@ def _retrace(ep, table: dict):
         tokens = _thread_effects(new_gm, aot_sig)
     if len(new_phs) != len(old_phs):
         raise LoweringError(f"the retrace has {len(new_phs)} inputs where the program has {len(old_phs)}.")
+    traced_names = {ph.name: ph for ph in new_phs}  # aot_sig names the inputs as traced, before _rename
     _rename(new_gm, old_phs, new_phs)
     _insert_runtime_asserts(new_gm)  # (ExportedProgram generates the code once, in _program)
-    sig = _signature(ep, new_gm, tokens, new_phs, aot_sig)
+    sig = _signature(ep, new_gm, tokens, new_phs, aot_sig, traced_names)
     for old, new in zip(old_phs, new_phs):
         if not isinstance(old.meta.get("val"), torch.Tensor):
             new.meta["val"] = old.meta.get("val")
@@ -730,7 +731,7 @@ def _insert_runtime_asserts(gm) -> None:
         insert_deferred_runtime_asserts(gm, shape_env, "exported program", export=True)
 
 
-def _signature(ep, gm, tokens, new_phs, aot_sig):
+def _signature(ep, gm, tokens, new_phs, aot_sig, traced_names):
     from torch.export.graph_signature import (ConstantArgument, ExportGraphSignature, InputKind, InputSpec,
                                               OutputKind, OutputSpec, SymBoolArgument, SymFloatArgument,
                                               SymIntArgument, TensorArgument, TokenArgument)
@@ -752,7 +753,9 @@ def _signature(ep, gm, tokens, new_phs, aot_sig):
     output_specs = [OutputSpec(OutputKind.TOKEN, TokenArgument(name=o.name), None) for o in outs[:n_tok]]
     outs = outs[n_tok:]
     position = {name: i for i, name in enumerate(aot_sig.user_inputs)}
-    mutated = list(aot_sig.user_inputs_to_mutate.items())
+    # an in-place op that leaves its input as it was (conj_physical_ of a real tensor) returns the input
+    # itself as the mutation's output: aot_sig names that placeholder as traced
+    mutated = [(traced_names[o].name if o in traced_names else o, i) for o, i in aot_sig.user_inputs_to_mutate.items()]
     if [name for name, _ in mutated] != [n.name for n in outs[:len(mutated)]]:
         raise LoweringError("the retrace's mutation outputs are out of order.")
     for out_name, in_name in mutated:

@@ -37,10 +37,35 @@ def _all_available() -> dict:
     for op in _collect_all_valid_cia_ops_for_aten_namespace():
         if op not in table and not is_mutating(op):
             table[op] = _get_decomp_for_cia(op)
+    table.update(quantized_decompositions())
     # torch's own in-place/out= entries stay: decompositions emit in-place ops whose own
     # decomposition makes them functional again
     return {op: fn for op, fn in table.items() if isinstance(op, torch._ops.OpOverload)
             and not (op_name(op) in NON_FUNCTIONAL and op not in _default_table())}
+
+
+@functools.cache
+def quantized_decompositions() -> dict:
+    """quantized_decomposed::* (PT2E quantization's ops) -> the Python kernel torch registers for each
+    (CompositeExplicitAutograd, in torch/ao/quantization/fx/_decomposed.py), which computes it with
+    aten ops: what lets ``max`` and a float-only ``supported_ops`` reach them. torch's own tables have
+    none (its core keeps these ops, and so does pt2b's). The kernel of ``name.overload`` is the
+    module's function ``name_overload`` (``name`` for the default overload); an op without one stays."""
+    try:
+        from torch.ao.quantization.fx import _decomposed as kernels
+    except ImportError:  # a torch built without the quantization package
+        return {}
+    table = {}
+    for qualified in torch._C._dispatch_get_all_op_names():
+        ns, _, rest = qualified.partition("::")
+        if ns != "quantized_decomposed":
+            continue
+        name, _, overload = rest.partition(".")
+        fn = getattr(kernels, name if not overload else f"{name}_{overload}", None)
+        if fn is None or not torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "CompositeExplicitAutograd"):
+            continue
+        table[getattr(getattr(torch.ops.quantized_decomposed, name), overload or "default")] = fn
+    return table
 
 
 def torch_default_table() -> dict:

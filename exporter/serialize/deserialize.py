@@ -216,8 +216,13 @@ def _deserialize_program(serialized, state_dict, constants, example_inputs) -> t
                                        _serde._int_to_sympy_int(v.max_val, int_oo))
         for k, v in serialized.range_constraints.items()
     }
-    res = _graph_module_deserializer().deserialize(serialized.graph_module, state_dict, constants, example_inputs,
-                                                 symbol_name_to_range)
+    d = _graph_module_deserializer()
+    res = d.deserialize(serialized.graph_module, state_dict, constants, example_inputs, symbol_name_to_range)
+    # torch.export traces with fallback kernels allowed (an op without a meta kernel, such as geqrf or
+    # histogram, runs its CPU kernel on zeros to learn its result's shape); torch's deserializer makes
+    # the program's fake mode without them, so a program read back could not be retraced where the
+    # exported one can
+    d.fake_tensor_mode.allow_fallback_kernels = True
     range_constraints = _serde.ExportedProgramDeserializer().deserialize_range_constraints(
         symbol_name_to_range, res.names_to_symbols)
     result = torch.export.ExportedProgram(
