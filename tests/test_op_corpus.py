@@ -111,9 +111,25 @@ def _verdict(ep, preset, case, ours, expected):
     return f"{preset}: pt2b {diff}; torch differs from eager and from pt2b: {theirs_diff}"
 
 
+# What the corpus found pt2b-only, fixed since: run by default whatever the sample takes
+FOUND = {
+    "conj_physical/inplace/float32/plain#0",  # an in-place op that leaves its input as it was
+    "conj_physical/out/int8/plain#0",
+    "geqrf/out/float32/plain#0",  # no meta kernel: the program read back lacked torch's fallback kernels
+    "histogram/out/float32/0-d#0",
+    "histogramdd/functional/float32/number#0",
+    "lu/functional/float32/plain#0",  # returns torch.return_types._lu_with_info
+    "nn.functional.linear_cross_entropy.chunked/functional/float32/plain#1",  # a torch_nn:: custom op under none
+}
+
+
 def _params():
-    return [pytest.param(s, id=s.id, marks=() if k % FAST_EVERY == 0 else pytest.mark.slow)
+    return [pytest.param(s, id=s.id, marks=() if k % FAST_EVERY == 0 or s.id in FOUND else pytest.mark.slow)
             for k, s in enumerate(SPECS)]
+
+
+def test_the_fixed_findings_are_in_the_corpus():
+    assert FOUND <= {s.id for s in SPECS}
 
 
 @pytest.mark.parametrize("spec", _params())
@@ -138,3 +154,12 @@ def test_case_round_trips_and_lowers_without_validation(tmp_path, spec):
     shared = [v for v in verdicts if v and v.startswith("torch ")]
     if shared:
         pytest.xfail("; ".join(shared))
+
+
+def test_readme_states_the_corpus_counts():
+    import pathlib
+
+    text = " ".join((pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    m = re.search(r"Op by op, ([\d,]+) cases of (\d+) OpInfo ops", text)
+    assert m, "README.md no longer states the op-level corpus's size in the expected words"
+    assert (int(m.group(1).replace(",", "")), int(m.group(2))) == (len(SPECS), len({s.op for s in SPECS}))
