@@ -383,13 +383,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def versions() -> str:
-    """`pt2b --version`: pt2b's version, the artifact format version it writes, torch's version."""
+    """`pt2b --version`: pt2b's version, the artifact format version it writes, torch's version and
+    the torch releases pt2b supports (its installed metadata: pyproject.toml's dependency)."""
+    from importlib import metadata
+
     import torch
 
     from .version import __version__
     from .versioning.formats import FORMAT_VERSION, version_str
 
-    return f"pt2b {__version__}\nformat {version_str(FORMAT_VERSION)}\ntorch {torch.__version__}"
+    try:
+        wanted = next((r.split(";")[0][len("torch"):].strip() for r in metadata.requires("pt2b") or ()
+                       if r.startswith("torch") and not r[len("torch"):][:1].isalnum()), "")
+    except metadata.PackageNotFoundError:  # run from a source tree that is not installed
+        wanted = ""
+    supported = f" (pt2b supports torch {wanted})" if wanted else ""
+    return f"pt2b {__version__}\nformat {version_str(FORMAT_VERSION)}\ntorch {torch.__version__}{supported}"
 
 
 def main(argv=None) -> int:

@@ -88,3 +88,8 @@ __all__ = [
     "OpsetError",
     "RuntimeInputError",
 ]
+
+
+class InstallationError(Pt2bError):
+    """One of pt2b's own files (its schema, a frozen preset, an op registry) is missing or corrupt:
+    the installation is broken, not the user's input."""

@@ -155,8 +155,14 @@ def test_version(capsys):
     from exporter import cli
 
     assert cli.main(["--version"]) == 0
+    from importlib import metadata
+
+    torch_req = next(r for r in metadata.requires("pt2b") if r.startswith("torch") and not r[5:6].isalnum())
+    range_ = torch_req[len("torch"):].split(";")[0].strip()
+    assert range_ and "2.11" in range_, torch_req  # pyproject.toml's dependency, as installed
     assert capsys.readouterr().out.split("\n") == [
-        f"pt2b {exporter.__version__}", f"format {version_str(FORMAT_VERSION)}", f"torch {torch.__version__}", ""]
+        f"pt2b {exporter.__version__}", f"format {version_str(FORMAT_VERSION)}",
+        f"torch {torch.__version__} (pt2b supports torch {range_})", ""]
 
 
 def test_python_m_exporter_is_pt2b(tmp_path, monkeypatch, capsys):

@@ -420,10 +420,10 @@ def write(results: dict, path=None) -> str:
 
 def read(torch_minor: str | None = None) -> dict | None:
     """The stored audit for a torch release ({"ops": {name: record}, "totals": ...}), or None."""
-    import json
+    from .. import package_data
 
     path = data_path(torch_minor)
-    return json.loads(path.read_text()) if path.exists() else None
+    return package_data.read_json("opsets", path.name) if path.exists() else None
 
 
 def worst_cases(results: dict, n: int = 10) -> list[tuple[str, dict]]:

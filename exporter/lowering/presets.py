@@ -10,11 +10,12 @@ import pathlib
 
 import torch
 
+from .. import package_data
 from ..errors import LoweringError
 from ..ops import op_name
 from . import tables
 
-OPSETS_DIR = pathlib.Path(__file__).resolve().parents[2] / "schemas" / "opsets"
+OPSETS_DIR = package_data.path("opsets")
 PRESETS = ("none", "core", "core-tag", "max")
 DESCRIPTIONS = {
     "none": "functionalize only: no decomposition, every op stays at the level it was exported",
@@ -98,7 +99,7 @@ def load(spec: str) -> Preset:
         raise LoweringError(f"unknown preset {spec!r}; choose one of {', '.join(PRESETS)} (optionally @<torch version>).")
     path = frozen_path(name, version or torch_minor())
     if path.exists():
-        data = json.loads(path.read_text())
+        data = package_data.read_json("opsets", path.name)
         return Preset(data["name"], data["torch_version"], data["description"], tuple(data["decompose"]),
                       None if data["opset"] is None else tuple(data["opset"]), data["strict"])
     if version and version != torch_minor():

@@ -13,7 +13,9 @@ import functools
 import pathlib
 import re
 
-SCHEMA = pathlib.Path(__file__).resolve().parents[2] / "schemas" / "pt2b.fbs"
+from .. import package_data
+
+SCHEMA = package_data.path("pt2b.fbs")
 
 # flatbuffers scalar type -> (struct format, size)
 SCALARS = {
@@ -114,4 +116,4 @@ def parse(text: str) -> Layout:
 @functools.cache
 def layout() -> Layout:
     """The layout of the schema this pt2b writes (schemas/pt2b.fbs)."""
-    return parse(SCHEMA.read_text())
+    return parse(package_data.read_text("pt2b.fbs"))

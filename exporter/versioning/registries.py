@@ -19,7 +19,9 @@ import pathlib
 
 import torch
 
-ROOT = pathlib.Path(__file__).resolve().parents[2] / "schemas" / "ops"
+from .. import package_data
+
+ROOT = package_data.path("ops")
 # (the quantized namespaces are left out: which of their ops are registered depends on what the
 # process imported; retarget.py leaves them unchecked, as it does custom ops)
 NAMESPACES = ("aten::", "prims::")
@@ -96,7 +98,7 @@ def load(release: str) -> Registry:
     if not path.is_file():
         raise ValueError(f"pt2b has no operator registry of torch {release_key(release)} "
                          f"(it has: {', '.join(stored_releases())})")
-    doc = json.loads(path.read_text())
+    doc = package_data.read_json("ops", path.name)
     return Registry(doc["torch"], doc["ops"], frozenset(doc["scalar_types"]))
 
 
