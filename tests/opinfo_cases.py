@@ -218,7 +218,9 @@ def _returns_named_tuple(module, args, kwargs) -> bool:
     tested in tests/test_roundtrip_values.py."""
     import torch.return_types as return_types
 
-    named = tuple(return_types.all_return_types)
+    from exporter.serialize.return_types import _classes
+
+    named = tuple(_classes(return_types))
     try:
         with torch.no_grad():
             out = module(*copy.deepcopy(args), **copy.deepcopy(kwargs))
