@@ -15,7 +15,6 @@ from .outputs import OutputHandler
 from .plan import Plan
 from .regions import RegionGuard, autocast_devices, has_regions
 from .state import RuntimeState
-from .table_program import from_table
 
 if TYPE_CHECKING:
     from exporter.lowering.lowered import LoweredProgram
@@ -30,6 +29,8 @@ def _program(program):
     built), anything else from its ExportedProgram."""
     if isinstance(program, torch.export.ExportedProgram):
         return program, "exported_program", "an ExportedProgram was given"
+    from .table_program import from_table  # (imports torch.export's serializer, and with it torch._dynamo)
+
     table, why = from_table(program)
     if table is not None:
         return table, "table", None

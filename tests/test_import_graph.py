@@ -60,7 +60,7 @@ def import_graph() -> dict[str, set[str]]:
 
 def test_the_import_graph_has_no_cycle():
     graph = import_graph()
-    assert len(graph) > 60 and "exporter.api" in graph["exporter"]
+    assert len(graph) > 60 and "exporter.errors" in graph["exporter"] and "exporter.api" in graph["exporter.cli"]
     try:
         tuple(graphlib.TopologicalSorter(graph).static_order())
     except graphlib.CycleError as e:
@@ -85,3 +85,21 @@ def test_layers_call_down(lower, upper):
     wrong = sorted(f"{m} -> {d}" for m, deps in graph.items() if m == lower or m.startswith(lower + ".")
                    for d in deps if d == upper or d.startswith(upper + "."))
     assert not wrong, wrong
+
+
+def test_import_exporter_loads_the_api_on_first_use():
+    """Issue 42: `import exporter` (and `pt2b --version`) cost little more than `import torch`: the API,
+    torch.export's serializer (which imports torch._dynamo) and the lowering load when first used."""
+    import subprocess
+    import sys
+
+    code = ("import sys, exporter\n"
+            "print(sorted(m for m in ('torch', 'exporter.api', 'torch._dynamo') if m in sys.modules))\n"
+            "exporter.load\n"
+            "print('exporter.api' in sys.modules, 'torch._dynamo' in sys.modules)\n"
+            "from exporter.inspect_artifact import summarize\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True).stdout
+    assert out.split("\n")[:2] == ["[]", "True True"], out
+    code = "import sys, exporter.inspect_artifact, runtime_ref\nprint('torch._dynamo' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          check=True).stdout.strip() == "False"

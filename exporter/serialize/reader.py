@@ -27,7 +27,7 @@ from torch.utils._sympy.value_ranges import ValueRanges
 from .. import names
 from ..errors import ArtifactError, CorruptArtifactError, MethodNotFoundError, NotAnArtifactError
 from ..versioning import formats, majors, schema_drift
-from . import decode_schema, deserialize, module_stacks, return_types, unpack_tables, untrusted, verifier, weights
+from . import decode_schema, module_stacks, return_types, unpack_tables, untrusted, verifier, weights
 from .container import FILE_IDENTIFIER, HEADER_SIZE, Header, read_preamble
 from .generated import pt2b_generated as G
 
@@ -396,6 +396,8 @@ def rebuild(art: Artifact, *, verify: bool = False) -> torch.export.ExportedProg
 def build(art: Artifact, c: Checked) -> torch.export.ExportedProgram:
     """torch's deserializer on a program that passed ``check``: the fx graph, its fake tensors, the
     ExportedProgram (what load() defers to first use)."""
+    from . import deserialize  # (torch.export's serializer imports torch._dynamo: not for inspect or check)
+
     where = _where(art.path)
     try:
         with _DESERIALIZE_LOCK:

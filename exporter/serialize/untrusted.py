@@ -21,13 +21,19 @@ import re
 
 import torch
 from torch._export.serde import schema as S
-from torch._export.serde.serialize import _SYM_OPS
 from torch._export.serde.union import _Union
 
 from .. import names, ops
 from ..errors import CorruptArtifactError
 
-_PYTHON_TARGETS = {f"{fn.__module__}.{fn.__name__}" for fn in (*_SYM_OPS, operator.getitem)}
+@functools.cache
+def _python_targets() -> frozenset:
+    """The Python functions torch's deserializer accepts as call targets (SymInt arithmetic and
+    getitem), as its serializer names them (imported on first use: torch.export's serializer brings
+    torch._dynamo along, which `pt2b inspect` need not load)."""
+    from torch._export.serde.serialize import _SYM_OPS
+
+    return frozenset(f"{fn.__module__}.{fn.__name__}" for fn in (*_SYM_OPS, operator.getitem))
 
 
 def _predispatch_targets() -> frozenset:
@@ -295,7 +301,7 @@ def _target_ok(target, recorded=frozenset()) -> bool:
         return False
     if target.startswith(_HOP_PREFIX):
         return target[len(_HOP_PREFIX):] in ALLOWED_HOPS and ops.op_of_target(target) is not None
-    return (target in _PYTHON_TARGETS or ops.op_of_target(target) is not None
+    return (target in _python_targets() or ops.op_of_target(target) is not None
             or target in PREDISPATCH_TARGETS or target in recorded)
 
 
@@ -536,7 +542,7 @@ def _check_python_call_arguments(graph: S.Graph, where: str) -> None:
             for inp in node.inputs:
                 if inp.arg.type == "as_graph":
                     stack.append(inp.arg.value.graph)
-            if node.target in _PYTHON_TARGETS and node.target != "_operator.getitem":
+            if node.target in _python_targets() and node.target != "_operator.getitem":
                 kinds = {inp.arg.type for inp in node.inputs} & _TENSOR_ARGUMENTS
                 if kinds:
                     raise CorruptArtifactError(
