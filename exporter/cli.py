@@ -214,13 +214,17 @@ def cmd_opset(ns) -> int:
 
         with warnings.catch_warnings():  # torch's deprecation chatter while tracing the corpus
             warnings.simplefilter("ignore")
-            named, paths = _split_corpus(ns.corpus)
-            corpus = []
-            if named:
-                corpus += explorer.default_corpus(named, progress.tracker("capturing", unit="program"))
-            if paths:
-                corpus += explorer.artifact_corpus(paths, progress.tracker("loading", unit="artifact"))
-            data = explorer.build_data(corpus, progress.tracker("tracing routes", unit="program"))
+            shipped = None if ns.corpus else explorer.shipped_routes()
+            if shipped is not None:  # the default corpus, traced for this torch release when pt2b was built
+                data = explorer.build_data(routes=shipped)
+            else:
+                named, paths = _split_corpus(ns.corpus)
+                corpus = []
+                if named:
+                    corpus += explorer.default_corpus(named, progress.tracker("capturing", unit="program"))
+                if paths:
+                    corpus += explorer.artifact_corpus(paths, progress.tracker("loading", unit="artifact"))
+                data = explorer.build_data(corpus, progress.tracker("tracing routes", unit="program"))
         for m in data["left_out"]:
             print(f"pt2b: left out {m['name']}: its lowering with every decomposition fails ({m['error']})",
                   file=sys.stderr)
@@ -352,7 +356,8 @@ def build_parser() -> argparse.ArgumentParser:
     cov = osub.add_parser("coverage", help="how many models of a corpus a preset or supported-ops list covers, "
                                            "and which ops to implement next")
     corpus_help = (".pt2b files or folders, or built-in corpora: zoo, exportdb, transformers (every op of the "
-                   "transformers architectures), transformers-all (default: zoo transformers)")
+                   "transformers architectures), transformers-all (default: zoo transformers; page and closure read "
+                   "their routes as shipped for this torch release where pt2b has them)")
     cov.add_argument("--corpus", nargs="*", metavar="PATH|NAME", help=corpus_help)
     cov.add_argument("--preset", default="core")
     cov.add_argument("--supported", metavar="OPS.txt", help="file with one supported op per line (overrides --preset)")

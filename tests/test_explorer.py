@@ -349,3 +349,40 @@ def test_page_targets_another_torch_release(browser_page):
     page.locator("#release").select_option(data["release"])
     assert page.evaluate("window.pt2bExplorer.state.preset") == "max"
     assert page.locator("#base-max").is_checked()
+
+
+# ---- the default corpus's routes, shipped per torch release (issue 42) ----
+
+def test_page_without_a_corpus_reads_the_shipped_routes_and_captures_nothing(tmp_path, monkeypatch, capsys):
+    """`pt2b opset page` on a plain install opens in seconds: the default corpus (zoo + the transformers
+    sample) was traced for this torch release by tools/explorer_data.py and ships as package data."""
+    from exporter import cli
+    from exporter.corpus import programs
+
+    shipped = explorer.shipped_routes()
+    assert shipped is not None, f"no exporter/_data/explorer/routes@{torch_minor()}.json: run python -m tools.explorer_data"
+    assert shipped["torch"].rsplit(".", 1)[0] == torch_minor() and shipped["corpus"] == list(programs.DEFAULT)
+    assert len(shipped["models"]) >= 50 and not shipped["left_out"]
+
+    def no_capture(*a, **k):
+        raise AssertionError("the page captured the corpus")
+
+    monkeypatch.setattr(programs, "programs", no_capture)
+    assert cli.main(["opset", "page", "-o", str(tmp_path / "page.html")]) == 0
+    html = (tmp_path / "page.html").read_text()
+    embedded = re.search(r'<script id="pt2b-data" type="application/json">(.*?)</script>', html, re.S).group(1)
+    data = json.loads(embedded)
+    assert f"{len(shipped['models'])} corpus programs" in capsys.readouterr().out
+    assert data["models"] == shipped["models"] and data["trees"] == shipped["trees"]
+
+
+@pytest.mark.slow
+def test_the_shipped_routes_are_what_the_corpus_traces_to_now():
+    """The shipped file is not stale: tracing the default corpus again gives the same routes (5 min)."""
+    from exporter.corpus import programs
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fresh = explorer.corpus_routes(explorer.default_corpus(programs.DEFAULT))
+    shipped = explorer.shipped_routes()
+    assert {k: shipped[k] for k in fresh} == fresh

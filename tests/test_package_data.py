@@ -67,3 +67,17 @@ def test_writing_without_the_schema_blames_the_installation_not_the_users_path(t
     assert out.stdout.startswith("InstallationError: pt2b's own data file"), out.stdout + out.stderr
     assert str(empty / "pt2b.fbs") in out.stdout and "x.pt2b" not in out.stdout
     assert not (tmp_path / "x.pt2b").exists()
+
+
+def test_the_transformers_corpora_without_transformers_say_what_to_install(monkeypatch):
+    """The corpus machinery that needs transformers is the optional extra pt2b[corpus]."""
+    import importlib.util
+
+    from exporter.corpus import programs
+    from exporter.errors import ExportError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "transformers" else real(name, *a))
+    for corpus in ("transformers", "transformers-all"):
+        with pytest.raises(ExportError, match=r"transformers library, which is not installed: pip install 'pt2b\[corpus\]'"):
+            list(programs.programs((corpus,)))

@@ -5,8 +5,9 @@ directory outside the checkout: what a user of `pip install pt2b` gets (.ci/run 
 
 The wheel is built from the sdist (python -m build), so both are checked: a file the package reads
 that either leaves out fails here. The smoke test runs the demo, `pt2b --version`, `pt2b inspect`,
-and exports, loads, lowers (core and max) and runs a model on runtime_ref against eager, checking
-that every module it imported came from the venv, not the checkout.
+exports, loads, lowers (core and max) and runs a model on runtime_ref against eager, checking that
+every module it imported came from the venv, not the checkout, and writes the opset explorer page
+from its shipped corpus routes (no transformers in that venv) in under 30 s.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pathlib
 import subprocess
 import sys
 import tempfile
+import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -76,6 +78,11 @@ def main(argv=None) -> int:
         run([cli, "demo", "-o", "demo.pt2b"], cwd=user)
         run([cli, "inspect", "demo.pt2b"], cwd=user)
         run([py, "-c", SMOKE, str(REPO)], cwd=user)
+        start = time.perf_counter()  # the explorer from its shipped corpus routes: no transformers here
+        run([cli, "opset", "page", "-o", "page.html"], cwd=user)
+        took = time.perf_counter() - start
+        assert (user / "page.html").stat().st_size > 100_000 and took < 30, f"pt2b opset page: {took:.1f} s"
+        print(f"smoke: pt2b opset page from the shipped corpus routes in {took:.1f} s")
     return 0
 
 

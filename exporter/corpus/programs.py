@@ -84,9 +84,24 @@ def capture_real(case, notes: dict | None = None) -> torch.export.ExportedProgra
     return ep
 
 
-def _transformers(names):
+def _transformers_zoo():
+    """exporter/corpus/transformers_zoo.py, once transformers is known to be installed (the optional
+    extra pt2b[corpus]): without it, an ExportError that says so."""
+    import importlib.util
+
+    if importlib.util.find_spec("transformers") is None:
+        from ..errors import ExportError
+
+        raise ExportError("the transformers corpora build their models with the transformers library, which is "
+                          "not installed: pip install 'pt2b[corpus]', or name other corpora (zoo, exportdb) or "
+                          ".pt2b files with --corpus.")
     from . import transformers_zoo
 
+    return transformers_zoo
+
+
+def _transformers(names):
+    transformers_zoo = _transformers_zoo()
     for name in names:
         yield f"transformers:{name}", lambda name=name: capture_real(transformers_zoo.make_case(name))
 
@@ -99,9 +114,7 @@ def _sources(name: str):
     if name == "transformers":
         return _transformers(transformers_sample())
     if name == "transformers-all":
-        from . import transformers_zoo
-
-        return _transformers(transformers_zoo.case_names())
+        return _transformers(_transformers_zoo().case_names())
     raise ValueError(f"unknown corpus {name!r}; named corpora: {', '.join(NAMES)}")
 
 
@@ -120,9 +133,7 @@ def count(names=DEFAULT) -> int:
         elif name == "transformers":
             n += len(transformers_sample())
         elif name == "transformers-all":
-            from . import transformers_zoo
-
-            n += len(transformers_zoo.case_names())
+            n += len(_transformers_zoo().case_names())
         else:
             _sources(name)  # raises: unknown corpus
     return n

@@ -62,24 +62,10 @@ def artifact_corpus(paths, track=None) -> list[CorpusProgram]:
     return out
 
 
-def build_data(corpus: list[CorpusProgram], track=None) -> dict:
-    """Everything the page needs, as plain JSON-able data. ``track`` (exporter.progress.tracker)
-    reports the lowering of each corpus program."""
-    from . import audit
-
-    available = sorted(op_name(op) for op in tables.available_decompositions())
-    avail_set = set(available)
-    default_table = {op_name(op) for op in tables.torch_default_table()}
-    running, releases = target_releases()
-    preset_data = {}
-    for release in releases:  # every frozen release's presets, as load_for_backend applies them on this torch
-        for name in _presets.PRESETS:
-            key = name if release == running else f"{name}@{release}"
-            p = _presets.load(key)
-            source = default_table if name == "core" else avail_set  # = lower._preset_base
-            preset_data[key] = {"key": p.key, "description": p.description,
-                                "table": sorted(n for n in p.decompose if n in source),
-                                "opset": None if p.opset is None else list(p.opset)}
+def corpus_routes(corpus: list[CorpusProgram], track=None) -> dict:
+    """What the page shows of each corpus program: the decomposition trees of its calls, the ops its
+    lowering reaches, the ops nothing decomposes; the programs whose lowering fails, with why.
+    ``track`` (exporter.progress.tracker) reports each program."""
     trees: dict[str, int] = {}
     tree_list: list = []
     models, left_out = [], []
@@ -99,11 +85,45 @@ def build_data(corpus: list[CorpusProgram], track=None) -> dict:
                 tree_list.append(t)
             ids.append(trees[key])
         models.append({"name": prog.name, "trees": ids, "leaves": leaves, "unlowered": unlowered})
+    return {"trees": tree_list, "models": models, "left_out": left_out}
+
+
+def shipped_routes(release: str | None = None) -> dict | None:
+    """The routes of the default corpus computed for a torch release by tools/explorer_data.py and
+    shipped with pt2b (exporter/_data/explorer/routes@<release>.json), or None where none is."""
+    from .. import package_data
+
+    name = f"routes@{release or _presets.torch_minor()}.json"
+    return package_data.read_json("explorer", name) if package_data.path("explorer", name).exists() else None
+
+
+def build_data(corpus: list[CorpusProgram] | None = None, track=None, routes: dict | None = None) -> dict:
+    """Everything the page needs, as plain JSON-able data: this torch's presets, decompositions and
+    audit, with the routes of ``corpus`` (traced now; ``track`` reports each program) or ``routes``
+    (corpus_routes' result, such as shipped_routes())."""
+    from . import audit
+
+    available = sorted(op_name(op) for op in tables.available_decompositions())
+    avail_set = set(available)
+    default_table = {op_name(op) for op in tables.torch_default_table()}
+    running, releases = target_releases()
+    preset_data = {}
+    for release in releases:  # every frozen release's presets, as load_for_backend applies them on this torch
+        for name in _presets.PRESETS:
+            key = name if release == running else f"{name}@{release}"
+            p = _presets.load(key)
+            source = default_table if name == "core" else avail_set  # = lower._preset_base
+            preset_data[key] = {"key": p.key, "description": p.description,
+                                "table": sorted(n for n in p.decompose if n in source),
+                                "opset": None if p.opset is None else list(p.opset)}
+    if routes is None:
+        routes = corpus_routes(corpus or [], track)
     stored = audit.read() or {"ops": {}}
     verdicts = {n: {"verdict": rec["verdict"], "detail": audit.describe(rec), "emits": rec.get("emits", [])}
                 for n, rec in stored["ops"].items() if n in avail_set}
     return {"torch": torch.__version__, "pt2b_format": _format_version(), "available": available,
-            "release": running, "releases": releases, "preset_names": list(_presets.PRESETS), "presets": preset_data, "trees": tree_list, "models": models, "left_out": left_out, "audit": verdicts,
+            "release": running, "releases": releases, "preset_names": list(_presets.PRESETS), "presets": preset_data,
+            "trees": routes["trees"], "models": routes["models"], "left_out": routes["left_out"], "audit": verdicts,
             "infrastructure": sorted(route_trace.INFRASTRUCTURE)}
 
 
