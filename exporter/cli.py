@@ -248,10 +248,10 @@ def cmd_opset(ns) -> int:
 
         results = audit.run_audit(only=ns.ops or None, progress=finding,
                                   track=progress.tracker("auditing", unit="op"))
-        stored = audit.read() if ns.ops and not ns.output else None
-        if stored is not None:  # --ops re-measures those ops in the stored audit, keeps the others
+        stored = audit.read() if ns.ops else None
+        if stored is not None:  # --ops re-measures those ops in the shipped audit, keeps the others
             results = dict(sorted({**stored["ops"], **results}.items()))
-        path = audit.write(results, ns.output)
+        path = audit.write(results, ns.output or audit.data_path().name)  # (never into the installed package)
         print(f"{len(results)} decompositions audited: {audit.totals(results)}; wrote {path}")
         return 0
     a, b = presets.load(ns.a), presets.load(ns.b)
@@ -373,10 +373,11 @@ def build_parser() -> argparse.ArgumentParser:
     clo.add_argument("--decompose", nargs="*", metavar="OP")
     clo.add_argument("--corpus", nargs="*", metavar="PATH|NAME", help=corpus_help)
     aud = osub.add_parser("audit", help="measure every preset decomposition on OpInfo samples; writes "
-                                        "schemas/opsets/audit@<torch>.json")
+                                        "audit@<torch>.json (pt2b ships its own: schemas/opsets/ in a checkout)")
     aud.add_argument("--ops", nargs="*", metavar="OP", help="only these ops (e.g. aten::var_mean.correction); "
-                     "their records replace those in the stored audit, the others are kept")
-    aud.add_argument("-o", "--output", help="write here instead of schemas/opsets/")
+                     "their records replace those of the audit pt2b ships, the others are kept")
+    aud.add_argument("-o", "--output", help="where to write (default: audit@<torch major.minor>.json here; "
+                                            "pt2b's developers pass schemas/opsets/audit@<torch>.json)")
     o.set_defaults(func=cmd_opset)
     ca = sub.add_parser("cache", help="where the lowering cache is, what it holds; --clear empties it")
     ca.add_argument("--clear", action="store_true")

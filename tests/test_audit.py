@@ -5,6 +5,7 @@ a fresh audit of the known cases, and the classifier must catch the textbook bad
 (atan(y/x) for atan2, truncating division for floor_divide, exp(x)-1 for expm1, log(1+x) for log1p)
 that torch's registered decompositions are suspected of."""
 
+import json
 import math
 
 import pytest
@@ -51,7 +52,7 @@ def _op(name):
 
 
 def test_stored_audit_exists_and_counts():
-    assert STORED is not None, "run `pt2b opset audit` to write schemas/opsets/audit@<torch>.json"
+    assert STORED is not None, "run `pt2b opset audit -o schemas/opsets/audit@<torch>.json`"
     assert STORED["torch_version"] == ".".join(torch.__version__.split(".")[:2])
     assert sum(STORED["totals"].values()) == len(STORED["ops"]) == len(audit.audited_ops())
     assert STORED["totals"] == audit.totals(STORED["ops"])
@@ -340,3 +341,19 @@ def test_fresh_audit_matches_every_stored_verdict(part):
     assert sorted(fresh) == sorted(names)
     problems = [p for n in names for p in record_differences(n, fresh[n], STORED["ops"][n])]
     assert not problems, "\n".join(problems[:40])
+
+
+def test_the_audit_command_writes_beside_the_user_never_into_the_package(tmp_path, monkeypatch):
+    """Issue 42: `pt2b opset audit` writes audit@<torch>.json in the current directory (or -o); with
+    --ops it re-measures those ops in the audit pt2b ships and keeps the others. The shipped file is
+    package data: the command never writes it."""
+    from exporter import cli, package_data
+
+    shipped = package_data.path("opsets", audit.data_path().name)
+    before = shipped.read_bytes()
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["--quiet", "opset", "audit", "--ops", "aten::hardtanh.default"]) == 0
+    written = json.loads((tmp_path / audit.data_path().name).read_text())
+    assert written["ops"].keys() == STORED["ops"].keys()
+    assert written["ops"]["aten::hardtanh.default"]["verdict"] == STORED["ops"]["aten::hardtanh.default"]["verdict"]
+    assert shipped.read_bytes() == before

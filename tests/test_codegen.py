@@ -5,7 +5,8 @@ import dataclasses
 
 import pytest
 
-from exporter.serialize import regen, schema_map
+from exporter.serialize import schema_map
+from tools import regen_flatbuffers as regen
 from exporter.serialize.generated import pt2b_generated as G
 
 
@@ -14,7 +15,7 @@ def test_generated_code_is_reproducible():
         fresh = regen.generate()
     except FileNotFoundError as e:
         pytest.fail(str(e))
-    assert regen.GENERATED.read_text() == fresh, "run `python -m exporter.serialize.regen` and commit"
+    assert regen.GENERATED.read_text() == fresh, "run `python -m tools.regen_flatbuffers` and commit"
 
 
 def test_schema_mirrors_every_torch_serde_field():

@@ -224,7 +224,7 @@ def test_frozen_presets_match_running_torch():
     for name in PRESETS:
         frozen = presets.load(name)
         live = presets.compute(name)
-        assert frozen == live, f"schemas/opsets/{name}@{live.torch_version}.json is stale: run python -m exporter.lowering.presets"
+        assert frozen == live, f"schemas/opsets/{name}@{live.torch_version}.json is stale: run python -m tools.freeze_presets"
 
 
 def test_concurrent_lowering_from_threads_and_no_global_state_left(tmp_path):

@@ -1,7 +1,7 @@
 """Presets frozen per torch release (schemas/opsets/<preset>@<release>.json): each loads, a pinned
 older preset lowers on the running release within its own opset (an op outside it is an OpsetError:
 tests/test_lowering.py::test_pinned_preset_guarantees_its_frozen_opset), and the README and
-docs/releases.md state what `python -m exporter.lowering.presets --changes` generates."""
+docs/releases.md state what `python -m tools.freeze_presets --changes` generates."""
 
 from __future__ import annotations
 
@@ -42,9 +42,9 @@ def test_a_pinned_preset_of_any_release_lowers_here_within_its_opset(tmp_path, v
 def test_docs_state_the_generated_changes():
     readme = (ROOT / "README.md").read_text()
     releases = (ROOT / "docs" / "releases.md").read_text()
-    assert presets.release_summary() in readme, "README is stale: python -m exporter.lowering.presets --changes"
+    assert presets.release_summary() in readme, "README is stale: python -m tools.freeze_presets --changes"
     assert presets.release_summary() in releases and presets.release_changes() in releases, \
-        "docs/releases.md is stale: python -m exporter.lowering.presets --changes"
+        "docs/releases.md is stale: python -m tools.freeze_presets --changes"
 
 
 def test_every_release_has_its_decomposition_audit():

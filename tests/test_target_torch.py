@@ -67,7 +67,7 @@ def test_the_stored_registries_are_the_supported_releases_and_this_ones_is_curre
     assert registries.stored_releases() == ["2.11", "2.12", "2.13", "2.14", "2.15"]
     assert registries.load(READER).torch_version == READER
     # in a fresh process, as it was written (imported modules such as torch._inductor register more ops)
-    done = subprocess.run([sys.executable, "-m", "exporter.versioning.registries", "--check"], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "tools.op_registry", "--check"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"regenerate schemas/ops/registry@{registries.release_key(READER)}.json: {done.stdout}"
 

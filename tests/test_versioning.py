@@ -10,7 +10,7 @@ import torch
 
 from exporter import export_model, load
 from exporter.errors import ExportError
-from exporter.serialize import regen
+from tools import regen_flatbuffers as regen
 from exporter.versioning.formats import FORMAT_MAJOR, FORMAT_VERSION, KNOWN_VERSIONS, version_str
 
 SCHEMAS = pathlib.Path(__file__).resolve().parents[1] / "schemas"

@@ -403,14 +403,13 @@ def data_path(torch_minor: str | None = None):
     return frozen_path("audit", torch_minor or current())
 
 
-def write(results: dict, path=None) -> str:
-    """Store ``results`` as schemas/opsets/audit@<torch major.minor>.json (atomically)."""
+def write(results: dict, path) -> str:
+    """Store ``results`` at ``path`` (atomically), as schemas/opsets/audit@<torch major.minor>.json is."""
     import json
 
     from ..serialize.atomic import atomic_write
     from .presets import torch_minor
 
-    path = path or data_path()
     doc = {"torch_version": torch_minor(), "ulp_limit": ULP_LIMIT, "wrong_rel": {str(k).removeprefix("torch."): v
            for k, v in WRONG_REL.items()}, "totals": totals(results), "ops": results}
     with atomic_write(path) as f:

@@ -126,18 +126,6 @@ def describe(p: Preset) -> str:
     return "\n".join(lines)
 
 
-def freeze(names=PRESETS) -> list[pathlib.Path]:
-    """Write the running torch's presets to schemas/opsets/ (python -m exporter.lowering.presets)."""
-    OPSETS_DIR.mkdir(parents=True, exist_ok=True)
-    out = []
-    for name in names:
-        p = compute(name)
-        path = frozen_path(name, p.torch_version)
-        path.write_text(p.to_json())
-        out.append(path)
-    return out
-
-
 def frozen_releases(name: str = "core") -> list[str]:
     """The torch releases (major.minor) whose preset ``name`` is frozen in schemas/opsets/, oldest first."""
     found = [p.stem.partition("@")[2] for p in OPSETS_DIR.glob(f"{name}@*.json")]
@@ -151,7 +139,7 @@ def release_key(version: str) -> tuple[int, ...]:
 
 def release_changes(name: str = "core", examples: int = 4) -> str:
     """A markdown table of how preset ``name``'s opset and decomposition table changed from each frozen
-    release to the next (README's section; python -m exporter.lowering.presets --changes)."""
+    release to the next (README's section; python -m tools.freeze_presets --changes)."""
     releases = frozen_releases(name)
     lines = [f"| {name} | opset (ops) | opset changes | decomposition table (ops) | table changes |",
              "|---|---|---|---|---|"]
@@ -184,13 +172,3 @@ def release_summary(name: str = "core") -> str:
              else ", ".join(f"{len(p.opset or ())} ({p.torch_version})" for p in ps))
     return (f"`{name}` across torch {ps[0].torch_version} to {ps[-1].torch_version}: its opset {opset}; its "
             f"decomposition table " + ", ".join(f"{len(p.decompose)} ops ({p.torch_version})" for p in ps) + ".")
-
-
-if __name__ == "__main__":
-    import sys
-
-    if "--changes" in sys.argv[1:]:
-        print(release_summary() + "\n\n" + release_changes())
-    else:
-        for written in freeze():
-            print(f"wrote {written}")

@@ -23,8 +23,20 @@ NON_FUNCTIONAL = {
 }
 
 
+def _register_known_namespaces() -> None:
+    """Import the torch modules that register ops the presets name, so that what this process can
+    decompose does not depend on what it imported before: torch.export's serializer imports
+    torch._dynamo, which registers c10d_functional::* (its CompositeImplicitAutograd ops); pt2b imports
+    that serializer only when it builds a program."""
+    import importlib
+
+    if torch.distributed.is_available():
+        importlib.import_module("torch.distributed._functional_collectives")
+
+
 @functools.cache
 def _default_table() -> dict:
+    _register_known_namespaces()
     return dict(torch.export.default_decompositions().items())
 
 

