@@ -151,7 +151,7 @@ def cmd_run(ns) -> int:
 
     lowered = _lower_from_args(ns)
     with progress.status(f"running {ns.artifact} on runtime_ref"):
-        rt = Runtime(lowered, device=ns.device)
+        rt = Runtime(lowered, device=ns.device, extra_ops=ns.extra_ops)
         args, kwargs = _read_inputs(ns.inputs, lowered)
         out = rt(*args, **kwargs)
     for i, leaf in enumerate(pytree.tree_leaves(out)):
@@ -338,6 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
             lo.add_argument("-o", "--output", help="write the lowered program as a .pt2b")
         else:
             lo.add_argument("--inputs", nargs="*", metavar="X.npy", help="positional inputs (default: the stored example inputs)")
+            lo.add_argument("--extra-ops", nargs="*", metavar="OP", default=[],
+                            help="ops runtime_ref runs beyond its opset (custom ops, with --import of their library)")
             lo.add_argument("--device", default="cpu")
         lo.set_defaults(func=func)
     u = sub.add_parser("upgrade", help="rewrite artifacts to the current format and op schemas")

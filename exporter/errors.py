@@ -61,6 +61,11 @@ class SchemaDriftError(MissingOperatorError):
 
 
 # ---- lowering and running ----
+class MissingPytreeTypeError(ArtifactError):
+    """The program's inputs or outputs are a Python type (a dataclass, a model's output class) that no
+    imported module registers with torch's pytree: import the library that defines it first."""
+
+
 class LoweringError(Pt2bError):
     """A program cannot be lowered to what the backend asked for."""
 

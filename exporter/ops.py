@@ -101,6 +101,7 @@ class OpMatcher:
     def __init__(self, entries=()):
         self.exact: set[str] = set()
         self.patterns: list[re.Pattern] = []
+        self.packets: set[str] = set()  # string entries naming every overload of an op ("aten::add")
         self.entries = list(entries)
         for e in self.entries:
             self.add(e)
@@ -119,6 +120,7 @@ class OpMatcher:
                 self.exact.add(text)
             else:  # a packet: every overload
                 self.patterns.append(re.compile(re.escape(text) + r"\..*"))
+                self.packets.add(text)
         elif isinstance(entry, torch._ops.HigherOrderOperator):
             self.exact.add(op_name(entry))
         else:
@@ -129,5 +131,21 @@ class OpMatcher:
         return name in self.exact or any(p.fullmatch(name) for p in self.patterns)
 
     def unknown_entries(self) -> list[str]:
-        """Exact string entries that name no registered op (likely typos)."""
-        return sorted(n for n in self.exact if not n.startswith("higher_order::") and resolve_op(n) is None)
+        """String entries that name no registered op or overload (likely typos): "aten::linearr",
+        "aten::linear.defualt"."""
+        exact = [n for n in self.exact if not n.startswith("higher_order::") and resolve_op(n) is None]
+        packets = [n for n in self.packets if "::" in n and not n.startswith("higher_order::")
+                   and not _has_overloads(n)]
+        return sorted(exact + packets)
+
+
+def _has_overloads(qualified: str) -> bool:
+    """Whether the dispatcher registers some overload of ``ns::name``."""
+    ns, _, name = qualified.partition("::")
+    if not all(type(p) is str and 0 < len(p) <= MAX_NAME for p in (ns, name)):
+        return False
+    return any(n == qualified or n.startswith(qualified + ".") for n in _dispatcher_names())
+
+
+def _dispatcher_names() -> list[str]:
+    return torch._C._dispatch_get_all_op_names()

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from .errors import CorruptArtifactError, MethodNotFoundError
+from .errors import ArtifactError, CorruptArtifactError, MethodNotFoundError
 from .lazy import Lazy
 
 
@@ -46,6 +46,8 @@ class ProgramHandle:
         if self._module is None:
             try:
                 self._module = self._ep.module()
+            except ArtifactError:
+                raise
             except Exception as e:  # the program came from a file that passed every check
                 raise CorruptArtifactError(
                     f"{getattr(self, 'path', 'program')}: the program cannot be turned into a module "

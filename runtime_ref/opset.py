@@ -177,8 +177,8 @@ def _format(refused, mutating, acceptor: Acceptor) -> str:
         lines.append("The graph still mutates tensors in place: lower/functionalize it first "
                      "(e.g. ep.run_decompositions({}) or pt2b's load_for_backend), then build the Runtime.")
     else:
-        lines.append("Decompose these ops to the accepted set, or pass them in extra_ops= if the runtime "
-                     "should call them as they are.")
+        lines.append("Decompose these ops to the accepted set, or pass them in extra_ops= (pt2b run: --extra-ops) "
+                     "if the runtime should call them as they are.")
     return "\n".join(lines)
 
 

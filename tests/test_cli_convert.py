@@ -116,3 +116,17 @@ def test_convert_rejects_other_files(tmp_path):
     with pytest.raises(NotAnArtifactError, match="neither a .pt2b artifact nor"):
         from exporter.convert import convert
         convert(p, tmp_path / "y.pt2b")
+
+
+def test_run_takes_extra_ops_for_a_custom_op(tmp_path):
+    """Issue 39: `pt2b run` refused a custom op with no way to name it (Python had Runtime(extra_ops=))."""
+    from exporter import export_model
+    from exporter.corpus.zoo import CUSTOM_OP_NAME, make_case
+
+    case = make_case("custom_op")
+    path = tmp_path / "custom.pt2b"
+    export_model(case.model, case.args, path)
+    code, out, err = run_cli("run", str(path), "--preset", "core", "--no-cache")
+    assert code != 0 and CUSTOM_OP_NAME in err and "(pt2b run: --extra-ops)" in err
+    code, out, err = run_cli("run", str(path), "--preset", "core", "--no-cache", "--extra-ops", CUSTOM_OP_NAME)
+    assert code == 0 and out.startswith("output 0: float32"), err

@@ -193,6 +193,17 @@ def test_unknown_names_and_presets_are_clear_errors(tmp_path):
         load_for_backend(path, "core@1.0")
 
 
+@pytest.mark.parametrize("arg", ["keep", "decompose", "supported_ops"])
+@pytest.mark.parametrize("typo", ["aten::linearr", "aten.linearr", "aten::linear.defualt"])
+def test_a_typo_in_an_op_list_is_a_lowering_error_naming_it(tmp_path, arg, typo):
+    """Issue 39: keep=["aten::linearr"] and decompose=[...] were accepted without a word (an entry
+    naming every overload of an op was never checked); docs/architecture.md promises LoweringError."""
+    path, _ = _export(tmp_path, "mlp")
+    name = typo.replace(".", "::", 1) if "::" not in typo else typo
+    with pytest.raises(LoweringError, match=rf"{arg} names ops this torch does not have: {re.escape(name)} "):
+        load_for_backend(path, **{arg: [typo]}, validate=False)
+
+
 def test_keep_protects_ops_and_custom_table_applies(tmp_path):
     path, case = _export(tmp_path, "transformer_encoder")
     kept = load_for_backend(path, "core-tag", keep=[torch.ops.aten.scaled_dot_product_attention.default])

@@ -1,6 +1,7 @@
 """Every argument kind and every stored-tensor kind survives export -> .pt2b -> load exactly."""
 
 import math
+import pathlib
 
 import pytest
 import torch
@@ -200,3 +201,38 @@ def test_torch_return_types_are_written_and_read_back(tmp_path):
     assert type(ran[0]) is torch.return_types.sort and torch.allclose(ran[2].logabsdet, want[2].logabsdet)
     spec = reader.decode_graph(reader.open_artifact(path)).graph_module.module_call_graph[0].signature.out_spec
     assert "torch.return_types.sort" in spec
+
+
+def test_an_unregistered_output_type_is_named_not_called_corruption(tmp_path):
+    """Issue 39: a program whose outputs are a registered Python type (transformers' model outputs),
+    loaded where its library is not imported, was a CorruptArtifactError ("the artifact is malformed")
+    while `pt2b verify` said OK. It is a MissingPytreeTypeError naming the type and what to do."""
+    import subprocess
+    import sys
+    import textwrap
+
+    (tmp_path / "my_outputs.py").write_text(textwrap.dedent('''
+        import dataclasses, torch
+        import torch.utils._pytree as pytree
+
+        @dataclasses.dataclass
+        class Out:
+            a: torch.Tensor
+            b: torch.Tensor
+
+        pytree.register_dataclass(Out, serialized_type_name="my_outputs.Out")
+
+        class M(torch.nn.Module):
+            def forward(self, x):
+                return Out(x + 1, x * 2)
+    '''))
+    write = "import torch, my_outputs\nfrom exporter import export_model\nexport_model(my_outputs.M(), (torch.randn(2),), 'o.pt2b')"
+    read = ("import torch\nfrom exporter import load\nfrom exporter.errors import MissingPytreeTypeError\n"
+            "try:\n    load('o.pt2b')(torch.randn(2))\nexcept MissingPytreeTypeError as e:\n    print('missing:', e)\n")
+    env = {**__import__("os").environ, "PYTHONPATH": f"{tmp_path}:{pathlib.Path(__file__).resolve().parents[1]}"}
+    subprocess.run([sys.executable, "-c", write], cwd=tmp_path, env=env, check=True, capture_output=True, timeout=300)
+    (tmp_path / "my_outputs.py").rename(tmp_path / "elsewhere.py")  # the library is not importable now
+    out = subprocess.run([sys.executable, "-c", read], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300).stdout
+    assert out.startswith("missing: o.pt2b: the program's inputs or outputs use the Python type 'my_outputs.Out'"), out
+    assert "import the library that defines it first" in out

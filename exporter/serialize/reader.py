@@ -25,7 +25,8 @@ from torch.utils._sympy.numbers import int_oo
 from torch.utils._sympy.value_ranges import ValueRanges
 
 from .. import names
-from ..errors import ArtifactError, CorruptArtifactError, MethodNotFoundError, NotAnArtifactError
+from ..errors import (ArtifactError, CorruptArtifactError, MethodNotFoundError, MissingPytreeTypeError,
+                      NotAnArtifactError)
 from ..versioning import formats, majors, schema_drift
 from . import decode_schema, module_stacks, return_types, unpack_tables, untrusted, verifier, weights
 from .container import FILE_IDENTIFIER, HEADER_SIZE, Header, read_preamble
@@ -393,6 +394,15 @@ def rebuild(art: Artifact, *, verify: bool = False) -> torch.export.ExportedProg
     return build(art, check(art, verify=verify))
 
 
+def _unregistered_pytree_type(e: Exception) -> str | None:
+    """The serialized type name torch's pytree could not find (``Deserializing NAME in pytree is not
+    registered``), or None for any other error."""
+    import re
+
+    m = re.fullmatch(r"Deserializing (\S+) in pytree is not registered\.?", str(e).strip())
+    return m.group(1)[:200] if isinstance(e, NotImplementedError) and m else None
+
+
 def build(art: Artifact, c: Checked) -> torch.export.ExportedProgram:
     """torch's deserializer on a program that passed ``check``: the fx graph, its fake tensors, the
     ExportedProgram (what load() defers to first use)."""
@@ -405,6 +415,13 @@ def build(art: Artifact, c: Checked) -> torch.export.ExportedProgram:
     except ArtifactError:
         raise
     except Exception as e:
+        missing = _unregistered_pytree_type(e)
+        if missing is not None:
+            raise MissingPytreeTypeError(
+                f"{where}: the program's inputs or outputs use the Python type {missing!r}, which no imported "
+                f"module registers with torch's pytree: import the library that defines it first (from the "
+                f"command line: pt2b --import MODULE ...), e.g. transformers.modeling_outputs for a transformers "
+                f"model's outputs.") from None
         raise CorruptArtifactError(
             f"{where}: the program could not be rebuilt by torch ({type(e).__name__}: {e})."
         ) from e
