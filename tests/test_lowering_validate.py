@@ -259,3 +259,17 @@ def test_validation_work_on_a_large_input_is_a_fixed_number_of_passes_over_it(tm
         assert verdict in ("exact", "ulp", "lossy"), why
         assert not any(dt == torch.float64 and k >= n for _, dt, k in work.calls), "float64 copies of the outputs"
         assert len([1 for _, _, k in work.calls if k >= n]) <= 64, "more than a fixed number of passes over the output"
+
+
+def test_the_bound_described_is_the_outputs_dtypes(tmp_path):
+    """Issue 39: a bfloat16 program's validation said "(wrong beyond 0.001)", float32's bound, next to a
+    bfloat16 difference that its own bound (0.05) allows."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32)).to(torch.bfloat16)
+    path = tmp_path / "bf16.pt2b"
+    export_model(model, (torch.randn(4, 16, dtype=torch.bfloat16),), path)
+    lowered = load_for_backend(path, "core")
+    bounds = V._bounds(V._applied(load(path).exported_program(), lowered.table))
+    assert lowered.validation.status == "passed"
+    assert lowered.validation.bound == bounds[torch.bfloat16] >= 0.05
+    assert f"(wrong beyond {bounds[torch.bfloat16]:.3g})" in lowered.validation.describe()
