@@ -1,5 +1,6 @@
 """pt2b's own data files, inside the package: the FlatBuffers schema (pt2b.fbs), the frozen presets
-and audits (opsets/), the op registries of each torch release (ops/).
+and audits (opsets/), the op registries of each torch release (ops/), the opset explorer's default
+corpus routes (explorer/).
 
 In a checkout ``exporter/_data`` is a link to ``schemas/``, the one source of truth; a wheel holds a
 copy of the files the package reads (pyproject's package-data). Nothing at run time reads a path

@@ -29,6 +29,56 @@ class OperatorInfo:
         return f"{self.qualified_name}.{self.overload}" if self.overload else self.qualified_name
 
 
+def _finite_int(v) -> int | None:
+    """``v`` (a range bound: int, sympy integer or infinity) as an int; None when unbounded."""
+    try:
+        return int(v)
+    except Exception:  # noqa: BLE001 -- sympy's and torch's infinities refuse int() in several ways
+        return None
+
+
+def _dim_ranges(ep) -> list[tuple[int, int, str, str, int | None, int | None]]:
+    """(user input index, dim, input name, symbol, lowest or None, highest or None) of every input dim
+    that is a symbol with a recorded range."""
+    from torch.export.graph_signature import InputKind
+
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    users = [s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+    out = []
+    for i, name in enumerate(users):
+        val = placeholders[name].meta.get("val") if name in placeholders else None
+        if not isinstance(val, torch.Tensor):
+            continue
+        for d, size in enumerate(val.shape):
+            if isinstance(size, torch.SymInt) and size.node.expr in ep.range_constraints:
+                vr = ep.range_constraints[size.node.expr]
+                out.append((i, d, name, str(size.node.expr), _finite_int(vr.lower), _finite_int(vr.upper)))
+    return out
+
+
+def _check_dynamic_dims(ep, args, kwargs, where) -> None:
+    from .errors import RuntimeInputError
+
+    ranges = ep.__dict__.get("_pt2b_dim_ranges")
+    if ranges is None:
+        ranges = ep.__dict__["_pt2b_dim_ranges"] = _dim_ranges(ep)
+    if not ranges:
+        return
+    import torch.fx._pytree as fx_pytree
+
+    try:
+        flat = fx_pytree.tree_flatten_spec((args, kwargs), ep.call_spec.in_spec)
+    except Exception:  # noqa: BLE001 -- another structure: the module's own check names it
+        return
+    for i, d, name, sym, lo, hi in ranges:
+        x = flat[i] if i < len(flat) else None
+        if isinstance(x, torch.Tensor) and d < x.dim() and ((lo is not None and x.shape[d] < lo)
+                                                          or (hi is not None and x.shape[d] > hi)):
+            raise RuntimeInputError(f"{where}: dim {d} of input {name!r} is {x.shape[d]}, outside the range "
+                                    f"[{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}] of its "
+                                    f"dynamic dim {sym}.")
+
+
 class ProgramHandle:
     """What every program pt2b hands out shares: the ExportedProgram and a callable module."""
 
@@ -55,8 +105,12 @@ class ProgramHandle:
         return self._module
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Run the program like the model it was captured from."""
-        return self.module()(*args, **kwargs)
+        """Run the program like the model it was captured from. A dynamic dim outside the range it was
+        exported with is a RuntimeInputError naming it, as runtime_ref says it (torch's module ran a
+        size below the minimum and raised a bare AssertionError above the maximum)."""
+        module = self.module()
+        _check_dynamic_dims(self._ep, args, kwargs, getattr(self, "path", "the program"))
+        return module(*args, **kwargs)
 
     @property
     def methods(self) -> dict[str, "ProgramHandle"]:

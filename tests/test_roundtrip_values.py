@@ -236,3 +236,24 @@ def test_an_unregistered_output_type_is_named_not_called_corruption(tmp_path):
                          timeout=300).stdout
     assert out.startswith("missing: o.pt2b: the program's inputs or outputs use the Python type 'my_outputs.Out'"), out
     assert "import the library that defines it first" in out
+
+
+@pytest.mark.parametrize("size", [0, 1, 9])
+def test_a_dynamic_dim_outside_its_range_is_named_by_the_loaded_program(tmp_path, size):
+    """Issue 39: below a dim's minimum load() ran (seq=1 with min 2; 0 failed inside a reshape), above
+    its maximum torch's module raised a bare `AssertionError: Guard failed`. As runtime_ref does, the
+    loaded program names the input, the dim and the range."""
+    from exporter import export_model, load
+    from exporter.errors import RuntimeInputError
+
+    class Sum(torch.nn.Module):
+        def forward(self, x):
+            return x.reshape(2, -1).sum(1)
+
+    path = tmp_path / "dyn.pt2b"
+    export_model(Sum(), (torch.randn(2, 4),), path, dynamic_shapes={"x": {1: torch.export.Dim("seq", min=2, max=8)}})
+    prog = load(path)
+    assert torch.equal(prog(torch.ones(2, 5)), Sum()(torch.ones(2, 5)))
+    with pytest.raises(RuntimeInputError, match=rf"dim 1 of input 'x' is {size}, outside the range \[2, 8\] of its "
+                                                r"dynamic dim s\d+"):
+        prog(torch.randn(2, size))
