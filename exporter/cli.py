@@ -396,13 +396,14 @@ def versions() -> str:
     from importlib import metadata
 
     import torch
+    from packaging.requirements import Requirement
 
     from .version import __version__
     from .versioning.formats import FORMAT_VERSION, version_str
 
     try:
-        wanted = next((r.split(";")[0][len("torch"):].strip() for r in metadata.requires("pt2b") or ()
-                       if r.startswith("torch") and not r[len("torch"):][:1].isalnum()), "")
+        wanted = next((str(req.specifier) for req in map(Requirement, metadata.requires("pt2b") or ())
+                       if req.name == "torch" and req.marker is None), "")
     except metadata.PackageNotFoundError:  # run from a source tree that is not installed
         wanted = ""
     supported = f" (pt2b supports torch {wanted})" if wanted else ""

@@ -134,18 +134,8 @@ class OpMatcher:
         """String entries that name no registered op or overload (likely typos): "aten::linearr",
         "aten::linear.defualt"."""
         exact = [n for n in self.exact if not n.startswith("higher_order::") and resolve_op(n) is None]
-        packets = [n for n in self.packets if "::" in n and not n.startswith("higher_order::")
-                   and not _has_overloads(n)]
+        packets = [n for n in self.packets if "::" in n and not n.startswith("higher_order::")]
+        if packets:  # the dispatcher's op names ("aten::add.Tensor"), read once for every such entry
+            registered = {n.partition(".")[0] for n in torch._C._dispatch_get_all_op_names()}
+            packets = [n for n in packets if n not in registered]
         return sorted(exact + packets)
-
-
-def _has_overloads(qualified: str) -> bool:
-    """Whether the dispatcher registers some overload of ``ns::name``."""
-    ns, _, name = qualified.partition("::")
-    if not all(type(p) is str and 0 < len(p) <= MAX_NAME for p in (ns, name)):
-        return False
-    return any(n == qualified or n.startswith(qualified + ".") for n in _dispatcher_names())
-
-
-def _dispatcher_names() -> list[str]:
-    return torch._C._dispatch_get_all_op_names()

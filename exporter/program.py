@@ -56,12 +56,10 @@ def _dim_ranges(ep) -> list[tuple[int, int, str, str, int | None, int | None]]:
     return out
 
 
-def _check_dynamic_dims(ep, args, kwargs, where) -> None:
+def _check_dynamic_dims(ep, ranges, args, kwargs, where) -> None:
+    """RuntimeInputError where a dim of the call's inputs is outside its range (``ranges``: _dim_ranges)."""
     from .errors import RuntimeInputError
 
-    ranges = ep.__dict__.get("_pt2b_dim_ranges")
-    if ranges is None:
-        ranges = ep.__dict__["_pt2b_dim_ranges"] = _dim_ranges(ep)
     if not ranges:
         return
     import torch.fx._pytree as fx_pytree
@@ -84,6 +82,7 @@ class ProgramHandle:
 
     _ep: torch.export.ExportedProgram
     _module: torch.nn.Module | None = None
+    _input_ranges: list | None = None  # the input dims' recorded ranges (_dim_ranges), read at the first call
     method: str = "forward"  # the method's name ("forward" for a single-method artifact)
     _methods: dict | None = None  # every method of the artifact by name (shared by all of them)
 
@@ -109,7 +108,9 @@ class ProgramHandle:
         exported with is a RuntimeInputError naming it, as runtime_ref says it (torch's module ran a
         size below the minimum and raised a bare AssertionError above the maximum)."""
         module = self.module()
-        _check_dynamic_dims(self._ep, args, kwargs, getattr(self, "path", "the program"))
+        if self._input_ranges is None:
+            self._input_ranges = _dim_ranges(self._ep)
+        _check_dynamic_dims(self._ep, self._input_ranges, args, kwargs, getattr(self, "path", "the program"))
         return module(*args, **kwargs)
 
     @property

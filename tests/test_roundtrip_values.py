@@ -203,10 +203,12 @@ def test_torch_return_types_are_written_and_read_back(tmp_path):
     assert "torch.return_types.sort" in spec
 
 
-def test_an_unregistered_output_type_is_named_not_called_corruption(tmp_path):
+@pytest.mark.parametrize("side", ["outputs", "inputs"])
+def test_an_unregistered_output_type_is_named_not_called_corruption(tmp_path, side):
     """Issue 39: a program whose outputs are a registered Python type (transformers' model outputs),
     loaded where its library is not imported, was a CorruptArtifactError ("the artifact is malformed")
-    while `pt2b verify` said OK. It is a MissingPytreeTypeError naming the type and what to do."""
+    while `pt2b verify` said OK. It is a MissingPytreeTypeError naming the type and what to do; so is
+    one whose (stored example) inputs are such a type."""
     import subprocess
     import sys
     import textwrap
@@ -225,10 +227,18 @@ def test_an_unregistered_output_type_is_named_not_called_corruption(tmp_path):
         class M(torch.nn.Module):
             def forward(self, x):
                 return Out(x + 1, x * 2)
+
+        class TakesOut(torch.nn.Module):
+            def forward(self, o):
+                return o.a + o.b
     '''))
-    write = "import torch, my_outputs\nfrom exporter import export_model\nexport_model(my_outputs.M(), (torch.randn(2),), 'o.pt2b')"
+    model, example, call = {"outputs": ("M()", "torch.randn(2)", "(torch.randn(2))"),
+                            "inputs": ("TakesOut()", "my_outputs.Out(torch.randn(2), torch.randn(2))",
+                                       ".exported_program()")}[side]
+    write = (f"import torch, my_outputs\nfrom exporter import export_model\n"
+             f"export_model(my_outputs.{model}, ({example},), 'o.pt2b')")
     read = ("import torch\nfrom exporter import load\nfrom exporter.errors import MissingPytreeTypeError\n"
-            "try:\n    load('o.pt2b')(torch.randn(2))\nexcept MissingPytreeTypeError as e:\n    print('missing:', e)\n")
+            f"try:\n    load('o.pt2b'){call}\nexcept MissingPytreeTypeError as e:\n    print('missing:', e)\n")
     env = {**__import__("os").environ, "PYTHONPATH": f"{tmp_path}:{pathlib.Path(__file__).resolve().parents[1]}"}
     subprocess.run([sys.executable, "-c", write], cwd=tmp_path, env=env, check=True, capture_output=True, timeout=300)
     (tmp_path / "my_outputs.py").rename(tmp_path / "elsewhere.py")  # the library is not importable now

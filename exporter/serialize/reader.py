@@ -298,7 +298,8 @@ def _example_inputs(art: Artifact, tensors) -> object:
     try:
         treespec = pytree.treespec_loads(spec)
     except Exception as e:
-        raise CorruptArtifactError(f"{where}: example inputs are malformed ({type(e).__name__}: {e}).") from None
+        raise _unregistered_pytree_type(e, where) or CorruptArtifactError(
+            f"{where}: example inputs are malformed ({type(e).__name__}: {e}).") from None
     # their dict keys become guard code at ep.module() (torch.export._unlift)
     stack = [treespec]
     while stack:
@@ -394,13 +395,19 @@ def rebuild(art: Artifact, *, verify: bool = False) -> torch.export.ExportedProg
     return build(art, check(art, verify=verify))
 
 
-def _unregistered_pytree_type(e: Exception) -> str | None:
-    """The serialized type name torch's pytree could not find (``Deserializing NAME in pytree is not
-    registered``), or None for any other error."""
+def _unregistered_pytree_type(e: Exception, where: str) -> MissingPytreeTypeError | None:
+    """The error to raise where torch's pytree could not find a serialized type name (``Deserializing
+    NAME in pytree is not registered``: the program's inputs or outputs, or its stored example inputs,
+    are a type no imported module registers), or None for any other error."""
     import re
 
     m = re.fullmatch(r"Deserializing (\S+) in pytree is not registered\.?", str(e).strip())
-    return m.group(1)[:200] if isinstance(e, NotImplementedError) and m else None
+    if not (isinstance(e, NotImplementedError) and m):
+        return None
+    return MissingPytreeTypeError(
+        f"{where}: the program's inputs or outputs use the Python type {m.group(1)[:200]!r}, which no imported "
+        f"module registers with torch's pytree: import the library that defines it first (from the command "
+        f"line: pt2b --import MODULE ...), e.g. transformers.modeling_outputs for a transformers model's outputs.")
 
 
 def build(art: Artifact, c: Checked) -> torch.export.ExportedProgram:
@@ -415,13 +422,9 @@ def build(art: Artifact, c: Checked) -> torch.export.ExportedProgram:
     except ArtifactError:
         raise
     except Exception as e:
-        missing = _unregistered_pytree_type(e)
+        missing = _unregistered_pytree_type(e, where)
         if missing is not None:
-            raise MissingPytreeTypeError(
-                f"{where}: the program's inputs or outputs use the Python type {missing!r}, which no imported "
-                f"module registers with torch's pytree: import the library that defines it first (from the "
-                f"command line: pt2b --import MODULE ...), e.g. transformers.modeling_outputs for a transformers "
-                f"model's outputs.") from None
+            raise missing from None
         raise CorruptArtifactError(
             f"{where}: the program could not be rebuilt by torch ({type(e).__name__}: {e})."
         ) from e
