@@ -13,11 +13,12 @@
    - a relative path that climbs out of the repository: a run of ``../`` that, resolved from the
      file's own folder, ends above the repository root.
    .ci/run is checked like every other file: it needs no path outside the repository.
-2. Every relative link in README.md and docs/*.md points at a file or folder of the repository (and,
+2. Every relative link in README.md and the markdown pages under docs/ (its subfolders too: the journal,
+   the generated result pages) points at a file or folder of the repository (and,
    for a ``#fragment`` into a markdown file, at one of its headings); every repository path they name
    in text or backticks (``exporter/...``, ``tests/...``, ...) exists.
 3. README.md is under 150 lines and gives exactly the two commands .ci/run runs.
-4. The ``pt2b`` command lines of README.md and docs/*.md use subcommands and options the CLI has
+4. The ``pt2b`` command lines of README.md and the pages under docs/ use subcommands and options the CLI has
    (concrete fenced lines must parse); their Python blocks compile, import names that exist, and
    call pt2b's functions with keyword arguments those functions take.
 """
@@ -38,7 +39,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 THIS = pathlib.Path(__file__).resolve()
 README = ROOT / "README.md"
-DOCS = sorted((ROOT / "docs").glob("*.md"))
+DOCS = sorted((ROOT / "docs").rglob("*.md"))
 PAGES = [README, *DOCS]
 
 # (spelled in parts, so that this list is not itself a tracked mention of a path outside the repository)
