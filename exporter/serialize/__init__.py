@@ -9,8 +9,8 @@ torch._dynamo). docs/format.md describes the file, docs/architecture.md the step
     read/      file -> ExportedProgram, in the order a file is read: layout/container (preamble,
                header), buffer_bounds (the FlatBuffers buffer check), unpack_tables (pt2b's own
                tables), decode_schema (torch's schema tree), untrusted (checks on the decoded
-               program), versioning's op-schema upgraders, deserialize (torch's deserializer, made
-               cheaper), weights (segments mapped back); reader runs them
+               program), versioning's op-schema upgraders, weights (segments mapped back),
+               deserialize (torch's deserializer, made cheaper); reader runs them
     mapping/   torch's schema <-> pt2b.fbs: schema_map (the field rules), dtypes, return_types,
                module_stacks
     layout/    what both directions share about the bytes: container (preamble, header), fbs (the
@@ -18,7 +18,7 @@ torch._dynamo). docs/format.md describes the file, docs/architecture.md the step
     generated/ flatc's code for schemas/pt2b.fbs (tools/regen_flatbuffers.py; never edited)
 
 Format versions, older-major steps and op-schema drift are exporter/versioning/, which this
-package calls and which never imports it.
+package calls and which imports none of its code (only the classes in generated/).
 """
 
 from __future__ import annotations

@@ -7,6 +7,6 @@ next one trusts it (reader.py runs them in this order):
     decode_schema        torch's schema tree of each method, straight from the buffer
     untrusted            the decoded program: targets, expressions, names, guards
     (versioning)         op schemas reconciled with the running torch's (schema_drift, upgraders)
-    deserialize          torch's deserializer, with cheaper fake tensors and expression parsing
     weights              segments mapped back (mmap) and materialized as tensors
+    deserialize          torch's deserializer, with cheaper fake tensors and expression parsing
 """
