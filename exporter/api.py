@@ -13,7 +13,7 @@ from . import capture as _capture
 from .errors import ArtifactError, ExportError
 from .program import OperatorInfo, Pt2bProgram
 from .serialize import reader, writer
-from .serialize.gc_pause import gc_paused
+from .util.gc_pause import gc_paused
 from .serialize.generated import pt2b_generated as G
 from .versioning.formats import parse_version
 

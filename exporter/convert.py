@@ -7,11 +7,11 @@ import os
 import torch
 
 from .errors import ArtifactError, ExportError, NotAnArtifactError
-from .serialize.container import MAGIC
+from .serialize.layout.container import MAGIC
 
 
 def _kind(path) -> str:
-    from .serialize.reader import open_regular
+    from .serialize.read.reader import open_regular
 
     with open_regular(os.fspath(path), os.fspath(path)) as f:  # never blocks on a FIFO
         head = f.read(4)
@@ -28,7 +28,7 @@ def convert(source, dest) -> str:
     Reading a .pt2 uses torch.export.load, which unpickles: convert only files you trust.
     """
     from .api import export_model, load
-    from .serialize.atomic import atomic_write
+    from .util.atomic import atomic_write
 
     kind = _kind(os.fspath(source))
     if kind == "pt2":

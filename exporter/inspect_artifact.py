@@ -6,9 +6,9 @@ from __future__ import annotations
 import collections
 
 from .serialize import reader
-from .serialize.dtypes import enum_to_dtype
+from .serialize.mapping.dtypes import enum_to_dtype
 from .serialize.generated import pt2b_generated as G
-from .serialize.weights import KIND_NAMES
+from .serialize.layout.segments import KIND_NAMES
 from .versioning.formats import version_str
 
 

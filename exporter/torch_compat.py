@@ -8,9 +8,9 @@ docs/releases.md has its table):
 - torch.export's serializer schema (torch._export.serde.schema). pt2b.fbs is the union of the
   schemas of the supported releases (2.13's, which 2.14 and 2.15 keep); an older schema lacks some
   members: 2.11's (schema 8.17) has no ScalarType FLOAT8E8M0FNU, UINT32 or UINT64 and no
-  Argument.as_float_lists. serialize/schema_map.py walks the running torch's dataclasses, so a
+  Argument.as_float_lists. serialize/mapping/schema_map.py walks the running torch's dataclasses, so a
   member it lacks is never written, and reading one is an UnsupportedVersionError naming it
-  (``schema_union_members``, ``schema_lacks``); serialize/dtypes.py maps weights' dtypes with
+  (``schema_union_members``, ``schema_lacks``); serialize/mapping/dtypes.py maps weights' dtypes with
   pt2b.fbs's own codes, so importing pt2b needs no member of torch's enum.
 - torch.export's serializer API: ExportedProgramSerializer.serialize() takes serialize_state_dict=
   and friends from 2.12 on (``torch_serialized_program``; tests compare pt2b's writer with it).

@@ -5,7 +5,7 @@ older torch wrote (old schema strings, node inputs as the old op took them).
 
 ``edit(serialized_ep, program)`` mutates torch's schema dataclasses (``torch._export.serde.schema``)
 and/or the flatc object-API ProgramT; the result is re-packed (the schema tree through
-exporter/serialize/encode_schema.py, as the writer packs it) with flatbuffers.Builder + container.Header exactly like exporter/serialize/writer.py, with the
+exporter/serialize/write/encode_schema.py, as the writer packs it) with flatbuffers.Builder + container.Header exactly like exporter/serialize/write/writer.py, with the
 weight segments copied byte for byte, and written atomically.
 """
 
@@ -15,9 +15,10 @@ import zlib
 
 import flatbuffers
 
-from exporter.serialize import encode_schema, reader
-from exporter.serialize.atomic import atomic_write
-from exporter.serialize.container import FILE_IDENTIFIER, Header, align
+from exporter.serialize import reader
+from exporter.serialize.write import encode_schema
+from exporter.util.atomic import atomic_write
+from exporter.serialize.layout.container import FILE_IDENTIFIER, Header, align
 from exporter.serialize.generated import pt2b_generated as G
 
 

@@ -214,11 +214,11 @@ def _matches(ep, args, kwargs, expected) -> bool:
 def _returns_named_tuple(module, args, kwargs) -> bool:
     """Whether the sample returns a torch.return_types named tuple (svd, sort, linalg_inv_ex, ...).
     torch.export.save could not write those until pt2b named them in torch's pytree registry
-    (exporter/serialize/return_types.py), so the corpus, fixed before that, leaves them out; they are
+    (exporter/serialize/mapping/return_types.py), so the corpus, fixed before that, leaves them out; they are
     tested in tests/test_roundtrip_values.py."""
     import torch.return_types as return_types
 
-    from exporter.serialize.return_types import _classes
+    from exporter.serialize.mapping.return_types import _classes
 
     named = tuple(_classes(return_types))
     try:

@@ -2,8 +2,8 @@
 descriptive way, following schema_map's rules field by field.
 
 pt2b itself never builds an object-API tree of the graph: the writer packs the schema tree straight
-into the builder (exporter/serialize/encode_schema.py), the reader decodes it straight from the
-buffer (exporter/serialize/decode_schema.py). The tests check both against this codec and flatc's
+into the builder (exporter/serialize/write/encode_schema.py), the reader decodes it straight from the
+buffer (exporter/serialize/read/decode_schema.py). The tests check both against this codec and flatc's
 own generated Pack/InitFromPackedBuf:
 
     encode(obj).Pack(builder)           must write the bytes encode_schema.pack(builder, obj) writes
@@ -17,7 +17,7 @@ from __future__ import annotations
 from torch._export.serde.union import _Union
 
 from exporter.errors import CorruptArtifactError
-from exporter.serialize import schema_map
+from exporter.serialize.mapping import schema_map
 from exporter.serialize.generated import pt2b_generated as G
 
 _SCALAR_KINDS = frozenset({"int", "float", "bool", "enum"})

@@ -1,5 +1,5 @@
 """Writes are atomic: a failure or a kill at any point of export or upgrade leaves either no
-file or the previous file intact (docs/format.md "Files and concurrency", exporter/serialize/atomic.py).
+file or the previous file intact (docs/format.md "Files and concurrency", exporter/util/atomic.py).
 
 Kills are real: a child process exports (or upgrades) a ~170 MB artifact and is SIGKILLed at
 points found by polling the folder (the temp file appears, it has grown) or at a stall the child
@@ -28,7 +28,7 @@ import torch
 
 from exporter import export_model, load
 from exporter.errors import ExportError
-from exporter.serialize import weights
+from exporter.serialize.write import weights
 from exporter.versioning import upgrade_tool
 
 TESTS = Path(__file__).parent

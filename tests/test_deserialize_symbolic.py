@@ -1,4 +1,4 @@
-"""The reader's cheaper parsing of symbolic sizes (exporter/serialize/deserialize.py: an expression
+"""The reader's cheaper parsing of symbolic sizes (exporter/serialize/read/deserialize.py: an expression
 met again returns what torch parsed for it the first time) rebuilds exactly what torch's own loader
 rebuilds: every node's symbolic sizes and strides, hints, the range constraints, and the outputs."""
 
@@ -115,7 +115,7 @@ def test_the_walk_is_skipped_only_while_pt2b_reads(tmp_path):
     torch's walk runs as before; inside it, a walk with nothing pending returns at once."""
     from torch.fx.experimental import symbolic_shapes
 
-    from exporter.serialize import deserialize
+    from exporter.serialize.read import deserialize
 
     _program(tmp_path)  # (reads a program: the walk is wrapped now)
     walk = symbolic_shapes._free_unbacked_symbols_with_path

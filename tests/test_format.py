@@ -11,8 +11,9 @@ import torch
 from exporter import export_model, load
 from exporter.errors import (ArtifactError, CorruptArtifactError, ExportError, NotAnArtifactError,
                              UnsupportedVersionError)
-from exporter.serialize import reader, weights
-from exporter.serialize.container import HEADER_SIZE
+from exporter.serialize import reader
+from exporter.serialize.write import weights
+from exporter.serialize.layout.container import HEADER_SIZE
 from exporter.versioning.formats import FORMAT_MAJOR, FORMAT_MINOR
 
 
@@ -178,7 +179,7 @@ def test_bad_model_and_inputs(tmp_path):
 def test_gc_is_paused_during_a_load_and_restored_after(tmp_path):
     import gc
 
-    from exporter.serialize.gc_pause import gc_paused
+    from exporter.util.gc_pause import gc_paused
 
     path = tmp_path / "m.pt2b"
     export_model(torch.nn.Linear(3, 2), (torch.randn(1, 3),), path)
@@ -206,7 +207,7 @@ def test_gc_is_paused_during_a_load_and_restored_after(tmp_path):
 def test_decoder_unions_are_what_create_builds():
     from torch._export.serde import schema as S
 
-    from exporter.serialize.schema_map import make_union
+    from exporter.serialize.mapping.schema_map import make_union
 
     for cls, name, value in [(S.Argument, "as_int", 3), (S.Argument, "as_tensor", S.TensorArgument(name="x")),
                              (S.Argument, "as_none", True), (S.SymInt, "as_int", -1)]:
@@ -227,7 +228,7 @@ def test_a_member_the_running_torchs_schema_lacks_is_named(monkeypatch):
 
     from exporter import torch_compat
     from exporter.errors import UnsupportedVersionError
-    from exporter.serialize import schema_map
+    from exporter.serialize.mapping import schema_map
 
     older_scalar_type = enum.IntEnum("ScalarType", {"UNKNOWN": 0, "BYTE": 1})
     with pytest.raises(UnsupportedVersionError, match=r"has no ScalarType\.UINT32 in its export schema"):

@@ -21,7 +21,7 @@ import torch
 import exporter.corpus.zoo  # noqa: F401  registers the custom op some goldens call
 from exporter import export_model, load, load_for_backend
 from exporter.errors import ExportError, UnsupportedVersionError
-from exporter.serialize import container
+from exporter.serialize.layout import container
 from exporter.serialize.generated import pt2b_generated as G
 from exporter.versioning import formats, majors
 from golden_io import load_io

@@ -14,7 +14,7 @@ import torch
 import exporter
 from exporter.errors import CorruptArtifactError
 from exporter.functorch_regions import MARKERS
-from exporter.serialize import untrusted
+from exporter.serialize.read import untrusted
 from helpers import assert_bitwise, assert_close_to_eager
 from runtime_ref import Runtime
 

@@ -16,7 +16,7 @@ from artifact_surgery import rewrite_artifact, share_graph_across_methods
 from exporter import export_model, load, load_for_backend
 from exporter.cli import main as cli
 from exporter.errors import ArtifactError, CorruptArtifactError, NotAnArtifactError
-from exporter.serialize import untrusted
+from exporter.serialize.read import untrusted
 
 SECONDS = 5.0  # what any one command may take on these small files (2 shared cores)
 

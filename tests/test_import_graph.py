@@ -39,6 +39,8 @@ def _targets(name: str, is_pkg: bool, node: ast.AST, modules) -> list[str]:
         found = [f"{prefix}.{a.name}" if f"{prefix}.{a.name}" in modules else prefix for a in node.names]
     out = []
     for target in found:
+        if "generated" in target.split("."):
+            continue  # flatc's code for schemas/pt2b.fbs (left out above): it imports nothing of ours
         while target not in modules and "." in target:
             target = target.rsplit(".", 1)[0]
         if target in modules and target != name:
@@ -76,6 +78,11 @@ def test_a_cycle_is_found():
 @pytest.mark.parametrize("lower, upper", [
     ("exporter.functionalize", "exporter.lowering"),  # the lowering calls down into functionalization
     ("exporter.serialize", "exporter.api"),
+    # the reader and writer call versioning, never the reverse. Until `pt2b upgrade` (upgrade_tool.py,
+    # which imports the writer) leaves versioning/ for the CLI (issue 41), this fails; strict: once it
+    # has left, the mark must go.
+    pytest.param("exporter.versioning", "exporter.serialize", marks=pytest.mark.xfail(
+        strict=True, reason="versioning/upgrade_tool.py imports the writer until it moves to the CLI")),
     ("exporter.serialize", "exporter.lowering"),
     ("exporter.lowering", "exporter.api"),
     ("runtime_ref", "exporter.api"),

@@ -104,13 +104,13 @@ def test_a_damaged_graph_loads_its_table_and_is_refused_at_first_use(tmp_path, f
 
 
 def test_the_deferred_walk_says_what_the_whole_walk_says(tmp_path):
-    """verifier.problem over the whole buffer and load() + first use name the same place."""
+    """buffer_bounds.problem over the whole buffer and load() + first use name the same place."""
     from exporter.errors import CorruptArtifactError
-    from exporter.serialize import verifier
+    from exporter.serialize.read import buffer_bounds
 
     path = damage_graph_table(tmp_path)
     art = reader.open_artifact(path)
-    whole = verifier.problem(art.program.exportedProgram.buf)
+    whole = buffer_bounds.problem(art.program.exportedProgram.buf)
     with pytest.raises(CorruptArtifactError) as e:
         load(path).check()
     assert whole and str(e.value) == f"{path}: program section is malformed: {whole}."

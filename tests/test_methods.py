@@ -257,14 +257,15 @@ def test_a_1_1_reader_sees_the_default_method(written):
     default method, complete (a minor bump's promise, checked with the released 1.1 schema's layout)."""
     import pathlib
 
-    from exporter.serialize import fbs_layout, verifier
+    from exporter.serialize.layout import fbs
+    from exporter.serialize.read import buffer_bounds
 
-    old = fbs_layout.parse((pathlib.Path(__file__).parents[1] / "schemas/history/1.1/pt2b.fbs").read_text())
-    assert "Method" not in old.tables and "Method" in fbs_layout.layout().tables
+    old = fbs.parse((pathlib.Path(__file__).parents[1] / "schemas/history/1.1/pt2b.fbs").read_text())
+    assert "Method" not in old.tables and "Method" in fbs.layout().tables
     art = reader.open_artifact(written / "two.pt2b")
     h = art.header
     program = (written / "two.pt2b").read_bytes()[h.program_offset:h.program_offset + h.program_size]
-    assert verifier.problem(program, old) is None
-    assert verifier.problem(program) is None
+    assert buffer_bounds.problem(program, old) is None
+    assert buffer_bounds.problem(program) is None
     fields = [f.name for f in old.tables["Program"]]
-    assert "methods" not in fields and len(fields) == len(fbs_layout.layout().tables["Program"]) - 3  # 1.2's two, 1.3's digests
+    assert "methods" not in fields and len(fields) == len(fbs.layout().tables["Program"]) - 3  # 1.2's two, 1.3's digests

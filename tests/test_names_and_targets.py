@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from exporter import export_model, load, load_for_backend, names, ops
 from exporter.errors import CorruptArtifactError, ExportError
-from exporter.serialize import reader, untrusted
+from exporter.serialize import reader
+from exporter.serialize.read import untrusted
 from exporter.serialize.generated import pt2b_generated as G
 from runtime_ref import Runtime
 

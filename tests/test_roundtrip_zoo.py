@@ -140,14 +140,15 @@ def _meta_signature(v):
 
 @pytest.mark.parametrize("name", zoo_names())
 def test_fast_tensor_meta_equals_torchs_deserializer(tmp_path, name):
-    """exporter/serialize/deserialize.py builds static CPU fake tensors directly instead of through
+    """exporter/serialize/read/deserialize.py builds static CPU fake tensors directly instead of through
     a fake dispatch of empty_strided: every node's meta['val'] (type, sizes, strides, dtype, device,
     requires_grad), the generated code and the fake mode sharing must equal torch's deserializer's;
     so must every other meta entry (module stacks are split once per distinct text), in the same order,
     with module-stack dicts shared between nodes exactly where torch's are."""
     from torch._export.serde.serialize import ExportedProgramDeserializer
 
-    from exporter.serialize import deserialize, reader
+    from exporter.serialize import reader
+    from exporter.serialize.read import deserialize
 
     case = make_case(name)
     path = tmp_path / f"{name}.pt2b"
@@ -175,13 +176,14 @@ def test_fast_tensor_meta_equals_torchs_deserializer(tmp_path, name):
 
 @pytest.mark.parametrize("name", zoo_names())
 def test_encode_schema_writes_the_object_apis_bytes(name):
-    """The writer packs torch's schema tree straight into the builder (serialize/encode_schema.py):
+    """The writer packs torch's schema tree straight into the builder (serialize/write/encode_schema.py):
     the program table must be byte for byte what flatc's object API writes for the tree the oracle
     (tests/oracle_codec.py) builds."""
     import flatbuffers
     import oracle_codec
 
-    from exporter.serialize import encode_schema, writer
+    from exporter.serialize import writer
+    from exporter.serialize.write import encode_schema
 
     case = make_case(name)
     ep = torch.export.export(copy.deepcopy(case.model), case.args, case.kwargs or {},

@@ -1,5 +1,5 @@
 """Programs torch.export captures but torch's own serializer writes in a form its deserializer cannot
-read (exporter/serialize/serde_repairs.py): pt2b writes and reads them back."""
+read (exporter/serialize/write/serde_repairs.py): pt2b writes and reads them back."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 
 from exporter import export_model, load
 from exporter.errors import ExportError
-from exporter.serialize import serde_repairs
+from exporter.serialize.write import serde_repairs
 
 
 class AddOne(torch.nn.Module):

@@ -9,7 +9,9 @@ from torch._export.serde import schema as S
 
 from exporter import export_model, load, names
 from exporter.errors import CorruptArtifactError
-from exporter.serialize import encode_schema, reader, untrusted
+from exporter.serialize import reader
+from exporter.serialize.read import untrusted
+from exporter.serialize.write import encode_schema
 
 
 class Dyn(torch.nn.Module):
@@ -41,7 +43,7 @@ def _tamper(path, edit, edit_table=None):
     import flatbuffers
     import zlib
 
-    from exporter.serialize.container import FILE_IDENTIFIER, Header
+    from exporter.serialize.layout.container import FILE_IDENTIFIER, Header
 
     art = reader.open_artifact(path)
     ep = reader.decode_graph(art)

@@ -18,8 +18,10 @@ from hypothesis import strategies as st
 
 from exporter import export_model, load
 from exporter.errors import CorruptArtifactError
-from exporter.serialize import decode_schema, fbs_layout, reader, unpack_tables, verifier
-from exporter.serialize.container import FILE_IDENTIFIER, Header
+from exporter.serialize import reader
+from exporter.serialize.layout import fbs
+from exporter.serialize.read import buffer_bounds, decode_schema, unpack_tables
+from exporter.serialize.layout.container import FILE_IDENTIFIER, Header
 from exporter.serialize.generated import pt2b_generated as G
 from exporter.corpus.zoo import make_case
 
@@ -31,7 +33,7 @@ def _camel(name: str) -> str:
 
 
 def test_layout_is_the_schema_flatc_compiled():
-    lay = fbs_layout.layout()
+    lay = fbs.layout()
     assert lay.root == "Program" and lay.file_identifier == FILE_IDENTIFIER.decode()
     assert len(lay.tables) > 60
     for table, fields in lay.tables.items():
@@ -47,17 +49,17 @@ def test_layout_is_the_schema_flatc_compiled():
 
 
 def test_schema_constructs_outside_the_verifier_are_refused():
-    with pytest.raises(fbs_layout.SchemaLayoutError, match="struct Vec3"):
-        fbs_layout.parse("struct Vec3 { x: float; } table T { a: int; } root_type T;")
-    with pytest.raises(fbs_layout.SchemaLayoutError, match="union U"):
-        fbs_layout.parse("table A { x: int; } union U { A } table T { u: U; } root_type T;")
-    with pytest.raises(fbs_layout.SchemaLayoutError, match="attributes"):
-        fbs_layout.parse("table T { a: int (id: 3); } root_type T;")
-    with pytest.raises(fbs_layout.SchemaLayoutError, match="unknown type"):
-        fbs_layout.parse("table T { a: Missing; } root_type T;")
-    lay = fbs_layout.parse("enum E : ubyte { A, B = 5, C } table T { e: [E]; s: string; } root_type T;")
+    with pytest.raises(fbs.SchemaLayoutError, match="struct Vec3"):
+        fbs.parse("struct Vec3 { x: float; } table T { a: int; } root_type T;")
+    with pytest.raises(fbs.SchemaLayoutError, match="union U"):
+        fbs.parse("table A { x: int; } union U { A } table T { u: U; } root_type T;")
+    with pytest.raises(fbs.SchemaLayoutError, match="attributes"):
+        fbs.parse("table T { a: int (id: 3); } root_type T;")
+    with pytest.raises(fbs.SchemaLayoutError, match="unknown type"):
+        fbs.parse("table T { a: Missing; } root_type T;")
+    lay = fbs.parse("enum E : ubyte { A, B = 5, C } table T { e: [E]; s: string; } root_type T;")
     assert lay.enums["E"] == ("ubyte", frozenset({0, 5, 6}))
-    assert lay.tables["T"][0] == fbs_layout.Field("e", 0, "vector", "ubyte", elem="scalar", enum="E")
+    assert lay.tables["T"][0] == fbs.Field("e", 0, "vector", "ubyte", elem="scalar", enum="E")
 
 
 def _program_bytes(path) -> bytes:
@@ -94,7 +96,7 @@ def test_real_artifacts_verify():
     paths = sorted(GOLDEN.rglob("*.pt2b"))
     assert len(paths) >= 20
     for p in paths:
-        verifier.verify_program(_program_bytes(p), str(p))
+        buffer_bounds.check_buffer(_program_bytes(p), str(p))
 
 
 def _u32_at(buf: bytes, pos: int, value: int) -> bytes:
@@ -109,7 +111,7 @@ def _first(buf: bytes, pattern: bytes) -> int:
 
 def _expect(buf: bytes, match: str):
     with pytest.raises(CorruptArtifactError, match=match):
-        verifier.verify_program(buf, "m.pt2b")
+        buffer_bounds.check_buffer(buf, "m.pt2b")
 
 
 def test_root_and_identifier(artifact):
@@ -201,7 +203,7 @@ def _nested_graph(depth: int):
 
 
 def test_nesting_depth_is_bounded():
-    verifier.verify_program(_nested_graph(20), "m.pt2b")  # 20 nested subgraphs: fine
+    buffer_bounds.check_buffer(_nested_graph(20), "m.pt2b")  # 20 nested subgraphs: fine
     _expect(_nested_graph(40), "nested deeper than 128")
 
 
@@ -243,7 +245,7 @@ _MALFORMED = "m.pt2b: program section is malformed: "
 def _refusal(buf) -> str | None:
     """The verifier's message for ``buf`` without the common prefix, or None when it accepts."""
     try:
-        verifier.verify_program(buf, "m.pt2b")
+        buffer_bounds.check_buffer(buf, "m.pt2b")
     except CorruptArtifactError as e:
         msg = str(e)
         assert msg.startswith(_MALFORMED) and msg.endswith("."), msg
@@ -261,7 +263,7 @@ _PLACE = re.compile(r"(\.\w+|\[\d+\])")
 def _assert_names_a_place(why: str) -> None:
     """The refusal starts with a place in the program (``Program.tensors[0].kind``) that exists in
     the schema's layout, then says which kind of damage is there."""
-    lay = fbs_layout.layout()
+    lay = fbs.layout()
     assert why.startswith(lay.root), why
     rest, at = why[len(lay.root):], ("table", lay.root)  # what the place reached so far is
     while (m := _PLACE.match(rest)):
@@ -377,7 +379,7 @@ def test_decode_schema_agrees_with_the_oracle_on_damaged_buffers(pristine, data)
 
     buf = _mutated(pristine, data)
     try:
-        verifier.verify_program(buf, "m.pt2b")
+        buffer_bounds.check_buffer(buf, "m.pt2b")
     except CorruptArtifactError:
         return
     graph = unpack_tables.unpack_program(buf, lazy=("exportedProgram",)).exportedProgram
@@ -398,7 +400,7 @@ def test_decode_schema_agrees_with_the_oracle_on_damaged_buffers(pristine, data)
 def test_decode_graph_of_a_tree_set_in_memory(artifact):
     """A graph set on an opened artifact in memory (an object-API tree, or encode_schema.Packed)
     decodes through the same path; an absent one is a missing required table."""
-    from exporter.serialize import encode_schema
+    from exporter.serialize.write import encode_schema
 
     art = reader.open_artifact(artifact)
     ep = reader.decode_graph(art)

@@ -16,7 +16,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def write(path=None) -> pathlib.Path:
-    from exporter.serialize.atomic import atomic_write
+    from exporter.util.atomic import atomic_write
     from exporter.versioning import registries
 
     doc = registries.running_registry()

@@ -407,7 +407,7 @@ def write(results: dict, path) -> str:
     """Store ``results`` at ``path`` (atomically), as schemas/opsets/audit@<torch major.minor>.json is."""
     import json
 
-    from ..serialize.atomic import atomic_write
+    from ..util.atomic import atomic_write
     from .presets import torch_minor
 
     doc = {"torch_version": torch_minor(), "ulp_limit": ULP_LIMIT, "wrong_rel": {str(k).removeprefix("torch."): v

@@ -81,7 +81,8 @@ def check_source_weights(source, plan) -> None:
     was hashed as it was written; any other is hashed here. A source without digests was keyed by
     its bytes themselves (content_digest): nothing to check."""
     from ..errors import CorruptArtifactError
-    from ..serialize import reader, weights
+    from ..serialize import reader
+    from ..serialize.layout import segments
 
     recorded = reader.weight_digests(source)
     if recorded is None:
@@ -90,7 +91,7 @@ def check_source_weights(source, plan) -> None:
     for i, view in enumerate(reader.segment_views(source)):
         found = written.get((view.data_ptr(), view.numel()))
         if found is None:
-            found = weights.digest(memoryview(view.numpy()) if view.numel() else b"")
+            found = segments.digest(memoryview(view.numpy()) if view.numel() else b"")
         if found != recorded[i]:
             raise CorruptArtifactError(
                 f"{source.path}: weight segment {i} does not hold the bytes the program section's digest "
@@ -120,7 +121,7 @@ class Entry:
         stored it was. ``verify``: the entry's weights are checked against their digests too; an entry
         whose weights fail is removed (and so lowered again)."""
         from ..serialize import reader
-        from ..serialize.gc_pause import gc_paused
+        from ..util.gc_pause import gc_paused
 
         try:
             with gc_paused():
@@ -155,7 +156,7 @@ class Entry:
         ``source`` to the slot, each with its lowering record, once the source's weights are found to
         be the ones its digests record (check_source_weights: a CorruptArtifactError otherwise, and no
         entry); a cache that cannot be written only warns (lowering succeeded)."""
-        from ..serialize.writer import MethodSource, write_artifact
+        from ..serialize.write.writer import MethodSource, write_artifact
 
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -183,7 +184,7 @@ def _hit(art, record, metadata: dict, name: str) -> Hit | None:
     """One method's Hit, or None when what the entry says of it does not hold together."""
     from ..lazy import Lazy
     from ..serialize import reader
-    from ..serialize.gc_pause import gc_paused
+    from ..util.gc_pause import gc_paused
     from .reuse import expand, valid_recipe
     from .validate import Validation
 

@@ -39,7 +39,7 @@ def measure(paths, preset: str = "core", *, supported_ops=None, keep=None, track
     from collections import Counter
 
     from ..errors import Pt2bError
-    from ..serialize.reader import read_programs
+    from ..serialize.read.reader import read_programs
     from .lower import lower, plan_lowering
 
     plan = plan_lowering(preset, supported_ops=supported_ops, keep=keep)

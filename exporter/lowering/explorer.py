@@ -48,7 +48,7 @@ def default_corpus(names=None, track=None) -> list[CorpusProgram]:
 
 def artifact_corpus(paths, track=None) -> list[CorpusProgram]:
     """The programs of .pt2b artifacts (files, or folders searched recursively); ``track`` reports each load."""
-    from ..serialize.reader import read_programs
+    from ..serialize.read.reader import read_programs
     from .coverage import artifacts
 
     files = artifacts(paths)
@@ -277,7 +277,7 @@ def _parents_of(data: dict, op: str, table: set) -> list[str]:
 
 def write_page(data: dict, path) -> pathlib.Path:
     """The self-contained HTML page (no server, no network) with ``data`` embedded."""
-    from ..serialize.atomic import atomic_write
+    from ..util.atomic import atomic_write
 
     payload = json.dumps(data, separators=(",", ":"), sort_keys=True)
     payload = payload.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")

@@ -30,7 +30,7 @@ class RawProgram:
     """An artifact's format version, header and program section, as bytes, between steps."""
 
     version: tuple[int, int]
-    header: object  # serialize.container.Header (its major/minor are the file's)
+    header: object  # serialize.layout.container.Header (its major/minor are the file's)
     program: bytes
 
 
@@ -78,11 +78,10 @@ def check_readable(version: tuple[int, int], where: str) -> None:
 
 
 def header_reader(major: int):
-    """The function that parses major ``major``'s fixed header (today's unless a step says otherwise)."""
-    from ..serialize.container import unpack_header
-
+    """The function a step registers to parse major ``major``'s fixed header, or None where today's
+    layout (serialize's container.unpack_header) applies."""
     step = STEPS.get(major)
-    return step.read_header if step is not None and step.read_header is not None else unpack_header
+    return step.read_header if step is not None else None
 
 
 def upgrade(raw: RawProgram, where: str) -> tuple[RawProgram, list[str]]:

@@ -53,7 +53,7 @@ def upgrade_file(source, dest=None, *, check: bool = False, to: tuple[int, int] 
     """Upgrade ``source`` into ``dest`` (default: in place, atomically)."""
     from ..api import load
     from ..serialize import writer
-    from ..serialize.atomic import atomic_path
+    from ..util.atomic import atomic_path
 
     target = to or FORMAT_VERSION
     source = os.fspath(source)

@@ -110,6 +110,14 @@ def rename_input(node: S.Node, old: str, new: str) -> None:
     inp.name = new
 
 
+def bool_input(node: S.Node, name: str) -> S.NamedArgument | None:
+    """Input ``name`` (None where the node omits it); UpgraderError unless it holds a bool."""
+    inp = find_input(node, name)
+    if inp is not None and inp.arg.type != "as_bool":
+        raise UpgraderError(f"node {node.name or '?'}: {name} is {inp.arg.type}, expected a bool")
+    return inp
+
+
 def _is_none(arg: S.Argument) -> bool:
     return arg.type == "as_none"
 
@@ -244,10 +252,8 @@ for _op, _args in (("_cdist_backward", "Tensor x1, Tensor x2, float p, Tensor cd
     history="facts row 16: torch 2.14.1's registry has no aten::cholesky (2.13.0's has)",
 )
 def cholesky_to_linalg(node: S.Node, ctx: Context) -> None:
-    inp = find_input(node, "upper")
+    inp = bool_input(node, "upper")
     if inp is not None:
-        if inp.arg.type != "as_bool":
-            raise UpgraderError(f"node {node.name or '?'}: upper is {inp.arg.type}, expected a bool")
         inp.kind = S.ArgumentKind.KEYWORD
 
 
@@ -260,9 +266,7 @@ def cholesky_to_linalg(node: S.Node, ctx: Context) -> None:
 )
 def qr_to_linalg(node: S.Node, ctx: Context) -> None:
     rename_input(node, "self", "A")
-    inp = find_input(node, "some")
+    inp = bool_input(node, "some")
     if inp is None:
         return
-    if inp.arg.type != "as_bool":
-        raise UpgraderError(f"node {node.name or '?'}: some is {inp.arg.type}, expected a bool")
     inp.name, inp.arg = "mode", S.Argument.create(as_string="reduced" if inp.arg.value else "complete")

@@ -10,7 +10,7 @@ def graph_of(tree):
     """torch's ``ExportedProgram`` schema tree of the object-API program table ``tree``."""
     from torch._export.serde import schema as S
 
-    from exporter.serialize import decode_schema, unpack_tables
+    from exporter.serialize.read import decode_schema, unpack_tables
 
     ref = unpack_tables.packed(tree.exportedProgram, "ExportedProgram")
     return decode_schema.read(ref.buf, ref.pos, S.ExportedProgram, "seed")
@@ -19,6 +19,7 @@ def graph_of(tree):
 def set_graph(tree, ep) -> None:
     """Replace the schema tree of ``tree`` by ``ep``; raises whatever encoding ``ep`` raises, and
     leaves ``tree`` as it was then (the table is packed here, not when ``tree`` is)."""
-    from exporter.serialize import encode_schema, unpack_tables
+    from exporter.serialize.read import unpack_tables
+    from exporter.serialize.write import encode_schema
 
     tree.exportedProgram = unpack_tables.packed(encode_schema.Packed(ep), "ExportedProgram")

@@ -128,7 +128,7 @@ def pack_schema(s: Seed, tree, ep) -> bytearray:
 
 
 def pack_tree(s: Seed, tree) -> bytearray:
-    from exporter.serialize.container import FILE_IDENTIFIER
+    from exporter.serialize.layout.container import FILE_IDENTIFIER
 
     try:
         b = flatbuffers.Builder(1 << 16)
@@ -153,7 +153,7 @@ class Prepacked:
 def shared_tables(types: tuple):
     """While active, pt2b's schema encoder packs each object of ``types`` once per builder: a
     second reference to the same Python object reuses the first's offset (a DAG in the buffer)."""
-    from exporter.serialize import encode_schema
+    from exporter.serialize.write import encode_schema
 
     original = encode_schema.pack
     memo: dict[tuple[int, int], int] = {}
@@ -175,8 +175,8 @@ def shared_tables(types: tuple):
 
 def pack_shared_schema(s: Seed, tree, ep, types: tuple) -> bytearray:
     """pack_schema with every object of ``types`` in ``ep`` packed once and shared."""
-    from exporter.serialize import encode_schema
-    from exporter.serialize.container import FILE_IDENTIFIER
+    from exporter.serialize.write import encode_schema
+    from exporter.serialize.layout.container import FILE_IDENTIFIER
 
     try:
         with shared_tables(types):
@@ -195,7 +195,7 @@ def pack_shared_methods(s: Seed, n: int, share_vectors: bool = True, tree=None) 
     """Seed ``s`` with ``n`` more methods (Program.methods, format 1.2), every one pointing at the
     root's one exported_program table (and, with ``share_vectors``, at its one tensor-record and
     op-table vectors): the file grows by a few bytes per method, a per-method walk n-fold."""
-    from exporter.serialize.container import FILE_IDENTIFIER
+    from exporter.serialize.layout.container import FILE_IDENTIFIER
     from exporter.serialize.generated import pt2b_generated as G
 
     tree = tree or s.program_tree()

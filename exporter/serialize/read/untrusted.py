@@ -23,8 +23,8 @@ import torch
 from torch._export.serde import schema as S
 from torch._export.serde.union import _Union
 
-from .. import names, ops
-from ..errors import CorruptArtifactError
+from ... import names, ops
+from ...errors import CorruptArtifactError
 
 @functools.cache
 def _python_targets() -> frozenset:
@@ -195,6 +195,17 @@ def _parse(text: str, bad) -> ast.Expression:
         raise bad("does not parse") from None
 
 
+def _check_constant(v, name_ok, name_what: str, bad) -> None:
+    """Raise ``bad(...)`` unless the literal ``v`` of an expression or guard is a number of at most 64
+    bits or a string ``name_ok`` accepts (``name_what`` says what it must be)."""
+    if isinstance(v, str) and not name_ok(v):
+        raise bad(f"contains a string that is not {name_what}")
+    if isinstance(v, int) and abs(v) > MAX_INT:
+        raise bad("contains an integer beyond 64 bits")
+    if not isinstance(v, (str, int, float)):  # (bool is an int)
+        raise bad(f"contains the constant {v!r}")
+
+
 def check_expr(expr: str, where: str) -> None:
     """Raise unless ``expr`` is arithmetic over numbers, symbols and known sympy names.
     It is parsed with ast (never evaluated); exponents must be small or symbolic."""
@@ -225,13 +236,7 @@ def check_expr(expr: str, where: str) -> None:
         if isinstance(node, ast.keyword) and node.arg not in _ASSUMPTIONS:
             raise bad(f"passes keyword {node.arg!r}")
         if isinstance(node, ast.Constant):
-            v = node.value
-            if isinstance(v, str) and not _QUOTED_NAME.fullmatch(v):
-                raise bad("contains a string that is not a symbol name")
-            if isinstance(v, int) and abs(v) > MAX_INT:
-                raise bad("contains an integer beyond 64 bits")
-            if not isinstance(v, (str, int, float, bool)) or v is None:
-                raise bad(f"contains the constant {v!r}")
+            _check_constant(node.value, _QUOTED_NAME.fullmatch, "a symbol name", bad)
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow) and not _small_exponent(node.right):
             raise bad("raises to a large or nested power")
         if isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("Pow", "PowByNatural", "FloatPow") \
@@ -427,7 +432,7 @@ _LEAF_TYPES = frozenset((str, int, float, bool, type(None)))  # values the walk 
 def _nested_fields(cls) -> tuple[tuple, frozenset]:
     """((name field, pattern), ...) checked on ``cls``, and the fields (union members) whose values
     can hold further schema dataclasses: the only ones the walk descends into."""
-    from .schema_map import fields as schema_fields
+    from ..mapping.schema_map import fields as schema_fields
 
     def holds(desc) -> bool:
         return desc[0] == "dc" or (desc[0] in ("list", "opt", "dict", "listlist") and holds(desc[1]))
@@ -626,13 +631,7 @@ def check_guard(code, root_args: set, where: str) -> list[tuple]:
         if isinstance(node, ast.Name) and node.id == "L" and id(node) not in subscripted:
             raise bad("uses L other than to read an argument")
         if isinstance(node, ast.Constant):
-            v = node.value
-            if isinstance(v, str) and not names.identifier_ok(v):
-                raise bad("contains a string that is not a name")
-            if isinstance(v, int) and abs(v) > MAX_INT:
-                raise bad("contains an integer beyond 64 bits")
-            if not isinstance(v, (str, int, float)):
-                raise bad(f"contains the constant {v!r}")
+            _check_constant(node.value, names.identifier_ok, "a name", bad)
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow) and not _small_exponent(node.right):
             raise bad("raises to a large power")
     return _input_paths(tree)

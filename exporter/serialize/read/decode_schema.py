@@ -3,10 +3,10 @@ reader's one path from bytes to a schema tree (no object-API tree in between; bu
 would cost a fifth of a load of the 6x512 encoder).
 
 Each schema dataclass gets a plan once: for every field its vtable entry, wire kind and type (from
-fbs_layout) and how the value maps back (schema_map's descriptors and rules): invalid UTF-8 or enum
+layout/fbs.py) and how the value maps back (schema_map's descriptors and rules): invalid UTF-8 or enum
 values, unknown union tags and missing required tables are CorruptArtifactError, absent
 lists/dicts/strings become empty, fields with a dataclass default keep it. It trusts offsets: run
-verifier.verify_program first. tests/test_verifier.py compares it with the object-API oracle of
+buffer_bounds.check_buffer first. tests/test_verifier.py compares it with the object-API oracle of
 tests/oracle_codec.py on every golden artifact and on damaged buffers the verifier accepts.
 """
 
@@ -17,8 +17,9 @@ import struct
 
 from torch._export.serde.union import _Union
 
-from . import fbs_layout, schema_map
-from .fbs_layout import SCALARS
+from ..layout import fbs
+from ..layout.fbs import SCALARS
+from ..mapping import schema_map
 
 _U32 = struct.Struct("<I").unpack_from
 _I32 = struct.Struct("<i").unpack_from
@@ -32,7 +33,7 @@ def _plan(cls):
     """(union tag reader or None, {tag: field index}, fields) of a schema dataclass; a field is
     (name, vtable entry, wire kind, vector element kind, wire type, scalar unpacker, wire default,
     descriptor, has a dataclass default, the descriptor without "opt")."""
-    layout = fbs_layout.layout().tables[cls.__name__]
+    layout = fbs.layout().tables[cls.__name__]
     wire = {f.name: f for f in layout}
     defaults = dict(zip((f.name for f in layout), (d for _, d in schema_map.table_defaults(cls.__name__))))
     fields = []
@@ -91,7 +92,7 @@ def _field(buf, pos: int, vt: int, vt_len: int, field, where: str):
     if dk == "list":
         return _vector(buf, q, elem, typ, desc[1], where)
     if dk == "listlist":  # [XList { items }]
-        (items,) = fbs_layout.layout().tables[desc[2]]
+        (items,) = fbs.layout().tables[desc[2]]
         out = []
         for t in _table_offsets(buf, q):
             at = _field_at(buf, t, 0)
@@ -99,7 +100,7 @@ def _field(buf, pos: int, vt: int, vt_len: int, field, where: str):
         return out
     if dk == "dict":  # [XEntry { key, value }]
         value_desc = schema_map.strip_opt(desc[1])
-        value_f = fbs_layout.layout().tables[desc[2]][1]
+        value_f = fbs.layout().tables[desc[2]][1]
         out = {}
         for t in _table_offsets(buf, q):
             at = _field_at(buf, t, 0)

@@ -24,13 +24,15 @@ from torch._export.serde import schema as S
 from torch.utils._sympy.numbers import int_oo
 from torch.utils._sympy.value_ranges import ValueRanges
 
-from .. import names
-from ..errors import (ArtifactError, CorruptArtifactError, MethodNotFoundError, MissingPytreeTypeError,
+from ... import names
+from ...errors import (ArtifactError, CorruptArtifactError, MethodNotFoundError, MissingPytreeTypeError,
                       NotAnArtifactError)
-from ..versioning import formats, majors, schema_drift
-from . import decode_schema, module_stacks, return_types, unpack_tables, untrusted, verifier, weights
-from .container import FILE_IDENTIFIER, HEADER_SIZE, Header, read_preamble
-from .generated import pt2b_generated as G
+from ...versioning import formats, majors, schema_drift
+from ..generated import pt2b_generated as G
+from ..layout.container import FILE_IDENTIFIER, HEADER_SIZE, Header, read_preamble, unpack_header
+from ..layout.segments import DIGEST_SIZE, KIND_NAMES
+from ..mapping import module_stacks, return_types
+from . import buffer_bounds, decode_schema, unpack_tables, untrusted, weights
 
 return_types.register()  # torch.return_types (sort, topk, ...) in pytree specs: named, to write and read
 
@@ -102,7 +104,7 @@ def _open_checked(path, *, mapped: bool):
         head = f.read(HEADER_SIZE)
         major, minor = read_preamble(head, where)
         majors.check_readable((major, minor), where)  # older majors only when steps reach today's
-        header = majors.header_reader(major)(head, where, size)
+        header = (majors.header_reader(major) or unpack_header)(head, where, size)  # today's unless a step says
         if mapped:
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
             program_bytes = mm[header.program_offset : header.program_offset + header.program_size]
@@ -129,8 +131,8 @@ def open_artifact(path) -> Artifact:
     if len(program_bytes) < 8 or not G.Program.ProgramBufferHasIdentifier(program_bytes, 0):
         raise CorruptArtifactError(f"{where}: program section lacks the file identifier {FILE_IDENTIFIER!r}.")
     # bounds, enums, depth, work: before any unpacking; the graph's own walk runs at its first read
-    budget = verifier.Budget(len(program_bytes))  # one for the file: every graph's walk below draws on it
-    skipped = verifier.verify_program(program_bytes, where, skip=(_GRAPH_FIELD,), budget=budget)
+    budget = buffer_bounds.Budget(len(program_bytes))  # one for the file: every graph's walk below draws on it
+    skipped = buffer_bounds.check_buffer(program_bytes, where, skip=(_GRAPH_FIELD,), budget=budget)
     try:
         # = G.ProgramT.InitFromPackedBuf, 4x faster; the graph is left packed for decode_graph to read directly
         program = unpack_tables.unpack_program(program_bytes, lazy=("exportedProgram",))
@@ -141,7 +143,7 @@ def open_artifact(path) -> Artifact:
                                                      for i, m in enumerate(program.methods or [])]:
         graph = table.exportedProgram
         if isinstance(graph, unpack_tables.TableRef):
-            graph.pending = functools.partial(verifier.verify_table, graph.buf, graph.pos, graph.table, field, where,
+            graph.pending = functools.partial(buffer_bounds.check_table, graph.buf, graph.pos, graph.table, field, where,
                                               budget=budget)
     names_ = _method_names(program, where)
     return Artifact(path, header, program, mm, digest=digest, format_notes=notes, method_names=names_,
@@ -233,10 +235,10 @@ def weight_digests(art: Artifact) -> list[bytes] | None:
         return None
     raw = bytes(raw)
     n = len(art.program.segments or [])
-    if len(raw) != n * weights.DIGEST_SIZE:
+    if len(raw) != n * DIGEST_SIZE:
         raise CorruptArtifactError(f"{_where(art.path)}: the program records {len(raw)} bytes of weight digests for "
-                                   f"{n} segments ({weights.DIGEST_SIZE} bytes each); the file is damaged.")
-    return [raw[i:i + weights.DIGEST_SIZE] for i in range(0, len(raw), weights.DIGEST_SIZE)]
+                                   f"{n} segments ({DIGEST_SIZE} bytes each); the file is damaged.")
+    return [raw[i:i + DIGEST_SIZE] for i in range(0, len(raw), DIGEST_SIZE)]
 
 
 def segment_views(art: Artifact) -> list[torch.Tensor]:
@@ -261,7 +263,7 @@ def load_tensors(art: Artifact, *, verify: bool = False) -> dict[str, tuple[int,
         name = text(rec.name)
         untrusted.check_name(name, untrusted.FQN, where, "tensor name")
         name = names.safe_path(name)
-        if rec.kind not in weights.KIND_NAMES:
+        if rec.kind not in KIND_NAMES:
             raise CorruptArtifactError(f"{where}: tensor {name!r} has unknown kind {rec.kind}.")
         if name in out:
             raise CorruptArtifactError(f"{where}: tensor {name!r} is stored twice.")
@@ -372,18 +374,9 @@ def check(art: Artifact, *, verify: bool = False) -> Checked:
     return Checked(serialized, state_dict, constants, example_inputs)
 
 
-def read_program(path) -> torch.export.ExportedProgram:
-    """The program the artifact at ``path`` holds, through every check (what load(path).exported_program()
-    gives, without the metadata a Pt2bProgram carries)."""
-    from .gc_pause import gc_paused
-
-    with gc_paused():
-        return rebuild(open_artifact(path))
-
-
 def read_programs(path) -> dict[str, torch.export.ExportedProgram]:
     """Every method of the artifact at ``path``, through every check (the writer's check_readable)."""
-    from .gc_pause import gc_paused
+    from ...util.gc_pause import gc_paused
 
     with gc_paused():
         art = open_artifact(path)

@@ -117,8 +117,8 @@ def _source_fn_stack(text: str) -> list:
     deserializer makes it, except that a callable is resolved only through the operator registry or
     _meta_targets: torch's own code resolves any torch.*, operator.* or math.* path with getattr.
     A name neither knows stays text, as torch leaves a name it cannot resolve."""
-    from .. import ops
-    from ..errors import CorruptArtifactError
+    from ... import ops
+    from ...errors import CorruptArtifactError
 
     out = []
     for entry in text.split(_serde.ST_DELIMITER):

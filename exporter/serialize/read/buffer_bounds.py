@@ -1,12 +1,13 @@
-"""A FlatBuffers verifier for the program section (the Python runtime has none): every offset,
-vtable, length, string, enum value and nesting depth is checked before anything reads the buffer.
+"""The buffer-bounds check of the program section (a FlatBuffers verifier: the Python runtime has
+none): every offset, vtable, length, string, enum value and nesting depth is checked before
+anything reads the buffer. The second step of a read, after layout/container.py's header.
 
 Besides bounds, it bounds the WORK of unpacking: a crafted buffer can point many offsets at one
 string or table, so that unpacking materializes far more than the file holds (a vector of 100k
 offsets to one 1 MB string unpacks to 100 GB). pt2b's writer never shares objects, so the bytes
 of every table, string and vector reached, counted once per reference, must fit in the buffer.
 
-One walk decides and explains. It follows a plan per table (from fbs_layout) and builds no text
+One walk decides and explains. It follows a plan per table (from layout/fbs.py) and builds no text
 while the buffer is good; a failed check raises _Refusal with what is wrong there, and each table
 field and vector element the refusal passes through on its way out adds its name to the place
 (``Program.tensors[0].kind: 200 is not a value of enum TensorKind``).
@@ -16,8 +17,8 @@ from __future__ import annotations
 
 import struct
 
-from ..errors import CorruptArtifactError
-from .fbs_layout import SCALARS, Layout, layout
+from ...errors import CorruptArtifactError
+from ..layout.fbs import SCALARS, Layout, layout
 
 MAX_DEPTH = 128  # nested tables (each subgraph adds about six: Argument -> GraphArgument -> Graph -> ...)
 
@@ -79,8 +80,8 @@ def _plans(lay: Layout) -> dict:
 
 
 class Budget:
-    """The work left to one buffer's walks: its size in bytes at first. verify_program's walk and every
-    later verify_table walk of a table it skipped (each method's graph) draw from the same Budget, so
+    """The work left to one buffer's walks: its size in bytes at first. check_buffer's walk and every
+    later check_table walk of a table it skipped (each method's graph) draw from the same Budget, so
     tables that several methods reference are counted once per reference and the whole of a file's
     checking, however its tables are shared, reads at most the file's size."""
 
@@ -233,11 +234,11 @@ def _checked(buf, lay: Layout, skip, shared: Budget | None = None) -> tuple[str 
         return r.message(), {}
 
 
-def verify_program(buf, where: str, lay: Layout | None = None, skip=(), budget: Budget | None = None) -> dict[str, int]:
+def check_buffer(buf, where: str, lay: Layout | None = None, skip=(), budget: Budget | None = None) -> dict[str, int]:
     """Raise CorruptArtifactError unless ``buf`` is a well-formed buffer of the schema's root table;
     the message names the place and what is wrong there. The root's table fields named in ``skip``
     (schema names, e.g. "exported_program") are checked as offsets only: returns {field: position}
-    of those present, for verify_table when the field is first read. ``budget``: the buffer's Budget,
+    of those present, for check_table when the field is first read. ``budget``: the buffer's Budget,
     which the walks of the skipped tables then draw from (by default a fresh one, unshared)."""
     why, skipped = _checked(buf, lay or layout(), frozenset("." + f for f in skip), budget)
     if why is not None:
@@ -245,10 +246,10 @@ def verify_program(buf, where: str, lay: Layout | None = None, skip=(), budget: 
     return {f[1:]: pos for f, pos in skipped.items()}
 
 
-def verify_table(buf, pos: int, table: str, field: str, where: str, lay: Layout | None = None,
+def check_table(buf, pos: int, table: str, field: str, where: str, lay: Layout | None = None,
                  budget: Budget | None = None) -> None:
-    """The check verify_program skipped for the root's ``field``: the ``table`` at ``pos`` and
-    everything it reaches (the same rules), drawing on the buffer's ``budget`` (verify_program's):
+    """The check check_buffer skipped for the root's ``field``: the ``table`` at ``pos`` and
+    everything it reaches (the same rules), drawing on the buffer's ``budget`` (check_buffer's):
     a table reached again through another reference is paid for again, from the same budget."""
     lay = lay or layout()
     try:

@@ -14,16 +14,17 @@ import torch.utils._pytree as pytree
 from torch._export.serde import schema as S
 from torch._export.serde.serialize import ExportedProgramSerializer
 
-from ..version import __version__
-from .. import names
-from ..errors import ArtifactError, ExportError, UnsupportedValueError
-from ..versioning import majors, op_table
-from ..versioning.formats import FIELDS_ADDED, FORMAT_VERSION, version_str
-from . import encode_schema, module_stacks, return_types, serde_repairs, weights
-from .atomic import atomic_path, check_destination
-from .container import ALIGNMENT, FILE_IDENTIFIER, HEADER_SIZE, Header, align
-from .gc_pause import gc_paused
-from .generated import pt2b_generated as G
+from ...version import __version__
+from ... import names
+from ...errors import ArtifactError, ExportError, UnsupportedValueError
+from ...versioning import majors, op_table
+from ...versioning.formats import FIELDS_ADDED, FORMAT_VERSION, version_str
+from ...util.atomic import atomic_path, check_destination
+from ...util.gc_pause import gc_paused
+from ..generated import pt2b_generated as G
+from ..layout.container import ALIGNMENT, FILE_IDENTIFIER, HEADER_SIZE, Header, align
+from ..mapping import module_stacks, return_types
+from . import encode_schema, serde_repairs, weights
 
 MAX_METADATA_BYTES = 16 << 20
 _SCALAR_LEAVES = (bool, int, float, str, type(None))
@@ -187,7 +188,7 @@ def _method_parts(m: MethodSource, force_escape: bool, target_torch, provenance:
         serialized = serialize_graph(m.ep)
     operators = op_table.collect(m.ep.graph_module)
     if target_torch is not None:  # another release's op schemas (versioning/retarget.py)
-        from ..versioning import retarget
+        from ...versioning import retarget
 
         serialized, operators, notes = retarget.retarget(serialized, operators, target_torch)
         provenance["target_torch"] = retarget.registry_for(target_torch).torch_version
@@ -282,7 +283,7 @@ def check_readable(tmp: str, dest: str) -> None:
     """Load the file written at ``tmp`` as `load` would (every check, then torch's deserializer)
     before it is renamed to ``dest``: a program pt2b would refuse or fail to load is an
     ExportError now, never a file."""
-    from . import reader
+    from ..read import reader
 
     try:
         reader.read_programs(tmp)

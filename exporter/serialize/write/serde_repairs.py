@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch._export.serde import schema as S
 
-from .. import ops
+from ... import ops
 
 _ITEM = "torch.ops.aten.item.default"
 _REGIONS = {"torch.ops.higher_order.wrap_with_set_grad_enabled", "torch.ops.higher_order.wrap_with_autocast"}

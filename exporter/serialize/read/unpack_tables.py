@@ -5,9 +5,9 @@ provenance), field for field what `G.ProgramT.InitFromPackedBuf` builds, about 4
 
 flatc's Python object API reads every field through flatbuffers' generic Table accessors (several
 Python calls per field). Here each table kind gets a plan once (field slot, kind, struct format,
-default) from the schema's layout (fbs_layout, the same data the verifier checks with) and the
+default) from the schema's layout (layout/fbs.py, the same data the verifier checks with) and the
 object API's attributes and defaults (schema_map.table_defaults), and a table is read with direct
-struct reads. It trusts offsets: run verifier.verify_program first.
+struct reads. It trusts offsets: run buffer_bounds.check_buffer first.
 
 The result is made of the generated classes themselves (Pack() works, tests and tools treat it as
 the object API's); tests/test_verifier.py compares both on every artifact it has.
@@ -21,8 +21,9 @@ import struct
 import flatbuffers
 import numpy as np
 
-from . import fbs_layout, schema_map
-from .generated import pt2b_generated as G
+from ..generated import pt2b_generated as G
+from ..layout import fbs
+from ..mapping import schema_map
 
 _U32 = struct.Struct("<I").unpack_from
 _I32 = struct.Struct("<i").unpack_from
@@ -34,9 +35,9 @@ def _plan(table: str):
     """(class, [(attr, vtable entry offset, kind, type, elem, struct unpacker, numpy dtype, default)])."""
     cls = getattr(G, table + "T")
     plan = []
-    for (attr, default), f in zip(schema_map.table_defaults(table), fbs_layout.layout().tables[table]):
+    for (attr, default), f in zip(schema_map.table_defaults(table), fbs.layout().tables[table]):
         scalar = f.type if f.kind == "scalar" else (f.type if f.kind == "vector" and f.elem == "scalar" else "")
-        unpack = struct.Struct(fbs_layout.SCALARS[scalar][0]).unpack_from if scalar else None
+        unpack = struct.Struct(fbs.SCALARS[scalar][0]).unpack_from if scalar else None
         dtype = schema_map.wire_dtype(scalar) if f.kind == "vector" and scalar else None
         plan.append((attr, 4 + 2 * f.slot, f.kind, f.type, f.elem, unpack, dtype, default))
     return cls, plan
@@ -121,4 +122,4 @@ def unpack_program(buf: bytes, lazy=()):
     """The G.ProgramT of a verified program buffer (offset 0 holds the root table's offset); table
     fields named in ``lazy`` (object-API names: the root's and every Method's) are left packed as
     TableRefs."""
-    return _table(buf, _U32(buf, 0)[0], fbs_layout.layout().root, frozenset(lazy))
+    return _table(buf, _U32(buf, 0)[0], fbs.layout().root, frozenset(lazy))

@@ -2,7 +2,7 @@
 the writer's one path from a schema tree to bytes (no object-API tree in between, no flatc per-field
 helper calls; 40% of a save of the 6x512 encoder would go to those).
 
-Each table kind gets a plan once, from the schema's layout (fbs_layout: slots, wire types) and
+Each table kind gets a plan once, from the schema's layout (layout/fbs.py: slots, wire types) and
 schema_map's field descriptors (how a dataclass value maps to the wire); packing then follows
 flatc's generated Pack order exactly: children (strings, vectors, sub-tables) in declaration order,
 then the table's fields in declaration order, scalars equal to their default left out. So the bytes
@@ -18,7 +18,8 @@ import flatbuffers.number_types as N
 import numpy as np
 from torch._export.serde.union import _Union
 
-from . import fbs_layout, schema_map
+from ..layout import fbs
+from ..mapping import schema_map
 
 _FLAGS = {"bool": N.BoolFlags, "byte": N.Int8Flags, "int8": N.Int8Flags, "ubyte": N.Uint8Flags,
           "uint8": N.Uint8Flags, "short": N.Int16Flags, "int16": N.Int16Flags, "ushort": N.Uint16Flags,
@@ -32,7 +33,7 @@ _FLAGS = {"bool": N.BoolFlags, "byte": N.Int8Flags, "int8": N.Int8Flags, "ubyte"
 def _plan(cls):
     """(table field count, [(fbs field, dataclass field name or None, descriptor, default)]) for a
     schema dataclass; the union tag comes first as the pseudo-name "<tag>"."""
-    fields = fbs_layout.layout().tables[cls.__name__]
+    fields = fbs.layout().tables[cls.__name__]
     descs = {name: desc for name, _, desc, _ in schema_map.fields(cls)}
     plan = []
     for f, (_, default) in zip(fields, schema_map.table_defaults(cls.__name__)):
@@ -77,7 +78,7 @@ def _child(builder, f, desc: tuple, value) -> int:
 
 def _list_table(builder, desc: tuple, items) -> int:
     """One XList { items } table of a list[list[X]] field (desc: ("listlist", elem, "XList"))."""
-    (f,) = fbs_layout.layout().tables[desc[2]]
+    (f,) = fbs.layout().tables[desc[2]]
     off = _child(builder, f, ("list", desc[1]), items)
     builder.StartObject(1)
     builder.PrependUOffsetTRelativeSlot(0, off, 0)
@@ -87,7 +88,7 @@ def _list_table(builder, desc: tuple, items) -> int:
 def _entry(builder, desc: tuple, key: str, value) -> int:
     """One XEntry { key, value } table of a dict[str, X] field (desc: ("dict", value, "XEntry"))."""
     value_desc = schema_map.strip_opt(desc[1])
-    key_f, value_f = fbs_layout.layout().tables[desc[2]]
+    key_f, value_f = fbs.layout().tables[desc[2]]
     key_off = builder.CreateString(key)
     value_off = None if value is None or value_f.kind == "scalar" else _child(builder, value_f, value_desc, value)
     builder.StartObject(2)

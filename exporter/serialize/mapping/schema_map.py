@@ -26,10 +26,10 @@ import typing
 import numpy as np
 from torch._export.serde import schema as S
 
-from .. import torch_compat
-from ..errors import ArtifactError, CorruptArtifactError, ExportError, UnsupportedVersionError
-from . import fbs_layout
-from .generated import pt2b_generated as G
+from ... import torch_compat
+from ...errors import ArtifactError, CorruptArtifactError, ExportError, UnsupportedVersionError
+from ..layout import fbs
+from ..generated import pt2b_generated as G
 
 STR = ("str",)
 _SCALARS = {str: STR, int: ("int",), float: ("float",), bool: ("bool",)}
@@ -90,18 +90,18 @@ def tags(cls) -> tuple[dict[str, int], dict[int, str]]:
 @functools.cache
 def table_defaults(table: str) -> tuple[tuple[str, object], ...]:
     """(object-API attribute, wire default) of each field of ``table``, in declaration order, i.e.
-    fbs_layout's order: what flatc's <table>T() initialises (a scalar equal to its default is not
+    layout/fbs.py's order: what flatc's <table>T() initialises (a scalar equal to its default is not
     written; an absent one reads as it)."""
     defaults = tuple(getattr(G, table + "T")().__dict__.items())
-    n = len(fbs_layout.layout().tables[table])
+    n = len(fbs.layout().tables[table])
     if len(defaults) != n:
-        raise fbs_layout.SchemaLayoutError(f"{table}T has {len(defaults)} attributes, pt2b.fbs {n} fields.")
+        raise fbs.SchemaLayoutError(f"{table}T has {len(defaults)} attributes, pt2b.fbs {n} fields.")
     return defaults
 
 
 def wire_dtype(scalar: str) -> np.dtype:
     """The numpy dtype of a vector of the wire scalar type ``scalar`` (flatc's, bool as np.bool_)."""
-    return np.dtype(np.bool_) if scalar == "bool" else np.dtype(fbs_layout.SCALARS[scalar][0])
+    return np.dtype(np.bool_) if scalar == "bool" else np.dtype(fbs.SCALARS[scalar][0])
 
 
 def strip_opt(desc: tuple) -> tuple:
@@ -109,17 +109,18 @@ def strip_opt(desc: tuple) -> tuple:
     return strip_opt(desc[1]) if desc[0] == "opt" else desc
 
 
+# the Python type of a plain scalar, the same on both sides of the wire
+_PLAIN = {"int": int, "float": float, "bool": bool}
+
+
 def enc_scalar(desc: tuple, value):
     """A scalar field's value as it goes on the wire (int64 range checked, enums as ints)."""
     kind = desc[0]
-    if kind == "int":
-        if not -(2**63) <= value < 2**63:
-            raise ExportError(f"integer {value} does not fit in 64 bits; .pt2b stores int64.")
-        return int(value)
-    if kind == "float":
-        return float(value)
-    if kind == "bool":
-        return bool(value)
+    if kind == "int" and not -(2**63) <= value < 2**63:
+        raise ExportError(f"integer {value} does not fit in 64 bits; .pt2b stores int64.")
+    cast = _PLAIN.get(kind)
+    if cast is not None:
+        return cast(value)
     if kind == "enum":
         return int(value)
     raise AssertionError(kind)
@@ -134,12 +135,9 @@ def dec_leaf(desc: tuple, value, where: str):
             return value.decode("utf-8")
         except UnicodeDecodeError as e:
             raise CorruptArtifactError(f"{where}: string is not valid UTF-8 ({e}).") from None
-    if kind == "int":
-        return int(value)
-    if kind == "float":
-        return float(value)
-    if kind == "bool":
-        return bool(value)
+    cast = _PLAIN.get(kind)
+    if cast is not None:
+        return cast(value)
     if kind == "enum":
         try:
             return desc[1](int(value))
@@ -196,18 +194,3 @@ def make_union(cls, name: str, value):
     state["_type"] = tag
     return obj
 
-
-def schema_dataclasses() -> list[type]:
-    """Every dataclass of torch's export schema that a .pt2b program can contain."""
-    seen: dict[type, None] = {}
-
-    def visit(desc):
-        if desc[0] == "dc" and desc[1] not in seen:
-            seen[desc[1]] = None
-            for _, _, d, _ in fields(desc[1]):
-                visit(d)
-        elif desc[0] in ("list", "opt", "dict", "listlist"):
-            visit(desc[1])
-
-    visit(("dc", S.ExportedProgram))
-    return list(seen)
