@@ -23,12 +23,12 @@ import dataclasses
 import torch
 from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
-from ..ops import op_name
-from . import tables
 from ..functionalize import forced_ops, may_mutate
-from .decompose import flag_free, run_decompositions
-from .graph_ops import op_nodes
-from .verify import INFRASTRUCTURE, is_infrastructure
+from ..lowering import tables
+from ..lowering.decompose import flag_free, run_decompositions
+from ..lowering.graph_ops import op_nodes
+from ..lowering.verify import INFRASTRUCTURE, is_infrastructure
+from ..ops import op_name
 
 
 def _has_cia(name: str) -> bool:
