@@ -200,7 +200,7 @@ def test_strict_lowering_withholds_a_decomposition_classed_wrong(tmp_path, monke
 
     doc = copy.deepcopy(STORED)
     doc["ops"]["aten::view_copy.default"].update(verdict="wrong", worst={"why": "raises RuntimeError"})
-    monkeypatch.setattr(audit, "read", lambda torch_minor=None: doc)
+    monkeypatch.setattr(verdicts, "read", lambda torch_minor=None: doc)
     path = tmp_path / "m.pt2b"
     exporter.export_model(ViewCopy(), (torch.randn(3, 4),), path)
     lenient = exporter.load_for_backend(path, "max", cache=False, validate=False)
