@@ -1,7 +1,7 @@
 """Record, during one real lowering, which ops each decomposition emits: the routes (decomposition
 trees) of every call site of a program, exact for any table the opset explorer can choose.
 
-The program is lowered by pt2b's own retrace (decompose.py, the same as any lowering) with every
+The program is lowered by pt2b's own retrace (lowering/decompose.py, as any lowering is) with every
 available decomposition, each wrapped to note its call and to claim the graph nodes created while
 it ran that no decomposition it called claimed: those are the ops it emitted. The result is one
 tree per call site that gets decomposed, and the ops the program calls that have no decomposition. Evaluating those trees for a smaller table (an op not in it stays whole; its
