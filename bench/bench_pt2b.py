@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from exporter import eager_decompositions, export_model, load, load_for_backend  # noqa: E402
-from exporter import progress  # noqa: E402
+from exporter.cli import progress  # noqa: E402
 from exporter.serialize import writer  # noqa: E402
 from exporter.corpus.zoo import encoder_6x512, gpt_350m, make_case  # noqa: E402
 from runtime_ref import Runtime  # noqa: E402

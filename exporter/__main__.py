@@ -1,4 +1,4 @@
-"""`python -m exporter ...`: the same command line as `pt2b ...` (exporter/cli.py)."""
+"""`python -m exporter ...`: the same command line as `pt2b ...` (exporter/cli/)."""
 
 import sys
 

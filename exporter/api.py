@@ -201,8 +201,8 @@ def load_for_backend(path: StrPath, preset: str = "core", *, supported_ops: Iter
                      keep: Iterable[OpSpec] | None = None, decompose: Iterable[OpSpec] | None = None,
                      device: str = "cpu", verify: bool = False, cache: bool | None = None,
                      strict: bool = False, validate: bool = True, method: str | None = None) -> LoweredProgram:
-    """Load ``path`` and lower it for a backend: functionalize, then decompose with a preset
-    ("none", "core", "core-tag", "max", optionally "@<torch version>") or until only
+    """Load ``path`` and lower it for a backend: functionalize, then decompose with a preset (a name
+    of ``exporter.lowering.presets.PRESETS``, optionally "@<torch version>"; docs/lowering.md) or until only
     ``supported_ops`` remain; ``keep`` protects ops; ``decompose`` names more ops to decompose with
     torch's registered decompositions; ``decompositions`` adds/overrides entries with your own.
     Returns a LoweredProgram (``.exported_program()``, ``.ops()``, ``.explain(op)``, callable).

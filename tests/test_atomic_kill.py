@@ -29,7 +29,7 @@ import torch
 from exporter import export_model, load
 from exporter.errors import ExportError
 from exporter.serialize.write import weights
-from exporter.versioning import upgrade_tool
+from exporter.cli import upgrade as upgrade_tool
 
 TESTS = Path(__file__).parent
 REPO = TESTS.parent

@@ -11,13 +11,14 @@ import math
 import pytest
 import torch
 
-from exporter.lowering import audit
+from exporter.explorer import audit
+from exporter.lowering import verdicts
 from exporter.lowering.decompose import applied, layout_repaired_decompositions
 from exporter.lowering.tables import available_decompositions
 
 aten = torch.ops.aten
 TABLE = available_decompositions()
-STORED = audit.read()
+STORED = verdicts.read()
 
 # op -> verdict measured on torch 2.13 (kept in sync with the stored audit by the test below)
 KNOWN = {
@@ -55,7 +56,7 @@ def test_stored_audit_exists_and_counts():
     assert STORED is not None, "run `pt2b opset audit -o schemas/opsets/audit@<torch>.json`"
     assert STORED["torch_version"] == ".".join(torch.__version__.split(".")[:2])
     assert sum(STORED["totals"].values()) == len(STORED["ops"]) == len(audit.audited_ops())
-    assert STORED["totals"] == audit.totals(STORED["ops"])
+    assert STORED["totals"] == verdicts.totals(STORED["ops"])
 
 
 def test_readme_states_the_stored_totals():
@@ -84,7 +85,7 @@ def test_known_cases_fresh_audit_matches_stored_and_expected(name):
 
 
 def _ulps(a, b):
-    return ((a - b).abs() / audit._ulp(b)).max().item()
+    return ((a - b).abs() / verdicts._ulp(b)).max().item()
 
 
 def test_measured_here_atan2_floor_divide_expm1_log1p_are_exact():
@@ -183,7 +184,7 @@ def test_a_decomposition_right_only_on_contiguous_inputs_is_wrong_with_its_layou
     assert rec["verdict"] == "wrong", rec
     assert rec["layouts"]["contiguous"] == "exact"
     assert rec["worst"]["layout"] in audit.LAYOUTS
-    assert "layout" in audit.describe(rec)
+    assert "layout" in verdicts.describe(rec)
 
 
 def test_strict_lowering_withholds_a_decomposition_classed_wrong(tmp_path, monkeypatch):
@@ -199,7 +200,7 @@ def test_strict_lowering_withholds_a_decomposition_classed_wrong(tmp_path, monke
 
     doc = copy.deepcopy(STORED)
     doc["ops"]["aten::view_copy.default"].update(verdict="wrong", worst={"why": "raises RuntimeError"})
-    monkeypatch.setattr(audit, "read", lambda torch_minor=None: doc)
+    monkeypatch.setattr(verdicts, "read", lambda torch_minor=None: doc)
     path = tmp_path / "m.pt2b"
     exporter.export_model(ViewCopy(), (torch.randn(3, 4),), path)
     lenient = exporter.load_for_backend(path, "max", cache=False, validate=False)
@@ -349,11 +350,11 @@ def test_the_audit_command_writes_beside_the_user_never_into_the_package(tmp_pat
     package data: the command never writes it."""
     from exporter import cli, package_data
 
-    shipped = package_data.path("opsets", audit.data_path().name)
+    shipped = package_data.path("opsets", verdicts.data_path().name)
     before = shipped.read_bytes()
     monkeypatch.chdir(tmp_path)
     assert cli.main(["--quiet", "opset", "audit", "--ops", "aten::hardtanh.default"]) == 0
-    written = json.loads((tmp_path / audit.data_path().name).read_text())
+    written = json.loads((tmp_path / verdicts.data_path().name).read_text())
     assert written["ops"].keys() == STORED["ops"].keys()
     assert written["ops"]["aten::hardtanh.default"]["verdict"] == STORED["ops"]["aten::hardtanh.default"]["verdict"]
     assert shipped.read_bytes() == before

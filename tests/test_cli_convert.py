@@ -114,7 +114,7 @@ def test_convert_rejects_other_files(tmp_path):
     p = tmp_path / "x.bin"
     p.write_bytes(b"\x00" * 64)
     with pytest.raises(NotAnArtifactError, match="neither a .pt2b artifact nor"):
-        from exporter.convert import convert
+        from exporter.cli.convert import convert
         convert(p, tmp_path / "y.pt2b")
 
 

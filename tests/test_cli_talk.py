@@ -115,7 +115,7 @@ class FakeTerminal(io.StringIO):
 
 
 def test_when_bars_are_drawn(monkeypatch):
-    from exporter import progress
+    from exporter.cli import progress
 
     monkeypatch.delenv("PT2B_QUIET", raising=False)
     monkeypatch.setattr(sys, "stderr", FakeTerminal())
@@ -137,7 +137,7 @@ def test_when_bars_are_drawn(monkeypatch):
 def test_one_long_step_shows_a_clock(monkeypatch):
     """Commands made of one long step (verify, lower, run, export, convert) show what runs and for
     how long, the clock ticking; the line is erased when the step ends."""
-    from exporter import progress
+    from exporter.cli import progress
 
     monkeypatch.delenv("PT2B_QUIET", raising=False)
     monkeypatch.setenv("COLUMNS", "120")
@@ -191,7 +191,7 @@ def test_filters_are_scoped_to_pt2b_entry_points():
     """The Python API shows the warnings as usual: only the CLI and the demo filter them."""
     import warnings
 
-    from exporter import progress
+    from exporter.cli import progress
 
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from exporter import export_model, load, load_for_backend
-from exporter.versioning import upgrade_tool
+from exporter.cli import upgrade as upgrade_tool
 from runtime_ref import Runtime
 
 TESTS = Path(__file__).parent

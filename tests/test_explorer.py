@@ -15,7 +15,9 @@ import pytest
 from exporter import load_for_backend
 from exporter.api import export_model, load
 from exporter.errors import LoweringError
-from exporter.lowering import explorer
+from exporter.explorer.corpus import artifact_corpus, corpus_routes, default_corpus, shipped_routes
+from exporter.explorer.page import build_data, write_page
+from exporter.explorer.selection import Selection, evaluate
 from exporter.lowering.lower import lower, plan_lowering
 from exporter.lowering.presets import torch_minor
 
@@ -25,13 +27,13 @@ ARTIFACTS = pathlib.Path(__file__).resolve().parents[1] / "test-artifacts"
 OTHER_RELEASE = "2.11" if torch_minor() != "2.11" else "2.15"  # a release whose presets are frozen, not this torch's
 
 SELECTIONS = {
-    "core": explorer.Selection("core"),
-    "core@other": explorer.Selection(f"core@{OTHER_RELEASE}"),
-    "core-tag": explorer.Selection("core-tag"),
-    "none": explorer.Selection("none"),
-    "max-keep-addmm": explorer.Selection("max", keep=("aten::addmm.default",)),
-    "core-decompose-softmax": explorer.Selection("core", decompose=("aten::_softmax.default",)),
-    "supported": explorer.Selection(None, supported=("aten::mm.default", "aten::add.Tensor", "aten::mul.Tensor",
+    "core": Selection("core"),
+    "core@other": Selection(f"core@{OTHER_RELEASE}"),
+    "core-tag": Selection("core-tag"),
+    "none": Selection("none"),
+    "max-keep-addmm": Selection("max", keep=("aten::addmm.default",)),
+    "core-decompose-softmax": Selection("core", decompose=("aten::_softmax.default",)),
+    "supported": Selection(None, supported=("aten::mm.default", "aten::add.Tensor", "aten::mul.Tensor",
                                                      "aten::relu.default", "aten::linear.default"),
                                     keep=("aten::gelu.default",)),
 }
@@ -43,16 +45,16 @@ def corpus(tmp_path_factory):
     folder = tmp_path_factory.mktemp("explorer_corpus")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for prog in explorer.default_corpus(("zoo", "exportdb")):
+        for prog in default_corpus(("zoo", "exportdb")):
             export_model(prog.ep, path=str(folder / (prog.name.replace(":", "__") + ".pt2b")))
-        data = explorer.build_data(explorer.artifact_corpus([folder]))
+        data = build_data(artifact_corpus([folder]))
     return folder, data
 
 
 _ANSWERS: dict = {}
 
 
-def library_answer(folder, sel: explorer.Selection) -> dict:
+def library_answer(folder, sel: Selection) -> dict:
     """model -> (lowered op set, ops outside the accepted set), by the library's own lowering."""
     key = (str(folder), repr(sel))
     if key not in _ANSWERS:
@@ -60,7 +62,7 @@ def library_answer(folder, sel: explorer.Selection) -> dict:
     return _ANSWERS[key]
 
 
-def _library_answer(folder, sel: explorer.Selection) -> dict:
+def _library_answer(folder, sel: Selection) -> dict:
     plan = plan_lowering(**sel.load_kwargs())
     plan.strict = False  # report, as `pt2b opset coverage` does, instead of raising
     out = {}
@@ -83,7 +85,7 @@ def _plain_ops(ops):
 def test_python_evaluation_equals_the_library(corpus, key):
     folder, data = corpus
     sel = SELECTIONS[key]
-    page = explorer.evaluate(data, sel)
+    page = evaluate(data, sel)
     lib = library_answer(folder, sel)
     assert set(page["models"]) == set(lib)
     for name, (ops, missing) in lib.items():
@@ -96,7 +98,7 @@ def test_a_real_load_for_backend_call_matches(corpus):
     """The copy-paste call itself (not only the planner) gives the explorer's op set."""
     folder, data = corpus
     sel = SELECTIONS["max-keep-addmm"]
-    page = explorer.evaluate(data, sel)
+    page = evaluate(data, sel)
     for name in ("zoo__mlp.pt2b", "zoo__transformer_encoder.pt2b"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -129,7 +131,7 @@ def test_closure_cli_reports_unreachable_ops_with_routes(corpus, tmp_path, capsy
     assert cli.main(["opset", "closure", "--supported", str(ops_file), "--keep", *sel.keep,
                      "--corpus", str(folder)]) == 0
     out = capsys.readouterr().out
-    res = explorer.evaluate(data, sel)
+    res = evaluate(data, sel)
     n = len(res["models"])
     assert f"supported ops (5): " in out and f"{res['covered']} of {n} corpus models lower to accepted ops only" in out
     assert "cannot reach the accepted set" in out
@@ -158,7 +160,7 @@ def test_page_cli_writes_one_self_contained_file(corpus, tmp_path):
 
 def test_page_refuses_an_empty_corpus(tmp_path):
     with pytest.raises(LoweringError, match="no .pt2b artifacts found in"):
-        explorer.artifact_corpus([tmp_path])
+        artifact_corpus([tmp_path])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -175,7 +177,7 @@ def browser_page(corpus, tmp_path_factory):
     from playwright.sync_api import sync_playwright
 
     folder, data = corpus
-    html = explorer.write_page(data, tmp_path_factory.mktemp("page") / "opsets.html")
+    html = write_page(data, tmp_path_factory.mktemp("page") / "opsets.html")
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
             "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
@@ -264,7 +266,7 @@ def test_page_supported_ops_mode_route_and_keyboard(browser_page):
     shown = _check(page, folder, sel)
     assert shown["cli"].startswith("pt2b lower model.pt2b --supported ops.txt --keep aten::gelu.default\n\n# ops.txt\n")
     # the greedy list equals the library-side computation
-    res = explorer.evaluate(data, sel)
+    res = evaluate(data, sel)
     next_ops = page.locator("#next li").evaluate_all("ls => ls.map(l => l.dataset.op)")
     assert next_ops == [o for o, _ in res["next"]]
     # marking an op supported from the result list moves it into the accepted set
@@ -312,7 +314,7 @@ def test_a_program_whose_full_lowering_fails_is_left_out_and_named(tmp_path, mon
     too) the page and `pt2b opset closure` leave the program out and say so, instead of failing."""
     from exporter import cli
     from exporter.corpus.zoo import make_case
-    from exporter.lowering import route_trace
+    from exporter.explorer import route_trace
 
     for name in ("mlp", "cnn_bn"):
         case = make_case(name)
@@ -325,7 +327,7 @@ def test_a_program_whose_full_lowering_fails_is_left_out_and_named(tmp_path, mon
         return real(ep)
 
     monkeypatch.setattr(route_trace, "record", record)
-    data = explorer.build_data(explorer.artifact_corpus([tmp_path]))
+    data = build_data(artifact_corpus([tmp_path]))
     assert [m["name"] for m in data["models"]] == ["mlp.pt2b"]
     assert data["left_out"] == [{"name": "cnn_bn.pt2b", "error": "decomposition failed: RuntimeError: Cannot view a tensor"}]
     assert cli.main(["opset", "closure", "--corpus", str(tmp_path), "--preset", "core"]) == 0
@@ -359,7 +361,7 @@ def test_page_without_a_corpus_reads_the_shipped_routes_and_captures_nothing(tmp
     from exporter import cli
     from exporter.corpus import programs
 
-    shipped = explorer.shipped_routes()
+    shipped = shipped_routes()
     assert shipped is not None, f"no exporter/_data/explorer/routes@{torch_minor()}.json: run python -m tools.explorer_data"
     assert shipped["torch"].rsplit(".", 1)[0] == torch_minor() and shipped["corpus"] == list(programs.DEFAULT)
     assert len(shipped["models"]) >= 50 and not shipped["left_out"]
@@ -383,6 +385,6 @@ def test_the_shipped_routes_are_what_the_corpus_traces_to_now():
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        fresh = explorer.corpus_routes(explorer.default_corpus(programs.DEFAULT))
-    shipped = explorer.shipped_routes()
+        fresh = corpus_routes(default_corpus(programs.DEFAULT))
+    shipped = shipped_routes()
     assert {k: shipped[k] for k in fresh} == fresh

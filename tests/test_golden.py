@@ -58,7 +58,7 @@ def test_golden_loads_lowers_and_runs(path):
 
 @pytest.mark.parametrize("path", ARTIFACTS, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_upgrade_tool_round_trips_golden(path, tmp_path):
-    from exporter.versioning.upgrade_tool import upgrade_file
+    from exporter.cli.upgrade import upgrade_file
 
     inputs, expected = load_io(path.with_suffix(".io.npz"))
     res = upgrade_file(path, tmp_path / path.name)

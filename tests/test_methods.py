@@ -186,7 +186,7 @@ def test_a_damaged_method_graph_is_refused_at_its_first_use(written, tmp_path):
 
 
 def test_upgrade_keeps_every_method(written, tmp_path):
-    from exporter.versioning.upgrade_tool import upgrade_file
+    from exporter.cli.upgrade import upgrade_file
 
     res = upgrade_file(written / "two.pt2b", tmp_path / "up.pt2b", to=(1, 2))
     new = load(tmp_path / "up.pt2b", verify=True)
@@ -215,15 +215,17 @@ def test_cli_inspect_lower_and_run_by_method(written, tmp_path, capsys):
 
 
 def test_coverage_and_explorer_count_every_method(written):
-    from exporter.lowering import coverage, explorer
+    from exporter.explorer import coverage
+    from exporter.explorer.corpus import artifact_corpus
+    from exporter.explorer.page import build_data
 
     single_ops = load_for_backend(written / "single.pt2b", "core", cache=False).ops()
     row, = coverage.measure([written / "two.pt2b"], "core")
     assert row.covered and row.ops == {op: 2 * n for op, n in single_ops.items()}  # prefill's and decode's
-    prog, = explorer.artifact_corpus([written / "two.pt2b"])
+    prog, = artifact_corpus([written / "two.pt2b"])
     assert len(prog.more) == 1
-    one, = explorer.artifact_corpus([written / "single.pt2b"])
-    data = explorer.build_data([prog, one])
+    one, = artifact_corpus([written / "single.pt2b"])
+    data = build_data([prog, one])
     two_model, one_model = data["models"]
     assert len(two_model["trees"]) == 2 * len(one_model["trees"]) > 0
     assert two_model["leaves"] == one_model["leaves"]

@@ -60,7 +60,7 @@ import contextlib, io, json, os, traceback
 import exporter.corpus.zoo  # registers the custom op some artifacts call
 from exporter import load, load_for_backend
 from exporter.cli import main
-from exporter.inspect_artifact import summarize
+from exporter.cli.inspect import summarize
 
 paths = json.loads(sys.argv[1])
 report = {}

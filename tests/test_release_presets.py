@@ -50,23 +50,23 @@ def test_docs_state_the_generated_changes():
 def test_every_release_has_its_decomposition_audit():
     """schemas/opsets/audit@<release>.json, written by `pt2b opset audit` on that release: totals that
     count its verdicts, and no decomposition measured wrong."""
-    from exporter.lowering import audit
+    from exporter.lowering import verdicts
 
     for version in RELEASES:
-        doc = audit.read(version)
+        doc = verdicts.read(version)
         assert doc is not None and doc["torch_version"] == version, version
-        assert doc["totals"] == audit.totals(doc["ops"]), version
+        assert doc["totals"] == verdicts.totals(doc["ops"]), version
         assert doc["totals"]["wrong"] == 0, version
         measured = [r for r in doc["ops"].values() if r["samples"] and "composite" not in r["worst"].get("why", "")]
         assert sum("layouts" in r for r in measured) > 0.8 * len(measured), version  # audited on layouts too (0 before)
 
 
 def test_docs_state_every_releases_audit_totals():
-    from exporter.lowering import audit
+    from exporter.lowering import verdicts
 
     text = (ROOT / "docs" / "releases.md").read_text()
     for version in RELEASES:
-        doc = audit.read(version)
+        doc = verdicts.read(version)
         t = doc["totals"]
         row = (f"| {version} | {len(doc['ops']):,} | {t['exact']} | {t['ulp']} | {t['lossy']} | {t['wrong']} | "
                f"{t['untested']} |")

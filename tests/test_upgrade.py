@@ -9,7 +9,7 @@ import torch
 from exporter import export_model, load
 from exporter.errors import ExportError
 from exporter.serialize import reader
-from exporter.versioning import upgrade_tool
+from exporter.cli import upgrade as upgrade_tool
 from exporter.versioning.formats import FORMAT_VERSION, version_str
 from test_cli_convert import run_cli
 

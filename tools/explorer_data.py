@@ -17,9 +17,11 @@ import warnings
 
 
 def main(argv=None) -> int:
-    from exporter import package_data, progress
+    from exporter import package_data
+    from exporter.cli import progress
     from exporter.corpus import programs
-    from exporter.lowering import explorer, presets
+    from exporter.explorer import corpus as explorer_corpus
+    from exporter.lowering import presets
 
     ap = argparse.ArgumentParser(prog="python -m tools.explorer_data", description=__doc__.splitlines()[0])
     ap.add_argument("--corpus", nargs="*", default=list(programs.DEFAULT), help="named corpora (default: %(default)s)")
@@ -27,8 +29,8 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        corpus = explorer.default_corpus(tuple(ns.corpus), progress.tracker("capturing", unit="program"))
-        routes = explorer.corpus_routes(corpus, progress.tracker("tracing routes", unit="program"))
+        corpus = explorer_corpus.default_corpus(tuple(ns.corpus), progress.tracker("capturing", unit="program"))
+        routes = explorer_corpus.corpus_routes(corpus, progress.tracker("tracing routes", unit="program"))
     import torch
 
     doc = {"torch": torch.__version__.split("+")[0], "corpus": list(ns.corpus), **routes}

@@ -141,7 +141,7 @@ def count(names=DEFAULT) -> int:
 
 def programs(names=DEFAULT, track=None) -> Iterator[tuple[str, torch.export.ExportedProgram]]:
     """(name, ExportedProgram) for every program of the named corpora that torch.export captures.
-    ``track`` (exporter.progress.tracker) reports each capture: one item per program tried, done when
+    ``track`` (exporter.cli.progress.tracker) reports each capture: one item per program tried, done when
     the caller asks for the next program."""
     names = tuple(names)
     sources = (src for corpus in names for src in _sources(corpus))

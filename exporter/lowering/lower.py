@@ -71,10 +71,10 @@ class LoweringPlan:
 def _withhold_untrusted(table: dict, user: dict) -> dict[str, str]:
     """strict=True: drop from ``table`` every decomposition the audit classes lossy or wrong (a
     decomposition the caller passed in ``decompositions`` is theirs to trust); op name -> why."""
-    from . import audit
+    from . import verdicts
     from .presets import torch_minor
 
-    stored = audit.read()
+    stored = verdicts.read()
     if stored is None:
         raise LoweringError(f"strict=True needs the decomposition audit of torch {torch_minor()} "
                             f"(schemas/opsets/audit@{torch_minor()}.json): run `pt2b opset audit`.")
@@ -83,7 +83,7 @@ def _withhold_untrusted(table: dict, user: dict) -> dict[str, str]:
         rec = stored["ops"].get(op_name(op))
         if op not in user and rec is not None and rec["verdict"] in ("lossy", "wrong"):
             del table[op]
-            withheld[op_name(op)] = f"its decomposition is {rec['verdict']}: {audit.describe(rec)}"
+            withheld[op_name(op)] = f"its decomposition is {rec['verdict']}: {verdicts.describe(rec)}"
     return withheld
 
 

@@ -16,6 +16,7 @@ from ..ops import op_name
 from . import tables
 
 OPSETS_DIR = package_data.path("opsets")
+# The one list of preset names: the command line's help, the audit and the explorer read it.
 PRESETS = ("none", "core", "core-tag", "max")
 DESCRIPTIONS = {
     "none": "functionalize only: no decomposition, every op stays at the level it was exported",

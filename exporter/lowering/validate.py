@@ -3,10 +3,10 @@
 The lowered program and the unlowered one run on the example inputs the artifact stores and on a
 second input derived from them (each tensor's values permuted: the same shapes, dtypes and value
 set, other positions), each from its own copy of the state the program mutates. Their outputs are
-compared in the audit's words (lowering/audit.py): exact, ulp (within its ulp limit), lossy, or
+compared in the audit's words (lowering/verdicts.py): exact, ulp (within its ulp limit), lossy, or
 wrong: a shape, dtype, integer or non-finite value that differs, or a relative difference
 (|lowered - unlowered| / max(|unlowered|, 1)) beyond the bound for the output's dtype: the audit's
-line between lossy and wrong (audit.WRONG_REL), widened to the largest error against float64 the
+line between lossy and wrong (verdicts.WRONG_REL), widened to the largest error against float64 the
 audit measured for a decomposition this lowering applied. A wrong output fails the validation.
 
 When it fails, the decomposition responsible is searched for by bisection over the ops of the
@@ -110,15 +110,15 @@ def _applied(source_ep, table: dict) -> list:
 
 def _bounds(applied: list) -> dict:
     """dtype -> the relative difference beyond which an output is wrong."""
-    from . import audit
+    from . import verdicts
 
     extra = 0.0
-    stored = audit.read()
+    stored = verdicts.read()
     for op in applied:
         rec = (stored or {}).get("ops", {}).get(op_name(op), {})
         if rec.get("verdict") == "lossy":
             extra = max(extra, rec.get("worst", {}).get("err_vs_f64", 0.0))
-    return {dt: max(limit, extra) for dt, limit in audit.WRONG_REL.items()}
+    return {dt: max(limit, extra) for dt, limit in verdicts.WRONG_REL.items()}
 
 
 # Above this many elements a tensor's values are rotated by a random offset instead of shuffled: a
@@ -245,9 +245,9 @@ def _output_bound(want, bounds: dict) -> float:
 
 def _compare(got, want, bounds: dict) -> tuple[str, float, str]:
     """(verdict, largest relative difference, why) of the lowered outputs ``got`` against ``want``."""
-    from . import audit
+    from . import verdicts
 
-    entry = audit._compare(got, want, None)
+    entry = verdicts.compare(got, want, None)
     if entry["verdict"] == "wrong":
         return "wrong", float("inf"), entry.get("why", "")
     verdict, worst = entry["verdict"], 0.0

@@ -8,7 +8,7 @@ there is none):
   check              prog.check()
   call               every method of the seed on its example inputs (the first call)
   verify             what `pt2b verify` runs: every method's reader.check, then verify_weights
-  inspect            what `pt2b inspect` prints (inspect_artifact.summarize)
+  inspect            what `pt2b inspect` prints (exporter.cli.inspect.summarize)
   load_for_backend   load_for_backend(path, preset="core", verify=v, cache=False)
   runtime, run       runtime_ref.runtimes(lowered), then every method on the example inputs
 After each phase: the canary file (``PT2B_FUZZ_CANARY``, what the shell payloads touch) or any new
@@ -102,7 +102,7 @@ def _new_files(before: dict) -> list[str]:
 
 
 def _verify(path) -> int:
-    """`pt2b verify` (exporter/cli.py cmd_verify) without its printing."""
+    """`pt2b verify` (exporter/cli/verify.py) without its printing."""
     from exporter.serialize import reader
 
     art = reader.open_artifact(path)
@@ -116,7 +116,7 @@ def execute(path: str, mutant, ref: SemanticReference, watch=(), on_phase=lambda
     changed, phases, phase_seconds, side_effects)."""
     from exporter import load
     from exporter.api import load_for_backend
-    from exporter.inspect_artifact import summarize
+    from exporter.cli.inspect import summarize
     from runtime_ref import runtimes
 
     changed = mutant.kind != "identity"

@@ -1,4 +1,4 @@
-"""The built-in demo behind `pt2b demo`: export a small transformer, load it, lower it with two
+"""`pt2b demo`, the built-in demo: export a small transformer, load it, lower it with two
 presets, run each with the reference runtime, and report what happened."""
 
 from __future__ import annotations
@@ -16,11 +16,16 @@ def run_demo(path: str = "demo_transformer.pt2b") -> None:
         _run_demo(path)
 
 
+def run(ns) -> int:
+    run_demo(ns.output)
+    return 0
+
+
 def _run_demo(path: str) -> None:
     from runtime_ref import Runtime
 
-    from . import export_model, load, load_for_backend
-    from .corpus.zoo import small_transformer
+    from .. import export_model, load, load_for_backend
+    from ..corpus.zoo import small_transformer
 
     case = small_transformer()
     args, kwargs = case.args, case.kwargs or {}

@@ -1,7 +1,7 @@
 """Record, during one real lowering, which ops each decomposition emits: the routes (decomposition
 trees) of every call site of a program, exact for any table the opset explorer can choose.
 
-The program is lowered by pt2b's own retrace (decompose.py, the same as any lowering) with every
+The program is lowered by pt2b's own retrace (lowering/decompose.py, as any lowering is) with every
 available decomposition, each wrapped to note its call and to claim the graph nodes created while
 it ran that no decomposition it called claimed: those are the ops it emitted. The result is one
 tree per call site that gets decomposed, and the ops the program calls that have no decomposition. Evaluating those trees for a smaller table (an op not in it stays whole; its
@@ -23,12 +23,12 @@ import dataclasses
 import torch
 from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
-from ..ops import op_name
-from . import tables
 from ..functionalize import forced_ops, may_mutate
-from .decompose import flag_free, run_decompositions
-from .graph_ops import op_nodes
-from .verify import INFRASTRUCTURE, is_infrastructure
+from ..lowering import tables
+from ..lowering.decompose import flag_free, run_decompositions
+from ..lowering.graph_ops import op_nodes
+from ..lowering.verify import INFRASTRUCTURE, is_infrastructure
+from ..ops import op_name
 
 
 def _has_cia(name: str) -> bool:

@@ -1,4 +1,5 @@
-"""Conversion between torch.export.save's .pt2 archives and .pt2b artifacts, both ways."""
+"""`pt2b convert SRC DEST`: conversion between torch.export.save's .pt2 archives and .pt2b artifacts,
+both ways (the direction from the source file)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,13 @@ import os
 
 import torch
 
-from .errors import ArtifactError, ExportError, NotAnArtifactError
-from .serialize.layout.container import MAGIC
+from ..errors import ArtifactError, ExportError, NotAnArtifactError
+from ..serialize.layout.container import MAGIC
+from . import progress
 
 
 def _kind(path) -> str:
-    from .serialize.read.reader import open_regular
+    from ..serialize.read.reader import open_regular
 
     with open_regular(os.fspath(path), os.fspath(path)) as f:  # never blocks on a FIFO
         head = f.read(4)
@@ -27,8 +29,8 @@ def convert(source, dest) -> str:
 
     Reading a .pt2 uses torch.export.load, which unpickles: convert only files you trust.
     """
-    from .api import export_model, load
-    from .util.atomic import atomic_write
+    from ..api import export_model, load
+    from ..util.atomic import atomic_write
 
     kind = _kind(os.fspath(source))
     if kind == "pt2":
@@ -45,3 +47,10 @@ def convert(source, dest) -> str:
         except Exception as e:
             raise ExportError(f"torch.export.save failed: {type(e).__name__}: {e}") from e
     return "pt2b->pt2"
+
+
+def run(ns) -> int:
+    with progress.status(f"converting {ns.source}"):
+        direction = convert(ns.source, ns.dest)
+    print(f"converted {ns.source} -> {ns.dest} ({direction})")
+    return 0

@@ -1,15 +1,20 @@
-"""A readable summary of a .pt2b artifact, made from its program table alone (no rebuild,
-so it works even when custom ops are not registered)."""
+"""`pt2b inspect ART.pt2b`: a readable summary of an artifact, made from its program table alone (no
+rebuild, so it works even when custom ops are not registered)."""
 
 from __future__ import annotations
 
 import collections
 
-from .serialize import reader
-from .serialize.mapping.dtypes import enum_to_dtype
-from .serialize.generated import pt2b_generated as G
-from .serialize.layout.segments import KIND_NAMES
-from .versioning.formats import version_str
+from ..serialize import reader
+from ..serialize.mapping.dtypes import enum_to_dtype
+from ..serialize.generated import pt2b_generated as G
+from ..serialize.layout.segments import KIND_NAMES
+from ..versioning.formats import version_str
+
+
+def run(ns) -> int:
+    print(summarize(ns.artifact))
+    return 0
 
 
 def _argument_name(arg) -> str:

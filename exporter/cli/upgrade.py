@@ -1,5 +1,6 @@
 """`pt2b upgrade`: rewrite artifacts to a (newer) format version and the running torch's op
-schemas. The result is verified by loading it before the original is ever replaced."""
+schemas. The result is verified by loading it before the original is ever replaced; what an upgrade
+changes is exporter/versioning/upgrade_plan.py."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ import dataclasses
 import os
 import pathlib
 
-import torch
-
 from ..errors import ArtifactError, ExportError
-from .formats import FORMAT_VERSION, version_str
+from ..versioning import upgrade_plan
+from ..versioning.formats import FORMAT_VERSION, parse_version, version_str
+from . import progress
 
 
 @dataclasses.dataclass
@@ -34,21 +35,6 @@ class UpgradeResult:
         return f"{self.source}: {verb} ({version_str(self.from_version)} -> {version_str(self.to_version)}): {what}"
 
 
-_IN_MEMORY_NOTES = ("upgraded_op:", "upgraded_format")  # load's notes, folded into the upgrade@ entry
-
-
-def _changes(prog, target) -> list[str]:
-    out = []
-    if prog.format_version != target:
-        out.append(f"format {version_str(prog.format_version)} -> {version_str(target)}")
-    out += [f"{k}: {v}" for k, v in prog.provenance.items() if k.startswith("upgraded_op:")]
-    if "upgraded_format" in prog.provenance:
-        out.append(prog.provenance["upgraded_format"])
-    if prog.torch_version != torch.__version__:
-        out.append(f"op schemas recorded by torch {prog.torch_version} -> {torch.__version__}")
-    return out
-
-
 def upgrade_file(source, dest=None, *, check: bool = False, to: tuple[int, int] | None = None) -> UpgradeResult:
     """Upgrade ``source`` into ``dest`` (default: in place, atomically)."""
     from ..api import load
@@ -59,13 +45,11 @@ def upgrade_file(source, dest=None, *, check: bool = False, to: tuple[int, int] 
     source = os.fspath(source)
     dest = os.fspath(dest) if dest is not None else source
     prog = load(source)  # older formats and drifted op schemas are upgraded in memory here
-    changes = list(dict.fromkeys(c for p in prog.methods.values() for c in _changes(p, target)))
+    changes = list(dict.fromkeys(c for p in prog.methods.values() for c in upgrade_plan.changes(p, target)))
     result = UpgradeResult(source, dest, prog.format_version, target, changes, written=False)
     if check or (not changes and dest == source):
         return result
-    provenance = {k: v for k, v in prog.provenance.items() if not k.startswith(_IN_MEMORY_NOTES)}
-    if changes:
-        provenance[f"upgrade@{version_str(target)}"] = "; ".join(changes)
+    provenance = upgrade_plan.provenance(prog, changes, target)
     # A temp file of its own (two upgrades of one file at once must not share one), named
     # .<name>.upgrade.<random>.tmp: a kill leaves nothing that looks like an artifact. It is
     # replaced by the writer (atomically), checked, then moved onto dest (atomically, folder
@@ -85,7 +69,7 @@ def upgrade_file(source, dest=None, *, check: bool = False, to: tuple[int, int] 
 
 def upgrade_path(path, dest=None, *, check: bool = False, to=None, track=None) -> list[UpgradeResult]:
     """A file, or every *.pt2b in a folder (in place); errors are reported per file. ``track``
-    (exporter.progress.tracker) reports each file."""
+    (exporter.cli.progress.tracker) reports each file."""
     p = pathlib.Path(path)
     if not p.is_dir():
         files = track([p], label=lambda f: f.name) if track is not None else [p]
@@ -101,3 +85,19 @@ def upgrade_path(path, dest=None, *, check: bool = False, to=None, track=None) -
         except (ArtifactError, ExportError) as e:
             out.append(UpgradeResult(str(f), str(f), (0, 0), (0, 0), [f"FAILED: {type(e).__name__}: {e}"], False))
     return out
+
+
+def run(ns) -> int:
+    try:
+        to = parse_version(ns.to) if ns.to else None
+    except ValueError as e:
+        raise ExportError(str(e)) from None
+    results = upgrade_path(ns.source, ns.dest, check=ns.check, to=to,
+                           track=progress.tracker("checking" if ns.check else "upgrading", unit="file"))
+    for r in results:
+        print(r.line())
+    failed = sum(r.failed for r in results)
+    changed = sum(1 for r in results if r.changes and not r.failed)
+    print(f"{len(results)} artifact(s): {sum(r.written for r in results)} written, "
+          f"{changed} {'to change' if ns.check else 'changed'}, {failed} failed")
+    return 1 if failed else 0

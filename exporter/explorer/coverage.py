@@ -35,12 +35,12 @@ def artifacts(corpus) -> list[str]:
 
 def measure(paths, preset: str = "core", *, supported_ops=None, keep=None, track=None) -> list[ModelCoverage]:
     """Lower each artifact of ``paths`` with the plan ``preset``/``supported_ops``/``keep`` make;
-    ``track`` (exporter.progress.tracker) reports each one."""
+    ``track`` (exporter.cli.progress.tracker) reports each one."""
     from collections import Counter
 
     from ..errors import Pt2bError
     from ..serialize.read.reader import read_programs
-    from .lower import lower, plan_lowering
+    from ..lowering.lower import lower, plan_lowering
 
     plan = plan_lowering(preset, supported_ops=supported_ops, keep=keep)
     plan.strict = False  # report what falls outside instead of raising on the first model

@@ -1,0 +1,150 @@
+"""The `pt2b` command line: export, inspect, convert, verify, lower, run, upgrade, demo."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from ..errors import ArtifactError, ExportError, Pt2bError
+from . import progress
+
+# The command line's wiring: each command's code is the module of its name (exporter/cli/<command>.py,
+# with ``run(ns) -> int``), imported only when that command runs.
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Writes ``{presets}`` in a help text as the preset names (exporter.lowering.presets.PRESETS), read
+    when help is printed: building the parser (every `pt2b` call, --version too) imports no lowering."""
+
+    def _get_help_string(self, action):
+        text = super()._get_help_string(action)
+        if text and "{presets}" in text:
+            from ..lowering.presets import PRESETS
+
+            text = text.replace("{presets}", ", ".join(PRESETS))
+        return text
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser (and its subcommands' parsers) with _HelpFormatter."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="pt2b", description=__doc__)
+    p.add_argument("--version", action="store_true", help="print the versions of pt2b, its artifact format and torch")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress bars (they are drawn on stderr only when it is a terminal; also PT2B_QUIET=1)")
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="import MODULE first (e.g. the library that registers your custom ops); repeatable")
+    sub = p.add_subparsers(dest="command")  # required, unless --version (main checks)
+    e = sub.add_parser("export", help="capture a model from MODULE:CALLABLE and write a .pt2b")
+    e.add_argument("factory", help="MODULE:CALLABLE returning (model, args[, kwargs[, dynamic_shapes]])")
+    e.add_argument("output")
+    e.add_argument("--strict", action="store_true", help="use torch.export's strict (dynamo) mode")
+    i = sub.add_parser("inspect", help="summarize an artifact: versions, ops, signature, symbols, weights")
+    i.add_argument("artifact")
+    c = sub.add_parser("convert", help="convert between torch.export.save's .pt2 and .pt2b (direction from the source file)")
+    c.add_argument("source")
+    c.add_argument("dest")
+    v = sub.add_parser("verify", help="check every checksum of an artifact, weights included")
+    v.add_argument("artifact")
+    for name, helptext in (("lower", "lower an artifact for a backend and print the resulting opset"),
+                           ("run", "lower an artifact and run it with the reference runtime")):
+        lo = sub.add_parser(name, help=helptext)
+        lo.add_argument("artifact")
+        lo.add_argument("--preset", default="core", help="{presets} (optionally @<torch version>)")
+        lo.add_argument("--supported", metavar="OPS.txt", help="file with one supported op per line (overrides --preset)")
+        lo.add_argument("--keep", nargs="*", metavar="OP", help="ops never to decompose")
+        lo.add_argument("--decompose", nargs="*", metavar="OP",
+                        help="ops to decompose beyond the preset (torch's registered decompositions)")
+        lo.add_argument("--no-cache", action="store_true", help="neither read nor write the lowering cache")
+        lo.add_argument("--method", metavar="NAME", help="the method of a multi-method artifact (default: "
+                        + ("every method" if name == "lower" else "the default method") + ")")
+        lo.add_argument("--strict", action="store_true",
+                        help="apply no decomposition the audit classes lossy or wrong (schemas/opsets/audit@*.json)")
+        lo.add_argument("--no-validate", action="store_true",
+                        help="do not run the lowered program against the unlowered one on the stored example inputs")
+        if name == "lower":
+            lo.add_argument("-o", "--output", help="write the lowered program as a .pt2b")
+        else:
+            lo.add_argument("--inputs", nargs="*", metavar="X.npy", help="positional inputs (default: the stored example inputs)")
+            lo.add_argument("--extra-ops", nargs="*", metavar="OP", default=[],
+                            help="ops runtime_ref runs beyond its opset (custom ops, with --import of their library)")
+            lo.add_argument("--device", default="cpu")
+    u = sub.add_parser("upgrade", help="rewrite artifacts to the current format and op schemas")
+    u.add_argument("source", help="a .pt2b file or a folder of them (upgraded in place)")
+    u.add_argument("dest", nargs="?", help="destination file (default: in place, atomically)")
+    u.add_argument("--check", action="store_true", help="report what would change; write nothing")
+    u.add_argument("--to", metavar="X.Y", help="target format version (default: current)")
+    o = sub.add_parser("opset", help="show or compare lowering presets (schemas/opsets/)")
+    osub = o.add_subparsers(dest="opset_command", required=True)
+    show = osub.add_parser("show", help="a preset's opset and decomposition count")
+    show.add_argument("preset", help="{presets}, optionally @<torch version>")
+    dif = osub.add_parser("diff", help="what changed between two presets (e.g. core@2.13 core-tag@2.13)")
+    dif.add_argument("a")
+    dif.add_argument("b")
+    cov = osub.add_parser("coverage", help="how many models of a corpus a preset or supported-ops list covers, "
+                                           "and which ops to implement next")
+    corpus_help = (".pt2b files or folders, or built-in corpora: zoo, exportdb, transformers (every op of the "
+                   "transformers architectures), transformers-all (default: zoo transformers; page and closure read "
+                   "their routes as shipped for this torch release where pt2b has them)")
+    cov.add_argument("--corpus", nargs="*", metavar="PATH|NAME", help=corpus_help)
+    cov.add_argument("--preset", default="core")
+    cov.add_argument("--supported", metavar="OPS.txt", help="file with one supported op per line (overrides --preset)")
+    cov.add_argument("--keep", nargs="*", metavar="OP")
+    page = osub.add_parser("page", help="write the opset explorer: one self-contained HTML page")
+    page.add_argument("-o", "--output", default="opsets.html")
+    page.add_argument("--corpus", nargs="*", metavar="PATH|NAME", help=corpus_help)
+    clo = osub.add_parser("closure", help="what lowering to a supported-ops list (or a preset) leaves over a "
+                                          "corpus: the op set, the ops that cannot be reached and their routes")
+    clo.add_argument("--supported", metavar="OPS.txt", help="file with one supported op per line (overrides --preset)")
+    clo.add_argument("--preset", default="core")
+    clo.add_argument("--keep", nargs="*", metavar="OP")
+    clo.add_argument("--decompose", nargs="*", metavar="OP")
+    clo.add_argument("--corpus", nargs="*", metavar="PATH|NAME", help=corpus_help)
+    aud = osub.add_parser("audit", help="measure every preset decomposition on OpInfo samples; writes "
+                                        "audit@<torch>.json (pt2b ships its own: schemas/opsets/ in a checkout)")
+    aud.add_argument("--ops", nargs="*", metavar="OP", help="only these ops (e.g. aten::var_mean.correction); "
+                     "their records replace those of the audit pt2b ships, the others are kept")
+    aud.add_argument("-o", "--output", help="where to write (default: audit@<torch major.minor>.json here; "
+                                            "pt2b's developers pass schemas/opsets/audit@<torch>.json)")
+    ca = sub.add_parser("cache", help="where the lowering cache is, what it holds; --clear empties it")
+    ca.add_argument("--clear", action="store_true")
+    d = sub.add_parser("demo", help="export a small transformer, load it, run it")
+    d.add_argument("-o", "--output", default="demo_transformer.pt2b")
+    return p
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    if ns.version:
+        from .versions import versions
+
+        print(versions())
+        return 0
+    if ns.command is None:
+        parser.error("the following arguments are required: command")
+    progress.set_quiet(True if ns.quiet else None)
+    try:
+        for mod in ns.imports:
+            try:
+                importlib.import_module(mod)
+            except ImportError as e:
+                raise ExportError(f"--import {mod}: {e}") from e
+        with progress.torch_internals_quiet():
+            return importlib.import_module(f".{ns.command}", __name__).run(ns)
+    except Pt2bError as e:
+        progress.close_all()
+        kind = "artifact error" if isinstance(e, ArtifactError) else "error"
+        print(f"pt2b: {kind} ({type(e).__name__}): {e}", file=sys.stderr)
+        return 2
+    except BaseException:  # a bug, Ctrl-C: the traceback starts below the bars, not on their line
+        progress.close_all()
+        raise
+

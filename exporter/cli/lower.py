@@ -1,0 +1,41 @@
+"""`pt2b lower ART.pt2b`: lower an artifact for a backend and print the resulting opset (-o writes it);
+the lowering request read from the command line, which `pt2b run` shares."""
+
+from __future__ import annotations
+
+from ..errors import ExportError
+from . import progress
+
+
+def read_ops_file(path: str) -> list[str]:
+    """The ops of a --supported file: one a line, # comments and blank lines left out."""
+    try:
+        with open(path) as f:
+            return [ln.split("#")[0].strip() for ln in f if ln.split("#")[0].strip()]
+    except OSError as e:
+        raise ExportError(f"cannot read supported ops from {path!r}: {e.strerror or e}") from None
+
+
+def lower_from_args(ns):
+    """load_for_backend with the request of `pt2b lower`/`pt2b run`'s options."""
+    from ..api import load_for_backend
+
+    supported = read_ops_file(ns.supported) if ns.supported else None
+    with progress.status(f"lowering {ns.artifact}"):
+        return load_for_backend(ns.artifact, ns.preset, supported_ops=supported, keep=ns.keep or None,
+                                decompose=ns.decompose or None, cache=False if ns.no_cache else None,
+                                strict=ns.strict, validate=not ns.no_validate, method=ns.method)
+
+
+def run(ns) -> int:
+    from ..api import export_model
+
+    lowered = lower_from_args(ns)
+    methods = lowered.methods
+    for name, low in methods.items():
+        print((f"method {name}: " if len(methods) > 1 else "") + low.report())
+    if ns.output:
+        with progress.status(f"writing {ns.output}"):  # with the record of how each was lowered
+            export_model(lowered if len(methods) == 1 else methods, path=ns.output)
+        print(f"wrote {ns.output}")
+    return 0

@@ -1,0 +1,120 @@
+"""`pt2b opset show|diff|coverage|page|closure|audit`: the lowering presets (schemas/opsets/) and the
+opset explorer (exporter/explorer/) on the command line."""
+
+from __future__ import annotations
+
+import sys
+
+from . import progress
+from .lower import read_ops_file
+
+
+def run(ns) -> int:
+    from ..lowering import presets
+
+    if ns.opset_command == "show":
+        preset = presets.load(ns.preset)
+        print(presets.describe(preset))
+        from ..lowering import verdicts
+
+        stored = verdicts.read(preset.torch_version)
+        if stored:
+            mine = {k: stored["ops"][k] for k in preset.decompose if k in stored["ops"]}
+            print(f"decompositions by measured numerics (pt2b opset audit): {verdicts.totals(mine)}")
+            for name, rec in verdicts.worst_cases(mine, 10):
+                print(f"  {rec['verdict']:6s} {name}: {verdicts.describe(rec)}")
+        return 0
+    if ns.opset_command == "coverage":
+        import tempfile
+
+        from ..explorer import coverage
+
+        supported = read_ops_file(ns.supported) if ns.supported else None
+        with tempfile.TemporaryDirectory() as tmp:
+            paths = _corpus_artifacts(ns.corpus, tmp)
+            rows = coverage.measure(paths, ns.preset, supported_ops=supported, keep=ns.keep or None,
+                                    track=progress.tracker("lowering", unit="model"))
+            label = f"supported ops of {ns.supported}" if supported else f"preset {ns.preset}"
+            print(coverage.report(rows, label))
+        return 0
+    if ns.opset_command in ("page", "closure"):
+        import warnings
+
+        from ..explorer import corpus as explorer_corpus
+        from ..explorer import page, selection
+
+        with warnings.catch_warnings():  # torch's deprecation chatter while tracing the corpus
+            warnings.simplefilter("ignore")
+            shipped = None if ns.corpus else explorer_corpus.shipped_routes()
+            if shipped is not None:  # the default corpus, traced for this torch release when pt2b was built
+                data = page.build_data(routes=shipped)
+            else:
+                named, paths = _split_corpus(ns.corpus)
+                corpus = []
+                if named:
+                    corpus += explorer_corpus.default_corpus(named, progress.tracker("capturing", unit="program"))
+                if paths:
+                    corpus += explorer_corpus.artifact_corpus(paths, progress.tracker("loading", unit="artifact"))
+                data = page.build_data(corpus, progress.tracker("tracing routes", unit="program"))
+        for m in data["left_out"]:
+            print(f"pt2b: left out {m['name']}: its lowering with every decomposition fails ({m['error']})",
+                  file=sys.stderr)
+        if ns.opset_command == "page":
+            path = page.write_page(data, ns.output)
+            print(f"wrote {path} ({len(data['models'])} corpus programs, {len(data['available'])} decompositions); "
+                  f"open it in a browser (file://{path.resolve()})")
+            return 0
+        sel = selection.Selection(preset=None if ns.supported else ns.preset,
+                                  supported=tuple(read_ops_file(ns.supported)) if ns.supported else (),
+                                  keep=tuple(ns.keep or ()), decompose=tuple(ns.decompose or ()))
+        print(selection.closure_report(data, sel))
+        return 0
+    if ns.opset_command == "audit":
+        from ..explorer import audit
+        from ..lowering import verdicts
+
+        def finding(i, n, name, rec):
+            if rec["verdict"] in ("wrong", "lossy"):
+                progress.write(f"[{i}/{n}] {rec['verdict']:6s} {name}: {verdicts.describe(rec)}")
+                sys.stdout.flush()
+
+        results = audit.run_audit(only=ns.ops or None, progress=finding,
+                                  track=progress.tracker("auditing", unit="op"))
+        stored = verdicts.read() if ns.ops else None
+        if stored is not None:  # --ops re-measures those ops in the shipped audit, keeps the others
+            results = dict(sorted({**stored["ops"], **results}.items()))
+        path = audit.write(results, ns.output or verdicts.data_path().name)  # (never into the installed package)
+        print(f"{len(results)} decompositions audited: {verdicts.totals(results)}; wrote {path}")
+        return 0
+    a, b = presets.load(ns.a), presets.load(ns.b)
+    for field, (only_a, only_b) in presets.diff(a, b).items():
+        print(f"{field}: {len(only_a)} only in {a.key}, {len(only_b)} only in {b.key}")
+        print("".join(f"  - {n}\n" for n in only_a) + "".join(f"  + {n}\n" for n in only_b), end="")
+    return 0
+
+
+def _split_corpus(entries) -> tuple[tuple[str, ...], list[str]]:
+    """--corpus entries: names of built-in corpora (exporter/corpus/programs.py) and artifact paths;
+    none given: the default named corpora."""
+    from ..corpus import programs
+
+    if not entries:
+        return programs.DEFAULT, []
+    return tuple(e for e in entries if e in programs.NAMES), [e for e in entries if e not in programs.NAMES]
+
+
+def _corpus_artifacts(entries, folder: str) -> list[str]:
+    """Artifact paths for --corpus: named corpora are captured and written into ``folder``."""
+    import re
+
+    from ..api import export_model
+    from ..corpus import programs
+    from ..explorer import coverage
+
+    named, paths = _split_corpus(entries)
+    out = []
+    for label, ep in programs.programs(named, progress.tracker("capturing", unit="program")):
+        path = f"{folder}/{re.sub(r'[^A-Za-z0-9_.-]', '_', label)}.pt2b"
+        export_model(ep, path=path)
+        out.append(path)
+    return out + (coverage.artifacts(paths) if paths else [])

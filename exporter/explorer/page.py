@@ -1,0 +1,80 @@
+"""The opset explorer's page (`pt2b opset page`): its data, generated from the running torch and a
+corpus of programs (corpus.py), embedded in one self-contained HTML file (page.html).
+
+Everything the page shows is computed here, never typed: every op with a registered decomposition,
+the presets of schemas/opsets/, the audit verdicts, and for each corpus program the decomposition
+routes of its call sites recorded during one real lowering (route_trace.py). The page evaluates a
+selection (preset or supported ops, toggled decompositions, kept ops) with the same rules as
+plan_lowering; tests/test_explorer.py checks it against load_for_backend in a real browser.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import torch
+
+from ..lowering import presets as _presets
+from ..lowering import tables
+from ..ops import op_name
+from . import route_trace
+from .corpus import CorpusProgram, corpus_routes
+
+PAGE_TEMPLATE = pathlib.Path(__file__).with_name("page.html")
+
+
+def build_data(corpus: list[CorpusProgram] | None = None, track=None, routes: dict | None = None) -> dict:
+    """Everything the page needs, as plain JSON-able data: this torch's presets, decompositions and
+    audit, with the routes of ``corpus`` (traced now; ``track`` reports each program) or ``routes``
+    (corpus_routes' result, such as shipped_routes())."""
+    from ..lowering import verdicts
+
+    available = sorted(op_name(op) for op in tables.available_decompositions())
+    avail_set = set(available)
+    default_table = {op_name(op) for op in tables.torch_default_table()}
+    running, releases = target_releases()
+    preset_data = {}
+    for release in releases:  # every frozen release's presets, as load_for_backend applies them on this torch
+        for name in _presets.PRESETS:
+            key = name if release == running else f"{name}@{release}"
+            p = _presets.load(key)
+            source = default_table if name == "core" else avail_set  # = lower._preset_base
+            preset_data[key] = {"key": p.key, "description": p.description,
+                                "table": sorted(n for n in p.decompose if n in source),
+                                "opset": None if p.opset is None else list(p.opset)}
+    if routes is None:
+        routes = corpus_routes(corpus or [], track)
+    stored = verdicts.read() or {"ops": {}}
+    audit = {n: {"verdict": rec["verdict"], "detail": verdicts.describe(rec), "emits": rec.get("emits", [])}
+             for n, rec in stored["ops"].items() if n in avail_set}
+    return {"torch": torch.__version__, "pt2b_format": _format_version(), "available": available,
+            "release": running, "releases": releases, "preset_names": list(_presets.PRESETS), "presets": preset_data,
+            "trees": routes["trees"], "models": routes["models"], "left_out": routes["left_out"], "audit": audit,
+            "infrastructure": sorted(route_trace.INFRASTRUCTURE)}
+
+
+def target_releases() -> tuple[str, list[str]]:
+    """(the running torch's release, every release a backend can target: those whose presets are
+    frozen in schemas/opsets/ and the running one), oldest first."""
+    running = _presets.torch_minor()
+    found = set(_presets.frozen_releases("core")) | {running}
+    return running, sorted(found, key=_presets.release_key)
+
+
+def _format_version() -> str:
+    from ..versioning.formats import FORMAT_VERSION
+
+    return ".".join(map(str, FORMAT_VERSION))
+
+
+def write_page(data: dict, path) -> pathlib.Path:
+    """The self-contained HTML page (no server, no network) with ``data`` embedded."""
+    from ..util.atomic import atomic_write
+
+    payload = json.dumps(data, separators=(",", ":"), sort_keys=True)
+    payload = payload.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    html = PAGE_TEMPLATE.read_text().replace("/*PT2B_DATA*/null", payload)
+    with atomic_write(path) as f:
+        f.write(html.encode())
+    return pathlib.Path(path)

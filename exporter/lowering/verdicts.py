@@ -1,0 +1,134 @@
+"""The numerical verdicts on a decomposition and where they are stored.
+
+A result is compared with the undecomposed op's (and, for floating dtypes, a float64 reference):
+  wrong   a result differs in shape/dtype, integer/bool values, or finiteness (nan/inf where the
+          op has a number, or the reverse), or is farther than WRONG_REL from the float64
+          reference where the op itself is within it (a wrong branch, other semantics)
+  lossy   farther than ULP_LIMIT ulp from the undecomposed op, and farther from the reference
+  ulp     within ULP_LIMIT ulp of the undecomposed op (not bitwise)
+  exact   bitwise equal to the undecomposed op on every sample
+  untested  no OpInfo sample fits the overload
+The audit of every preset decomposition (schemas/opsets/audit@<torch>.json, measured by `pt2b opset
+audit`: exporter/explorer/audit.py) is read here by strict lowering and validation (validate.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.utils._pytree as pytree
+
+ULP_LIMIT = 4
+WRONG_REL = {torch.float64: 1e-6, torch.float32: 1e-3, torch.float16: 2e-2, torch.bfloat16: 5e-2}
+RANK = {"exact": 0, "untested": 0, "ulp": 1, "lossy": 2, "wrong": 3}
+
+
+def _ulp(x: torch.Tensor) -> torch.Tensor:
+    """Spacing of ``x``'s dtype at |x| (at least the smallest normal's spacing)."""
+    ax = x.abs()
+    tiny = torch.finfo(x.dtype).tiny
+    return (torch.nextafter(ax, torch.full_like(ax, math.inf)) - ax).clamp_min(tiny)
+
+
+def worse(entry: dict, worst: dict | None) -> bool:
+    """Does sample record ``entry`` rank above ``worst``: a worse verdict, or more ulp at the same one?"""
+    return worst is None or RANK[entry["verdict"]] > RANK[worst["verdict"]] or (
+        entry["verdict"] == worst["verdict"] and entry.get("max_ulp", 0) > worst.get("max_ulp", 0))
+
+
+def compare(got, ref, ref64) -> dict:
+    """One sample's verdict and its numbers."""
+    g, r = pytree.tree_leaves(got), pytree.tree_leaves(ref)
+    r64 = pytree.tree_leaves(ref64) if ref64 is not None else [None] * len(r)
+    if len(g) != len(r):
+        return {"verdict": "wrong", "why": f"{len(g)} outputs instead of {len(r)}"}
+    worst = {"verdict": "exact", "max_ulp": 0.0}
+    for a, b, c in zip(g, r, r64):
+        if not isinstance(b, torch.Tensor):
+            if a != b and not (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b)):
+                return {"verdict": "wrong", "why": f"returns {a!r} instead of {b!r}"}
+            continue
+        if not isinstance(a, torch.Tensor) or a.shape != b.shape or a.dtype != b.dtype:
+            return {"verdict": "wrong", "why": f"returns {getattr(a, 'dtype', type(a).__name__)}"
+                                                f"{list(getattr(a, 'shape', []))} instead of {b.dtype}{list(b.shape)}"}
+        if b.is_complex():  # compare real and imaginary parts
+            wide = torch.complex64 if b.dtype == torch.complex32 else b.dtype
+            a, b = torch.view_as_real(a.to(wide).resolve_conj()), torch.view_as_real(b.to(wide).resolve_conj())
+            c = torch.view_as_real(c.to(torch.complex128)) if isinstance(c, torch.Tensor) and c.is_complex() else None
+        if torch.equal(a, b) or (a.is_floating_point() and torch.equal(a.isnan(), b.isnan())
+                                 and torch.equal(torch.where(a.isnan(), 0, a), torch.where(b.isnan(), 0, b))):
+            continue
+        if not a.is_floating_point():
+            return {"verdict": "wrong", "why": f"{(a != b).sum().item()} of {b.numel()} values differ"}
+        if not torch.equal(a.isfinite(), b.isfinite()) or not torch.equal(a.isnan(), b.isnan()):
+            truth = c.to(b.dtype) if isinstance(c, torch.Tensor) else None
+            if truth is None or not torch.equal(a.isfinite(), truth.isfinite()):
+                return {"verdict": "wrong", "why": "nan/inf where the op has a number (or the reverse)"}
+            entry = {"verdict": "ulp", "why": "finite where the op overflows, as the float64 reference is"}
+            if worse(entry, worst):
+                worst = entry
+            continue
+        fin = b.isfinite()
+        # a difference over an ulp (a power of two) is exact in float32 for every dtype but float64:
+        # no float64 copies of large outputs (validation compares whole outputs with this)
+        wide = torch.promote_types(b.dtype, torch.float32)
+        diff = (a - b).abs()[fin].to(wide)
+        ulps = (diff / _ulp(b)[fin].to(wide)).max().item() if fin.any() else 0.0
+        entry = {"verdict": "ulp" if ulps <= ULP_LIMIT else "lossy", "max_ulp": ulps,
+                 "max_abs": diff.max().item() if fin.any() else 0.0}
+        if c is not None and entry["verdict"] == "lossy":
+            c = c.to(torch.float64)
+            scale = c.abs().clamp_min(1.0)
+            err_dec = ((a.double() - c).abs() / scale)[fin].max().item()
+            err_op = ((b.double() - c).abs() / scale)[fin].max().item()
+            entry.update(err_vs_f64=err_dec, op_err_vs_f64=err_op)
+            limit = WRONG_REL.get(b.dtype, 1e-3)
+            if err_dec > limit and err_op <= limit:
+                entry["verdict"] = "wrong"
+                entry["why"] = f"relative error {err_dec:.3g} against float64 (the op: {err_op:.3g})"
+            elif err_dec <= err_op:
+                entry["verdict"] = "ulp"  # farther from the op, but no farther from the truth
+        if worse(entry, worst):
+            worst = entry
+    return worst
+
+
+def data_path(torch_minor: str | None = None):
+    from .presets import frozen_path, torch_minor as current
+
+    return frozen_path("audit", torch_minor or current())
+
+
+def read(torch_minor: str | None = None) -> dict | None:
+    """The stored audit for a torch release ({"ops": {name: record}, "totals": ...}), or None."""
+    from .. import package_data
+
+    path = data_path(torch_minor)
+    return package_data.read_json("opsets", path.name) if path.exists() else None
+
+
+def worst_cases(results: dict, n: int = 10) -> list[tuple[str, dict]]:
+    """The ``n`` worst decompositions: wrong first, then lossy by ulp."""
+    bad = [(k, r) for k, r in results.items() if r["verdict"] in ("wrong", "lossy")]
+    return sorted(bad, key=lambda kv: (-RANK[kv[1]["verdict"]], -kv[1].get("worst", {}).get("max_ulp", 0)))[:n]
+
+
+def describe(rec: dict) -> str:
+    """One line of a verdict record's numbers: why, ulp and absolute error, float64 errors, dtype."""
+    w = rec.get("worst", {})
+    parts = [w["why"]] if "why" in w else []
+    if "max_ulp" in w:
+        parts.append(f"{w['max_ulp']:.3g} ulp (abs {w.get('max_abs', 0):.3g})")
+    if "err_vs_f64" in w:
+        parts.append(f"error vs float64 {w['err_vs_f64']:.3g}, the op's {w['op_err_vs_f64']:.3g}")
+    where = f", {w['layout']} layout" if "layout" in w else ""
+    text = f"{', '.join(parts)} [{w.get('dtype', '?')}{where}, {rec['samples']} samples]"
+    return text + (f"; hazards: {'; '.join(rec['hazards'])}" if rec.get("hazards") else "")
+
+
+def totals(results: dict) -> dict[str, int]:
+    counts = {v: 0 for v in ("exact", "ulp", "lossy", "wrong", "untested")}
+    for r in results.values():
+        counts[r["verdict"]] += 1
+    return counts
