@@ -78,11 +78,7 @@ def test_a_cycle_is_found():
 @pytest.mark.parametrize("lower, upper", [
     ("exporter.functionalize", "exporter.lowering"),  # the lowering calls down into functionalization
     ("exporter.serialize", "exporter.api"),
-    # the reader and writer call versioning, never the reverse. Until `pt2b upgrade` (upgrade_tool.py,
-    # which imports the writer) leaves versioning/ for the CLI (issue 41), this fails; strict: once it
-    # has left, the mark must go.
-    pytest.param("exporter.versioning", "exporter.serialize", marks=pytest.mark.xfail(
-        strict=True, reason="versioning/upgrade_tool.py imports the writer until it moves to the CLI")),
+    ("exporter.versioning", "exporter.serialize"),  # the reader and writer call versioning, never the reverse
     ("exporter.serialize", "exporter.lowering"),
     ("exporter.lowering", "exporter.api"),
     ("runtime_ref", "exporter.api"),
