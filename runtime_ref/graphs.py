@@ -10,7 +10,7 @@ import torch.fx
 import torch.utils._pytree as pytree
 
 from .regions import is_autocast_marker, retarget_autocast
-from .walk import walk_graphs
+from exporter.graph_walk import walk_graphs
 
 __all__ = ["retarget_devices", "uses_other_device"]
 

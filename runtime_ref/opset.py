@@ -15,7 +15,7 @@ from exporter.errors import OpsetError
 from exporter.functionalize import is_mutating, updates_hidden_state
 from exporter.ops import OpSpec, normalize_text, op_name, resolve_op
 
-from .walk import walk_graphs
+from exporter.graph_walk import walk_graphs
 from .regions import REGION_HOP_NAMES, is_region_marker
 
 __all__ = [

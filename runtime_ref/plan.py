@@ -15,7 +15,7 @@ from .codegen import compile_steps
 from .getters import SlotRef, call_with_kwargs, has_slot, slots_getter, value_getter
 from .graphs import retarget_devices
 from .nodes import NODES
-from .walk import subgraph_of
+from exporter.graph_walk import subgraph_of
 from .inplace import plan_in_place
 from .regions import autocast_steps, is_autocast_marker, recorded_device_types, region_callable, retarget_autocast
 

@@ -23,7 +23,7 @@ from torch._higher_order_ops.wrap import wrap_with_autocast, wrap_with_set_grad_
 from torch.amp.autocast_mode import _enter_autocast, _exit_autocast
 
 from .bindings import TensorSpec
-from .walk import walk_graphs
+from exporter.graph_walk import walk_graphs
 
 __all__ = ["REGION_HOP_NAMES", "is_region_marker", "is_autocast_marker", "has_regions", "autocast_devices",
            "recorded_device_types", "retarget_autocast", "region_callable", "autocast_steps", "RegionGuard"]
