@@ -555,7 +555,18 @@ def _shrink_level(d: dict, top: dict, mode: str = "small", f: int = 8) -> dict:
         d["num_hidden_layers"] = max(d["num_hidden_layers"], min(len(oi), old_layers["num_hidden_layers"]))
         n = d["num_hidden_layers"]
         new_oi = list(range(n - len(oi) + 1, n + 1))
-    # per-layer lists, per-layer config dicts and layer-index lists follow the new layer count
+    _follow_layer_counts(d, old_layers, skip=("depths", "hidden_sizes", "conv_dim", "conv_kernel", "conv_stride"),
+                         layer=lambda k, sub: _shrink_layer_diff(sub, d0, d, k, top) if isinstance(sub, dict) else sub,
+                         drop_stages=not has_stages, out_indices=new_oi)
+    return d
+
+
+def _follow_layer_counts(d: dict, old_layers: dict[str, int], skip: tuple[str, ...], layer=lambda k, sub: sub,
+                         drop_stages: bool = True, out_indices: list | None = None) -> None:
+    """After a level's layer counts changed (``old_layers``: the counts before), its per-layer lists,
+    per-layer config dicts ({"05": {...}}, each kept entry passed through ``layer``) and layer-index lists
+    follow each new count, in place, but for the keys in ``skip``; then the stage names and out
+    indices/features are dropped (``drop_stages``) and ``out_indices``, when given, set."""
     new_layers = _layer_count_keys(d)
     for lk, old_n in old_layers.items():
         new_n = new_layers[lk]
@@ -563,27 +574,23 @@ def _shrink_level(d: dict, top: dict, mode: str = "small", f: int = 8) -> dict:
             continue
         keep = _pick_layer_indices(d, old_n, new_n)
         for k, v in list(d.items()):
-            if k in ("depths", "hidden_sizes", "conv_dim", "conv_kernel", "conv_stride"):
+            if k in skip:
                 continue
-            if isinstance(v, dict) and v and all(str(x).isdigit() for x in v):  # per_layer_config {"05": {...}}
-                d[k] = {str(keep.index(int(x))): (_shrink_layer_diff(sub, d0, d, k, top) if isinstance(sub, dict)
-                                                  else sub)
-                        for x, sub in v.items() if int(x) in keep}
+            if isinstance(v, dict) and v and all(str(x).isdigit() for x in v):
+                d[k] = {str(keep.index(int(x))): layer(k, sub) for x, sub in v.items() if int(x) in keep}
+            elif not isinstance(v, list):
                 continue
-            if not isinstance(v, list):
-                continue
-            if len(v) == old_n and old_n > 1:
+            elif len(v) == old_n and old_n > 1:
                 d[k] = [v[i] for i in keep] if len(keep) == new_n else [v[i % len(v)] for i in range(new_n)]
             elif _LAYER_INDEX_KEY_RE.search(k) and v and all(isinstance(x, int) and not isinstance(x, bool)
                                                               for x in v) and max(v) < old_n + 1 and \
-                    k not in ("out_indices",):
+                    k != "out_indices":
                 d[k] = sorted({(keep.index(x) if x in keep else min(x, new_n - 1)) if x >= 0 else x for x in v})
-        for k in ("stage_names", "out_indices", "out_features"):
-            if k in d and not has_stages:
-                d.pop(k)
-        if new_oi is not None:
-            d["out_indices"] = new_oi
-    return d
+        if drop_stages:
+            for k in ("stage_names", "out_indices", "out_features"):
+                d.pop(k, None)
+        if out_indices is not None:
+            d["out_indices"] = out_indices
 
 
 def _shrink_layer_diff(sub: dict, base0: dict, base: dict, key: str, top: dict) -> dict:
@@ -634,22 +641,7 @@ def _scale_level(d: dict, top: dict, f: int) -> dict:
             if isinstance(rp.get("mrope_section"), list):
                 rp["mrope_section"] = [max(1, x // f) for x in rp["mrope_section"]]
             d[rk] = rp
-    new_layers = _layer_count_keys(d)
-    for lk, old_n in old_layers.items():
-        new_n = new_layers[lk]
-        if new_n == old_n:
-            continue
-        keep = _pick_layer_indices(d, old_n, new_n)
-        for k, v in list(d.items()):
-            if isinstance(v, dict) and v and all(str(x).isdigit() for x in v):
-                d[k] = {str(keep.index(int(x))): sub for x, sub in v.items() if int(x) in keep}
-            elif isinstance(v, list) and len(v) == old_n and old_n > 1 and k not in ("depths", "hidden_sizes"):
-                d[k] = [v[i] for i in keep]
-            elif isinstance(v, list) and _LAYER_INDEX_KEY_RE.search(k) and v and k != "out_indices" and \
-                    all(isinstance(x, int) and not isinstance(x, bool) for x in v) and max(v) < old_n + 1:
-                d[k] = sorted({(keep.index(x) if x in keep else min(x, new_n - 1)) if x >= 0 else x for x in v})
-        for k in ("stage_names", "out_indices", "out_features"):
-            d.pop(k, None)
+    _follow_layer_counts(d, old_layers, skip=("depths", "hidden_sizes"))
     return d
 
 
@@ -705,14 +697,6 @@ def _set_everywhere(d: dict, **kv) -> dict:
 def _ov_whisper_like(d):
     d["max_source_positions"] = 32
     return d
-
-
-def _ov_remove(*keys):
-    def f(d):
-        for k in keys:
-            d.pop(k, None)
-        return d
-    return f
 
 
 def _ov_update(**kv):
