@@ -1372,14 +1372,14 @@ def _find_getter(model, name):
     return getter
 
 
+def _token_id(cfg, *names):
+    """The value of the first of ``names`` that the config holds as an int, or None."""
+    return next((v for v in (getattr(cfg, k, None) for k in names) if isinstance(v, int)), None)
+
+
 def _multimodal_inputs(model, cfg, gen, pixels, params):
     """input_ids holding as many image tokens as the model makes image features, plus the pixel inputs."""
-    tok = None
-    for k in ("image_token_id", "image_token_index"):
-        v = getattr(cfg, k, None)
-        if isinstance(v, int):
-            tok = v
-            break
+    tok = _token_id(cfg, "image_token_id", "image_token_index")
     getter = _find_getter(model, "get_image_features")
     queries = getattr(cfg, "num_query_tokens", None)  # Q-Former models: one image token per query (the processor's)
     queries = queries if isinstance(queries, int) and queries > 0 else None
@@ -1390,8 +1390,7 @@ def _multimodal_inputs(model, cfg, gen, pixels, params):
         # image_embeds_position_mask marks, where the image features replace the embeddings
         tok, queries = max(_special_ids(cfg) | {V - 1}), latents
     if tok is None and queries:  # InstructBLIP-Video: one placeholder per query and frame
-        tok = next((v for v in (getattr(cfg, k, None) for k in ("video_token_id", "video_token_index"))
-                    if isinstance(v, int)), None)
+        tok = _token_id(cfg, "video_token_id", "video_token_index")
         video = True
     if tok is None or (getter is None and not queries):
         return []
@@ -1427,12 +1426,7 @@ _AUDIO_MASK_KEYS = ("input_features_mask", "feature_attention_mask", "audio_atte
 def _audio_multimodal_inputs(model, cfg, gen, acfg, params):
     """input_ids holding as many audio tokens as the model makes audio features, plus the audio input
     (input_features spectrograms, or input_values waveforms)."""
-    tok = None
-    for k in ("audio_token_id", "audio_token_index"):
-        v = getattr(cfg, k, None)
-        if isinstance(v, int):
-            tok = v
-            break
+    tok = _token_id(cfg, "audio_token_id", "audio_token_index")
     getter = _find_getter(model, "get_audio_features")
     if tok is None or getter is None:
         return []
