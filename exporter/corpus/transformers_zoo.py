@@ -297,6 +297,18 @@ def _scale_width(v, f):
     return v
 
 
+def _moe_size(k: str, v):
+    """The small value of a mixture-of-experts count in both modes (4 experts, top-2, one expert group),
+    or None when ``k`` names no such count or ``v`` is kept."""
+    if k in _EXPERT_KEYS and isinstance(v, int) and v > 1:
+        return 4
+    if k in _TOPK_KEYS and isinstance(v, int) and v > 1:
+        return 2
+    if k in ("n_group", "topk_group", "num_expert_group") and isinstance(v, int):
+        return 1
+    return None
+
+
 def _shrink_level(d: dict, top: dict, mode: str = "small", f: int = 8) -> dict:
     """Shrink one config level (sub-config dicts are shrunk recursively first).
 
@@ -350,13 +362,9 @@ def _shrink_level(d: dict, top: dict, mode: str = "small", f: int = 8) -> dict:
                 d[k] = NH if v >= NH else v
             elif isinstance(v, list) and v and all(isinstance(x, int) for x in v):
                 d[k] = [min(x, NH) for x in v]
-        elif k in _EXPERT_KEYS and isinstance(v, int) and v > 1:
-            d[k] = 4
-        elif k in _TOPK_KEYS and isinstance(v, int) and v > 1:
-            d[k] = 2
+        elif (moe := _moe_size(k, v)) is not None:
+            d[k] = moe
         elif k in _SHARED_EXPERT_KEYS and isinstance(v, int) and v > 1:
-            d[k] = 1
-        elif k in ("n_group", "topk_group", "num_expert_group") and isinstance(v, int):
             d[k] = 1
         elif k == "vocab_size" and isinstance(v, int):
             d[k] = min(v, V)
@@ -617,12 +625,8 @@ def _scale_level(d: dict, top: dict, f: int) -> dict:
             d[k] = max(1, v // f)
         elif k in _LAYER_KEYS and isinstance(v, int) and v > 0 and not isinstance(d.get("depths"), list):
             d[k] = min(v, L)
-        elif k in _EXPERT_KEYS and isinstance(v, int) and v > 1:
-            d[k] = 4
-        elif k in _TOPK_KEYS and isinstance(v, int) and v > 1:
-            d[k] = 2
-        elif k in ("n_group", "topk_group", "num_expert_group") and isinstance(v, int):
-            d[k] = 1
+        elif (moe := _moe_size(k, v)) is not None:
+            d[k] = moe
         elif "vocab" in k and isinstance(v, int) and v > V and "offset" not in k:
             d[k] = V
         elif k in ("num_embeddings",) and isinstance(v, int) and v > 256:

@@ -145,11 +145,15 @@ class PytreeIO(nn.Module):
         }
 
 
-class KwargsOnly(nn.Module):
+class _OneLinear(nn.Module):
+    """A model holding one Linear(d, d) (``self.lin``); subclasses say how forward uses it."""
+
     def __init__(self, d=8):
         super().__init__()
         self.lin = nn.Linear(d, d)
 
+
+class KwargsOnly(_OneLinear):
     def forward(self, x, *, scale, bias=None):
         y = self.lin(x) * scale
         if bias is not None:
@@ -190,11 +194,7 @@ class Cond(nn.Module):
         return torch.cond(x.sum() > 0, true_fn, false_fn, (x,))
 
 
-class MapModel(nn.Module):
-    def __init__(self, d=8):
-        super().__init__()
-        self.lin = nn.Linear(d, d)
-
+class MapModel(_OneLinear):
     def forward(self, xs, y):
         def body(x, y):
             return self.lin(x) + y
@@ -202,11 +202,7 @@ class MapModel(nn.Module):
         return hop_map(body, xs, y)
 
 
-class WhileLoop(nn.Module):
-    def __init__(self, d=8):
-        super().__init__()
-        self.lin = nn.Linear(d, d)
-
+class WhileLoop(_OneLinear):
     def forward(self, n, x):
         def cond_fn(i, h):
             return i < n
@@ -218,11 +214,7 @@ class WhileLoop(nn.Module):
         return while_loop(cond_fn, body_fn, (i0, x))
 
 
-class CustomOpModel(nn.Module):
-    def __init__(self, d=8):
-        super().__init__()
-        self.lin = nn.Linear(d, d)
-
+class CustomOpModel(_OneLinear):
     def forward(self, x, y):
         return torch.ops.pt2b_zoo.scaled_add(self.lin(x), y, 0.5)
 
