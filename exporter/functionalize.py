@@ -43,7 +43,7 @@ import torch
 from . import functorch_regions, torch_compat
 from .errors import LoweringError
 from .ops import op_name
-from .versioning.op_table import iter_graphs
+from .graph_walk import iter_graphs
 
 __all__ = ["forced_ops", "functionalize", "is_mutating", "may_mutate", "signature_of", "updates_hidden_state"]
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from .versioning.op_table import iter_graphs
+from .graph_walk import iter_graphs
 
 __all__ = ["has_regions", "flatten_regions"]
 

@@ -27,13 +27,18 @@ def op_name(op: object) -> str:
     return f"{module}.{getattr(op, '__qualname__', None) or getattr(op, '__name__', repr(op))}"
 
 
-def normalize_text(entry: str) -> str:
-    """"torch.ops.aten.add.Tensor" / "aten.add.Tensor" / "aten::add.Tensor" -> "aten::add.Tensor"."""
+def normalize_text(entry: str, *, default_overload: bool = False) -> str:
+    """"torch.ops.aten.add.Tensor" / "aten.add.Tensor" / "aten::add.Tensor" -> "aten::add.Tensor"; a
+    bare namespace "aten" -> "aten::*". An overload-less name ("aten::relu") names every overload, as
+    OpMatcher takes it; with ``default_overload`` it names the default one ("aten::relu.default"), as
+    resolve_op and the reference runtime's opset take it."""
     s = entry.strip()
     s = s.removeprefix("torch.ops.")
     if "::" not in s:
         ns, _, rest = s.partition(".")
         s = f"{ns}::{rest}" if rest else f"{ns}::*"
+    if default_overload and "." not in s.split("::", 1)[1]:
+        s = f"{s}.default"
     return s
 
 
@@ -89,9 +94,9 @@ def op_of_target(target: str):
 
 def resolve_op(name: str):
     """The OpOverload for "aten::add.Tensor" (overload "default" if omitted), or None."""
-    ns, _, rest = normalize_text(name).partition("::")
+    ns, _, rest = normalize_text(name, default_overload=True).partition("::")
     op, _, overload = rest.partition(".")
-    return registered_overload(ns, op, overload or "default")
+    return registered_overload(ns, op, overload or "default")  # ("aten::add." too)
 
 
 class OpMatcher:

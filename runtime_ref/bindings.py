@@ -11,6 +11,7 @@ import torch.utils._pytree as pytree
 from torch._ops import OpOverload
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .nested import any_leaf, map_leaves
 from .nodes import NODES
 
 __all__ = ["TensorSpec", "fast_callable", "meta_args"]
@@ -43,16 +44,6 @@ class TensorSpec:
         return all(type(s) is int for s in self.shape) and all(type(s) is int for s in self.stride)
 
 
-def _mapped(leaf, x):
-    """``x`` with ``leaf`` applied to everything that is not a list, tuple or dict (kept as such)."""
-    if isinstance(x, (list, tuple)):
-        items = [_mapped(leaf, i) for i in x]
-        return items if isinstance(x, list) else tuple(items)
-    if isinstance(x, dict):
-        return {k: _mapped(leaf, v) for k, v in x.items()}
-    return leaf(x)
-
-
 def _value_spec(v):
     """One recorded value (a leaf of node.meta["val"]) as a trial describes it; _NoMeta for symbols."""
     if type(v) is TensorSpec:
@@ -74,23 +65,17 @@ def _arg_spec(a):
     if isinstance(a, NODES):
         if "val" not in a.meta:
             raise _NoMeta
-        return _mapped(_value_spec, a.meta["val"])
+        return map_leaves(_value_spec, a.meta["val"])
     return _META if isinstance(a, torch.device) else a
 
 
 def _on_meta(spec) -> bool:
-    if type(spec) is TensorSpec or spec is _META:
-        return True
-    if isinstance(spec, (list, tuple)):
-        return any(_on_meta(x) for x in spec)
-    if isinstance(spec, dict):
-        return any(_on_meta(x) for x in spec.values())
-    return False
+    return any_leaf(lambda x: type(x) is TensorSpec or x is _META, spec)
 
 
 def _materialize(spec):
     """The trial (args, kwargs) of meta tensors a spec describes."""
-    return _mapped(lambda x: x.meta() if type(x) is TensorSpec else x, spec)
+    return map_leaves(lambda x: x.meta() if type(x) is TensorSpec else x, spec)
 
 
 def meta_args(node: torch.fx.Node):
@@ -98,7 +83,7 @@ def meta_args(node: torch.fx.Node):
     strides of the meta tensors a trial builds), or None when that cannot be done or the trial would
     not be on meta (a factory op without a device argument)."""
     try:
-        spec = _mapped(_arg_spec, tuple(node.args)), _mapped(_arg_spec, dict(node.kwargs))
+        spec = map_leaves(_arg_spec, tuple(node.args)), map_leaves(_arg_spec, dict(node.kwargs))
     except _NoMeta:
         return None
     return spec if _on_meta(spec) else None

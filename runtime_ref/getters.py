@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from operator import itemgetter
 
+from .nested import any_leaf
+
 __all__ = ["SlotRef", "has_slot", "slots_getter", "value_getter", "call_with_kwargs"]
 
 
@@ -19,13 +21,7 @@ class SlotRef(int):
 
 def has_slot(template) -> bool:
     """Whether a template reads any slot (anywhere inside lists/tuples/dicts)."""
-    if type(template) is SlotRef:
-        return True
-    if isinstance(template, (list, tuple)):
-        return any(has_slot(t) for t in template)
-    if isinstance(template, dict):
-        return any(has_slot(t) for t in template.values())
-    return False
+    return any_leaf(lambda t: type(t) is SlotRef, template)
 
 
 def slots_getter(indices):

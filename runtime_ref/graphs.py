@@ -9,8 +9,9 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
+from exporter.graph_walk import walk_graphs
+
 from .regions import is_autocast_marker, retarget_autocast
-from .walk import walk_graphs
 
 __all__ = ["retarget_devices", "uses_other_device"]
 

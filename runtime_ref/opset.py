@@ -1,5 +1,6 @@
 """The reference runtime's opset: which call targets it accepts, how they are named.
-Owns op naming, the default "functional ATen" predicate, opset normalization and OpsetError reporting."""
+Owns the default "functional ATen" predicate, opset normalization and OpsetError reporting (op names
+and their spellings: exporter/ops.py)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from torch._ops import HigherOrderOperator, OpOverload, OpOverloadPacket
 
 from exporter.errors import OpsetError
 from exporter.functionalize import is_mutating, updates_hidden_state
+from exporter.graph_walk import walk_graphs
 from exporter.ops import OpSpec, normalize_text, op_name, resolve_op
 
-from .walk import walk_graphs
 from .regions import REGION_HOP_NAMES, is_region_marker
 
 __all__ = [
@@ -24,7 +25,6 @@ __all__ = [
     "normalize_ops",
     "Acceptor",
     "check_program_ops",
-    "count_ops",
 ]
 
 # quantized_decomposed: the functional (de)quantize and choose_qparams ops torch registers with CPU
@@ -71,9 +71,10 @@ def _resolve(op) -> object:
     """A string op name resolved to its OpOverload (or the object itself)."""
     if not isinstance(op, str):
         return op
-    resolved = resolve_op(_normalize_name(op))
+    name = normalize_text(op, default_overload=True)
+    resolved = resolve_op(name)
     if resolved is None:
-        raise ValueError(f"unknown operator {op!r}: the running torch registers no {_normalize_name(op)}")
+        raise ValueError(f"unknown operator {op!r}: the running torch registers no {name}")
     return resolved
 
 
@@ -89,19 +90,13 @@ def default_opset_accepts(op: OpSpec | Callable[..., Any]) -> bool:
     return isinstance(op, OpOverload) and op.namespace in DEFAULT_NAMESPACES and not is_mutating(op)
 
 
-def _normalize_name(name: str) -> str:
-    """'aten.add.Tensor' / 'aten::add.Tensor' -> 'aten::add.Tensor'; 'aten::relu' -> 'aten::relu.default'
-    (here an overload-less name means the default overload, not every overload as in OpMatcher)."""
-    name = normalize_text(name)
-    return name if "." in name.split("::", 1)[1] else f"{name}.default"
-
-
 def normalize_ops(ops: Iterable) -> frozenset[str]:
-    """Canonical names of an iterable of OpOverloads, OpOverloadPackets (all overloads) or strings."""
+    """Canonical names of an iterable of OpOverloads, OpOverloadPackets (all overloads) or strings (an
+    overload-less one names the default overload: normalize_text's default_overload)."""
     names = set()
     for op in [ops] if isinstance(ops, (str, OpOverload, OpOverloadPacket)) else ops:
         if isinstance(op, str):
-            names.add(_normalize_name(op))
+            names.add(normalize_text(op, default_overload=True))
         elif isinstance(op, OpOverloadPacket):
             names.update(op_name(getattr(op, o)) for o in op.overloads())
         elif isinstance(op, (OpOverload, HigherOrderOperator)):
@@ -187,14 +182,3 @@ def check_program_ops(gm: torch.fx.GraphModule, acceptor: Acceptor) -> None:
     refused, mutating = _offenders(gm, acceptor)
     if refused:
         raise OpsetError(_format(refused, mutating, acceptor))
-
-
-def count_ops(gm: torch.fx.GraphModule) -> dict[str, int]:
-    """Op name -> number of call sites over the graph and all its subgraphs."""
-    counts: dict[str, int] = {}
-    for _, g in walk_graphs(gm):
-        for node in g.graph.nodes:
-            if node.op == "call_function":
-                name = op_name(node.target)
-                counts[name] = counts.get(name, 0) + 1
-    return counts

@@ -10,13 +10,15 @@ import torch
 import torch.fx
 from torch._ops import OpOverload
 
+from exporter.graph_walk import subgraph_of
+
 from .bindings import fast_callable, meta_args
 from .codegen import compile_steps
 from .getters import SlotRef, call_with_kwargs, has_slot, slots_getter, value_getter
 from .graphs import retarget_devices
 from .nodes import NODES
-from .walk import subgraph_of
 from .inplace import plan_in_place
+from .nested import leaves, map_leaves
 from .regions import autocast_steps, is_autocast_marker, recorded_device_types, region_callable, retarget_autocast
 
 __all__ = ["Plan"]
@@ -47,13 +49,11 @@ class _Builder:
 
     def template(self, arg):
         """An fx argument with nodes replaced by SlotRefs and devices by the runtime's device."""
+        return map_leaves(self._leaf, arg)
+
+    def _leaf(self, arg):
         if isinstance(arg, NODES):
             return SlotRef(self.slot_of[arg])
-        if isinstance(arg, (list, tuple)):
-            items = [self.template(a) for a in arg]
-            return items if isinstance(arg, list) else tuple(items)
-        if isinstance(arg, dict):
-            return {k: self.template(v) for k, v in arg.items()}
         if isinstance(arg, torch.device):
             return self.device
         if isinstance(arg, torch.Tensor):
@@ -61,16 +61,9 @@ class _Builder:
         return arg
 
 
-def _reads(template, acc: set) -> set:
-    if type(template) is SlotRef:
-        acc.add(int(template))
-    elif isinstance(template, (list, tuple)):
-        for t in template:
-            _reads(t, acc)
-    elif isinstance(template, dict):
-        for t in template.values():
-            _reads(t, acc)
-    return acc
+def _reads(template) -> set:
+    """The slots a template reads."""
+    return {int(t) for t in leaves(template) if type(t) is SlotRef}
 
 
 def _callable(node, cache: dict):
@@ -137,7 +130,7 @@ class Plan:
             args = retarget_autocast(args, b.recorded, b.device)
         kwargs = b.template(dict(node.kwargs))
         out = self._trash if _returns_nothing(node.target) else b.value_slot(node)
-        b.steps.append((node, _callable(node, b.bindings), args, kwargs, out, _reads((args, kwargs), set())))
+        b.steps.append((node, _callable(node, b.bindings), args, kwargs, out, _reads((args, kwargs))))
 
     @staticmethod
     def _bind(b: _Builder, fn, args, kwargs):

@@ -22,8 +22,9 @@ import torch.fx
 from torch._higher_order_ops.wrap import wrap_with_autocast, wrap_with_set_grad_enabled
 from torch.amp.autocast_mode import _enter_autocast, _exit_autocast
 
+from exporter.graph_walk import call_nodes
+
 from .bindings import TensorSpec
-from .walk import walk_graphs
 
 __all__ = ["REGION_HOP_NAMES", "is_region_marker", "is_autocast_marker", "has_regions", "autocast_devices",
            "recorded_device_types", "retarget_autocast", "region_callable", "autocast_steps", "RegionGuard"]
@@ -47,19 +48,14 @@ def _is_region(target) -> bool:
     return is_region_marker(target) or target is wrap_with_set_grad_enabled or target is wrap_with_autocast
 
 
-def _walk(gm: torch.fx.GraphModule):
-    for _, g in walk_graphs(gm):
-        yield from (n for n in g.graph.nodes if n.op == "call_function")
-
-
 def has_regions(gm: torch.fx.GraphModule) -> bool:
     """Whether gm or any of its subgraphs marks a grad-mode or autocast region."""
-    return any(_is_region(n.target) for n in _walk(gm))
+    return any(_is_region(n.target) for n in call_nodes(gm))
 
 
 def autocast_devices(gm: torch.fx.GraphModule) -> frozenset[str]:
     """Device types of all autocast regions in gm and its subgraphs, as recorded."""
-    return frozenset(n.args[0] for n in _walk(gm) if is_autocast_marker(n.target) and isinstance(n.args[0], str))
+    return frozenset(n.args[0] for n in call_nodes(gm) if is_autocast_marker(n.target) and isinstance(n.args[0], str))
 
 
 def recorded_device_types(gm: torch.fx.GraphModule) -> frozenset[str]:

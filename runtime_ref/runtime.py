@@ -9,8 +9,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.export.graph_signature import InputKind
 
+from exporter.graph_walk import call_nodes, count_calls
+
 from .inputs import InputChecker
-from .opset import Acceptor, check_program_ops, count_ops
+from .opset import Acceptor, check_program_ops
 from .outputs import OutputHandler
 from .plan import Plan
 from .regions import RegionGuard, autocast_devices, has_regions
@@ -85,7 +87,7 @@ class Runtime:
         self.device = _device(device)
         check_program_ops(ep.graph_module, Acceptor(opset, extra_ops))
         user_inputs = [s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
-        self._ops = count_ops(ep.graph_module)
+        self._ops = count_calls(call_nodes(ep.graph_module))
         self._state = RuntimeState(ep, self.device, _shared)
         self._outputs = OutputHandler(ep, self._state.named, user_inputs)
         self._inputs = InputChecker(ep, self.device)

@@ -24,9 +24,9 @@ from exporter.serialize.generated import pt2b_generated as G
 
 def find_nodes(serialized_ep, target: str) -> list:
     """Every node (subgraphs included) calling ``target`` ("torch.ops.aten.gelu.default")."""
-    from exporter.versioning.schema_drift import iter_graphs
+    from exporter.graph_walk import iter_serialized_graphs
 
-    return [n for g in iter_graphs(serialized_ep.graph_module.graph) for n in g.nodes if n.target == target]
+    return [n for g in iter_serialized_graphs(serialized_ep.graph_module.graph) for n in g.nodes if n.target == target]
 
 
 def drop_inputs(node, *names) -> None:

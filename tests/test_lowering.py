@@ -12,7 +12,8 @@ import torch
 from exporter import export_model, load, load_for_backend
 from exporter.errors import LoweringError, OpsetError
 from exporter.lowering import presets, tables
-from exporter.lowering.graph_ops import mutating_ops, op_counts, op_nodes
+from exporter.functionalize import is_mutating
+from exporter.lowering.graph_ops import op_counts, op_nodes
 from exporter.lowering.verify import is_infrastructure
 from exporter.ops import op_name, resolve_op
 from exporter.corpus.zoo import make_case
@@ -23,6 +24,13 @@ from lowering_corpus import (EXPORTDB_PROGRAMS, OPINFO_PROGRAMS, ZOO_PROGRAMS, e
 
 PRESETS = ["none", "core", "core-tag", "max"]
 CORPUS = zoo_programs() + exportdb_programs() + opinfo_programs(every=12)
+
+
+def mutating_ops(gm: torch.fx.GraphModule) -> list[str]:
+    """The names of the in-place/out= overloads a graph and its subgraphs still call."""
+    return sorted({op_name(n.target) for n in op_nodes(gm)
+                   if isinstance(n.target, torch._ops.OpOverload) and is_mutating(n.target)})
+
 
 # The programs core-tag refuses (allowed by its contract: each op named has no decomposition that
 # reaches core), with the ops it names. Any other program must lower; each of these must refuse

@@ -297,6 +297,18 @@ def _scale_width(v, f):
     return v
 
 
+def _moe_size(k: str, v):
+    """The small value of a mixture-of-experts count in both modes (4 experts, top-2, one expert group),
+    or None when ``k`` names no such count or ``v`` is kept."""
+    if k in _EXPERT_KEYS and isinstance(v, int) and v > 1:
+        return 4
+    if k in _TOPK_KEYS and isinstance(v, int) and v > 1:
+        return 2
+    if k in ("n_group", "topk_group", "num_expert_group") and isinstance(v, int):
+        return 1
+    return None
+
+
 def _shrink_level(d: dict, top: dict, mode: str = "small", f: int = 8) -> dict:
     """Shrink one config level (sub-config dicts are shrunk recursively first).
 
@@ -350,13 +362,9 @@ def _shrink_level(d: dict, top: dict, mode: str = "small", f: int = 8) -> dict:
                 d[k] = NH if v >= NH else v
             elif isinstance(v, list) and v and all(isinstance(x, int) for x in v):
                 d[k] = [min(x, NH) for x in v]
-        elif k in _EXPERT_KEYS and isinstance(v, int) and v > 1:
-            d[k] = 4
-        elif k in _TOPK_KEYS and isinstance(v, int) and v > 1:
-            d[k] = 2
+        elif (moe := _moe_size(k, v)) is not None:
+            d[k] = moe
         elif k in _SHARED_EXPERT_KEYS and isinstance(v, int) and v > 1:
-            d[k] = 1
-        elif k in ("n_group", "topk_group", "num_expert_group") and isinstance(v, int):
             d[k] = 1
         elif k == "vocab_size" and isinstance(v, int):
             d[k] = min(v, V)
@@ -555,7 +563,18 @@ def _shrink_level(d: dict, top: dict, mode: str = "small", f: int = 8) -> dict:
         d["num_hidden_layers"] = max(d["num_hidden_layers"], min(len(oi), old_layers["num_hidden_layers"]))
         n = d["num_hidden_layers"]
         new_oi = list(range(n - len(oi) + 1, n + 1))
-    # per-layer lists, per-layer config dicts and layer-index lists follow the new layer count
+    _follow_layer_counts(d, old_layers, skip=("depths", "hidden_sizes", "conv_dim", "conv_kernel", "conv_stride"),
+                         layer=lambda k, sub: _shrink_layer_diff(sub, d0, d, k, top) if isinstance(sub, dict) else sub,
+                         drop_stages=not has_stages, out_indices=new_oi)
+    return d
+
+
+def _follow_layer_counts(d: dict, old_layers: dict[str, int], skip: tuple[str, ...], layer=lambda k, sub: sub,
+                         drop_stages: bool = True, out_indices: list | None = None) -> None:
+    """After a level's layer counts changed (``old_layers``: the counts before), its per-layer lists,
+    per-layer config dicts ({"05": {...}}, each kept entry passed through ``layer``) and layer-index lists
+    follow each new count, in place, but for the keys in ``skip``; then the stage names and out
+    indices/features are dropped (``drop_stages``) and ``out_indices``, when given, set."""
     new_layers = _layer_count_keys(d)
     for lk, old_n in old_layers.items():
         new_n = new_layers[lk]
@@ -563,27 +582,23 @@ def _shrink_level(d: dict, top: dict, mode: str = "small", f: int = 8) -> dict:
             continue
         keep = _pick_layer_indices(d, old_n, new_n)
         for k, v in list(d.items()):
-            if k in ("depths", "hidden_sizes", "conv_dim", "conv_kernel", "conv_stride"):
+            if k in skip:
                 continue
-            if isinstance(v, dict) and v and all(str(x).isdigit() for x in v):  # per_layer_config {"05": {...}}
-                d[k] = {str(keep.index(int(x))): (_shrink_layer_diff(sub, d0, d, k, top) if isinstance(sub, dict)
-                                                  else sub)
-                        for x, sub in v.items() if int(x) in keep}
+            if isinstance(v, dict) and v and all(str(x).isdigit() for x in v):
+                d[k] = {str(keep.index(int(x))): layer(k, sub) for x, sub in v.items() if int(x) in keep}
+            elif not isinstance(v, list):
                 continue
-            if not isinstance(v, list):
-                continue
-            if len(v) == old_n and old_n > 1:
+            elif len(v) == old_n and old_n > 1:
                 d[k] = [v[i] for i in keep] if len(keep) == new_n else [v[i % len(v)] for i in range(new_n)]
             elif _LAYER_INDEX_KEY_RE.search(k) and v and all(isinstance(x, int) and not isinstance(x, bool)
                                                               for x in v) and max(v) < old_n + 1 and \
-                    k not in ("out_indices",):
+                    k != "out_indices":
                 d[k] = sorted({(keep.index(x) if x in keep else min(x, new_n - 1)) if x >= 0 else x for x in v})
-        for k in ("stage_names", "out_indices", "out_features"):
-            if k in d and not has_stages:
-                d.pop(k)
-        if new_oi is not None:
-            d["out_indices"] = new_oi
-    return d
+        if drop_stages:
+            for k in ("stage_names", "out_indices", "out_features"):
+                d.pop(k, None)
+        if out_indices is not None:
+            d["out_indices"] = out_indices
 
 
 def _shrink_layer_diff(sub: dict, base0: dict, base: dict, key: str, top: dict) -> dict:
@@ -610,12 +625,8 @@ def _scale_level(d: dict, top: dict, f: int) -> dict:
             d[k] = max(1, v // f)
         elif k in _LAYER_KEYS and isinstance(v, int) and v > 0 and not isinstance(d.get("depths"), list):
             d[k] = min(v, L)
-        elif k in _EXPERT_KEYS and isinstance(v, int) and v > 1:
-            d[k] = 4
-        elif k in _TOPK_KEYS and isinstance(v, int) and v > 1:
-            d[k] = 2
-        elif k in ("n_group", "topk_group", "num_expert_group") and isinstance(v, int):
-            d[k] = 1
+        elif (moe := _moe_size(k, v)) is not None:
+            d[k] = moe
         elif "vocab" in k and isinstance(v, int) and v > V and "offset" not in k:
             d[k] = V
         elif k in ("num_embeddings",) and isinstance(v, int) and v > 256:
@@ -634,22 +645,7 @@ def _scale_level(d: dict, top: dict, f: int) -> dict:
             if isinstance(rp.get("mrope_section"), list):
                 rp["mrope_section"] = [max(1, x // f) for x in rp["mrope_section"]]
             d[rk] = rp
-    new_layers = _layer_count_keys(d)
-    for lk, old_n in old_layers.items():
-        new_n = new_layers[lk]
-        if new_n == old_n:
-            continue
-        keep = _pick_layer_indices(d, old_n, new_n)
-        for k, v in list(d.items()):
-            if isinstance(v, dict) and v and all(str(x).isdigit() for x in v):
-                d[k] = {str(keep.index(int(x))): sub for x, sub in v.items() if int(x) in keep}
-            elif isinstance(v, list) and len(v) == old_n and old_n > 1 and k not in ("depths", "hidden_sizes"):
-                d[k] = [v[i] for i in keep]
-            elif isinstance(v, list) and _LAYER_INDEX_KEY_RE.search(k) and v and k != "out_indices" and \
-                    all(isinstance(x, int) and not isinstance(x, bool) for x in v) and max(v) < old_n + 1:
-                d[k] = sorted({(keep.index(x) if x in keep else min(x, new_n - 1)) if x >= 0 else x for x in v})
-        for k in ("stage_names", "out_indices", "out_features"):
-            d.pop(k, None)
+    _follow_layer_counts(d, old_layers, skip=("depths", "hidden_sizes"))
     return d
 
 
@@ -705,14 +701,6 @@ def _set_everywhere(d: dict, **kv) -> dict:
 def _ov_whisper_like(d):
     d["max_source_positions"] = 32
     return d
-
-
-def _ov_remove(*keys):
-    def f(d):
-        for k in keys:
-            d.pop(k, None)
-        return d
-    return f
 
 
 def _ov_update(**kv):
@@ -1388,14 +1376,14 @@ def _find_getter(model, name):
     return getter
 
 
+def _token_id(cfg, *names):
+    """The value of the first of ``names`` that the config holds as an int, or None."""
+    return next((v for v in (getattr(cfg, k, None) for k in names) if isinstance(v, int)), None)
+
+
 def _multimodal_inputs(model, cfg, gen, pixels, params):
     """input_ids holding as many image tokens as the model makes image features, plus the pixel inputs."""
-    tok = None
-    for k in ("image_token_id", "image_token_index"):
-        v = getattr(cfg, k, None)
-        if isinstance(v, int):
-            tok = v
-            break
+    tok = _token_id(cfg, "image_token_id", "image_token_index")
     getter = _find_getter(model, "get_image_features")
     queries = getattr(cfg, "num_query_tokens", None)  # Q-Former models: one image token per query (the processor's)
     queries = queries if isinstance(queries, int) and queries > 0 else None
@@ -1406,8 +1394,7 @@ def _multimodal_inputs(model, cfg, gen, pixels, params):
         # image_embeds_position_mask marks, where the image features replace the embeddings
         tok, queries = max(_special_ids(cfg) | {V - 1}), latents
     if tok is None and queries:  # InstructBLIP-Video: one placeholder per query and frame
-        tok = next((v for v in (getattr(cfg, k, None) for k in ("video_token_id", "video_token_index"))
-                    if isinstance(v, int)), None)
+        tok = _token_id(cfg, "video_token_id", "video_token_index")
         video = True
     if tok is None or (getter is None and not queries):
         return []
@@ -1443,12 +1430,7 @@ _AUDIO_MASK_KEYS = ("input_features_mask", "feature_attention_mask", "audio_atte
 def _audio_multimodal_inputs(model, cfg, gen, acfg, params):
     """input_ids holding as many audio tokens as the model makes audio features, plus the audio input
     (input_features spectrograms, or input_values waveforms)."""
-    tok = None
-    for k in ("audio_token_id", "audio_token_index"):
-        v = getattr(cfg, k, None)
-        if isinstance(v, int):
-            tok = v
-            break
+    tok = _token_id(cfg, "audio_token_id", "audio_token_index")
     getter = _find_getter(model, "get_audio_features")
     if tok is None or getter is None:
         return []

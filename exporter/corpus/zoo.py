@@ -145,11 +145,15 @@ class PytreeIO(nn.Module):
         }
 
 
-class KwargsOnly(nn.Module):
+class _OneLinear(nn.Module):
+    """A model holding one Linear(d, d) (``self.lin``); subclasses say how forward uses it."""
+
     def __init__(self, d=8):
         super().__init__()
         self.lin = nn.Linear(d, d)
 
+
+class KwargsOnly(_OneLinear):
     def forward(self, x, *, scale, bias=None):
         y = self.lin(x) * scale
         if bias is not None:
@@ -190,11 +194,7 @@ class Cond(nn.Module):
         return torch.cond(x.sum() > 0, true_fn, false_fn, (x,))
 
 
-class MapModel(nn.Module):
-    def __init__(self, d=8):
-        super().__init__()
-        self.lin = nn.Linear(d, d)
-
+class MapModel(_OneLinear):
     def forward(self, xs, y):
         def body(x, y):
             return self.lin(x) + y
@@ -202,11 +202,7 @@ class MapModel(nn.Module):
         return hop_map(body, xs, y)
 
 
-class WhileLoop(nn.Module):
-    def __init__(self, d=8):
-        super().__init__()
-        self.lin = nn.Linear(d, d)
-
+class WhileLoop(_OneLinear):
     def forward(self, n, x):
         def cond_fn(i, h):
             return i < n
@@ -218,11 +214,7 @@ class WhileLoop(nn.Module):
         return while_loop(cond_fn, body_fn, (i0, x))
 
 
-class CustomOpModel(nn.Module):
-    def __init__(self, d=8):
-        super().__init__()
-        self.lin = nn.Linear(d, d)
-
+class CustomOpModel(_OneLinear):
     def forward(self, x, y):
         return torch.ops.pt2b_zoo.scaled_add(self.lin(x), y, 0.5)
 
@@ -331,96 +323,11 @@ def _mlp_strict() -> ZooCase:
     return case
 
 
-def _cnn_bn() -> ZooCase:
-    return ZooCase(
-        name="cnn_bn",
-        model=ConvBN().eval(),
-        args=(torch.randn(2, 3, 16, 16),),
-        notes="Conv2d+BatchNorm2d(eval, running stats)+ReLU+MaxPool+AdaptiveAvgPool+Linear.",
-    )
-
-
-def _cnn_bn_train() -> ZooCase:
-    return ZooCase(
-        name="cnn_bn_train",
-        model=ConvBN().train(),
-        args=(torch.randn(2, 3, 16, 16),),
-        notes=(
-            "train() mode: BatchNorm uses batch statistics and updates its buffers in place. The "
-            "training-IR graph shows aten.add_.Tensor on num_batches_tracked, but running_mean/var are "
-            "updated inside aten.batch_norm.default, whose schema carries no mutation annotation; "
-            "graph_signature.buffers_to_mutate is empty."
-        ),
-    )
-
-
-def _lstm() -> ZooCase:
-    return ZooCase(
-        name="lstm",
-        model=LSTMHead().eval(),
-        args=(torch.randn(2, 5, 8),),
-        notes="2-layer batch_first LSTM + Linear head; returns (head(out), (h, c)).",
-    )
-
-
-def _gru() -> ZooCase:
-    return ZooCase(
-        name="gru",
-        model=BiGRU().eval(),
-        args=(torch.randn(2, 5, 8),),
-        notes="Bidirectional batch_first GRU; returns (out, h).",
-    )
-
-
 def _build_encoder(num_layers, d_model, nhead, dim_feedforward) -> nn.Module:
     layer = nn.TransformerEncoderLayer(
         d_model, nhead, dim_feedforward=dim_feedforward, dropout=0.1, batch_first=True
     )
     return nn.TransformerEncoder(layer, num_layers=num_layers, enable_nested_tensor=False).eval()
-
-
-def _transformer_encoder() -> ZooCase:
-    return ZooCase(
-        name="transformer_encoder",
-        model=_build_encoder(2, 64, 4, 128),
-        args=(torch.randn(2, 10, 64),),
-        rtol=1e-4,
-        atol=1e-4,
-        notes=(
-            "2-layer nn.TransformerEncoder, d_model=64, nhead=4, batch_first, eval. Eager under "
-            "no_grad may take the fused fast path, hence the looser tolerance."
-        ),
-    )
-
-
-def _transformer_decoder() -> ZooCase:
-    tgt_len = 6
-    return ZooCase(
-        name="transformer_decoder",
-        model=CausalDecoder().eval(),
-        args=(torch.randn(2, tgt_len, 64), torch.randn(2, 9, 64)),
-        kwargs={"tgt_mask": nn.Transformer.generate_square_subsequent_mask(tgt_len)},
-        rtol=1e-4,
-        atol=1e-4,
-        notes=(
-            "2-layer nn.TransformerDecoder(tgt, memory) with a causal float tgt_mask passed as a kwarg "
-            "(the wrapper passes tgt_is_causal=False so torch uses the mask without testing its values)."
-        ),
-    )
-
-
-def _buffer_mutation() -> ZooCase:
-    return ZooCase(
-        name="buffer_mutation",
-        model=BufferMutation().eval(),
-        args=(torch.randn(4, 8),),
-        notes=(
-            "In-place buffer updates (count.add_, ema.mul_().add_()), a non-persistent buffer "
-            "(scale) and a lifted tensor constant (offset). Graph keeps add_/mul_ on the buffers; "
-            "ep.module() shares buffer storage with ep.state_dict (and the exported model), so "
-            "running it changes what torch.export.save would write."
-        ),
-    )
 
 
 def _pytree_io() -> ZooCase:
@@ -430,16 +337,6 @@ def _pytree_io() -> ZooCase:
         model=PytreeIO().eval(),
         args=(inputs, None, (torch.randn(5), torch.randn(5))),
         notes="Nested dict/list/tuple inputs with a None arg; output dict holds a tuple, a list and a None.",
-    )
-
-
-def _kwargs_only() -> ZooCase:
-    return ZooCase(
-        name="kwargs_only",
-        model=KwargsOnly().eval(),
-        args=(torch.randn(3, 8),),
-        kwargs={"scale": torch.randn(8), "bias": torch.randn(8)},
-        notes="forward(x, *, scale, bias=None) with keyword-only tensor inputs.",
     )
 
 
@@ -455,109 +352,66 @@ def _dynamic_shapes() -> ZooCase:
     )
 
 
-def _cond() -> ZooCase:
-    return ZooCase(
-        name="cond",
-        model=Cond().eval(),
-        args=(torch.randn(3, 8),),
-        notes="torch.cond on x.sum() > 0; both branches close over their own Linear's parameters.",
-    )
-
-
-def _map() -> ZooCase:
-    return ZooCase(
-        name="map",
-        model=MapModel().eval(),
-        args=(torch.randn(4, 3, 8), torch.randn(8)),
-        notes="torch._higher_order_ops.map over the leading dim of xs, y passed through to every step.",
-    )
-
-
-def _while_loop() -> ZooCase:
-    return ZooCase(
-        name="while_loop",
-        model=WhileLoop().eval(),
-        args=(torch.tensor(3, dtype=torch.int64), torch.randn(2, 8)),
-        notes=(
-            "while_loop with an int64 counter tensor i < n; body applies tanh(Linear(h)). "
-            "torch.export.load logs 'Symbol u0 did not appear in the graph' (harmless)."
-        ),
-    )
-
-
-def _custom_op() -> ZooCase:
-    return ZooCase(
-        name="custom_op",
-        model=CustomOpModel().eval(),
-        args=(torch.randn(3, 8), torch.randn(3, 8)),
-        notes="Calls torch.ops.pt2b_zoo.scaled_add (torch.library.custom_op + register_fake).",
-    )
-
-
-def _tied_weights() -> ZooCase:
-    return ZooCase(
-        name="tied_weights",
-        model=TiedWeights().eval(),
-        args=(torch.randint(0, 50, (2, 7)),),
-        notes="head.weight is emb.weight: one Parameter, two state_dict names.",
-    )
-
-
-def _dtypes() -> ZooCase:
-    return ZooCase(
-        name="dtypes",
-        model=Dtypes().eval(),
-        args=(torch.randn(2, 4),),
-        notes=(
-            "Parameters in f16/bf16/f64; buffers in i64/i8/u8/bool/complex64/float8_e4m3fn, a "
-            "non-contiguous (transposed view) buffer, a 0-d buffer and a 0-element buffer. "
-            "torch.export.save warns 'No complete tensor found in the group' for the view buffer; "
-            "save/load round-trips every dtype, shape and stride exactly."
-        ),
-    )
-
-
-def _inplace_ops() -> ZooCase:
-    return ZooCase(
-        name="inplace_ops",
-        model=InplaceOps().eval(),
-        args=(torch.randn(4, 6),),
-        notes="clone().add_().mul_(), torch.relu_, index_put_(accumulate), y[:, 0] = 0, copy_, sub_.",
-    )
-
-
-def _multihead_attention() -> ZooCase:
-    return ZooCase(
-        name="multihead_attention",
-        model=MHA().eval(),
-        args=(torch.randn(2, 5, 32), torch.randn(2, 7, 32)),
-        rtol=1e-4,
-        atol=1e-5,
-        notes="nn.MultiheadAttention (batch_first) returning output and averaged attention weights.",
-    )
+def _case(name: str, model: Callable[[], nn.Module], args: Callable[[], tuple],
+          kwargs: Callable[[], dict] | None = None, *, train: bool = False, **fields) -> Callable[[], ZooCase]:
+    """The builder of a case that calls a new ``model()`` (in eval mode; train mode with ``train``) on
+    ``args()`` and ``kwargs()``, drawn in that order after the model's parameters; ``fields``: the rest."""
+    return lambda: ZooCase(name=name, model=model().train(train), args=args(), kwargs=kwargs and kwargs(), **fields)
 
 
 _BUILDERS: dict[str, Callable[[], ZooCase]] = {
     "mlp": _mlp,
     "mlp_strict": _mlp_strict,
-    "cnn_bn": _cnn_bn,
-    "cnn_bn_train": _cnn_bn_train,
-    "lstm": _lstm,
-    "gru": _gru,
-    "transformer_encoder": _transformer_encoder,
-    "transformer_decoder": _transformer_decoder,
-    "buffer_mutation": _buffer_mutation,
+    "cnn_bn": _case("cnn_bn", ConvBN, lambda: (torch.randn(2, 3, 16, 16),),
+                    notes="Conv2d+BatchNorm2d(eval, running stats)+ReLU+MaxPool+AdaptiveAvgPool+Linear."),
+    "cnn_bn_train": _case("cnn_bn_train", ConvBN, lambda: (torch.randn(2, 3, 16, 16),), train=True, notes=(
+        "train() mode: BatchNorm uses batch statistics and updates its buffers in place. The training-IR graph "
+        "shows aten.add_.Tensor on num_batches_tracked, but running_mean/var are updated inside "
+        "aten.batch_norm.default, whose schema carries no mutation annotation; graph_signature.buffers_to_mutate "
+        "is empty.")),
+    "lstm": _case("lstm", LSTMHead, lambda: (torch.randn(2, 5, 8),),
+                  notes="2-layer batch_first LSTM + Linear head; returns (head(out), (h, c))."),
+    "gru": _case("gru", BiGRU, lambda: (torch.randn(2, 5, 8),),
+                 notes="Bidirectional batch_first GRU; returns (out, h)."),
+    "transformer_encoder": _case(
+        "transformer_encoder", lambda: _build_encoder(2, 64, 4, 128), lambda: (torch.randn(2, 10, 64),),
+        rtol=1e-4, atol=1e-4, notes="2-layer nn.TransformerEncoder, d_model=64, nhead=4, batch_first, eval. Eager "
+        "under no_grad may take the fused fast path, hence the looser tolerance."),
+    "transformer_decoder": _case(
+        "transformer_decoder", CausalDecoder, lambda: (torch.randn(2, 6, 64), torch.randn(2, 9, 64)),
+        lambda: {"tgt_mask": nn.Transformer.generate_square_subsequent_mask(6)}, rtol=1e-4, atol=1e-4,
+        notes="2-layer nn.TransformerDecoder(tgt, memory) with a causal float tgt_mask passed as a kwarg (the "
+        "wrapper passes tgt_is_causal=False so torch uses the mask without testing its values)."),
+    "buffer_mutation": _case("buffer_mutation", BufferMutation, lambda: (torch.randn(4, 8),), notes=(
+        "In-place buffer updates (count.add_, ema.mul_().add_()), a non-persistent buffer (scale) and a lifted "
+        "tensor constant (offset). Graph keeps add_/mul_ on the buffers; ep.module() shares buffer storage with "
+        "ep.state_dict (and the exported model), so running it changes what torch.export.save would write.")),
     "pytree_io": _pytree_io,
-    "kwargs_only": _kwargs_only,
+    "kwargs_only": _case("kwargs_only", KwargsOnly, lambda: (torch.randn(3, 8),),
+                         lambda: {"scale": torch.randn(8), "bias": torch.randn(8)},
+                         notes="forward(x, *, scale, bias=None) with keyword-only tensor inputs."),
     "dynamic_shapes": _dynamic_shapes,
-    "cond": _cond,
-    "map": _map,
-    "while_loop": _while_loop,
-    "custom_op": _custom_op,
-    "tied_weights": _tied_weights,
-    "dtypes": _dtypes,
-    "inplace_ops": _inplace_ops,
-    "multihead_attention": _multihead_attention,
+    "cond": _case("cond", Cond, lambda: (torch.randn(3, 8),),
+                  notes="torch.cond on x.sum() > 0; both branches close over their own Linear's parameters."),
+    "map": _case("map", MapModel, lambda: (torch.randn(4, 3, 8), torch.randn(8)),
+                 notes="torch._higher_order_ops.map over the leading dim of xs, y passed through to every step."),
+    "while_loop": _case("while_loop", WhileLoop, lambda: (torch.tensor(3, dtype=torch.int64), torch.randn(2, 8)),
+                        notes="while_loop with an int64 counter tensor i < n; body applies tanh(Linear(h)). "
+                        "torch.export.load logs 'Symbol u0 did not appear in the graph' (harmless)."),
+    "custom_op": _case("custom_op", CustomOpModel, lambda: (torch.randn(3, 8), torch.randn(3, 8)),
+                       notes="Calls torch.ops.pt2b_zoo.scaled_add (torch.library.custom_op + register_fake)."),
+    "tied_weights": _case("tied_weights", TiedWeights, lambda: (torch.randint(0, 50, (2, 7)),),
+                          notes="head.weight is emb.weight: one Parameter, two state_dict names."),
+    "dtypes": _case("dtypes", Dtypes, lambda: (torch.randn(2, 4),), notes=(
+        "Parameters in f16/bf16/f64; buffers in i64/i8/u8/bool/complex64/float8_e4m3fn, a non-contiguous "
+        "(transposed view) buffer, a 0-d buffer and a 0-element buffer. torch.export.save warns 'No complete "
+        "tensor found in the group' for the view buffer; save/load round-trips every dtype, shape and stride "
+        "exactly.")),
+    "inplace_ops": _case("inplace_ops", InplaceOps, lambda: (torch.randn(4, 6),),
+                         notes="clone().add_().mul_(), torch.relu_, index_put_(accumulate), y[:, 0] = 0, copy_, sub_."),
+    "multihead_attention": _case(
+        "multihead_attention", MHA, lambda: (torch.randn(2, 5, 32), torch.randn(2, 7, 32)), rtol=1e-4, atol=1e-5,
+        notes="nn.MultiheadAttention (batch_first) returning output and averaged attention weights."),
 }
 
 

@@ -75,7 +75,7 @@ _RANK = {"exact": 0, "ulp": 1, "lossy": 2, "wrong": 3}
 
 
 def _called_ops(ep) -> set:
-    from ..versioning.op_table import iter_graphs
+    from ..graph_walk import iter_graphs
 
     return {n.target for g in iter_graphs(ep.graph_module) for n in g.nodes
             if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)}
@@ -96,7 +96,7 @@ def _can_draw(node) -> bool:
 
 def _random_ops(ep) -> list[str]:
     """The random ops of the program that may draw (_can_draw), by name."""
-    from ..versioning.op_table import iter_graphs
+    from ..graph_walk import iter_graphs
 
     return sorted({op_name(n.target) for g in iter_graphs(ep.graph_module) for n in g.nodes
                    if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)

@@ -9,17 +9,11 @@ import operator
 import torch
 import torch.fx
 
+from ..graph_walk import iter_graphs
 from ..ops import resolve_op
 from ..serialize.generated import pt2b_generated as G
 
 ATEN_NAMESPACES = {"aten", "prims", "_quantized", "quantized"}
-
-
-def iter_graphs(gm: torch.fx.GraphModule):
-    """The graph of ``gm`` and of every submodule graph (higher-order op branches)."""
-    for _, mod in gm.named_modules():
-        if isinstance(mod, torch.fx.GraphModule):
-            yield mod.graph
 
 
 def describe_target(target) -> tuple[str, str, str, int]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from torch._export.serde import schema as S
 
 from ..errors import MissingOperatorError, TargetTorchError
+from ..graph_walk import iter_serialized_graphs
 from ..serialize.generated import pt2b_generated as G
 from . import registries, schema_drift
 
@@ -26,7 +27,7 @@ def registry_for(target: str):
 def _dtypes(serialized: S.ExportedProgram) -> dict[str, list[str]]:
     """dtype name -> the program's values of that dtype."""
     out: dict = {}
-    for graph in schema_drift.iter_graphs(serialized.graph_module.graph):
+    for graph in iter_serialized_graphs(serialized.graph_module.graph):
         for name, meta in graph.tensor_values.items():
             out.setdefault(meta.dtype.name, []).append(name)
     return out

@@ -31,6 +31,7 @@ import torch
 from torch._export.serde import schema as S
 
 from ..errors import CorruptArtifactError, MissingOperatorError, SchemaDriftError
+from ..graph_walk import iter_serialized_graphs
 from ..serialize.generated import pt2b_generated as G
 from . import op_table, upgraders
 
@@ -77,11 +78,6 @@ def _alias(a):
 
 def _default(a):
     return a.default_value if a.has_default_value() else _NO_DEFAULT
-
-
-def arg_key(a) -> tuple:
-    """What makes two schema arguments the same (int/SymInt and 0.0/0. spellings do not count)."""
-    return (a.name, _type(a.real_type), _default(a), bool(a.kwarg_only), _alias(a))
 
 
 def _same_default(x, y) -> bool:
@@ -192,19 +188,6 @@ def find_upgrader(qualified_name: str, overload: str, recorded):
 def op_target(qualified_name: str, overload: str) -> str:
     ns, _, name = qualified_name.partition("::")
     return f"torch.ops.{ns}.{name}.{overload or 'default'}"
-
-
-def iter_graphs(graph: S.Graph):
-    """``graph`` and every subgraph (higher-order op branches) nested in its nodes."""
-    stack = [graph]
-    while stack:
-        g = stack.pop()
-        yield g
-        for node in g.nodes:
-            for inp in node.inputs:
-                arg = inp.arg
-                if arg is not None and arg.type == "as_graph":
-                    stack.append(arg.as_graph.graph)
 
 
 def _node_problems(node: S.Node, schema) -> list[str]:
@@ -418,7 +401,7 @@ def reconcile(serialized_ep, op_records, where: str, side: Side = RUNNING, plans
 
     counts = dict.fromkeys(plans, 0)
     bad = []
-    for graph in iter_graphs(serialized_ep.graph_module.graph):
+    for graph in iter_serialized_graphs(serialized_ep.graph_module.graph):
         ctx = None
         for node in graph.nodes:
             plan = plans.get(node.target)
@@ -456,4 +439,4 @@ def _raise(where: str, problems: list[str], drifted: bool, side: Side = RUNNING)
 
 
 __all__ = ["SchemaDriftError", "Drift", "Side", "compare", "same_schema", "parse", "find_upgrader",
-           "upgrade_program", "plan_ops", "reconcile", "op_target", "iter_graphs"]
+           "upgrade_program", "plan_ops", "reconcile", "op_target"]
