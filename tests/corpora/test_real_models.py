@@ -21,14 +21,7 @@ captured architecture calls is called by one of them, and every task is represen
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 
 pytest.importorskip("transformers")
 

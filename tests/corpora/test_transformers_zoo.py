@@ -5,15 +5,9 @@ the pipeline in tests/corpora/test_real_models.py."""
 
 from __future__ import annotations
 
-import os
-import sys
 from types import SimpleNamespace
 
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 
 pytest.importorskip("transformers")
 

@@ -10,7 +10,6 @@ import typing
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
 from tools import api_reference  # noqa: E402
 

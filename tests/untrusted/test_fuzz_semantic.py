@@ -21,13 +21,8 @@ Two parts:
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 
 from tools.fuzz.campaign import run_campaign  # noqa: E402
 from tools.fuzz.cli import main  # noqa: E402
