@@ -45,7 +45,7 @@ def run_cli(*argv):
 
 def test_export_and_inspect(tmp_path):
     path = tmp_path / "net.pt2b"
-    code, out, _ = run_cli("export", "test_cli_convert:make_model", str(path))
+    code, out, _ = run_cli("export", "tests.cli.test_cli_convert:make_model", str(path))
     assert code == 0 and path.exists()
     code, out, _ = run_cli("inspect", str(path))
     assert code == 0
