@@ -1,6 +1,6 @@
 """Write docs/api.md, the reference of pt2b's public Python API, from the signatures and docstrings
 in the code (the one place they are written): `python -m tools.api_reference > docs/api.md`.
-tests/test_api_reference.py checks the page is what this prints and that every public signature is
+tests/repo/test_api_reference.py checks the page is what this prints and that every public signature is
 annotated."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
     python -m tools.op_corpus [--jobs 2] [--check]
 
-Each OpInfo op is tried in every form, dtype and dtype mix tests/op_corpus.py lists; a spec is kept
+Each OpInfo op is tried in every form, dtype and dtype mix tests/support/op_corpus.py lists; a spec is kept
 when eager runs it deterministically and torch.export captures it with eager's bits. --check
 compares with the file instead of writing it (exit 1 when they differ). Takes ~15 min on 2 cores.
 """
@@ -13,21 +13,17 @@ import argparse
 import collections
 import json
 import multiprocessing
-import pathlib
 import sys
 import time
 
-TESTS = pathlib.Path(__file__).resolve().parents[1] / "tests"
-
 
 def _specs_for(op):
-    import op_corpus
+    from tests.support import op_corpus
 
     return [s.__dict__ for s in op_corpus.specs_for(op)]
 
 
 def _init():
-    sys.path.insert(0, str(TESTS))
     import torch
 
     torch.set_num_threads(1)
@@ -47,7 +43,7 @@ def main(argv=None) -> int:
     ns = ap.parse_args(argv)
     _init()
     import torch
-    import op_corpus
+    from tests.support import op_corpus
 
     ops = sorted(op_corpus.opinfos())
     start = time.perf_counter()

@@ -702,7 +702,7 @@ def _failure_groups(records: list[dict]) -> dict:
 
 def readme_table(records: list[dict], wall: float | None = None) -> str:
     """The README's compact form of the sweep: cases and model types through each step, and who the
-    failures after capture belong to (``--readme``; tests/test_real_models.py checks the README holds it)."""
+    failures after capture belong to (``--readme``; tests/corpora/test_real_models.py checks the README holds it)."""
     cols = [("tried", lambda r: True), ("built offline", lambda r: _ok(r, "build")),
             ("captured by torch.export", lambda r: _ok(r, "capture")),
             ("written, read back bitwise", lambda r: _ok(r, "bitwise"))]

@@ -5,7 +5,7 @@ For each release: create (or reuse) a venv under --dir, install that torch, inst
 (tests/compat.txt: goldens, zoo round trips, every preset on the goldens, runtime_ref, the upgrade
 tool, the format), and with --full the whole default suite on 2.13 too. Prints one table, release x
 (install, import, compat passed/failed/skipped, seconds), then the writer x reader table of the
-release goldens (tests/test_release_goldens.py, one of the compat files: the artifacts each release
+release goldens (tests/releases/test_release_goldens.py, one of the compat files: the artifacts each release
 wrote into tests/golden/torch-<release>/, read, lowered and run by each release), then the failures.
 Exit status 1 if any release is not green.
 
@@ -36,7 +36,7 @@ import xml.etree.ElementTree as ET
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RELEASES = ("2.11.0", "2.12.1", "2.13.0", "2.14.1", "2.15.0")
 FULL_ON = "2.13"  # the release the whole suite runs on with --full (README's default install)
-GOLDENS = "tests/test_release_goldens.py"  # its test ids are <writer release>/<case>
+GOLDENS = "tests/releases/test_release_goldens.py"  # its test ids are <writer release>/<case>
 
 
 def compat_files() -> list[str]:
@@ -176,7 +176,7 @@ def _short(message: str, n: int = 130) -> str:
 
 
 def golden_cells(path: pathlib.Path) -> dict[str, Cell]:
-    """Writer release -> Cell, from the test ids ``...[<writer>/<case>]`` of tests/test_release_goldens.py
+    """Writer release -> Cell, from the test ids ``...[<writer>/<case>]`` of tests/releases/test_release_goldens.py
     in a pytest junit XML report; the cell's reason is that of its first failing case by name (the
     report's order is the order xdist workers finished in)."""
     cells: dict[str, Cell] = {}

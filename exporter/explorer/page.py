@@ -5,7 +5,7 @@ Everything the page shows is computed here, never typed: every op with a registe
 the presets of schemas/opsets/, the audit verdicts, and for each corpus program the decomposition
 routes of its call sites recorded during one real lowering (route_trace.py). The page evaluates a
 selection (preset or supported ops, toggled decompositions, kept ops) with the same rules as
-plan_lowering; tests/test_explorer.py checks it against load_for_backend in a real browser.
+plan_lowering; tests/opset/test_explorer.py checks it against load_for_backend in a real browser.
 """
 
 from __future__ import annotations

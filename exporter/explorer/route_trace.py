@@ -5,7 +5,7 @@ The program is lowered by pt2b's own retrace (lowering/decompose.py, as any lowe
 available decomposition, each wrapped to note its call and to claim the graph nodes created while
 it ran that no decomposition it called claimed: those are the ops it emitted. The result is one
 tree per call site that gets decomposed, and the ops the program calls that have no decomposition. Evaluating those trees for a smaller table (an op not in it stays whole; its
-children are not emitted) gives the same op set as lowering with that table (tests/test_explorer.py
+children are not emitted) gives the same op set as lowering with that table (tests/opset/test_explorer.py
 checks this on the whole corpus), because:
 - a decomposition emits the same ops whatever else the table holds (it is the same function on the
   same fake values);

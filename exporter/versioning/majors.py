@@ -12,7 +12,7 @@ header it returns.
 `export_model(..., format_version=...)` / `pt2b upgrade --to` and raises ExportError naming what
 does not fit. `read_header` parses major m's fixed header when its layout differs from today's.
 Steps chain: a 1.x file read by a major-3 pt2b goes through STEPS[1] then STEPS[2]. Only major 1
-has been released so far, so STEPS is empty; tests/test_format_majors.py proves the mechanism
+has been released so far, so STEPS is empty; tests/format/test_format_majors.py proves the mechanism
 with the golden corpus and a simulated earlier major.
 """
 

@@ -58,7 +58,7 @@ KINDS = {
 }
 assert sum(KINDS.values()) == 100
 GUARDS_SHARE = 0.08  # of struct_schema mutants: guards_code edits ("struct_guards", own random stream)
-GUARDS_SALT = 0x6A4D_0000_0002  # chosen so that no FIXED regression mutant in tests/test_fuzz.py moves
+GUARDS_SALT = 0x6A4D_0000_0002  # chosen so that no FIXED regression mutant in tests/untrusted/test_fuzz.py moves
 
 
 @dataclasses.dataclass

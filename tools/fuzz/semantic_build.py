@@ -1,7 +1,7 @@
 """Builders for the semantic mutations: schema-tree edits (nodes calling callables, grown
 expressions, tensor metadata, guards), packing with FlatBuffers offsets shared (one table referenced
 many times: Program.methods over one exported_program, one subgraph under many nodes), and the
-concrete attacks (``ATTACKS``) that tests/test_fuzz_semantic.py replays as regressions.
+concrete attacks (``ATTACKS``) that tests/untrusted/test_fuzz_semantic.py replays as regressions.
 
 Every builder returns the bytes of a whole artifact: a valid FlatBuffer with the program CRC and the
 header CRC repaired (layout.with_program), so it reaches pt2b's checks, torch's deserializer, the

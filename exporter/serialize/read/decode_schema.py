@@ -6,8 +6,8 @@ Each schema dataclass gets a plan once: for every field its vtable entry, wire k
 layout/fbs.py) and how the value maps back (schema_map's descriptors and rules): invalid UTF-8 or enum
 values, unknown union tags and missing required tables are CorruptArtifactError, absent
 lists/dicts/strings become empty, fields with a dataclass default keep it. It trusts offsets: run
-buffer_bounds.check_buffer first. tests/test_verifier.py compares it with the object-API oracle of
-tests/oracle_codec.py on every golden artifact and on damaged buffers the verifier accepts.
+buffer_bounds.check_buffer first. tests/untrusted/test_verifier.py compares it with the object-API oracle of
+tests/support/oracle_codec.py on every golden artifact and on damaged buffers the verifier accepts.
 """
 
 from __future__ import annotations

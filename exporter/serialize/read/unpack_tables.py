@@ -10,7 +10,7 @@ object API's attributes and defaults (schema_map.table_defaults), and a table is
 struct reads. It trusts offsets: run buffer_bounds.check_buffer first.
 
 The result is made of the generated classes themselves (Pack() works, tests and tools treat it as
-the object API's); tests/test_verifier.py compares both on every artifact it has.
+the object API's); tests/untrusted/test_verifier.py compares both on every artifact it has.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ Each table kind gets a plan once, from the schema's layout (layout/fbs.py: slots
 schema_map's field descriptors (how a dataclass value maps to the wire); packing then follows
 flatc's generated Pack order exactly: children (strings, vectors, sub-tables) in declaration order,
 then the table's fields in declaration order, scalars equal to their default left out. So the bytes
-are those flatc's object API would write for the same tree (tests/test_roundtrip_zoo.py compares
-them with the object-API oracle of tests/oracle_codec.py on every zoo program).
+are those flatc's object API would write for the same tree (tests/corpora/test_roundtrip_zoo.py compares
+them with the object-API oracle of tests/support/oracle_codec.py on every zoo program).
 """
 
 from __future__ import annotations

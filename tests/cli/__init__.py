@@ -1,0 +1,1 @@
+"""The pt2b command line."""

@@ -1,0 +1,132 @@
+"""The `pt2b` command line (export, inspect, convert, verify) and conversion to and from
+torch.export.save archives, compared with torch's own save/load."""
+
+import io
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from exporter import cli, export_model, load
+from exporter.errors import NotAnArtifactError
+from exporter.versioning.formats import FORMAT_VERSION, version_str
+from tests.support.helpers import assert_bitwise, assert_programs_equal
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+        self.bn = torch.nn.BatchNorm2d(4)
+        self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, x):
+        self.steps.add_(1)
+        return torch.relu(self.bn(self.conv(x))).mean((2, 3))
+
+
+def make_model():
+    torch.manual_seed(0)
+    return Net().eval(), (torch.randn(2, 3, 8, 8),), None, {"x": {0: torch.export.Dim("batch", max=16)}}
+
+
+def run_cli(*argv):
+    out, err = io.StringIO(), io.StringIO()
+    old = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = out, err
+    try:
+        code = cli.main(list(argv))
+    finally:
+        sys.stdout, sys.stderr = old
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_export_and_inspect(tmp_path):
+    path = tmp_path / "net.pt2b"
+    code, out, _ = run_cli("export", "tests.cli.test_cli_convert:make_model", str(path))
+    assert code == 0 and path.exists()
+    code, out, _ = run_cli("inspect", str(path))
+    assert code == 0
+    assert f"format version:  {version_str(FORMAT_VERSION)}" in out
+    assert f"torch version:   {torch.__version__}" in out
+    assert "IR level:        training" in out
+    assert "aten::add_.Tensor" in out  # in-place op kept
+    assert "aten::conv2d(Tensor input, Tensor weight, Tensor? bias=None" in out  # full schema
+    assert "parameter  conv.weight: float32[4, 3, 3, 3]" in out
+    assert "buffer     steps: int64[]" in out
+    assert re.search(r"s\d+: \[0, 16\]", out)  # symbol range of the batch dim
+    code, out, _ = run_cli("verify", str(path))
+    assert code == 0 and "OK" in out
+
+
+def test_cli_reports_typed_errors(tmp_path):
+    bad = tmp_path / "bad.pt2b"
+    bad.write_bytes(b"garbage!" * 10)
+    code, _, err = run_cli("inspect", str(bad))
+    assert code == 2 and "NotAnArtifactError" in err and "not a .pt2b artifact" in err
+    code, _, err = run_cli("export", "no_such_module_xyz:f", str(tmp_path / "o.pt2b"))
+    assert code == 2 and "cannot import 'no_such_module_xyz'" in err
+
+
+def test_console_script_runs(tmp_path):
+    path = tmp_path / "net.pt2b"
+    model, args, _, dyn = make_model()
+    export_model(model, args, path, dynamic_shapes=dyn)
+    res = subprocess.run([sys.executable, "-m", "exporter.cli", "inspect", str(path)],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "operators (" in res.stdout
+
+
+def test_convert_pt2_to_pt2b_equals_torch_load(tmp_path):
+    model, args, _, dyn = make_model()
+    ep = torch.export.export(model, args, dynamic_shapes=dyn)
+    pt2 = tmp_path / "net.pt2"
+    torch.export.save(ep, pt2)
+    code, out, _ = run_cli("convert", str(pt2), str(tmp_path / "net.pt2b"))
+    assert code == 0 and "pt2->pt2b" in out
+    ours = load(tmp_path / "net.pt2b").exported_program()
+    theirs = torch.export.load(pt2)
+    assert_programs_equal(theirs, ours)
+    x = torch.randn(5, 3, 8, 8)
+    assert_bitwise(ours.module()(x), theirs.module()(x))
+
+
+def test_convert_pt2b_to_pt2_equals_torch_save(tmp_path):
+    model, args, _, dyn = make_model()
+    path = tmp_path / "net.pt2b"
+    ep = export_model(model, args, path, dynamic_shapes=dyn)
+    code, out, _ = run_cli("convert", str(path), str(tmp_path / "back.pt2"))
+    assert code == 0 and "pt2b->pt2" in out
+    via_pt2b = torch.export.load(tmp_path / "back.pt2")
+    direct = io.BytesIO()
+    torch.export.save(ep, direct)
+    direct.seek(0)
+    reference = torch.export.load(direct)
+    assert_programs_equal(reference, via_pt2b)
+    x = torch.randn(3, 3, 8, 8)
+    assert_bitwise(via_pt2b.module()(x), reference.module()(x))
+
+
+def test_convert_rejects_other_files(tmp_path):
+    p = tmp_path / "x.bin"
+    p.write_bytes(b"\x00" * 64)
+    with pytest.raises(NotAnArtifactError, match="neither a .pt2b artifact nor"):
+        from exporter.cli.convert import convert
+        convert(p, tmp_path / "y.pt2b")
+
+
+def test_run_takes_extra_ops_for_a_custom_op(tmp_path):
+    """Issue 39: `pt2b run` refused a custom op with no way to name it (Python had Runtime(extra_ops=))."""
+    from exporter import export_model
+    from exporter.corpus.zoo import CUSTOM_OP_NAME, make_case
+
+    case = make_case("custom_op")
+    path = tmp_path / "custom.pt2b"
+    export_model(case.model, case.args, path)
+    code, out, err = run_cli("run", str(path), "--preset", "core", "--no-cache")
+    assert code != 0 and CUSTOM_OP_NAME in err and "(pt2b run: --extra-ops)" in err
+    code, out, err = run_cli("run", str(path), "--preset", "core", "--no-cache", "--extra-ops", CUSTOM_OP_NAME)
+    assert code == 0 and out.startswith("output 0: float32"), err

@@ -1,0 +1,137 @@
+"""The real-model corpus: transformers architectures enumerated from transformers' own registry
+(exporter/corpus/transformers_zoo.py), built offline from shrunk configs with random weights, taken
+through the whole pipeline by tools/real_models.run_case: torch.export capture (dynamic sequence
+length where torch allows), export_model, load (bitwise against torch.export's module), then for
+none/core/max: load_for_backend, runtime_ref, outputs close to eager.
+
+Outcomes:
+- every stage passes: the test passes;
+- the corpus cannot build the case offline (CaseUnavailable, e.g. inputs it cannot make): skipped
+  with the reason;
+- torch.export cannot capture it: xfail with torch's own error;
+- pt2b's lowering, run or match fails for a preset AND torch's own run_decompositions with the same
+  table fails too (run on the same program, compared with eager): xfail naming both errors (a torch
+  limitation; lowering you can trust is the subject of its own work);
+- anything else (pt2b cannot write, load, round-trip bitwise, or fails where torch succeeds): fails.
+
+The default run takes the sample in exporter/corpus/transformers_sample.txt (cases chosen so that every op any
+captured architecture calls is called by one of them, and every task is represented:
+`python -m tools.real_models --out SWEEP.json --pick-sample exporter/corpus/transformers_sample.txt`); the full sweep over every case is `-m slow`.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from tools import real_models as rm  # noqa: E402
+
+from exporter.corpus.programs import transformers_sample  # noqa: E402
+
+SAMPLE = transformers_sample()
+
+
+class _Collector:
+    record: dict | None = None
+
+    def send(self, rec):
+        self.record = rec
+
+
+def _stage_error(st: dict) -> str:
+    return f"{st.get('error_type')}: {st.get('error', '')}"
+
+
+def check_case(name: str, workdir) -> None:
+    """Run ``name`` through the pipeline in this process and turn its record into a test outcome."""
+    sink = _Collector()
+    rm.run_case(name, None, sink, str(workdir))
+    rec = sink.record
+    stages = rec["stages"]
+    build = stages["build"]
+    if build["status"] != "ok":
+        if build.get("error_type") == "CaseUnavailable":
+            pytest.skip(f"the corpus cannot build {name} offline: {build['error']}")
+        pytest.fail(f"{name}: building the case failed: {_stage_error(build)}")
+    if stages["capture"]["status"] != "ok":
+        pytest.xfail(f"torch.export cannot capture {name}: {_stage_error(stages['capture'])}")
+    if stages["eager"]["status"] != "ok":
+        pytest.fail(f"{name}: eager forward failed: {_stage_error(stages['eager'])}")
+    for key in ("write", "load", "bitwise"):
+        assert stages[key]["status"] == "ok", f"{name}: {key}: {_stage_error(stages[key])}"
+    ours, torchs = [], []
+    for preset in rm.PRESETS:
+        failed = next((k for k in (f"lower:{preset}", f"run:{preset}", f"match:{preset}")
+                       if stages[k]["status"] == "fail"), None)
+        if failed is None:
+            continue
+        theirs = stages.get(f"torch:{preset}", {})
+        if theirs.get("status") == "fail":
+            torchs.append(f"{failed}: {_stage_error(stages[failed])} | torch's run_decompositions: "
+                          f"{_stage_error(theirs)}")
+        else:
+            ours.append(f"{failed}: {_stage_error(stages[failed])} (torch's own lowering succeeds)")
+    table = stages.get("table:core", {"status": "ok"})
+    if table["status"] == "fail":
+        ours.append(f"table:core: {_stage_error(table)}")
+    assert not ours, f"{name}:\n" + "\n".join(ours)
+    if torchs:
+        pytest.xfail(f"{name}: torch's own lowering fails too:\n" + "\n".join(torchs))
+
+
+@pytest.mark.parametrize("name", SAMPLE)
+def test_real_model_sample(name, tmp_path):
+    check_case(name, tmp_path)
+
+
+def test_sample_names_are_in_the_corpus():
+    """The sample file names cases the corpus enumerates (a renamed architecture fails here)."""
+    from exporter.corpus import transformers_zoo
+
+    missing = sorted(set(SAMPLE) - set(transformers_zoo.case_names()))
+    assert not missing, f"transformers_sample.txt names cases the corpus does not hold: {missing}"
+
+
+def _all_cases():
+    from exporter.corpus import transformers_zoo
+
+    return transformers_zoo.case_names()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", _all_cases())
+def test_real_model_sweep(name, tmp_path):
+    check_case(name, tmp_path)
+
+
+def test_named_corpora_feed_the_explorer_and_coverage(monkeypatch, tmp_path, capsys):
+    """`pt2b opset coverage/page --corpus transformers` capture the real-model sample; a case torch
+    cannot capture is left out (here a name the corpus cannot build)."""
+    from exporter import cli
+    from exporter.corpus import programs
+
+    monkeypatch.setattr(programs, "transformers_sample", lambda: ["llama", "no_such_model_type"])
+    got = [label for label, _ in programs.programs(("transformers",))]
+    assert got == ["transformers:llama"]
+    assert cli.main(["opset", "coverage", "--corpus", "transformers", "--preset", "core"]) == 0
+    out = capsys.readouterr()
+    assert out.err == ""  # progress only on a terminal (tests/cli/test_cli_talk.py)
+    assert "preset core: 1 of 1 models fully covered" in out.out and "transformers_llama.pt2b: covered" in out.out
+    with pytest.raises(ValueError, match="unknown corpus 'nope'; named corpora: zoo, exportdb, transformers"):
+        list(programs.programs(("nope",)))
+
+
+def test_readme_holds_the_sweep_of_the_tracked_records():
+    """README's real-model table is what the tracked sweep records say (bench/records/real_models.json.gz,
+    `python -m tools.real_models --out bench/records/real_models.json.gz --readme`)."""
+    import gzip
+    import json
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    with gzip.open(root / "bench" / "records" / "real_models.json.gz", "rt") as f:
+        data = json.load(f)
+    table = rm.readme_table(data["records"], data["meta"].get("wall_seconds"))
+    assert table in (root / "README.md").read_text()
+    assert len(data["records"]) >= 300 and all(r.get("pt2b") for r in data["records"])

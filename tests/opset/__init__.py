@@ -1,0 +1,1 @@
+"""The opset explorer: the decomposition audit, coverage, the explorer page."""

@@ -1,0 +1,116 @@
+"""The import graph of exporter/ and runtime_ref/ has no cycle, and the layers call down: every
+import counts (also one inside a function, which only hides a cycle until the call)."""
+
+import ast
+import graphlib
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PACKAGES = ("exporter", "runtime_ref")
+
+
+def _modules() -> dict[str, tuple[pathlib.Path, bool]]:
+    """module name -> (file, is a package's __init__), generated code left out."""
+    out = {}
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            if "generated" in path.parts:
+                continue
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            is_pkg = parts[-1] == "__init__"
+            out[".".join(parts[:-1] if is_pkg else parts)] = (path, is_pkg)
+    return out
+
+
+def _targets(name: str, is_pkg: bool, node: ast.AST, modules) -> list[str]:
+    """The modules of ours that an import statement of module ``name`` loads."""
+    if isinstance(node, ast.Import):
+        found = [a.name for a in node.names]
+    else:
+        if node.level:
+            base = name.split(".")
+            base = base if is_pkg else base[:-1]
+            base = base[:len(base) - (node.level - 1)]
+            prefix = ".".join(base + ([node.module] if node.module else []))
+        else:
+            prefix = node.module or ""
+        found = [f"{prefix}.{a.name}" if f"{prefix}.{a.name}" in modules else prefix for a in node.names]
+    out = []
+    for target in found:
+        if "generated" in target.split("."):
+            continue  # flatc's code for schemas/pt2b.fbs (left out above): it imports nothing of ours
+        while target not in modules and "." in target:
+            target = target.rsplit(".", 1)[0]
+        if target in modules and target != name:
+            out.append(target)
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    graph = {}
+    for name, (path, is_pkg) in modules.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                deps.update(_targets(name, is_pkg, node, modules))
+        graph[name] = deps
+    return graph
+
+
+def test_the_import_graph_has_no_cycle():
+    graph = import_graph()
+    assert len(graph) > 60 and "exporter.errors" in graph["exporter"] and "exporter.api" in graph["exporter.cli.export"]
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as e:
+        pytest.fail(f"import cycle: {' -> '.join(e.args[1])}")
+
+
+def test_a_cycle_is_found():
+    """The check itself: a module pair importing each other is a CycleError."""
+    with pytest.raises(graphlib.CycleError):
+        tuple(graphlib.TopologicalSorter({"a": {"b"}, "b": {"a"}}).static_order())
+
+
+@pytest.mark.parametrize("lower, upper", [
+    ("exporter.functionalize", "exporter.lowering"),  # the lowering calls down into functionalization
+    ("exporter.serialize", "exporter.api"),
+    ("exporter.versioning", "exporter.serialize"),  # the reader and writer call versioning, never the reverse
+    ("exporter.serialize", "exporter.lowering"),
+    ("exporter.lowering", "exporter.api"),
+    ("runtime_ref", "exporter.api"),
+    ("exporter.versioning", "exporter.api"),
+    # the command line and the opset explorer are upper layers: nothing below them imports them
+    ("exporter.lowering", "exporter.explorer"),
+    ("exporter.lowering", "exporter.cli"),
+    ("exporter.serialize", "exporter.cli"),
+    ("exporter.versioning", "exporter.cli"),
+    ("exporter.explorer", "exporter.cli"),
+    ("runtime_ref", "exporter.cli"),
+])
+def test_layers_call_down(lower, upper):
+    graph = import_graph()
+    wrong = sorted(f"{m} -> {d}" for m, deps in graph.items() if m == lower or m.startswith(lower + ".")
+                   for d in deps if d == upper or d.startswith(upper + "."))
+    assert not wrong, wrong
+
+
+def test_import_exporter_loads_the_api_on_first_use():
+    """Issue 42: `import exporter` (and `pt2b --version`) cost little more than `import torch`: the API,
+    torch.export's serializer (which imports torch._dynamo) and the lowering load when first used."""
+    import subprocess
+    import sys
+
+    code = ("import sys, exporter\n"
+            "print(sorted(m for m in ('torch', 'exporter.api', 'torch._dynamo') if m in sys.modules))\n"
+            "exporter.load\n"
+            "print('exporter.api' in sys.modules, 'torch._dynamo' in sys.modules)\n"
+            "from exporter.cli.inspect import summarize\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True).stdout
+    assert out.split("\n")[:2] == ["[]", "True True"], out
+    code = "import sys, exporter.cli.inspect, runtime_ref\nprint('torch._dynamo' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          check=True).stdout.strip() == "False"

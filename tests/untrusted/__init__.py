@@ -1,0 +1,1 @@
+"""Untrusted input: the verifier, crafted and hostile files, fuzzing, no unpickling."""

@@ -1,0 +1,506 @@
+"""Files built on purpose by an attacker (a valid FlatBuffer, correct checksums, structure chosen to
+hurt): each gets a typed ArtifactError in bounded time and memory, runs nothing, writes nothing.
+One test per attack of issue 36, each rebuilt here from its description."""
+
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from torch._export.serde import schema as S
+
+from tests.support.artifact_surgery import rewrite_artifact, share_graph_across_methods
+from exporter import export_model, load, load_for_backend
+from exporter.cli import main as cli
+from exporter.errors import ArtifactError, CorruptArtifactError, NotAnArtifactError
+from exporter.serialize.read import untrusted
+
+SECONDS = 5.0  # what any one command may take on these small files (2 shared cores)
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1, self.l2 = torch.nn.Linear(4, 8), torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.l2(self.l1(x).relu())
+
+
+def _exported(tmp_path, name="m.pt2b", model=None, args=None, **kw) -> pathlib.Path:
+    path = tmp_path / name
+    export_model(model or Mlp(), args or (torch.randn(2, 4),), path, **kw)
+    return path
+
+
+def _arg(**kw) -> S.NamedArgument:
+    return S.NamedArgument(name="", arg=S.Argument.create(**kw), kind=S.ArgumentKind.POSITIONAL)
+
+
+def _insert_call(graph, target: str, inputs: list) -> None:
+    graph.nodes.insert(0, S.Node(target=target, inputs=inputs, outputs=[S.Argument.create(as_none=True)],
+                                 metadata={}, is_hop_single_tensor_return=None, name="crafted"))
+
+
+def _every_command(path, expected=ArtifactError, match=None):
+    """load + check, first call, load_for_backend (uncached), pt2b verify/lower/run: each refuses with
+    ``expected`` (the CLI with exit status 2) within SECONDS; pt2b inspect, which summarizes the
+    program table without checking the graph's meaning, refuses or summarizes within SECONDS."""
+    x = torch.randn(2, 4)
+    steps = {
+        "check": lambda: load(path).check(),
+        "first call": lambda: load(path)(x),
+        "load_for_backend": lambda: load_for_backend(path, cache=False),
+    }
+    for what, step in steps.items():
+        start = time.perf_counter()
+        with pytest.raises(expected, match=match):
+            step()
+        assert time.perf_counter() - start < SECONDS, what
+    for argv in (["verify", str(path)], ["inspect", str(path)], ["lower", str(path), "--no-cache"],
+                 ["run", str(path), "--no-cache"]):
+        start = time.perf_counter()
+        assert cli(["--quiet", *argv]) in ((0, 2) if argv[0] == "inspect" else (2,)), argv
+        assert time.perf_counter() - start < SECONDS, argv
+
+
+# ---- 1. code execution through a higher-order op's callable argument ----
+
+@pytest.mark.parametrize("target, operator, payload", [
+    # the issue's attack: foreach_map(os.system, "<shell command>")
+    ("torch.ops.higher_order.foreach_map", "torch.os.system", "touch {canary}"),
+    # an allowlisted op that takes an operator, given a Python path: torch.save(obj, path) writes a file
+    ("torch.ops.higher_order.with_effects", "torch.save", "{canary}"),
+    ("torch.ops.higher_order.auto_functionalized", "builtins.eval", "open('{canary}', 'w')"),
+    # an operator argument on an ordinary op
+    ("torch.ops.aten.relu.default", "torch.ops.aten.relu.default", "x"),
+])
+def test_callable_arguments_never_resolve_python_paths(tmp_path, monkeypatch, target, operator, payload):
+    monkeypatch.chdir(tmp_path)
+    canary = tmp_path / "canary"
+    path = _exported(tmp_path)
+
+    def edit(serialized, program):
+        _insert_call(serialized.graph_module.graph, target, [
+            _arg(as_operator=operator), _arg(as_string=payload.format(canary=canary))])
+
+    rewrite_artifact(path, path, edit=edit)
+    before = set(os.listdir(tmp_path))
+    _every_command(path, CorruptArtifactError)
+    assert not canary.exists()
+    assert set(os.listdir(tmp_path)) == before  # nothing written, no temp file left
+
+
+def test_higher_order_op_allowlist():
+    for name in untrusted.ALLOWED_HOPS:
+        untrusted.check_target(f"torch.ops.higher_order.{name}", "t")
+    for name in ("foreach_map", "flat_apply", "dynamo_bypassing_wrapper", "print", "invoke_leaf_function",
+                 "inductor_compiled_code", "run_const_graph", "tag_activation_checkpoint"):
+        with pytest.raises(CorruptArtifactError, match="higher-order op .* which pt2b does not accept"):
+            untrusted.check_target(f"torch.ops.higher_order.{name}", "t")
+    for value in ("torch.os.system", "torch.save", "_operator.attrgetter", "math.pow", "builtins.eval",
+                  "torch.ops.higher_order.cond", "#custom:op", "torch.ops.aten.add"):
+        with pytest.raises(CorruptArtifactError, match="not an operator registered"):
+            untrusted.check_operator_argument(value, "t")
+    untrusted.check_operator_argument("torch.ops.aten.add.Tensor", "t")
+
+
+def test_source_fn_stack_is_resolved_only_through_the_allowlist(tmp_path):
+    """Node metadata ``source_fn_stack`` names callables that torch resolves with getattr: pt2b's
+    reader resolves them from torch.nn's classes, torch.nn.functional, torch's builtins and the
+    operator registry, and leaves any other name as text (torch's own fallback)."""
+    path = _exported(tmp_path)
+
+    def edit(serialized, program):
+        nodes = serialized.graph_module.graph.nodes
+        nodes[0].metadata["source_fn_stack"] = "l1,torch.nn.modules.linear.Linear;f,torch.os.system"
+        nodes[1].metadata["source_fn_stack"] = "r,torch.nn.functional.relu;a,torch.ops.aten.relu.default"
+
+    rewrite_artifact(path, path, edit=edit)
+    ep = load(path).exported_program()
+    stacks = [n.meta["source_fn_stack"] for n in ep.graph.nodes if "source_fn_stack" in n.meta]
+    assert stacks == [[("l1", torch.nn.Linear), ("f", "torch.os.system")],
+                      [("r", torch.nn.functional.relu), ("a", torch.ops.aten.relu.default)]]
+
+
+# ---- 2. quadratic work from tables shared across methods ----
+
+class Chain(torch.nn.Module):
+    def forward(self, x):
+        for _ in range(300):
+            x = x * 1.5 + 1.0
+        return x
+
+
+def test_methods_sharing_one_graph_table_are_refused_within_one_budget(tmp_path):
+    src = _exported(tmp_path, "chain.pt2b", Chain(), (torch.randn(3),))
+    path = share_graph_across_methods(src, tmp_path / "shared.pt2b", 300)
+    assert path and os.path.getsize(path) < 2 * os.path.getsize(src) + 300 * 4096
+    prog = load(path)  # the root walk skips graphs: cheap
+    assert len(prog.methods) == 301
+    x = torch.randn(3)
+    every = lambda prog: [prog[m].check() for m in prog.methods]  # noqa: E731
+    for what, step in {"check every method": lambda: every(load(path)),
+                       "lower every method": lambda: load_for_backend(path, cache=False)}.items():
+        start = time.perf_counter()
+        with pytest.raises(CorruptArtifactError, match="referenced more often than the buffer can hold"):
+            step()
+        assert time.perf_counter() - start < SECONDS, what
+    assert torch.equal(load(path)(x), Chain()(x))  # the first reference alone is fine
+    for argv in (["verify", str(path)], ["inspect", str(path)], ["upgrade", str(path), str(tmp_path / "u.pt2b")]):
+        start = time.perf_counter()
+        assert cli(["--quiet", *argv]) == 2, argv
+        assert time.perf_counter() - start < SECONDS, argv
+    assert not (tmp_path / "u.pt2b").exists()
+
+
+# ---- 3. guard checks linear in their size ----
+
+class Dyn(torch.nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+def test_many_long_guards_are_checked_in_linear_time(tmp_path):
+    path = _exported(tmp_path, model=Dyn(), args=(torch.randn(4, 3),),
+                     dynamic_shapes={"x": {0: torch.export.Dim("b", min=2, max=64)}})
+    clause = "L['x'].size()[0] <= 64"
+    guard = " and ".join([clause] * (untrusted.MAX_EXPR_LEN // (len(clause) + 5)))  # ~4 KB, ~160 reads of L
+    assert len(guard) <= untrusted.MAX_EXPR_LEN
+
+    count = untrusted.MAX_GUARDS_TEXT // len(guard)  # as many ~4 KB guards as fit: accepted, quickly
+    assert count >= 10
+
+    def edit(serialized, program):
+        serialized.guards_code = [guard] * count
+
+    rewrite_artifact(path, path, edit=edit)
+    start = time.perf_counter()
+    prog = load(path)
+    prog.check()
+    x = torch.randn(5, 3)
+    assert torch.equal(prog(x), x * 2)
+    assert time.perf_counter() - start < SECONDS
+
+    def more(serialized, program):  # the issue's fifty 4 KB guards (107 s at the first call): refused, quickly
+        serialized.guards_code = [guard] * 50
+
+    rewrite_artifact(path, path, edit=more)
+    _every_command(path, CorruptArtifactError, "guards of .* characters in all, more than")
+
+
+def test_guard_and_expression_checks_are_linear():
+    """Doubling a guard's or an expression's length about doubles the time of checking it."""
+    def seconds(check, n):
+        start = time.perf_counter()
+        for _ in range(5):
+            check(n)
+        return time.perf_counter() - start
+
+    guard = lambda n: untrusted.check_guard(" and ".join(["L['x'].size()[0] <= 64"] * n), {"x"}, "t")
+    expr = lambda n: untrusted.check_expr(" + ".join(f"{i}*s{i % 8}" for i in range(n)), "t")
+    for check, n in ((guard, 40), (expr, 60)):
+        assert seconds(check, 2 * n) < 4 * seconds(check, n) + 0.01
+
+
+# ---- 4. sympy blow-up ----
+
+@pytest.mark.parametrize("expr", [
+    "Max(" + ", ".join(f"s{i}" for i in range(120)) + ")",  # the issue's 494-character expression
+    "s0",  # placeholder: replaced by a nested Max below
+])
+def test_expressions_that_sympy_compares_pairwise_are_capped(tmp_path, expr):
+    if expr == "s0":
+        for i in range(1, 40):
+            expr = f"Max({expr}, s{i})"  # flattened by sympy into one Max of 40: as slow
+    assert len(expr) <= untrusted.MAX_EXPR_LEN
+    path = _exported(tmp_path, model=Dyn(), args=(torch.randn(4, 3),),
+                     dynamic_shapes={"x": {0: torch.export.Dim("b", min=2, max=64)}})
+
+    def edit(serialized, program):
+        g = serialized.graph_module
+        meta = next(iter(g.graph.tensor_values.values()))
+        meta.sizes[0] = S.SymInt.create(as_expr=S.SymExpr(expr))
+        for i in range(120):
+            serialized.range_constraints[f"s{i}"] = S.RangeConstraint(min_val=2, max_val=64 + i)
+
+    rewrite_artifact(path, path, edit=edit)
+    _every_command(path, CorruptArtifactError, "Max/Min/Piecewise|more than 12 symbols|nests more than")
+
+
+def test_expression_caps_accept_what_torch_writes():
+    for expr in ("Max(1, s0)", "Min(s0, 512)", "Max(0, Min(s0, s1 - 1))", "s0*s1*64 + s0*64 + 64",
+                 " + ".join(f"{i}*s{i % 12}" for i in range(100)), "Piecewise((s0, Eq(s1, 1)), (s1, True))",
+                 # srepr's spelling, as torch writes sizes (a transformers decoder's)
+                 "Mul(FloorDiv(Mul(Add(Mul(Integer(2), Symbol('s70', positive=True, integer=True)), Integer(-1)), "
+                 "FloorDiv(Pow(Symbol('s70', positive=True, integer=True), Integer(2)), Symbol('s70', positive=True, "
+                 "integer=True))), Integer(2)), Integer(4))"):
+        untrusted.check_expr(expr, "t")
+    refused = {
+        "nests deeper": "-" * 150 + "s0",
+        "more than 5 non-constant factors": "*".join(f"(s{i} + 1)" for i in range(6)),
+        "multiplies more than 5": "Mul(" + ", ".join(f"Symbol('s{i}', integer=True)" for i in range(6)) + ")",
+        "nests more than 8 function calls": "FloorDiv(" * 9 + "s0" + ", s1)" * 9,
+        "more than 12 symbols": " + ".join(f"s{i}" for i in range(13)),
+    }
+    for why, expr in refused.items():
+        with pytest.raises(CorruptArtifactError, match=why):
+            untrusted.check_expr(expr, "t")
+
+
+# ---- 5. sizes whose element count or extent overflows, or claims more than the file holds ----
+
+def _set_record(path, name_part: str, sizes, strides):
+    def edit(serialized, program):
+        rec = next(r for r in program.tensors if name_part in r.name.decode())
+        rec.sizes, rec.strides = list(sizes), list(strides)
+
+    rewrite_artifact(path, path, edit=edit)
+
+
+def test_tensor_record_whose_element_count_overflows(tmp_path):
+    path = _exported(tmp_path)
+    _set_record(path, "l1.weight", [2**62, 2**62], [0, 0])
+    _every_command(path, CorruptArtifactError, "more than an int64 can count")
+
+
+def test_zero_stride_example_input_claiming_terabytes(tmp_path):
+    path = _exported(tmp_path)
+    example = next(n for n in _record_names(path) if "l1" not in n and "l2" not in n)
+    _set_record(path, example, [2**40], [0])
+    _every_command(path, CorruptArtifactError, "more than the .*-byte file holds")
+
+
+def _record_names(path):
+    from exporter.serialize import reader
+
+    art = reader.open_artifact(path)
+    return [reader.text(r.name) for r in art.program.tensors]
+
+
+def test_graph_tensor_metadata_that_overflows(tmp_path):
+    path = _exported(tmp_path)
+
+    def edit(serialized, program):
+        meta = next(iter(serialized.graph_module.graph.tensor_values.values()))
+        meta.sizes = [S.SymInt.create(as_int=2**62), S.SymInt.create(as_int=2**62)]
+        meta.strides = [S.SymInt.create(as_int=0), S.SymInt.create(as_int=0)]
+
+    rewrite_artifact(path, path, edit=edit)
+    _every_command(path, CorruptArtifactError, "more than an int64 can count")
+
+
+# ---- 8. only regular files are opened ----
+
+def test_fifo_named_like_an_artifact_never_blocks(tmp_path):
+    """Run in a child process with a deadline: a blocked open would otherwise hang the suite."""
+    folder = tmp_path / "models"
+    folder.mkdir()
+    os.mkfifo(folder / "x.pt2b")
+    script = f"""
+import sys
+from exporter import load, load_for_backend
+from exporter.cli import main
+from exporter.errors import NotAnArtifactError
+p = {str(folder / 'x.pt2b')!r}
+for step in (lambda: load(p), lambda: load_for_backend(p, cache=False)):
+    try:
+        step()
+        sys.exit("loaded a FIFO")
+    except NotAnArtifactError as e:
+        assert "FIFO" in str(e), e
+assert main(["--quiet", "inspect", p]) == 2
+assert main(["--quiet", "verify", p]) == 2
+assert main(["--quiet", "upgrade", {str(folder)!r}]) == 1
+print("done")
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         cwd=pathlib.Path(__file__).parents[2])
+    assert out.returncode == 0 and "done" in out.stdout, out.stdout + out.stderr
+    with pytest.raises(NotAnArtifactError, match="is a FIFO"):
+        load(folder / "x.pt2b")
+    with pytest.raises(NotAnArtifactError, match="is a directory"):
+        load(folder)
+
+
+# ---- 6 and 7. the lowering cache cannot lie ----
+
+def _forge_crc32(data: bytearray, at: int, target: int) -> None:
+    """Change data[at:at+4] so that zlib.crc32(data) == target (CRC32 is affine over GF(2): the 32 bits
+    of a 4-byte window move it independently, so solving one linear system forges any value)."""
+    import zlib
+
+    base = zlib.crc32(data)
+    columns = []
+    for bit in range(32):
+        data[at + bit // 8] ^= 1 << (bit % 8)
+        columns.append((zlib.crc32(data) ^ base, 1 << bit))
+        data[at + bit // 8] ^= 1 << (bit % 8)
+    want, chosen = base ^ target, 0
+    rows = []  # Gaussian elimination: (pivot value, the window bits that make it)
+    for value, bits in columns:
+        for pivot, pbits in rows:
+            if value ^ pivot < value:
+                value, bits = value ^ pivot, bits ^ pbits
+        if value:
+            rows.append((value, bits))
+            rows.sort(reverse=True)
+    for pivot, pbits in rows:
+        if want ^ pivot < want:
+            want, chosen = want ^ pivot, chosen ^ pbits
+    assert want == 0
+    for bit in range(32):
+        if chosen >> bit & 1:
+            data[at + bit // 8] ^= 1 << (bit % 8)
+    assert zlib.crc32(data) == target
+
+
+def _swapped_weights(trusted: pathlib.Path, dest: pathlib.Path) -> pathlib.Path:
+    """``trusted`` with every weight segment's bytes changed and each segment's CRC32 forged back to
+    the recorded one: the program section stays byte for byte the trusted file's."""
+    import zlib
+
+    from exporter.serialize import reader
+
+    art = reader.open_artifact(trusted)
+    segments = [(art.header.data_offset + int(s.offset), int(s.nbytes), int(s.checksum)) for s in art.program.segments]
+    art.mm.close()
+    data = bytearray(trusted.read_bytes())
+    for start, n, crc in segments:
+        if n >= 8:
+            data[start:start + n - 4] = bytes(b ^ 0x5A for b in data[start:start + n - 4])
+            seg = bytearray(data[start:start + n])
+            _forge_crc32(seg, n - 4, crc)
+            data[start:start + n] = seg
+            assert zlib.crc32(data[start:start + n]) == crc
+    dest.write_bytes(bytes(data))
+    return dest
+
+
+@pytest.fixture()
+def cache_dir(tmp_path, monkeypatch):
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("PT2B_CACHE_DIR", str(folder))
+    monkeypatch.delenv("PT2B_CACHE", raising=False)
+    return folder
+
+
+@pytest.mark.parametrize("version", [None, (1, 2)], ids=["digests", "1.2-no-digests"])
+def test_forged_weights_never_share_the_trusted_files_cache_entry(tmp_path, cache_dir, version):
+    torch.manual_seed(0)
+    model = Mlp()
+    x = torch.randn(2, 4)
+    trusted = tmp_path / "trusted.pt2b"
+    from exporter.serialize import writer
+
+    if version is None:
+        export_model(model, (x,), trusted)
+    else:
+        writer.write_artifact(torch.export.export(model, (x,)), trusted, ir_level="training", version=version)
+    hostile = _swapped_weights(trusted, tmp_path / "hostile.pt2b")
+    from exporter.lowering import cache
+    from exporter.serialize import reader
+
+    assert reader.program_digest(hostile) == reader.program_digest(trusted)  # CRC32 forged: same program section
+    expected = model(x)
+    if version is None:  # the sha256 digests tell the weights apart
+        with pytest.raises(CorruptArtifactError, match="checksum mismatch"):
+            load(hostile, verify=True)
+        # lowered first, the hostile file is refused when its lowering would be stored
+        with pytest.raises(CorruptArtifactError, match="does not hold the bytes the program section's digest records"):
+            load_for_backend(hostile)
+        assert not cache.entries(cache_dir)
+    else:  # a 1.2 file records CRC32 only (forged here): its key holds its weights' own sha256
+        load(hostile, verify=True)
+        assert not torch.equal(load_for_backend(hostile)(x), expected)  # its own weights, its own entry
+    lowered = load_for_backend(trusted)
+    assert not lowered.from_cache
+    torch.testing.assert_close(lowered(x), expected)
+    hit = load_for_backend(trusted)
+    assert hit.from_cache
+    torch.testing.assert_close(hit(x), expected)
+    if version is None:  # the trusted entry exists now: the hostile file with verify=True is refused
+        with pytest.raises(CorruptArtifactError, match="checksum mismatch"):
+            load_for_backend(hostile, verify=True)
+    else:
+        assert not torch.equal(load_for_backend(hostile, verify=True)(x), expected)
+    torch.testing.assert_close(load_for_backend(trusted, verify=True)(x), expected)
+
+
+def test_cache_entry_with_overwritten_weights_is_discarded_under_verify(tmp_path, cache_dir):
+    from exporter.lowering import cache
+    from exporter.serialize import reader
+
+    torch.manual_seed(0)
+    model = Mlp()
+    x = torch.randn(2, 4)
+    path = _exported(tmp_path, model=model, args=(x,))
+    load_for_backend(path)
+    (entry,) = cache.entries(cache_dir)
+    art = reader.open_artifact(entry)
+    start = art.header.data_offset + int(art.program.segments[0].offset)
+    art.mm.close()
+    data = bytearray(entry.read_bytes())
+    data[start:start + 16] = b"\x00" * 16  # the first weights of the entry overwritten in place
+    entry.write_bytes(bytes(data))
+    served = load_for_backend(path, verify=True)
+    assert not served.from_cache  # the entry failed its digests: removed and lowered again
+    torch.testing.assert_close(served(x), model(x))
+    (rewritten,) = cache.entries(cache_dir)
+    load(rewritten, verify=True)  # the new entry is whole
+    again = load_for_backend(path, verify=True)
+    assert again.from_cache
+    torch.testing.assert_close(again(x), model(x))
+
+
+_PEAK_SCRIPT = """
+import resource, sys, torch
+from exporter import load, load_for_backend
+from exporter.errors import ArtifactError
+def call(p):  # the first call, on the program's stored example inputs
+    args, kwargs = load(p).exported_program().example_inputs
+    load(p)(*args, **kwargs)
+for step in (lambda p: load(p).check(), call, lambda p: load_for_backend(p, cache=False)):
+    for path in sys.argv[1:]:
+        try:
+            step(path)
+        except ArtifactError:
+            pass
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)  # KiB on Linux
+"""
+
+
+def _peak_kib(*paths) -> int:
+    out = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, *map(str, paths)], capture_output=True, text=True,
+                         timeout=300, cwd=pathlib.Path(__file__).parents[2])
+    assert out.returncode == 0, out.stderr[-2000:]
+    return int(out.stdout.split()[-1])
+
+
+def test_attack_files_take_no_more_memory_than_a_clean_file(tmp_path):
+    """The memory half of "bounded": a process that loads, checks, calls and lowers every attack file
+    of this module (each refused) peaks within 200 MB of one that does so with the clean file."""
+    clean = _exported(tmp_path, "clean.pt2b")
+    attacks = []
+    for name, sizes, strides in (("w", [2**62, 2**62], [0, 0]), ("example", [2**40], [0])):
+        path = tmp_path / f"{name}.pt2b"
+        path.write_bytes(clean.read_bytes())
+        part = "l1.weight" if name == "w" else next(n for n in _record_names(path) if "l1" not in n and "l2" not in n)
+        _set_record(path, part, sizes, strides)
+        attacks.append(path)
+    chain = _exported(tmp_path, "chain.pt2b", Chain(), (torch.randn(3),))
+    attacks.append(share_graph_across_methods(chain, tmp_path / "shared.pt2b", 300))
+    expr = tmp_path / "expr.pt2b"
+    export_model(Dyn(), (torch.randn(4, 3),), expr, dynamic_shapes={"x": {0: torch.export.Dim("b", min=2, max=64)}})
+
+    def grow(serialized, program):
+        meta = next(iter(serialized.graph_module.graph.tensor_values.values()))
+        meta.sizes[0] = S.SymInt.create(as_expr=S.SymExpr("*".join(f"s{i}" for i in range(12))))
+
+    rewrite_artifact(expr, expr, edit=grow)
+    attacks.append(expr)
+    baseline, hostile = _peak_kib(clean), _peak_kib(*attacks)
+    assert hostile < baseline + 200 * 1024, (baseline, hostile)
