@@ -13,7 +13,7 @@ from exporter import export_model, load, load_for_backend
 from exporter.errors import LoweringError, OpsetError
 from exporter.lowering import presets, tables
 from exporter.lowering.graph_ops import mutating_ops, op_counts, op_nodes
-from exporter.lowering.verify import is_infrastructure
+from exporter.lowering.opset_check import is_infrastructure
 from exporter.ops import op_name, resolve_op
 from exporter.corpus.zoo import make_case
 from helpers import assert_close_to_eager

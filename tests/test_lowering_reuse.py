@@ -1,4 +1,4 @@
-"""Lowering with repeated layers traced once (exporter/lowering/reuse.py) gives exactly what
+"""Lowering with repeated layers traced once (exporter/lowering/engines/reuse.py) gives exactly what
 torch's run_decompositions gives on the whole program: node for node, and bit for bit at run time.
 Most cases compare with pt2b's own whole-program lowering; test_reuse_equals_torchs_run_decompositions_bitwise
 compares with torch's."""
@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from exporter import export_model, load_for_backend
-from exporter.lowering import reuse
+from exporter.lowering.engines import reuse
 from exporter.corpus.zoo import GPT
 from helpers import assert_bitwise
 from runtime_ref import Runtime

@@ -26,9 +26,10 @@ from torch.fx.experimental.proxy_tensor import get_proxy_mode
 from ..ops import op_name
 from . import tables
 from ..functionalize import forced_ops, may_mutate
-from .decompose import flag_free, run_decompositions
+from .decompose import flag_free
+from .engines import run_decompositions
 from .graph_ops import op_nodes
-from .verify import INFRASTRUCTURE, is_infrastructure
+from .opset_check import INFRASTRUCTURE, is_infrastructure
 
 
 def _has_cia(name: str) -> bool:
