@@ -167,7 +167,7 @@ def forced_ops() -> frozenset:
     return frozenset(forced_decompositions())
 
 
-# ---- the retrace ----
+# ---- the functionalizing trace of a graph ----
 
 
 # Ops whose decomposition writes in place below functionalization on some inputs (adaptive_avg_pool2d's
@@ -178,15 +178,17 @@ _WRITERS = {torch.ops.aten.adaptive_avg_pool1d.default, torch.ops.aten.adaptive_
 
 
 def functionalize_graph(gm, placeholders, table: dict):
-    """The retrace. The decompositions torch runs above functionalization (those of CIA ops and
-    Autograd-key Python kernels) may write in place (adaptive_avg_pool2d's as_strided_, the write
-    into an eval dropout's result in XLM), which only their application above functionalization
-    functionalizes; applying them there costs more (their ops go through functionalization: about
-    a fifth more time on a seq2seq model). So the whole table is applied below functionalization, with
-    a watch that stops the trace at the first write in place, unless the program calls an op known to
-    write (_WRITERS); on a write, or where functionalization refuses one (the frozen storage of
-    dropout's result), the trace is done with them above it; if a decomposition torch runs below
-    functionalization writes (where torch's own retrace fails), in two steps."""
+    """(``gm`` retraced, functionalized with ``table`` applied, aot_export's graph signature of it), on
+    the values of ``placeholders``: the trace every lowering engine runs. The decompositions torch runs
+    above functionalization (those of CIA ops and Autograd-key Python kernels) may write in place
+    (adaptive_avg_pool2d's as_strided_, the write into an eval dropout's result in XLM), which only
+    their application above functionalization functionalizes; applying them there costs more (their ops
+    go through functionalization: about a fifth more time on a seq2seq model). So the whole table is
+    applied below functionalization, with a watch that stops the trace at the first write in place,
+    unless the program calls an op known to write (_WRITERS); on a write, or where functionalization
+    refuses one (the frozen storage of dropout's result), the trace is done with them above it; if a
+    decomposition torch runs below functionalization writes (where torch's own retrace fails), in two
+    steps."""
     calls = {n.target for graph in iter_graphs(gm) for n in graph.nodes if n.op == "call_function"}
     if not calls & _WRITERS:
         watch, watched = _Watch.of(table)
