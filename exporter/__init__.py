@@ -15,7 +15,7 @@ from . import errors
 from .version import __version__
 
 # public name -> the module that defines it
-_LAZY = {"export_model": "api", "load": "api", "load_for_backend": "api", "eager_decompositions": "eager",
+_LAZY = {"export_model": "api", "load": "api", "load_for_backend": "api", "eager_decompositions": "lowering.eager",
          "Pt2bProgram": "program"}
 
 __all__ = ["__version__", "errors", "export_model", "load", "load_for_backend", "eager_decompositions", "Pt2bProgram"]

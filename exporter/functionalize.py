@@ -1,7 +1,11 @@
-"""Functionalization: remove mutation and aliasing from an ExportedProgram, the way torch.export does
+"""Functionalization: remove mutation and aliasing from a program's graph, the way torch.export does
 (in-place ops become functional ones, buffer and user-input mutations become extra outputs for the
 caller to apply), applying a decomposition table in the same trace, without touching process-global
-state. The lowering (lowering/decompose.py) builds the table and calls down into this module.
+state. It owns what is mutation (is_mutating, may_mutate, updates_hidden_state, functional_variant),
+what every retrace decomposes (forced_decompositions) and the functionalizing trace of a graph
+(functionalize_graph) with the passes its result gets (materialize_conj, insert_runtime_asserts).
+The lowering engines (lowering/engines/: the whole-program retrace, node by node) call down into
+this public API; lowering/decompose.py builds the table.
 
 torch's ExportedProgram.run_decompositions gets its result by retracing below autograd, where
 CompositeImplicitAutograd (CIA) ops would decompose by themselves; to keep the ones the table does
@@ -13,23 +17,24 @@ Here the program is retraced ABOVE autograd instead (aot_export_module with pre_
 there a functional CIA op is seen as itself, so it stays unless the table holds it, and the table
 alone says what decomposes; functionalization happens in the same trace. What torch's retrace does
 implicitly is made explicit: ops it decomposes whatever its table says (CIA ops it cannot preserve,
-ops with a Python kernel at the Autograd key) get those decompositions (_forced), aten.lstm.input
-gets the path torch's entry takes with mkldnn off (it reads the global flag; flag_free), effectful
-ops are threaded on effect tokens (_thread_effects), conjugate views are materialized before ops
-without a conjugate kernel (_materialize_conj); the decompositions torch applies above
-functionalization (those of CompositeImplicitAutograd ops and Autograd-key Python kernels) are
-applied above it in the same single trace (_AboveFunctionalization), so that what they write in
-place is functionalized, and the rest of the table, whose PrimTorch views functionalization cannot
-take, below it, as in torch; a decomposition torch runs below functionalization that writes in
-place (where torch's retrace fails), or on 2.11 a C++ CIA kernel, is applied in a first step
-(_trace_in_two_steps); the whole table is first tried below functionalization, which is faster,
-with a watch that stops at the first write in place (_trace_once); torch.export's detach_
-after a constant is skipped, and a view is made tolerant of the layout decompositions give its
-input (_prepared); the trace runs in the program's own fake mode and ShapeEnv, found as torch
-finds it, also for a program without tensor inputs (_fake_mode), so the graph's unbacked symbols
-and their ranges are the trace's. Nothing global is written;
-grad mode and the trace's modes are thread-local. The result is an ATen-dialect ExportedProgram
-whose op set equals run_decompositions' (tests/test_lowering.py, test_decompose.py).
+ops with a Python kernel at the Autograd key) get those decompositions (forced_decompositions),
+aten.lstm.input gets the path torch's entry takes with mkldnn off (it reads the global flag;
+flag_free), effectful ops are threaded on effect tokens (lowering/engines/whole_program.py),
+conjugate views are materialized before ops without a conjugate kernel (materialize_conj); the
+decompositions torch applies above functionalization (those of CompositeImplicitAutograd ops and
+Autograd-key Python kernels) are applied above it in the same single trace
+(_AboveFunctionalization), so that what they write in place is functionalized, and the rest of the
+table, whose PrimTorch views functionalization cannot take, below it, as in torch; a decomposition
+torch runs below functionalization that writes in place (where torch's retrace fails), or on 2.11 a
+C++ CIA kernel, is applied in a first step (_trace_in_two_steps); the whole table is first tried
+below functionalization, which is faster, with a watch that stops at the first write in place
+(functionalize_graph); torch.export's detach_ after a constant is skipped, and a view is made
+tolerant of the layout decompositions give its input (_prepared); the trace runs in the program's
+own fake mode and ShapeEnv, found as torch finds it, also for a program without tensor inputs
+(program_fake_mode), so the graph's unbacked symbols and their ranges are the trace's. Nothing
+global is written; grad mode and the trace's modes are thread-local. The whole-program retrace's
+result (lowering/engines/whole_program.py) is an ATen-dialect ExportedProgram whose op set equals
+run_decompositions' (tests/test_lowering.py, test_decompose.py).
 """
 
 from __future__ import annotations
@@ -40,38 +45,17 @@ import threading
 
 import torch
 
-from . import functorch_regions, torch_compat
-from .errors import LoweringError
+from . import torch_compat
 from .ops import op_name
 from .graph_walk import iter_graphs
 
-__all__ = ["forced_ops", "functionalize", "is_mutating", "may_mutate", "signature_of", "updates_hidden_state"]
+__all__ = ["LOCK", "forced_decompositions", "forced_ops", "functional_variant", "functionalize_graph",
+           "insert_runtime_asserts", "is_mutating", "materialize_conj", "may_mutate", "program_fake_mode",
+           "returns_alias", "runs_cia_kernel", "signature_of", "updates_hidden_state"]
 
 # Lowerings are serialized: two threads lowering programs that share a FakeTensorMode (one
 # loaded program lowered twice at once) would interleave inside it.
-_LOCK = threading.RLock()
-
-
-def functionalize(ep, table: dict | None = None):
-    """``ep`` functionalized, with ``table`` (op -> decomposition, applied exactly as given, in the
-    same trace) as a new ATen-dialect ExportedProgram. Without a table only the decompositions every
-    retrace applies (forced_ops) are, and ``ep`` itself is returned when it has no mutation."""
-    if table is None:
-        if not needs_functionalization(ep):
-            return ep
-        table = _forced()
-    with _LOCK:
-        try:
-            return _retrace(ep, table)
-        except LoweringError:
-            raise
-        except Exception as e:
-            raise LoweringError(f"decomposition failed: {type(e).__name__}: {e}") from e
-
-
-def needs_functionalization(ep) -> bool:
-    """Whether functionalize(ep) (no table) changes ``ep``: it may write in place or holds a functorch region."""
-    return may_mutate(ep) or functorch_regions.has_regions(ep.graph_module)
+LOCK = threading.RLock()
 
 
 # ---- what functionalization removes ----
@@ -88,6 +72,35 @@ def is_mutating(op) -> bool:
     """In-place, out= and other ops that write an argument: functionalization removes them."""
     return isinstance(op, torch._ops.OpOverload) and any(
         a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
+
+
+def functional_variant(op):
+    """The functional op that replaces the in-place op ``op`` (aten.add.Tensor for aten.add_.Tensor), or
+    None: ``op`` is an aten op writing only its first argument, which it returns, named ``base_`` (no
+    leading underscore); the variant is the overload of ``base`` of the same name, else (floor_divide_.Tensor
+    -> floor_divide.default) the default one, taking exactly ``op``'s arguments (names and types) and
+    neither taking nor returning an alias. So ``variant(*args, **kwargs)`` computes, into a new tensor,
+    what ``op(*args, **kwargs)`` writes: the node-local lowering (lowering/engines/local.py) puts it in
+    a write's place, eager mode (lowering/eager.py) runs it and copies the result into the written tensor."""
+    schema = op._schema
+    written = [i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+    if written != [0] or len(schema.returns) != 1 or schema.name.split("::")[0] != "aten":
+        return None
+    base = op._overloadpacket.__name__
+    if not base.endswith("_") or base.startswith("_"):
+        return None
+    packet = getattr(torch.ops.aten, base[:-1], None)
+    if packet is None:
+        return None
+    for name in dict.fromkeys((op._overloadname, "default")):
+        overload = getattr(packet, name, None)
+        if isinstance(overload, torch._ops.OpOverload) and \
+                [(a.name, str(a.type)) for a in overload._schema.arguments] == \
+                [(a.name, str(a.type)) for a in schema.arguments] and \
+                not any(a.alias_info is not None for a in overload._schema.arguments) and \
+                not any(r.alias_info is not None for r in overload._schema.returns):
+            return overload
+    return None
 
 
 def updates_hidden_state(node) -> bool:
@@ -120,11 +133,10 @@ def _updates_running_stats(node) -> bool:
     return flag is not False and not (arg("running_mean") is None and arg("running_var") is None)
 
 
-
 # ---- what every retrace decomposes ----
 
 @functools.cache
-def _forced() -> dict:
+def forced_decompositions() -> dict:
     """aten ops torch's retrace decomposes whatever its table says, with what it runs for them:
     CompositeImplicitAutograd ops it cannot preserve (aliasing, mutating, or declaring a functional
     schema they do not keep) decompose by their CIA kernel; ops with a Python kernel at the Autograd
@@ -152,35 +164,10 @@ def _forced() -> dict:
 
 def forced_ops() -> frozenset:
     """The ops every lowering decomposes, whatever its table says."""
-    return frozenset(_forced())
+    return frozenset(forced_decompositions())
 
 
-# ---- the retrace ----
-
-def _retrace(ep, table: dict):
-    gm = ep.graph_module
-    old_phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    if functorch_regions.has_regions(gm):
-        gm = functorch_regions.flatten_regions(gm, _fake_mode(gm))
-    new_gm, aot_sig = _trace_once(gm, old_phs, table)
-    # as torch's retrace does, an unused random draw is dead code too
-    new_gm.graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure(impure_random=False))
-    _materialize_conj(new_gm)
-    tokens, new_phs = _split_tokens(new_gm, aot_sig)
-    if not tokens:
-        tokens = _thread_effects(new_gm, aot_sig)
-    if len(new_phs) != len(old_phs):
-        raise LoweringError(f"the retrace has {len(new_phs)} inputs where the program has {len(old_phs)}.")
-    traced_names = {ph.name: ph for ph in new_phs}  # aot_sig names the inputs as traced, before _rename
-    _rename(new_gm, old_phs, new_phs)
-    _insert_runtime_asserts(new_gm)  # (ExportedProgram generates the code once, in _program)
-    sig = _signature(ep, new_gm, tokens, new_phs, aot_sig, traced_names)
-    for old, new in zip(old_phs, new_phs):
-        if not isinstance(old.meta.get("val"), torch.Tensor):
-            new.meta["val"] = old.meta.get("val")
-        if new.target in sig.inputs_to_parameters or new.target in sig.inputs_to_buffers:
-            new.meta.update(old.meta)
-    return _program(ep, new_gm, sig)  # threaded effect tokens stay, as in torch's result
+# ---- the functionalizing trace of a graph ----
 
 
 # Ops whose decomposition writes in place below functionalization on some inputs (adaptive_avg_pool2d's
@@ -190,16 +177,18 @@ def _retrace(ep, table: dict):
 _WRITERS = {torch.ops.aten.adaptive_avg_pool1d.default, torch.ops.aten.adaptive_avg_pool2d.default}
 
 
-def _trace_once(gm, placeholders, table: dict):
-    """The retrace. The decompositions torch runs above functionalization (those of CIA ops and
-    Autograd-key Python kernels) may write in place (adaptive_avg_pool2d's as_strided_, the write
-    into an eval dropout's result in XLM), which only their application above functionalization
-    functionalizes; applying them there costs more (their ops go through functionalization: about
-    a fifth more time on a seq2seq model). So the whole table is applied below functionalization, with
-    a watch that stops the trace at the first write in place, unless the program calls an op known to
-    write (_WRITERS); on a write, or where functionalization refuses one (the frozen storage of
-    dropout's result), the trace is done with them above it; if a decomposition torch runs below
-    functionalization writes (where torch's own retrace fails), in two steps."""
+def functionalize_graph(gm, placeholders, table: dict):
+    """(``gm`` retraced, functionalized with ``table`` applied, aot_export's graph signature of it), on
+    the values of ``placeholders``: the trace every lowering engine runs. The decompositions torch runs
+    above functionalization (those of CIA ops and Autograd-key Python kernels) may write in place
+    (adaptive_avg_pool2d's as_strided_, the write into an eval dropout's result in XLM), which only
+    their application above functionalization functionalizes; applying them there costs more (their ops
+    go through functionalization: about a fifth more time on a seq2seq model). So the whole table is
+    applied below functionalization, with a watch that stops the trace at the first write in place,
+    unless the program calls an op known to write (_WRITERS); on a write, or where functionalization
+    refuses one (the frozen storage of dropout's result), the trace is done with them above it; if a
+    decomposition torch runs below functionalization writes (where torch's own retrace fails), in two
+    steps."""
     calls = {n.target for graph in iter_graphs(gm) for n in graph.nodes if n.op == "call_function"}
     if not calls & _WRITERS:
         watch, watched = _Watch.of(table)
@@ -222,7 +211,7 @@ def _trace_once(gm, placeholders, table: dict):
 
 def _trace_in_two_steps(gm, placeholders, table: dict, error: Exception, writers_only: bool):
     """The retrace when even the trace with the decompositions torch runs above functionalization
-    applied there (_trace_once) is not functional (``error``): on a torch whose functionalization
+    applied there (functionalize_graph) is not functional (``error``): on a torch whose functionalization
     cannot be told per mode object (2.11: the C++ CIA kernels, such as adaptive_avg_pool2d's with its
     as_strided_ on a channels-last result, then run below it), or where a decomposition torch runs
     below functionalization writes in place. So the decompositions among those torch applies above functionalization (_above_functionalization)
@@ -248,7 +237,7 @@ def _trace_in_two_steps(gm, placeholders, table: dict, error: Exception, writers
     if writers_only:
         above = _writing_in_place(gm, candidates, {}, nested=candidates)
     else:
-        above = {op: fn for op, fn in candidates.items() if not _returns_alias(op)}
+        above = {op: fn for op, fn in candidates.items() if not returns_alias(op)}
     while True:
         first = _decomposed(gm, placeholders, above)
         try:
@@ -270,7 +259,7 @@ def _writing_in_place(gm, table: dict, applied: dict, nested: dict | None = None
     from torch.fx.experimental.proxy_tensor import make_fx
 
     out, seen = {}, set()
-    fake_mode = _fake_mode(gm)
+    fake_mode = program_fake_mode(gm)
     graphs = [m.graph for m in gm.modules() if isinstance(m, torch.fx.GraphModule)]
     while graphs:
         for node in graphs.pop().nodes:
@@ -304,7 +293,7 @@ def _writing_in_place(gm, table: dict, applied: dict, nested: dict | None = None
             if any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
                    and n.target._schema.is_mutable for n in traced.graph.nodes):
                 out[op] = table[op]
-                out.update({o: nested[o] for o in used if o not in applied and not _returns_alias(o)})
+                out.update({o: nested[o] for o in used if o not in applied and not returns_alias(o)})
                 graphs.append(traced.graph)
     return out
 
@@ -317,7 +306,7 @@ def _recording(op, fn, used: set):
     return decomposition
 
 
-def _returns_alias(op) -> bool:
+def returns_alias(op) -> bool:
     """Whether an op's schema returns a view of an input (reshape, contiguous, flatten: what their
     decompositions give depends on the strides they see)."""
     return any(r.alias_info is not None for r in op._schema.returns)
@@ -338,7 +327,7 @@ def _above_functionalization(table: dict) -> dict:
     """The part of ``table`` torch's retrace applies above functionalization: the decompositions of
     CompositeImplicitAutograd ops (run at the Autograd key, as the op's CIA kernel or as the
     py_kernel torch installs for the table's entry) and of ops with a Python kernel at the Autograd
-    key (_forced); ops they emit are functionalized, then decomposed by the rest of the table. The
+    key (forced_decompositions); ops they emit are functionalized, then decomposed by the rest of the table. The
     rest (aten.view -> prims.collapse_view, aten.expand -> prims.broadcast_in_dim, ...) runs in the
     tracer below functionalization, which never sees what they emit: applied above it, their
     PrimTorch views would reach functionalization, which has no rule for a non-ATen op returning
@@ -348,7 +337,7 @@ def _above_functionalization(table: dict) -> dict:
     def above(op) -> bool:
         if op._schema.is_mutable:
             return False
-        if op in _forced():
+        if op in forced_decompositions():
             return True
         try:
             return _is_cia_op(op)
@@ -363,7 +352,7 @@ def _conj_view(node) -> bool:
     return isinstance(val, torch.Tensor) and val.is_conj()
 
 
-def _materialize_conj(gm) -> None:
+def materialize_conj(gm) -> None:
     """A conjugate view (conj bit set) read by an op without a kernel for it is first cloned into
     plain memory, as the dispatcher's conjugate fallback does below autograd, where torch retraces
     (above it the op is recorded on the view itself)."""
@@ -387,66 +376,7 @@ def _materialize_conj(gm) -> None:
         module.recompile()
 
 
-def _thread_effects(gm, aot_sig) -> list:
-    """Side-effecting ops (linalg's error checks, prints) called through with_effects on a token
-    that the program takes and returns, as torch's retrace below autograd leaves them (above it
-    they stay plain calls). [the token placeholder] or []."""
-    import operator
-
-    from torch._export.utils import _detect_fake_mode_from_gm
-    from torch._higher_order_ops.effects import has_effects, with_effects
-
-    calls = [n for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
-             and has_effects(n.target)]
-    if not calls:
-        return []
-    graph = gm.graph
-    fake_mode = _detect_fake_mode_from_gm(gm)  # also a program without tensor inputs
-    with graph.inserting_before(next(iter(graph.nodes))):
-        token = graph.placeholder("token")
-    with fake_mode or contextlib.nullcontext():
-        token.meta["val"] = torch.empty(0)
-    for call in calls:
-        val = call.meta.get("val")
-        results = () if val is None else tuple(val) if isinstance(val, (tuple, list)) else (val,)
-        with graph.inserting_before(call):
-            node = graph.call_function(with_effects, (token, call.target, *call.args), dict(call.kwargs))
-            node.meta.update(call.meta)
-            node.meta["val"] = (token.meta["val"], *results)
-            token = graph.call_function(operator.getitem, (node, 0))
-            token.meta["val"] = node.meta["val"][0]
-            if isinstance(val, (tuple, list)):
-                for user in list(call.users):  # getitem(call, i) -> getitem(node, i + 1)
-                    user.args = (node, user.args[1] + 1)
-            elif results:
-                single = graph.call_function(operator.getitem, (node, 1))
-                single.meta["val"] = val
-                call.replace_all_uses_with(single)
-        graph.erase_node(call)
-    out = graph.output_node()
-    out.args = ((token, *out.args[0]),)
-    aot_sig.output_tokens[:] = [token.name]
-    return [n for n in graph.nodes if n.op == "placeholder"][:1]
-
-
-def _split_tokens(gm, aot_sig):
-    """(effect-token placeholders, the others). Tokens no op threads (the trace adds one when an
-    op it looked into, such as linalg_inv's error check, has effects) are taken out at once."""
-    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    tokens, rest = phs[:len(aot_sig.input_tokens)], phs[len(aot_sig.input_tokens):]
-    out = gm.graph.output_node()
-    outs = list(out.args[0])
-    n_out = len(aot_sig.output_tokens)
-    if tokens and all(o in tokens for o in outs[:n_out]) and all(set(t.users) <= {out} for t in tokens):
-        out.args = (tuple(outs[n_out:]),)
-        for t in tokens:
-            gm.graph.erase_node(t)
-        aot_sig.output_tokens.clear()
-        tokens = []
-    return tokens, rest
-
-
-def _fake_mode(gm):
+def program_fake_mode(gm):
     """The program's fake mode, found as torch's retrace finds it: from the placeholders' fake
     tensors, else (a program without tensor inputs) from the other nodes' values; else a fresh mode
     on the ShapeEnv of the program's symbols, else on a fresh ShapeEnv. Retracing in another
@@ -472,8 +402,8 @@ def _fake_mode(gm):
 
 
 def _fake_inputs(gm, placeholders):
-    """(the program's fake mode (_fake_mode), the placeholders' values detached in it)."""
-    fake_mode = _fake_mode(gm)
+    """(the program's fake mode (program_fake_mode), the placeholders' values detached in it)."""
+    fake_mode = program_fake_mode(gm)
     vals = [n.meta.get("val") for n in placeholders]
     with fake_mode:
         return fake_mode, [v.detach() if isinstance(v, torch.Tensor) else v for v in vals]
@@ -572,7 +502,7 @@ class _Watch:
         return decomposition
 
 
-def _runs_cia_kernel(fn) -> bool:
+def runs_cia_kernel(fn) -> bool:
     """Whether a table entry is torch's stand-in for an op's own CompositeImplicitAutograd kernel."""
     return isinstance(fn, functools.partial) and getattr(fn.func, "__name__", "") == "_special_op_to_decompose_cia"
 
@@ -600,7 +530,7 @@ class _AboveFunctionalization(torch.overrides.TorchFunctionMode):
         self.table = table
         # (a torch whose functionalization cannot be told per mode object, 2.11, runs their C++
         # kernels where the table's other entries run)
-        self.cia = frozenset(op for op, fn in table.items() if _runs_cia_kernel(fn)) \
+        self.cia = frozenset(op for op, fn in table.items() if runs_cia_kernel(fn)) \
             if torch_compat.functional_mode_decides_per_object() else frozenset()
         self.active: set = set()
 
@@ -699,27 +629,7 @@ def _decomposed(gm, placeholders, table):
     return out
 
 
-def _rename(gm, old_phs, new_phs) -> None:
-    """Placeholders take the program's names; other nodes move aside where they would clash."""
-    from torch._export.utils import _name_hoo_subgraph_placeholders
-
-    for old, new in zip(old_phs, new_phs):
-        new.name = new.target = old.name
-    taken = {n.name for n in new_phs}
-    everything = {n.name for n in gm.graph.nodes}
-    for node in gm.graph.nodes:
-        if node.op == "placeholder":
-            continue
-        if node.name in taken:
-            i = 1
-            while f"{node.name}_{i}" in taken or f"{node.name}_{i}" in everything:
-                i += 1
-            node.name = f"{node.name}_{i}"
-        taken.add(node.name)
-    _name_hoo_subgraph_placeholders(gm)
-
-
-def _insert_runtime_asserts(gm) -> None:
+def insert_runtime_asserts(gm) -> None:
     """The deferred shape checks of a symbolic program, as torch's retrace inserts them."""
     from torch.export.exported_program import _get_shape_env
     from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
@@ -730,73 +640,4 @@ def _insert_runtime_asserts(gm) -> None:
     if shape_env is not None:
         insert_deferred_runtime_asserts(gm, shape_env, "exported program", export=True)
 
-
-def _signature(ep, gm, tokens, new_phs, aot_sig, traced_names):
-    from torch.export.graph_signature import (ConstantArgument, ExportGraphSignature, InputKind, InputSpec,
-                                              OutputKind, OutputSpec, SymBoolArgument, SymFloatArgument,
-                                              SymIntArgument, TensorArgument, TokenArgument)
-
-    def arg(old, node):
-        if isinstance(old, ConstantArgument):
-            return old
-        for kind in (TensorArgument, SymIntArgument, SymFloatArgument, SymBoolArgument):
-            if isinstance(old, kind):
-                return kind(name=node.name)
-        raise LoweringError(f"the program's signature holds an argument pt2b cannot retrace: {old!r}.")
-
-    old_sig = ep.graph_signature
-    outs = list(gm.graph.output_node().args[0])
-    n_tok = len(aot_sig.output_tokens)
-    input_specs = [InputSpec(InputKind.TOKEN, TokenArgument(name=t.name), None) for t in tokens]
-    input_specs += [InputSpec(s.kind, arg(s.arg, new_phs[i]), s.target, s.persistent)
-                    for i, s in enumerate(old_sig.input_specs)]
-    output_specs = [OutputSpec(OutputKind.TOKEN, TokenArgument(name=o.name), None) for o in outs[:n_tok]]
-    outs = outs[n_tok:]
-    position = {name: i for i, name in enumerate(aot_sig.user_inputs)}
-    # an in-place op that leaves its input as it was (conj_physical_ of a real tensor) returns the input
-    # itself as the mutation's output: aot_sig names that placeholder as traced
-    mutated = [(traced_names[o].name if o in traced_names else o, i) for o, i in aot_sig.user_inputs_to_mutate.items()]
-    if [name for name, _ in mutated] != [n.name for n in outs[:len(mutated)]]:
-        raise LoweringError("the retrace's mutation outputs are out of order.")
-    for out_name, in_name in mutated:
-        spec = old_sig.input_specs[position[in_name]]
-        if spec.kind == InputKind.CONSTANT_TENSOR and isinstance(ep.constants.get(spec.target), torch.Tensor):
-            # a plain tensor attribute the model updates in place (a static KV cache kept as an attribute,
-            # not a buffer): eager keeps the update across calls, which a non-persistent buffer does;
-            # torch's run_decompositions refuses it ("register it as buffer")
-            i = position[in_name] + len(tokens)
-            input_specs[i] = InputSpec(InputKind.BUFFER, input_specs[i].arg, spec.target, persistent=False)
-            output_specs.append(OutputSpec(OutputKind.BUFFER_MUTATION, TensorArgument(name=out_name), spec.target))
-        elif spec.kind == InputKind.BUFFER:
-            output_specs.append(OutputSpec(OutputKind.BUFFER_MUTATION, TensorArgument(name=out_name), spec.target))
-        elif spec.kind == InputKind.USER_INPUT:
-            output_specs.append(OutputSpec(OutputKind.USER_INPUT_MUTATION, TensorArgument(name=out_name),
-                                           spec.arg.name))
-        elif spec.kind == InputKind.PARAMETER:  # `with torch.no_grad(): self.p.div_(2)`: as torch records it
-            output_specs.append(OutputSpec(OutputKind.PARAMETER_MUTATION, TensorArgument(name=out_name), spec.target))
-        else:
-            raise LoweringError(f"the program mutates {spec.kind.name.lower()} {spec.target!r}, which pt2b "
-                                f"cannot write back (only buffers and user inputs can be mutated).")
-    renamed = {s.arg.name: new_phs[i].name for i, s in enumerate(old_sig.input_specs)
-               if not isinstance(s.arg, ConstantArgument)}
-    user_outs = list(old_sig.output_specs)
-    if len(outs) != len(mutated) + len(user_outs):
-        raise LoweringError(f"the retrace returns {len(outs)} values where {len(mutated) + len(user_outs)} "
-                            f"are expected.")
-    for i, s in enumerate(user_outs):
-        output_specs.append(OutputSpec(s.kind, arg(s.arg, outs[len(mutated) + i]), renamed.get(s.target, s.target)))
-    return ExportGraphSignature(input_specs=input_specs, output_specs=output_specs)
-
-
-def _program(ep, gm, sig):
-    from torch.export import ExportedProgram
-    from torch.export.exported_program import _get_updated_module_call_graph, _get_updated_range_constraints
-
-    gm.meta.update(ep.graph_module.meta)
-    return ExportedProgram(
-        root=gm, graph=gm.graph, graph_signature=sig, state_dict=ep.state_dict,
-        range_constraints=_get_updated_range_constraints(gm, ep.range_constraints),
-        module_call_graph=_get_updated_module_call_graph(ep.graph_module, ep.graph_signature, gm, sig,
-                                                         ep.module_call_graph),
-        example_inputs=ep.example_inputs, constants=ep.constants)
 

@@ -14,7 +14,7 @@ def public_api() -> list[tuple[str, object]]:
     """(qualified name, object) of everything a user of pt2b calls, in the order the page shows."""
     import exporter
     import runtime_ref
-    from exporter.eager import EagerContext, EagerDecompositions
+    from exporter.lowering.eager import EagerContext, EagerDecompositions
     from exporter.lowering.lowered import LoweredProgram
     from exporter.program import OperatorInfo
 
@@ -26,8 +26,8 @@ def public_api() -> list[tuple[str, object]]:
         ("exporter.Pt2bProgram", exporter.Pt2bProgram),
         ("exporter.program.OperatorInfo", OperatorInfo),
         ("exporter.lowering.lowered.LoweredProgram", LoweredProgram),
-        ("exporter.eager.EagerContext", EagerContext),
-        ("exporter.eager.EagerDecompositions", EagerDecompositions),
+        ("exporter.lowering.eager.EagerContext", EagerContext),
+        ("exporter.lowering.eager.EagerDecompositions", EagerDecompositions),
         ("runtime_ref.Runtime", runtime_ref.Runtime),
         ("runtime_ref.default_opset_accepts", runtime_ref.default_opset_accepts),
         ("runtime_ref.op_name", runtime_ref.op_name),
@@ -42,7 +42,7 @@ def type_namespace() -> dict:
     import torch
 
     from exporter.api import StrPath
-    from exporter.eager import EagerContext, EagerDecompositions
+    from exporter.lowering.eager import EagerContext, EagerDecompositions
     from exporter.lowering.lowered import LoweredProgram
     from exporter.ops import OpSpec
     from exporter.program import Pt2bProgram

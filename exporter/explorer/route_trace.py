@@ -25,9 +25,10 @@ from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
 from ..functionalize import forced_ops, may_mutate
 from ..lowering import tables
-from ..lowering.decompose import flag_free, run_decompositions
+from ..lowering.decompose import flag_free
+from ..lowering.engines import run_decompositions
 from ..lowering.graph_ops import op_nodes
-from ..lowering.verify import INFRASTRUCTURE, is_infrastructure
+from ..lowering.opset_check import INFRASTRUCTURE, is_infrastructure
 from ..ops import op_name
 
 

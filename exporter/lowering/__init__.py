@@ -1,2 +1,3 @@
-"""Lowering after load: functionalization, decomposition presets and supported-ops closure,
-verification against the declared opset. Each step is a small module of its own."""
+"""Lowering after load: decomposition presets and supported-ops closure, the engines that apply the
+table through functionalization (engines/), the opset check of the result. Each step is a small
+module of its own."""

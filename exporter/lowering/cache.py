@@ -185,7 +185,7 @@ def _hit(art, record, metadata: dict, name: str) -> Hit | None:
     from ..lazy import Lazy
     from ..serialize import reader
     from ..util.gc_pause import gc_paused
-    from .reuse import expand, valid_recipe
+    from .engines import expand, valid_recipe
     from .validate import Validation
 
     def of(field):

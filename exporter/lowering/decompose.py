@@ -1,6 +1,7 @@
-"""Apply a decomposition table to an ExportedProgram: the table as torch's run_decompositions
+"""The table a lowering applies to an ExportedProgram: the table as torch's run_decompositions
 would apply it (its entries, plus the ops every retrace decomposes, with global-flag-free kernels),
-handed to functionalization (exporter/functionalize.py), which applies it in its trace."""
+which the lowering engines (lowering/engines/) hand to functionalization (exporter/functionalize.py)
+to apply in its trace."""
 
 from __future__ import annotations
 
@@ -10,39 +11,16 @@ import torch
 
 from .. import torch_compat
 from ..errors import LoweringError
-from ..functionalize import _forced, functionalize, needs_functionalization
+from ..functionalize import forced_decompositions, runs_cia_kernel
 
-__all__ = ["applied", "flag_free", "functionalized", "layout_repaired_decompositions", "layout_repaired_ops",
-           "run_decompositions", "trace_table"]
-
-
-def run_decompositions(ep, table: dict, *, local: bool = True):
-    """``ep`` with exactly ``table`` applied (ops not in it stay) and functionalized, as a new
-    ATen-dialect ExportedProgram; the op set equals torch's ``ep.run_decompositions(table)``.
-    ``local``: node by node where that applies (local.py), else (or with False) in one retrace."""
-    from .local import lower_locally
-
-    full = _trace_table_of(table)
-    return (local and lower_locally(ep, full)) or functionalize(ep, full)
-
-
-def functionalized(ep):
-    """``ep`` functionalized with no table (functionalize.functionalize: only the decompositions every
-    retrace applies), node by node where that applies (local.py: writes into fresh values made
-    functional without a retrace of the whole program), else in one retrace."""
-    from .local import lower_locally
-
-    if needs_functionalization(ep):
-        lowered = lower_locally(ep, _forced())
-        if lowered is not None:
-            return lowered
-    return functionalize(ep)
+__all__ = ["applied", "flag_free", "layout_repaired_decompositions", "layout_repaired_ops", "shared_trace_table",
+           "trace_table"]
 
 
 _LAST: list = [None, None]  # [a table, its trace_table]: one lowering request is usually lowered many times
 
 
-def _trace_table_of(table: dict) -> dict:
+def shared_trace_table(table: dict) -> dict:
     """trace_table(table), the same dict object as for the previous call with an equal table: the
     trace wraps each entry of the table it is given once per table object (functionalize._Watch)."""
     last, full = _LAST
@@ -95,7 +73,7 @@ def trace_table(table: dict) -> dict:
     from torch._export.utils import _special_op_to_preserve_cia
 
     full = {op: fn for op, fn in table.items() if fn is not _special_op_to_preserve_cia and not kept_by_torchs_retrace(op)}
-    for op, fn in _forced().items():
+    for op, fn in forced_decompositions().items():
         full.setdefault(op, fn)
     out = {op: applied(op, fn) for op, fn in full.items()}
     for op, channels_last in layout_repaired_ops().items():
@@ -202,9 +180,7 @@ def _declining_data_dependent_guards(fn):
     as it is: the trace recognizes it and lets functionalization run that kernel."""
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
-    from ..functionalize import _runs_cia_kernel
-
-    if _runs_cia_kernel(fn):
+    if runs_cia_kernel(fn):
         return fn
 
     def decomposition(*args, **kwargs):

@@ -13,12 +13,11 @@ from ..errors import LoweringError, OpsetError
 from ..ops import OpMatcher, op_name, resolve_op
 from . import presets as _presets
 from . import tables
-from .decompose import functionalized, run_decompositions
 from .deferred_codegen import compiled, deferred
 from ..lazy import Lazy
+from .engines import lower_program
 from .lowered import LoweredProgram
-from .reuse import lower_with_reuse
-from .verify import outside, route_lines
+from .opset_check import outside, route_lines
 
 ATEN_LIKE = {"aten", "prims"}
 
@@ -173,16 +172,8 @@ def lower(source_ep, preset: str = "core", *, supported_ops=None, decompositions
           decompose=None, source=None, plan: LoweringPlan | None = None, strict: bool = False) -> LoweredProgram:
     plan = plan or plan_lowering(preset, supported_ops=supported_ops, decompositions=decompositions, keep=keep,
                                  decompose=decompose, strict=strict)
-    reused = None
     with deferred():  # the programs made on the way generate no code (deferred_codegen.py)
-        if not plan.table:
-            lowered = functionalized(source_ep)
-        else:  # a chain of equal layers is traced once (reuse.py); anything else whole
-            decompose = lambda ep: run_decompositions(ep, plan.table)  # noqa: E731
-            reused = lower_with_reuse(source_ep, decompose)
-            lowered = reused.expand() if reused is not None else None
-            if lowered is None:
-                reused, lowered = None, decompose(source_ep)
+        lowered, reused = lower_program(source_ep, plan.table)  # (lowering/engines/)
     compiled(lowered)
     result = finish(plan, lowered, source_ep=source_ep, source=source)
     result.reused = reused  # the lowering cache stores its collapsed form

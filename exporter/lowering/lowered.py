@@ -10,7 +10,7 @@ from ..ops import normalize_text, op_name
 from ..program import ProgramHandle
 from . import routes, tables
 from .graph_ops import op_counts, op_nodes
-from .verify import route_lines
+from .opset_check import route_lines
 
 if TYPE_CHECKING:
     from ..ops import OpSpec

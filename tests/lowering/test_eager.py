@@ -104,6 +104,28 @@ def test_in_place_and_out_variants_and_views():
     assert not reached & {"aten::mul_.Tensor", "aten::add_.Tensor", "aten::sub.out"}
 
 
+def test_in_place_ops_take_the_one_functional_variant_rule():
+    """An in-place op is run as its functional variant and a copy_ only where that variant takes the
+    op's own arguments (exporter.functionalize.functional_variant, the rule the node-local lowering
+    uses too): pow_.Scalar's namesake pow.Scalar takes (Scalar self, Tensor exponent) and there is no
+    aten::ldexp.default, so those two run their registered decompositions (they raised before);
+    floor_divide_.Tensor's variant is floor_divide.default."""
+    from exporter.functionalize import functional_variant
+
+    aten = torch.ops.aten
+    assert functional_variant(aten.add_.Tensor) is aten.add.Tensor
+    assert functional_variant(aten.floor_divide_.Tensor) is aten.floor_divide.default
+    assert functional_variant(aten.pow_.Scalar) is None and functional_variant(aten.ldexp_.default) is None
+    assert functional_variant(aten.t_.default) is None  # (its namesake returns a view)
+    x, y = torch.arange(1.0, 5.0), torch.full((4,), 2.0)
+    with Recorder() as rec, eager_decompositions("core") as mode:
+        got = (x.clone().pow_(2), x.clone().ldexp_(y), x.clone().floor_divide_(y))
+    want = (x.clone().pow_(2), x.clone().ldexp_(y), x.clone().floor_divide_(y))
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert {"aten::pow_.Scalar", "aten::ldexp_.default", "aten::floor_divide_.Tensor"} <= set(mode.decomposed)
+    assert not mode.unsupported and not reached_outside_core(rec.seen)
+
+
 def test_nothing_is_left_behind_also_on_errors():
     assert _get_current_dispatch_mode_stack() == []
     with pytest.raises(RuntimeError, match="size of tensor a"):

@@ -2,7 +2,7 @@
 batch of streams): torch.export leaves the region as calls of torch._functorch.predispatch
 functions. pt2b writes them and reads them back bit for bit (the reader accepts exactly those
 functions, nothing else under torch), keeps them in the artifact, and lowers each region below the
-batching layer (exporter/functorch_regions.py) for every preset, close to eager on runtime_ref."""
+batching layer (exporter/lowering/engines/functorch_regions.py) for every preset, close to eager on runtime_ref."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 
 import exporter
 from exporter.errors import CorruptArtifactError
-from exporter.functorch_regions import MARKERS
+from exporter.lowering.engines.functorch_regions import MARKERS
 from exporter.serialize.read import untrusted
 from tests.support.helpers import assert_bitwise, assert_close_to_eager
 from runtime_ref import Runtime

@@ -14,7 +14,7 @@ from exporter.errors import LoweringError, OpsetError
 from exporter.lowering import presets, tables
 from exporter.functionalize import is_mutating
 from exporter.lowering.graph_ops import op_counts, op_nodes
-from exporter.lowering.verify import is_infrastructure
+from exporter.lowering.opset_check import is_infrastructure
 from exporter.ops import op_name, resolve_op
 from exporter.corpus.zoo import make_case
 from tests.support.helpers import assert_close_to_eager

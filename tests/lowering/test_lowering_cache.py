@@ -66,8 +66,8 @@ def _count_lowering_work(monkeypatch) -> collections.Counter:
     are defined)."""
     import torch._functorch.aot_autograd as aot
 
-    import exporter.functionalize as F
-    from exporter.lowering import decompose as D, local as LOCAL, lower as L
+    from exporter.lowering import decompose as D, engines as E, lower as L
+    from exporter.lowering.engines import local as LOCAL, whole_program as F
 
     calls = collections.Counter()
 
@@ -80,17 +80,16 @@ def _count_lowering_work(monkeypatch) -> collections.Counter:
 
         monkeypatch.setattr(owner, name, counted)
 
-    spy(F, "functionalize", "functionalize")
-    spy(F, "_retrace", "the retrace")
+    spy(F, "retrace", "functionalize")
+    spy(F, "_retraced", "the retrace")
     spy(LOCAL, "lower_locally", "the node-local lowering")
-    spy(D, "functionalize", "functionalize")
-    spy(D, "run_decompositions", "run_decompositions")
+    spy(E, "retrace", "functionalize")
+    spy(E, "run_decompositions", "run_decompositions")
     spy(D, "trace_table", "trace_table")
-    spy(D, "functionalized", "functionalized")
-    spy(L, "functionalized", "functionalized")
-    spy(L, "run_decompositions", "run_decompositions")
+    spy(E, "functionalized", "functionalized")
+    spy(L, "lower_program", "lower_program")
     spy(L, "lower", "lower")
-    spy(L, "lower_with_reuse", "lower_with_reuse")
+    spy(E, "lower_with_reuse", "lower_with_reuse")
     spy(aot, "aot_export_module", "aot_export_module")
     spy(torch.export.ExportedProgram, "run_decompositions", "torch's run_decompositions")
     return calls

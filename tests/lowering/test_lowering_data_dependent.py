@@ -24,7 +24,7 @@ from torch._export.db.examples import all_examples
 from exporter import export_model, load, load_for_backend
 from exporter.errors import LoweringError
 from exporter.lowering import tables
-from exporter.lowering.decompose import run_decompositions
+from exporter.lowering.engines import run_decompositions
 from exporter.lowering.graph_ops import op_counts
 from tests.support.helpers import assert_close_to_eager
 from runtime_ref import Runtime
@@ -206,12 +206,12 @@ def test_a_decomposition_that_would_guard_on_data_declines(artifacts):
 
 
 def test_program_without_tensor_inputs_is_retraced_in_its_own_shape_env():
-    from exporter.functionalize import _fake_mode
+    from exporter.functionalize import program_fake_mode
 
     model = ItemNoInputs()
     ep = torch.export.export(model, ())
     unbacked = next(n.meta["val"] for n in ep.graph.nodes if isinstance(n.meta.get("val"), torch.SymInt))
-    assert _fake_mode(ep.graph_module).shape_env is unbacked.node.shape_env
+    assert program_fake_mode(ep.graph_module).shape_env is unbacked.node.shape_env
     before = global_state()
     ours = run_decompositions(ep, tables.torch_default_table())
     assert global_state() == before  # still nothing process-wide

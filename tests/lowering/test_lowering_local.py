@@ -1,4 +1,4 @@
-"""The node-local lowering (exporter/lowering/local.py) gives what the whole retrace gives: the same
+"""The node-local lowering (exporter/lowering/engines/local.py) gives what the whole retrace gives: the same
 ops as torch's run_decompositions, the same values bit for bit, each lowered node tagged with its
 own call's module path; and it steps aside (returns None) where only functionalization of the whole
 program is right."""
@@ -9,8 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from exporter.lowering import local, tables
-from exporter.lowering.decompose import run_decompositions, trace_table
+from exporter.lowering import tables
+from exporter.lowering.decompose import trace_table
+from exporter.lowering.engines import local, run_decompositions
 from exporter.lowering.graph_ops import op_counts
 
 
@@ -736,7 +737,7 @@ def test_the_none_preset_functionalizes_writes_into_fresh_values_node_by_node(mo
     """`none` applies no table, only functionalization (and the decompositions every retrace
     applies): writes into fresh values become functional ops without a retrace of the program, with
     the ops and values of the whole retrace."""
-    from exporter.functionalize import functionalize
+    from exporter.lowering.engines.whole_program import retrace
     from exporter.lowering.lower import lower
 
     x, mask = torch.randn(4, 4), torch.rand(4, 4) > 0.5
@@ -746,7 +747,7 @@ def test_the_none_preset_functionalizes_writes_into_fresh_values_node_by_node(mo
     monkeypatch.setattr(local, "lower_locally", lambda *a: calls.append(real(*a)) or calls[-1])
     ours = lower(ep, "none").exported_program()
     assert len(calls) == 1 and calls[0] is ours
-    whole = functionalize(ep)
+    whole = retrace(ep)
     _assert_same(ours, whole, ep.run_decompositions({}), x, mask)
     assert not any(n.target.__name__.endswith("_") for n in ours.graph.nodes
                    if isinstance(n.target, torch._ops.OpOverload))

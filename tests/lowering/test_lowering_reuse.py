@@ -1,4 +1,4 @@
-"""Lowering with repeated layers traced once (exporter/lowering/reuse.py) gives exactly what
+"""Lowering with repeated layers traced once (exporter/lowering/engines/reuse.py) gives exactly what
 torch's run_decompositions gives on the whole program: node for node, and bit for bit at run time.
 Most cases compare with pt2b's own whole-program lowering; test_reuse_equals_torchs_run_decompositions_bitwise
 compares with torch's."""
@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from exporter import export_model, load_for_backend
-from exporter.lowering import reuse
+from exporter.lowering.engines import reuse
 from exporter.corpus.zoo import GPT
 from tests.support.helpers import assert_bitwise
 from runtime_ref import Runtime
@@ -100,7 +100,7 @@ def _lowered_with_reuse(name, preset, tmp_path, monkeypatch):
     export_model(model, args, path)
     calls = []
     real = reuse.lower_with_reuse
-    monkeypatch.setattr("exporter.lowering.lower.lower_with_reuse",
+    monkeypatch.setattr("exporter.lowering.engines.lower_with_reuse",
                         lambda ep, dec: calls.append(real(ep, dec)) or calls[-1])
     lowered = load_for_backend(path, preset, cache=False)
     assert calls and calls[0] is not None, "the repeated layers were not reused"
@@ -111,7 +111,7 @@ def _lowered_with_reuse(name, preset, tmp_path, monkeypatch):
 @pytest.mark.parametrize("preset", ["core", "max"])
 def test_reuse_equals_whole_program_lowering(name, preset, tmp_path, monkeypatch):
     path, args, lowered = _lowered_with_reuse(name, preset, tmp_path, monkeypatch)
-    monkeypatch.setattr("exporter.lowering.lower.lower_with_reuse", lambda ep, dec: None)
+    monkeypatch.setattr("exporter.lowering.engines.lower_with_reuse", lambda ep, dec: None)
     whole = load_for_backend(path, preset, cache=False)
     assert _structure(lowered.exported_program()) == _structure(whole.exported_program())
     assert lowered.ops() == whole.ops()
@@ -198,5 +198,5 @@ def test_cache_stores_the_collapsed_lowering_and_expands_it_alike(tmp_path, monk
     n_stored = sum(1 for n in stored.exported_program().graph.nodes if n.op == "call_function")
     n_full = sum(1 for n in cold.exported_program().graph.nodes if n.op == "call_function")
     assert n_stored < n_full / 2  # one block of four is stored
-    monkeypatch.setattr(reuse, "valid_recipe", lambda r: False)  # an entry whose recipe is unusable: a miss
+    monkeypatch.setattr("exporter.lowering.engines.valid_recipe", lambda r: False)  # an entry whose recipe is unusable: a miss
     assert not load_for_backend(path, "core", cache=True).from_cache

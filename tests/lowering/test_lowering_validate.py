@@ -154,7 +154,7 @@ def test_eval_dropout_is_validated():
     """dropout can draw, but in eval mode draws nothing: such a program is validated."""
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5)).eval()
     ep = torch.export.export(model, (torch.randn(2, 4),))
-    from exporter.lowering.decompose import run_decompositions
+    from exporter.lowering.engines import run_decompositions
     from exporter.lowering import tables
 
     lowered = run_decompositions(ep, dict(tables.torch_default_table()))

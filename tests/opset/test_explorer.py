@@ -76,7 +76,7 @@ def _library_answer(folder, sel: Selection) -> dict:
 
 
 def _plain_ops(ops):
-    from exporter.lowering.verify import INFRASTRUCTURE
+    from exporter.lowering.opset_check import INFRASTRUCTURE
 
     return sorted(o for o in ops if o not in INFRASTRUCTURE and "::" in o and not o.startswith("higher_order::"))
 

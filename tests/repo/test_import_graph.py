@@ -75,12 +75,17 @@ def test_a_cycle_is_found():
         tuple(graphlib.TopologicalSorter({"a": {"b"}, "b": {"a"}}).static_order())
 
 
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
 @pytest.mark.parametrize("lower, upper", [
-    ("exporter.functionalize", "exporter.lowering"),  # the lowering calls down into functionalization
+    ("exporter.functionalize", "exporter.lowering"),
     ("exporter.serialize", "exporter.api"),
     ("exporter.versioning", "exporter.serialize"),  # the reader and writer call versioning, never the reverse
     ("exporter.serialize", "exporter.lowering"),
     ("exporter.lowering", "exporter.api"),
+    ("exporter.lowering.engines", "exporter.lowering.lower"),
     ("runtime_ref", "exporter.api"),
     ("exporter.versioning", "exporter.api"),
     # the command line and the opset explorer are upper layers: nothing below them imports them
@@ -93,8 +98,51 @@ def test_a_cycle_is_found():
 ])
 def test_layers_call_down(lower, upper):
     graph = import_graph()
-    wrong = sorted(f"{m} -> {d}" for m, deps in graph.items() if m == lower or m.startswith(lower + ".")
-                   for d in deps if d == upper or d.startswith(upper + "."))
+    wrong = sorted(f"{m} -> {d}" for m, deps in graph.items() if _within(m, lower)
+                   for d in deps if _within(d, upper))
+    assert not wrong, wrong
+
+
+def test_the_lowering_engines_have_one_way_in():
+    """Outside exporter/lowering/engines/, the engines are reached through the package itself
+    (its __init__), not through one engine's module."""
+    graph = import_graph()
+    wrong = sorted(f"{m} -> {d}" for m, deps in graph.items() if not _within(m, "exporter.lowering.engines")
+                   for d in deps if d.startswith("exporter.lowering.engines."))
+    assert not wrong, wrong
+
+
+def _imported_names():
+    """(importing module, imported module, name) of every ``from <module of ours> import name`` that
+    takes a name (not a submodule) from a module of ours."""
+    modules = _modules()
+    for name, (path, is_pkg) in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            for alias in node.names:
+                one = ast.ImportFrom(module=node.module, names=[alias], level=node.level)
+                for target in _targets(name, is_pkg, one, modules):
+                    if not target.endswith("." + alias.name):  # (a submodule is not a name of its package)
+                        yield name, target, alias.name
+
+
+def test_no_module_imports_a_private_name_of_another():
+    """A module of ours takes from another only its public names (no ``from m import _x``)."""
+    wrong = sorted(f"{m} imports {t}.{n}" for m, t, n in _imported_names()
+                   if n.startswith("_") and not n.startswith("__"))
+    assert not wrong, wrong
+
+
+@pytest.mark.parametrize("face", ["exporter.functionalize", "exporter.lowering.engines"])
+def test_functionalization_and_the_engines_are_used_through_their_public_api(face):
+    """What other modules take from functionalization and from the lowering engines' way in is in
+    that module's __all__."""
+    modules = _modules()
+    tree = ast.parse(modules[face][0].read_text())
+    (public,) = [ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                 and any(isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets)]
+    wrong = sorted(f"{m} imports {t}.{n}" for m, t, n in _imported_names() if t == face and n not in public)
     assert not wrong, wrong
 
 

@@ -6,7 +6,7 @@ in torch._functorch.predispatch (``_vmap_increment_nesting``, ``_add_batch_dim``
 the logical per-sample shapes, ``_remove_batch_dim``, ``_vmap_decrement_nesting``). The artifact keeps
 them (they are the program's highest-level form). A backend wants plain ops: torch's retrace runs the
 region below the batching layer, where each op's batching rule emits ops on the physical batched
-shapes. pt2b's retrace runs above autograd (functionalize.py), which is above the batching layer, so
+shapes. pt2b's retrace runs above autograd (exporter/functionalize.py), which is above the batching layer, so
 each region is traced first, alone and below it (make_fx on the region's nodes, in the program's fake
 mode), and spliced back in its place. What a region's ops decompose into there (a CompositeImplicit
 op without a batching rule, such as matmul, decomposes at the batching layer) is what torch's own
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from .graph_walk import iter_graphs
+from ...graph_walk import iter_graphs
 
 __all__ = ["has_regions", "flatten_regions"]
 

@@ -26,7 +26,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .ops import OpSpec, op_name
+from ..functionalize import functional_variant
+from ..ops import OpSpec, op_name
 
 # Ops that only move or describe data; no decomposition can remove them from eager execution.
 _ALWAYS = {"aten::copy_.default", "aten::_local_scalar_dense.default", "aten::detach.default",
@@ -35,24 +36,13 @@ _ALWAYS = {"aten::copy_.default", "aten::_local_scalar_dense.default", "aten::de
            "aten::set_.source_Storage_storage_offset"}
 
 
-def _functional_twin(func):
-    """aten::add_.Tensor -> aten::add.Tensor when it exists (an in-place op writing only self)."""
-    schema = func._schema
-    base = schema.name.split("::", 1)[1]
-    writes = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
-    if not base.endswith("_") or len(writes) != 1 or writes[0].name != "self":
-        return None
-    packet = getattr(torch.ops.aten, base[:-1], None)
-    return getattr(packet, func._overloadname, None) if packet is not None else None
-
-
 class EagerDecompositions(TorchDispatchMode):
     """The dispatch mode of eager_decompositions: runs each op as is when the lowering keeps it, else
     its decomposition; counts what it did in ``decomposed``, ``unsupported`` and ``ran``."""
 
     def __init__(self, preset: str = "core", *, supported_ops=None, keep=None, decompositions=None, strict=False):
         super().__init__()
-        from .lowering.lower import plan_lowering
+        from .lower import plan_lowering
 
         self.plan = plan_lowering(preset, supported_ops=supported_ops, keep=keep, decompositions=decompositions,
                                   strict=strict)
@@ -76,7 +66,7 @@ class EagerDecompositions(TorchDispatchMode):
             from torch._decomp import decomposition_table
 
             name = op_name(func)
-            twin = _functional_twin(func) if isinstance(func, torch._ops.OpOverload) else None
+            twin = functional_variant(func) if isinstance(func, torch._ops.OpOverload) else None
             if self.runs_as_is(func):
                 d = ("run", None)
             elif func in self.plan.table:

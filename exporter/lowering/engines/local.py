@@ -1,11 +1,11 @@
 """Lower a program node by node instead of retracing it whole.
 
-A retrace (torch's run_decompositions, pt2b's functionalize.py) sends every call of the program
+A retrace (torch's run_decompositions, pt2b's whole_program.py) sends every call of the program
 through functionalization, proxy tracing and fake-tensor propagation, twice (aot_export's metadata
 pass, then its trace), also the calls the table leaves as they are: most of a real model's calls.
 Here a call whose op the table does not decompose, on inputs laid out as the program recorded, is
 copied with its recorded value, untraced. The calls the table decomposes are traced together, in one
-trace of a graph holding just them (by the retrace's own code, functionalize._trace_once, so each is
+trace of a graph holding just them (by the retrace's own code, functionalize.functionalize_graph, so each is
 decomposed exactly as in the whole trace), and each is spliced in where it stood; a call equal to one
 already traced (same op, arguments and input metadata) is copied from it. Where a decomposition lays
 its result out otherwise than the program recorded, the calls that read it are traced (or, for an op
@@ -28,9 +28,9 @@ import operator
 import torch
 import torch.utils._pytree as pytree
 
-from .. import functorch_regions
-from ..functionalize import (_LOCK, _fake_mode, _insert_runtime_asserts, _materialize_conj, _returns_alias,
-                             _trace_once, is_mutating, signature_of, updates_hidden_state)
+from ...functionalize import (LOCK, functional_variant, functionalize_graph, insert_runtime_asserts, is_mutating,
+                              materialize_conj, program_fake_mode, returns_alias, signature_of, updates_hidden_state)
+from . import functorch_regions
 
 __all__ = ["lower_locally"]
 
@@ -134,31 +134,6 @@ def _symbolic_arithmetic(node) -> bool:
 
 
 # ---- writes in place into a fresh value ----
-
-def _functional_variant(op):
-    """aten.add.Tensor for aten.add_.Tensor (an op writing only its first argument, which it returns),
-    or None."""
-    schema = op._schema
-    written = [i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
-    if written != [0] or len(schema.returns) != 1 or schema.name.split("::")[0] != "aten":
-        return None
-    base = op._overloadpacket.__name__
-    if not base.endswith("_") or base.startswith("_"):
-        return None
-    packet = getattr(torch.ops.aten, base[:-1], None)
-    if packet is None:
-        return None
-    # the overload of the same name, else (floor_divide_.Tensor -> floor_divide.default) the default
-    for name in dict.fromkeys((op._overloadname, "default")):
-        overload = getattr(packet, name, None)
-        if isinstance(overload, torch._ops.OpOverload) and \
-                [(a.name, str(a.type)) for a in overload._schema.arguments] == \
-                [(a.name, str(a.type)) for a in schema.arguments] and \
-                not any(a.alias_info is not None for a in overload._schema.arguments) and \
-                not any(r.alias_info is not None for r in overload._schema.returns):
-            return overload
-    return None
-
 
 _RESIZING = frozenset({torch.ops.aten.resize_.default, torch.ops.aten.resize_as_.default})
 # Views a write through is made functional by the scatter functionalization emits for it
@@ -344,7 +319,7 @@ def _without_writes(graph: torch.fx.Graph, fake_mode_of, traced,
             continue
         target = node.args[0]
         if node in through:  # the views of the value as written so far, written, scattered back into it
-            chain, functional = through[node], _functional_variant(node.target)
+            chain, functional = through[node], functional_variant(node.target)
             if functional is None:
                 return None
             try:
@@ -362,7 +337,7 @@ def _without_writes(graph: torch.fx.Graph, fake_mode_of, traced,
         if node.target is torch.ops.aten.detach_.default:
             env[node] = read(target)
             continue
-        functional = _functional_variant(node.target)
+        functional = functional_variant(node.target)
         if functional is None or node.target in _RESIZING or \
                 not _same_layout(node.meta.get("val"), target.meta.get("val")):
             return None  # (a write of sizes, not values: functionalization makes another op of it)
@@ -414,7 +389,7 @@ def _makes_new_tensor(node) -> bool:
     nothing."""
     t = node.target
     return node.op == "call_function" and isinstance(t, torch._ops.OpOverload) and \
-        isinstance(node.meta.get("val"), torch.Tensor) and not _returns_alias(t) and not is_mutating(t)
+        isinstance(node.meta.get("val"), torch.Tensor) and not returns_alias(t) and not is_mutating(t)
 
 
 def _new_value(node, traced) -> bool:
@@ -434,7 +409,7 @@ def _new_output(node, traced) -> bool:
     return isinstance(call, torch.fx.Node) and call.op == "call_function" and \
         isinstance(call.target, torch._ops.OpOverload) and not traced(call) and \
         isinstance(node.meta.get("val"), torch.Tensor) and isinstance(call.meta.get("val"), (tuple, list)) and \
-        not _returns_alias(call.target) and not is_mutating(call.target)
+        not returns_alias(call.target) and not is_mutating(call.target)
 
 
 # Ops whose schema returns a view of their input but which copy where the layout asks for it
@@ -494,7 +469,7 @@ def _placed_on_input(node) -> bool:
         return False
     base = node.args[0]
     while isinstance(base, torch.fx.Node) and base.op == "call_function" and \
-            isinstance(base.target, torch._ops.OpOverload) and _returns_alias(base.target) and base.args:
+            isinstance(base.target, torch._ops.OpOverload) and returns_alias(base.target) and base.args:
         base = base.args[0]
     return isinstance(base, torch.fx.Node) and base.op == "placeholder"
 
@@ -537,15 +512,15 @@ class _Lowering:
         for call in self.assumed:
             value, made = self.env.get(call), self.made.get(call, set())
             while isinstance(value, torch.fx.Node) and value in made and isinstance(value.target, torch._ops.OpOverload) \
-                    and _returns_alias(value.target):
+                    and returns_alias(value.target):
                 value = value.args[0]
             if not (isinstance(value, torch.fx.Node) and value in made):
                 raise _Declined(f"{call.format_node()} may return an alias of its input, and is written in place")
 
     def mode(self):
-        """The program's fake mode (functionalize._fake_mode)."""
+        """The program's fake mode (functionalize.program_fake_mode)."""
         if self.fake_mode is None:
-            self.fake_mode = _fake_mode(self.ep.graph_module)
+            self.fake_mode = program_fake_mode(self.ep.graph_module)
         return self.fake_mode
 
     def value(self, node):
@@ -727,7 +702,7 @@ class _Lowering:
         mini.output(tuple(outputs))
         gm = torch.fx.GraphModule(torch.nn.Module(), mini)
         try:
-            new_gm, aot_sig = _trace_once(gm, placeholders, self.table)
+            new_gm, aot_sig = functionalize_graph(gm, placeholders, self.table)
         except Exception as e:  # noqa: BLE001 -- the whole retrace decides (and reports what fails there)
             raise _Declined(f"the trace of the calls failed: {type(e).__name__}: {e}") from e
         if aot_sig.input_tokens or aot_sig.output_tokens or aot_sig.user_inputs_to_mutate or \
@@ -845,12 +820,12 @@ def _range_constraints(ep, graph: torch.fx.Graph, fake_mode) -> dict:
 def lower_locally(ep, table: dict):
     """``ep`` with ``table`` (functionalize's trace table) applied node by node, as a new
     ExportedProgram, or None when the node-local lowering does not apply (module docstring)."""
-    from .reuse import _program
+    from .reuse import program_with_graph
 
     source = _inline_grad_regions(ep.graph_module)
     if not _eligible(ep, source):
         return None
-    with _LOCK:
+    with LOCK:
         try:
             low = _Lowering(ep, table, source)
             low.prefetch()
@@ -859,8 +834,8 @@ def lower_locally(ep, table: dict):
         except Exception:  # noqa: BLE001 -- _Declined, or a program this lowering does not foresee: the
             return None  # whole retrace lowers it (or reports, in its words, why it cannot)
     graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure(impure_random=False))
-    prog = _program(ep, graph, _range_constraints(ep, graph, low.fake_mode), low.mutations)
-    _materialize_conj(prog.graph_module)
-    _insert_runtime_asserts(prog.graph_module)
+    prog = program_with_graph(ep, graph, _range_constraints(ep, graph, low.fake_mode), low.mutations)
+    materialize_conj(prog.graph_module)
+    insert_runtime_asserts(prog.graph_module)
     prog.graph_module.recompile()
     return prog

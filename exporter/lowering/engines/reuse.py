@@ -28,9 +28,9 @@ import torch.utils._pytree as pytree
 from torch.export.exported_program import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, OutputKind, OutputSpec, TensorArgument
 
-from ..functionalize import may_mutate
+from ...functionalize import may_mutate
 
-__all__ = ["find_blocks", "lower_with_reuse"]
+__all__ = ["Reused", "expand", "find_blocks", "lower_with_reuse", "program_with_graph", "valid_recipe"]
 
 MIN_BLOCKS = 2
 
@@ -151,7 +151,7 @@ def _chain(blocks: list) -> list:
     return blocks if chained is not None else []
 
 
-def _program(ep, graph: torch.fx.Graph, range_constraints: dict | None = None,
+def program_with_graph(ep, graph: torch.fx.Graph, range_constraints: dict | None = None,
              mutations: list = ()) -> ExportedProgram:
     """``graph`` (same placeholders as ``ep``) as a program with ``ep``'s inputs, state and outputs
     (and ``ep``'s range constraints, or those given), after the outputs of ``mutations`` ([(output
@@ -207,7 +207,7 @@ def lower_with_reuse(ep, decompose) -> Reused | None:
     chain = _chain(find_blocks(ep))
     if len(chain) < MIN_BLOCKS:
         return None
-    low = decompose(_program(ep, _collapsed(ep, chain)))
+    low = decompose(program_with_graph(ep, _collapsed(ep, chain)))
     recipe = {"block": _block_fqn(chain[0][0]),
               "inputs": [[x.name if x.op == "placeholder" else None for x in ins] for _, ins, _ in chain]}
     return Reused(low, recipe)
@@ -228,7 +228,7 @@ def expand(low, recipe: dict):
     module path, and each block's input placeholders by position), or None when it does not fit."""
     first = [n for n in low.graph.nodes if n.op == "call_function" and _has_fqn(n, recipe["block"])]
     graph = _expand(low.graph, first, recipe["inputs"])
-    return None if graph is None else _program(low, graph)
+    return None if graph is None else program_with_graph(low, graph)
 
 
 def _block_fqn(nodes):

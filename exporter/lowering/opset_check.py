@@ -1,4 +1,5 @@
-"""Check a lowered program against an opset: which ops fall outside, and each one's route."""
+"""Opset membership: which ops of a lowered program fall outside the accepted opset, and each one's
+route (running the program on inputs is lowering/validate.py)."""
 
 from __future__ import annotations
 
