@@ -32,7 +32,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 PRESETS = ("none", "core", "max")
-STAGE_ORDER = ["build", "capture", "eager", "write", "load", "bitwise"] + \
+STAGE_ORDER = ["build", "capture", "routes", "eager", "write", "load", "bitwise"] + \
     [f"{what}:{p}" for p in PRESETS for what in ("lower", "run", "match", "torch")] + ["table:core"]
 # "table:core": the core lowering written, loaded and planned by runtime_ref straight from the graph
 # table where it can, its outputs bitwise those of the plan from the program
@@ -41,7 +41,10 @@ STAGE_ORDER = ["build", "capture", "eager", "write", "load", "bitwise"] + \
 # "ratio": build, capture, write, then only the ratio:core timing (one untimed lowering first, as the
 # full pipeline's lowerings warm the tracing machinery before it): the per-model ratios of a corpus
 # whose other stages were swept before
-STOP_AFTER = {"build": "build", "capture": "capture", "eager": "eager", "write": "write", "load": "bitwise",
+# "routes": build, capture, then only the opset explorer's routes of the captured program (what
+# tools/explorer_data.py --sweep ships as the page's full corpus); no other stage
+STOP_AFTER = {"build": "build", "capture": "capture", "routes": "routes", "eager": "eager", "write": "write",
+              "load": "bitwise",
               "ratio": "ratio:core",
               "all": None}
 MSG_CHARS = 300
@@ -142,6 +145,20 @@ def _op_label(target) -> str:
     return f"{module}.{target.__name__}"
 
 
+def _routes(ep, rec) -> None:
+    """The opset explorer's routes of ``ep`` (exporter/explorer/route_trace.py): the decomposition trees
+    of its call sites, its leaves and its functionalized op set, kept in the record; a program whose
+    routes cannot be traced fails the stage with the explorer's reason."""
+    from exporter.explorer.corpus import CorpusProgram, corpus_routes
+
+    got = corpus_routes([CorpusProgram(rec["name"], ep)])
+    if got["left_out"]:
+        raise RuntimeError(got["left_out"][0]["error"])
+    (m,) = got["models"]
+    rec["routes"] = {"trees": [got["trees"][i] for i in m["trees"]], "leaves": m["leaves"],
+                     "unlowered": m["unlowered"]}
+
+
 def _ops_of(ep) -> list[str]:
     import torch.fx
 
@@ -227,6 +244,9 @@ def run_case(name: str, stop_after: str | None, conn, workdir: str) -> None:
     rec["ops"] = _ops_of(ep)
     rec["n_nodes"] = sum(1 for n in ep.graph.nodes if n.op == "call_function")
     if done("capture"):
+        return send()
+    if stop_after == "routes":
+        stage("routes", lambda: _routes(ep, rec))
         return send()
 
     def eager():

@@ -47,30 +47,47 @@ def artifact_corpus(paths, track=None) -> list[CorpusProgram]:
     return out
 
 
+class RoutesBuilder:
+    """The routes of a corpus as the page holds them, built one program at a time: each distinct tree
+    stored once, each program naming its trees by index; the programs left out, with why."""
+
+    def __init__(self):
+        self._index: dict[str, int] = {}
+        self.trees: list = []
+        self.models: list = []
+        self.left_out: list = []
+
+    def add(self, name: str, trees, leaves, unlowered) -> None:
+        ids = []
+        for t in trees:
+            key = json.dumps(t, sort_keys=True)
+            if key not in self._index:
+                self._index[key] = len(self.trees)
+                self.trees.append(t)
+            ids.append(self._index[key])
+        self.models.append({"name": name, "trees": ids, "leaves": list(leaves), "unlowered": list(unlowered)})
+
+    def leave_out(self, name: str, error: str) -> None:
+        self.left_out.append({"name": name, "error": error})
+
+    def result(self) -> dict:
+        return {"trees": self.trees, "models": self.models, "left_out": self.left_out}
+
+
 def corpus_routes(corpus: list[CorpusProgram], track=None) -> dict:
     """What the page shows of each corpus program: the decomposition trees of its calls, the ops its
     lowering reaches, the ops nothing decomposes; the programs whose lowering fails, with why.
     ``track`` (exporter.cli.progress.tracker) reports each program."""
-    trees: dict[str, int] = {}
-    tree_list: list = []
-    models, left_out = [], []
+    out = RoutesBuilder()
     for prog in (track(corpus, label=lambda p: p.name) if track is not None else corpus):
         try:
             rs = [route_trace.record(ep) for ep in (prog.ep, *prog.more)]
         except LoweringError as e:  # tracing routes lowers with every decomposition: where that fails
-            left_out.append({"name": prog.name, "error": str(e).splitlines()[0]})
+            out.leave_out(prog.name, str(e).splitlines()[0])
             continue
-        leaves = list(dict.fromkeys(op for r in rs for op in r.leaves))
-        unlowered = list(dict.fromkeys(op for r in rs for op in r.unlowered))
-        ids = []
-        for t in (t for r in rs for t in r.trees):
-            key = json.dumps(t, sort_keys=True)
-            if key not in trees:
-                trees[key] = len(tree_list)
-                tree_list.append(t)
-            ids.append(trees[key])
-        models.append({"name": prog.name, "trees": ids, "leaves": leaves, "unlowered": unlowered})
-    return {"trees": tree_list, "models": models, "left_out": left_out}
+        out.add(prog.name, [t for r in rs for t in r.trees], dict.fromkeys(op for r in rs for op in r.leaves),
+                dict.fromkeys(op for r in rs for op in r.unlowered))
+    return out.result()
 
 
 def shipped_routes(release: str | None = None) -> dict | None:

@@ -135,3 +135,45 @@ def test_readme_holds_the_sweep_of_the_tracked_records():
     table = rm.readme_table(data["records"], data["meta"].get("wall_seconds"))
     assert table in (root / "README.md").read_text()
     assert len(data["records"]) >= 300 and all(r.get("pt2b") for r in data["records"])
+
+
+def test_a_routes_sweep_record_is_what_the_explorer_traces_and_ships(tmp_path):
+    """`tools.real_models --stages routes` keeps, per captured case, the routes the explorer traces for it
+    (the page's full corpus is swept case by case); tools/explorer_data.py's --sweep assembles the zoo and
+    those records into the shipped file's form: the captured cases named as the corpora name them, a case
+    whose routes failed left out with why, one torch.export refuses absent."""
+    import copy
+    import json
+
+    from exporter.corpus import transformers_zoo
+    from exporter.corpus.programs import capture_real
+    from exporter.explorer.corpus import CorpusProgram, corpus_routes
+    from exporter.explorer.selection import Selection, evaluate
+    from tools import explorer_data
+
+    name = "bert"
+    sink = _Collector()
+    rm.run_case(name, rm.STOP_AFTER["routes"], sink, str(tmp_path))
+    rec = sink.record
+    assert rec["stages"]["routes"]["status"] == "ok", rec["stages"]
+    assert set(rec["stages"]) == {"build", "capture", "routes"}
+    traced = corpus_routes([CorpusProgram(name, capture_real(transformers_zoo.make_case(name)))])
+    (m,) = traced["models"]
+    assert rec["routes"] == {"trees": [traced["trees"][i] for i in m["trees"]], "leaves": m["leaves"],
+                             "unlowered": m["unlowered"]}
+
+    failed = {"name": "broken", "stages": {"build": {"status": "ok"}, "capture": {"status": "ok"},
+                                           "routes": {"status": "fail", "error": "LoweringError: no route"}}}
+    refused = {"name": "refused", "stages": {"build": {"status": "ok"}, "capture": {"status": "fail"}}}
+    again = copy.deepcopy(rec)
+    again["name"] = "bert/again"
+    zoo = {"trees": [], "models": [], "left_out": []}
+    doc = explorer_data.sweep_routes(json.loads(json.dumps([rec, failed, refused, again])), zoo)
+    assert [x["name"] for x in doc["models"]] == ["transformers:bert", "transformers:bert/again"]
+    assert doc["models"][0]["trees"] == doc["models"][1]["trees"]  # each distinct tree stored once
+    assert len(doc["trees"]) == len({json.dumps(t, sort_keys=True) for t in rec["routes"]["trees"]})
+    assert doc["left_out"] == [{"name": "transformers:broken", "error": "LoweringError: no route"}]
+    from exporter.explorer.page import build_data
+
+    got = evaluate(build_data(routes=doc), Selection(preset="core"))["models"]
+    assert got["transformers:bert"] == got["transformers:bert/again"] and got["transformers:bert"]["ops"]
