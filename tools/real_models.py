@@ -514,7 +514,8 @@ def sweep(names, *, workers: int, timeout: float, stop_after, out_path: str, log
     done_count = len(records)
 
     def flush():
-        tmp = out_path + ".tmp"
+        # the temporary file's name ends as out_path's does: _open_json compresses what ends in .gz
+        tmp = out_path[:-3] + ".tmp.gz" if out_path.endswith(".gz") else out_path + ".tmp"
         with _open_json(tmp, "w") as f:
             json.dump({"meta": {"stop_after": stop_after, "cases": len(names), "wall_seconds":
                                 round(time.time() - t_start, 1), "workers": workers, "timeout": timeout},
