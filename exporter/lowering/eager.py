@@ -26,7 +26,6 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from .._torch.dispatch import TorchDispatchMode
-
 from ..functionalize import functional_variant
 from ..ops import OpSpec, op_name
 

@@ -306,3 +306,36 @@ def test_the_audit_imports_torchs_test_internals_only_when_it_runs(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.testing._internal.common_methods_invocations", None)
     with pytest.raises(LoweringError, match="OpInfo samples"):
         testing.op_db()
+
+
+def test_release_probes_live_in_the_door():
+    """Outside exporter/_torch/, no module tries a torch import and catches its ImportError (what a
+    release or build may lack is asked of exporter/_torch/compat.py)."""
+
+    def imports_torch(node) -> bool:
+        for n in ast.walk(node):
+            if isinstance(n, ast.Import) and any(a.name.split(".")[0] == "torch" for a in n.names):
+                return True
+            if isinstance(n, ast.ImportFrom) and n.level == 0 and (n.module or "").split(".")[0] == "torch":
+                return True
+            if isinstance(n, ast.Call) and getattr(n.func, "attr", None) == "import_module" and n.args \
+                    and isinstance(n.args[0], ast.Constant) and str(n.args[0].value).startswith("torch"):
+                return True
+        return False
+
+    def catches_import_error(handler) -> bool:
+        names = {n.id for n in ast.walk(handler.type) if isinstance(n, ast.Name)} if handler.type is not None \
+            else {"ImportError"}
+        return bool(names & {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"})
+
+    wrong = []
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel.startswith(DOOR) or "generated" in path.parts:
+                continue
+            for node in ast.walk(ast.parse(path.read_text(), rel)):
+                if isinstance(node, ast.Try) and any(imports_torch(b) for b in node.body) \
+                        and any(catches_import_error(h) for h in node.handlers):
+                    wrong.append(f"{rel}:{node.lineno}")
+    assert not wrong, wrong
