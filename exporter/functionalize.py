@@ -31,8 +31,10 @@ below functionalization, which is faster, with a watch that stops at the first w
 (functionalize_graph); torch.export's detach_ after a constant is skipped, and a view is made
 tolerant of the layout decompositions give its input (_prepared); the trace runs in the program's
 own fake mode and ShapeEnv, found as torch finds it, also for a program without tensor inputs
-(program_fake_mode), so the graph's unbacked symbols and their ranges are the trace's. Nothing
-global is written; grad mode and the trace's modes are thread-local. The whole-program retrace's
+(program_fake_mode), so the graph's unbacked symbols and their ranges are the trace's. One global
+is written: the class attribute PhiloxState.reset (torch's RNG-state tracker) is swapped for the
+duration of each trace and restored after it (_rng_tracker_outside_fake_mode; exporter/_torch/patches.py
+says what another thread sees meanwhile); grad mode and the trace's modes are thread-local. The whole-program retrace's
 result (lowering/engines/whole_program.py) is an ATen-dialect ExportedProgram whose op set equals
 run_decompositions' (tests/test_lowering.py, test_decompose.py).
 """
@@ -45,7 +47,8 @@ import threading
 
 import torch
 
-from . import torch_compat
+from ._torch import compat as torch_compat
+from ._torch import patches
 from .ops import op_name
 from .graph_walk import iter_graphs
 
@@ -141,7 +144,10 @@ def forced_decompositions() -> dict:
     CompositeImplicitAutograd ops it cannot preserve (aliasing, mutating, or declaring a functional
     schema they do not keep) decompose by their CIA kernel; ops with a Python kernel at the Autograd
     key (hardshrink, upsample_bilinear2d, ...) by that kernel."""
-    from torch._export.utils import _get_decomp_for_cia, _is_cia_op, _is_preservable_cia_op, _materialize_cpp_cia_ops
+    from ._torch.tracing import get_decomp_for_cia as _get_decomp_for_cia
+    from ._torch.tracing import is_cia_op as _is_cia_op
+    from ._torch.tracing import is_preservable_cia_op as _is_preservable_cia_op
+    from ._torch.tracing import materialize_cpp_cia_ops as _materialize_cpp_cia_ops
 
     _materialize_cpp_cia_ops()
     autograd = torch._C.DispatchKey.Autograd
@@ -332,7 +338,7 @@ def _above_functionalization(table: dict) -> dict:
     tracer below functionalization, which never sees what they emit: applied above it, their
     PrimTorch views would reach functionalization, which has no rule for a non-ATen op returning
     an alias. In-place entries stay out: functionalization removes the ops they decompose."""
-    from torch._export.utils import _is_cia_op
+    from ._torch.tracing import is_cia_op as _is_cia_op
 
     def above(op) -> bool:
         if op._schema.is_mutable:
@@ -383,8 +389,8 @@ def program_fake_mode(gm):
     ShapeEnv than the one that made the graph's unbacked symbols (u0, ...) breaks the trace: the new
     env names its own data-dependent sizes u0, ... again, and rebinding them to the graph's
     ("u0 possible memo disaster") or reasoning across the two envs fails."""
-    from torch._export.utils import _detect_fake_mode_from_gm
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    from ._torch.dispatch import FakeTensorMode
+    from ._torch.tracing import detect_fake_mode_from_gm as _detect_fake_mode_from_gm
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     fake_mode = _detect_fake_mode_from_gm(gm)
@@ -428,27 +434,30 @@ def _rng_tracker_outside_fake_mode():
     per trace, inside its fake mode: twelve empty tensors, each converted to a fake one, a fifth of
     the time of a trace of one call (the node-local lowering traces small graphs often). The tracker's
     tensors are read only where torch._functorch.config.functionalize_rng_ops is on; where it is off
-    (always, here), they are made as plain tensors outside the fake mode for the trace: nothing
-    else changes."""
-    from torch._decomp import decompositions_for_rng as rng
+    (always, here), they are made as plain tensors outside the fake mode for the trace: the class
+    attribute PhiloxState.reset is swapped for the trace and restored after it (declared, with what
+    that means for other threads, in exporter/_torch/patches.py); nothing else changes."""
     from torch._functorch import config
 
-    state = getattr(rng, "PhiloxState", None)
-    reset = getattr(state, "reset", None)
-    if config.functionalize_rng_ops or reset is None:
+    if config.functionalize_rng_ops:
         yield
         return
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    with patches.swapped(_PHILOX_RESET, _plain_reset):
+        yield
+
+
+_PHILOX_RESET = "torch._decomp.decompositions_for_rng:PhiloxState.reset"
+
+
+def _plain_reset(reset):
+    """PhiloxState.reset making the tracker's tensors outside any fake mode."""
+    from ._torch.dispatch import unset_fake_temporarily
 
     def plain_reset(self):
         with unset_fake_temporarily():
             reset(self)
 
-    state.reset = plain_reset
-    try:
-        yield
-    finally:
-        state.reset = reset
+    return plain_reset
 
 
 class _WritesInPlace(Exception):
@@ -508,7 +517,7 @@ def runs_cia_kernel(fn) -> bool:
 
 
 def _functional_mode():
-    from torch._ops import _get_dispatch_mode_pre_dispatch
+    from ._torch.dispatch import get_dispatch_mode_pre_dispatch as _get_dispatch_mode_pre_dispatch
 
     key = torch._C._TorchDispatchModeKey.FUNCTIONAL
     return _get_dispatch_mode_pre_dispatch(key) or torch._C._get_dispatch_mode(key)

@@ -62,7 +62,7 @@ def _check_dynamic_dims(ep, ranges, args, kwargs, where) -> None:
 
     if not ranges:
         return
-    import torch.fx._pytree as fx_pytree
+    from ._torch.pytree import fx_pytree
 
     try:
         flat = fx_pytree.tree_flatten_spec((args, kwargs), ep.call_spec.in_spec)

@@ -7,9 +7,9 @@ import dataclasses
 
 import torch
 import torch.fx
-import torch.utils._pytree as pytree
-from torch._ops import OpOverload
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from exporter._torch.dispatch import OpOverload, TorchDispatchMode
+from exporter._torch.pytree import pytree
 
 from .nested import any_leaf, map_leaves
 from .nodes import NODES

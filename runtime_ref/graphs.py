@@ -7,8 +7,8 @@ import copy
 
 import torch
 import torch.fx
-import torch.utils._pytree as pytree
 
+from exporter._torch.pytree import pytree
 from exporter.graph_walk import walk_graphs
 
 from .regions import is_autocast_marker, retarget_autocast

@@ -18,7 +18,8 @@ A step runs in place only when all of this holds, decided once at planning time:
 from __future__ import annotations
 
 import torch
-from torch._ops import OpOverload
+
+from exporter._torch.dispatch import OpOverload
 
 from .bindings import TensorSpec
 from .nodes import NODES

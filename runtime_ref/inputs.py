@@ -4,8 +4,8 @@ input against its placeholder's recorded value (kind, dtype, device, rank, stati
 from __future__ import annotations
 
 import torch
-import torch.utils._pytree as pytree
 
+from exporter._torch.pytree import pytree
 from exporter.errors import RuntimeInputError
 
 from .shapes import SymbolTable, make_leaf_check

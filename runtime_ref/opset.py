@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
-from torch._ops import HigherOrderOperator, OpOverload, OpOverloadPacket
 
+from exporter._torch.dispatch import HigherOrderOperator, OpOverload, OpOverloadPacket
 from exporter.errors import OpsetError
 from exporter.functionalize import is_mutating, updates_hidden_state
 from exporter.graph_walk import walk_graphs

@@ -4,9 +4,9 @@ state, user-input mutations copied into the caller's tensors, user outputs unfla
 from __future__ import annotations
 
 import torch
-import torch.utils._pytree as pytree
 from torch.export.graph_signature import OutputKind
 
+from exporter._torch.pytree import pytree
 from exporter.errors import LoweringError
 
 __all__ = ["OutputHandler"]

@@ -8,8 +8,8 @@ import functools
 
 import torch
 import torch.fx
-from torch._ops import OpOverload
 
+from exporter._torch.dispatch import OpOverload
 from exporter.graph_walk import subgraph_of
 
 from .bindings import fast_callable, meta_args

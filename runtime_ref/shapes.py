@@ -7,8 +7,8 @@ import math
 
 import sympy
 import torch
-from torch.utils._sympy.numbers import int_oo
 
+from exporter._torch.symbolic import int_oo
 from exporter.errors import RuntimeInputError
 
 from .bindings import TensorSpec

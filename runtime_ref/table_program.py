@@ -22,24 +22,24 @@ import types
 
 import sympy
 import torch
-from torch._export.serde import schema as S
-from torch._export.serde import serialize as _serde
-from torch.utils._sympy.numbers import int_oo
-from torch.utils._sympy.value_ranges import ValueRanges
+
+from exporter._torch import serializer as _serde
+from exporter._torch.serde import schema as S
+from exporter._torch.symbolic import ValueRanges, int_oo
 
 from .bindings import TensorSpec
 from .nodes import TableNode
 
 __all__ = ["TableProgram", "from_table"]
 
-_DTYPES = _serde._SERIALIZE_TO_TORCH_DTYPE
-_MEMORY_FORMATS = _serde._SERIALIZE_TO_TORCH_MEMORY_FORMAT
-_LAYOUTS = _serde._SERIALIZE_TO_TORCH_LAYOUT
+_DTYPES = _serde.SERIALIZE_TO_TORCH_DTYPE
+_MEMORY_FORMATS = _serde.SERIALIZE_TO_TORCH_MEMORY_FORMAT
+_LAYOUTS = _serde.SERIALIZE_TO_TORCH_LAYOUT
 _POSITIONAL, _KEYWORD = S.ArgumentKind.POSITIONAL, S.ArgumentKind.KEYWORD
 _CONSTANTS = ("as_none", "as_int", "as_float", "as_bool", "as_string")
 _SYM_RESULTS = ("as_sym_int", "as_sym_bool", "as_sym_float")
 _PLAIN_SYMBOL = re.compile(r"(?:Symbol\(')?([A-Za-z_][A-Za-z0-9_]*)(?:'(?:, [a-z_]+=(?:True|False))*\))?")
-_SYM_OPS = _serde._SYM_OPS  # the Python functions torch's deserializer accepts for SymInt arithmetic
+_SYM_OPS = _serde.SYM_OPS  # the Python functions torch's deserializer accepts for SymInt arithmetic
 _SYM_OP_NAMES = {f"{f.__module__}.{f.__name__}": f for f in _SYM_OPS}  # as torch's serializer names them
 
 
@@ -92,7 +92,7 @@ def _build(c) -> TableProgram:
     symbols = {name: sympy.Symbol(name, integer=True) for name in ep.range_constraints}
     program = TableProgram(_nodes(gm.graph, names, symbols), signature, module_call_graph, c.state_dict, c.constants)
     program.range_constraints = {  # as torch's deserializer reads them
-        symbols[name]: ValueRanges(_serde._int_to_sympy_int(r.min_val, -int_oo), _serde._int_to_sympy_int(r.max_val, int_oo))
+        symbols[name]: ValueRanges(_serde.int_to_sympy_int(r.min_val, -int_oo), _serde.int_to_sympy_int(r.max_val, int_oo))
         for name, r in ep.range_constraints.items()}
     return program
 

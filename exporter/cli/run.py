@@ -26,7 +26,7 @@ def _read_inputs(paths, lowered):
 
 
 def run(ns) -> int:
-    import torch.utils._pytree as pytree
+    from .._torch.pytree import pytree
 
     from runtime_ref import Runtime
 

@@ -9,8 +9,7 @@ from typing import Callable
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch._higher_order_ops.map import map as hop_map
-from torch._higher_order_ops.while_loop import while_loop
+from .._torch.tracing import hop_map, while_loop
 
 __all__ = [
     "ZooCase",

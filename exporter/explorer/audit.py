@@ -15,9 +15,10 @@ import itertools
 import warnings
 
 import torch
-import torch.utils._pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from .._torch import testing
+from .._torch.dispatch import TorchDispatchMode
+from .._torch.pytree import pytree
 from ..lowering.verdicts import RANK, ULP_LIMIT, WRONG_REL, compare, totals, worse
 from ..ops import op_name
 
@@ -27,10 +28,8 @@ SAMPLES_PER_DTYPE = 4
 
 @functools.cache
 def _opinfos_by_aten_name() -> dict:
-    from torch.testing._internal.common_methods_invocations import op_db
-
     out: dict[str, list] = {}
-    for info in op_db:
+    for info in testing.op_db():
         for key in {info.aten_name or info.name, info.name}:
             out.setdefault(key, []).append(info)
     return out
@@ -50,10 +49,8 @@ class _Record(TorchDispatchMode):
 def _opinfos_reaching() -> dict:
     """OpOverload -> the OpInfos whose first float32 sample dispatches it (finds samples for ops
     no OpInfo is named after, such as _softmax under softmax)."""
-    from torch.testing._internal.common_methods_invocations import op_db
-
     out: dict = {}
-    for info in op_db:
+    for info in testing.op_db():
         try:
             torch.manual_seed(0)
             s = next(iter(info.sample_inputs("cpu", torch.float32, requires_grad=False)))

@@ -9,7 +9,7 @@ import functools
 
 import torch
 
-from .. import torch_compat
+from .._torch import compat as torch_compat
 from ..errors import LoweringError
 from ..functionalize import forced_decompositions, runs_cia_kernel
 
@@ -36,8 +36,8 @@ def shared_trace_table(table: dict) -> dict:
 def _lstm_without_mkldnn(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
     """torch's aten.lstm.input decomposition as run_decompositions applies it (with mkldnn off):
     the layer loop of one_layer_lstm, never mkldnn_rnn_layer, whatever the global flag says (and
-    one_layer_lstm repaired where torch's misplaces the batch: exporter/torch_compat.py)."""
-    from torch._decomp import decompositions as d
+    one_layer_lstm repaired where torch's misplaces the batch: exporter/_torch/compat.py)."""
+    from .._torch.tracing import decompositions as d
 
     if len(hx) != 2:
         raise LoweringError(f"aten.lstm.input: expected two hidden states (h0, c0), got {len(hx)}.")
@@ -70,7 +70,7 @@ def trace_table(table: dict) -> dict:
     """The table the pre-dispatch retrace applies for run_decompositions' ``table``, less the ops
     torch's retrace keeps whatever its table says (kept_by_torchs_retrace): the node-local lowering
     applies this table call by call, and keeps what torch keeps."""
-    from torch._export.utils import _special_op_to_preserve_cia
+    from .._torch.tracing import special_op_to_preserve_cia as _special_op_to_preserve_cia
 
     full = {op: fn for op, fn in table.items() if fn is not _special_op_to_preserve_cia and not kept_by_torchs_retrace(op)}
     for op, fn in forced_decompositions().items():
@@ -202,6 +202,6 @@ def flag_free(op, fn):
 
 
 def _registered(op):
-    from torch._decomp import decomposition_table
+    from .._torch.tracing import decomposition_table
 
     return decomposition_table.get(op)

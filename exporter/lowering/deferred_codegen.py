@@ -14,78 +14,64 @@ module that is run generates its code then, as any _LazyGraphModule does).
 
 ExportedProgram makes its graph module in torch.export.exported_program._create_graph_module_for_export,
 and torch.fx picks the class of the graph modules it makes in
-torch.fx._lazy_graph_module._get_graph_module_cls; ``deferred()`` puts a wrapper on each once (they
-call torch's own outside ``deferred()``, in every thread). Where a torch release lacks these names,
-``deferred()`` changes nothing.
+torch.fx._lazy_graph_module._get_graph_module_cls; ``deferred()`` puts a wrapper on each once, for the
+process (they call torch's own outside ``deferred()``, in every thread: declared in
+exporter/_torch/patches.py). Where a torch release lacks these names, ``deferred()`` changes nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
 import warnings
 
 import torch
 
+from .._torch import compat, patches
+
 __all__ = ["compiled", "deferred"]
 
 _STATE = threading.local()
-_INSTALL = threading.Lock()
+_MAKE = "torch.export.exported_program:_create_graph_module_for_export"
+_PICK = "torch.fx._lazy_graph_module:_get_graph_module_cls"
 
 
-@functools.cache
 def _lazy_class():
-    try:
-        from torch.fx._lazy_graph_module import _LazyGraphModule
-    except ImportError:  # pragma: no cover -- every supported release has it
-        return None
-    return _LazyGraphModule
+    return compat.lazy_graph_module_class()
 
 
 def _installed() -> bool:
-    """Whether ExportedProgram's graph-module maker is wrapped (wrapping it on the first call)."""
-    import torch.export.exported_program as ep_module
-
-    make = getattr(ep_module, "_create_graph_module_for_export", None)
-    if make is None or _lazy_class() is None:
+    """Whether ExportedProgram's graph-module maker is wrapped (wrapping it, and torch.fx's choice of
+    graph-module class where this torch has it, on the first call: exporter/_torch/patches.py)."""
+    if _lazy_class() is None or not patches.wrap_once(_MAKE, _deferring_make):
         return False
-    if getattr(make, "_pt2b_deferred", False):
-        return True
-    with _INSTALL:
-        make = ep_module._create_graph_module_for_export
-        if not getattr(make, "_pt2b_deferred", False):
-            lazy = _lazy_class()
-
-            def create(root, graph, _torch_make=make):
-                if getattr(_STATE, "depth", 0):
-                    return lazy(root, graph)
-                return _torch_make(root, graph)
-
-            create._pt2b_deferred = True
-            ep_module._create_graph_module_for_export = create
-        _defer_traced_modules()
+    patches.wrap_once(_PICK, _deferring_pick)
     return True
 
 
-def _defer_traced_modules() -> None:
-    """Wrap torch.fx's choice of graph-module class (where this torch has it) so that a thread inside
-    ``deferred()`` gets _LazyGraphModule, unless torch's own switch forbids it; called once, under
-    _INSTALL."""
-    import torch.fx._lazy_graph_module as lazy_module
+def _deferring_make(make):
+    """ExportedProgram's graph-module maker: a _LazyGraphModule in a thread inside ``deferred()``."""
+    lazy = _lazy_class()
 
-    pick = getattr(lazy_module, "_get_graph_module_cls", None)
-    if pick is None or getattr(pick, "_pt2b_deferred", False):
-        return
+    def create(root, graph, _torch_make=make):
+        if getattr(_STATE, "depth", 0):
+            return lazy(root, graph)
+        return _torch_make(root, graph)
+
+    return create
+
+
+def _deferring_pick(pick):
+    """torch.fx's choice of graph-module class: _LazyGraphModule in a thread inside ``deferred()``,
+    unless torch's own switch forbids it."""
     lazy = _lazy_class()
 
     def graph_module_cls(_torch_pick=pick):
-        if getattr(_STATE, "depth", 0) and not getattr(lazy_module, "_force_skip_lazy_graph_module_flag", False):
+        if getattr(_STATE, "depth", 0) and not compat.lazy_graph_modules_forbidden():
             return lazy
         return _torch_pick()
 
-    graph_module_cls._pt2b_deferred = True
-    lazy_module._get_graph_module_cls = graph_module_cls
+    return graph_module_cls
 
 
 @contextlib.contextmanager

@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from .._torch.dispatch import TorchDispatchMode
 from ..functionalize import functional_variant
 from ..ops import OpSpec, op_name
 
@@ -63,7 +63,7 @@ class EagerDecompositions(TorchDispatchMode):
     def _decide(self, func):
         d = self._decision.get(func)
         if d is None:
-            from torch._decomp import decomposition_table
+            from .._torch.tracing import decomposition_table
 
             name = op_name(func)
             twin = functional_variant(func) if isinstance(func, torch._ops.OpOverload) else None
@@ -160,9 +160,7 @@ def eager_decompositions(preset: str = "core", *, supported_ops: Iterable[OpSpec
 # Higher-order ops ask each mode for a rule; these run the branches / bodies with the mode active
 # so that their ops are decomposed too (the rules are keyed by this class: nothing else changes).
 def _register_hop_rules():
-    from torch._higher_order_ops.cond import cond_op
-    from torch._higher_order_ops.map import map_dense, map_impl
-    from torch._higher_order_ops.while_loop import while_loop_dense, while_loop_op
+    from .._torch.tracing import cond_op, map_dense, map_impl, while_loop_dense, while_loop_op
 
     @cond_op.py_impl(EagerDecompositions)
     def _cond(mode, pred, true_fn, false_fn, operands):

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import torch
 import torch.fx
-import torch.utils._pytree as pytree
 from torch._guards import detect_fake_mode
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from .._torch.dispatch import TorchDispatchMode
+from .._torch.pytree import pytree
 from ..ops import op_name
 
 MAX_DEPTH = 12

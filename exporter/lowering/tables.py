@@ -6,9 +6,11 @@ from __future__ import annotations
 import functools
 
 import torch
-from torch._decomp import decomposition_table as _REGISTRY
-from torch._export.utils import _collect_all_valid_cia_ops_for_aten_namespace, _get_decomp_for_cia
 
+from .._torch import compat
+from .._torch.tracing import collect_all_valid_cia_ops_for_aten_namespace as _collect_all_valid_cia_ops_for_aten_namespace
+from .._torch.tracing import decomposition_table as _REGISTRY
+from .._torch.tracing import get_decomp_for_cia as _get_decomp_for_cia
 from ..functionalize import is_mutating
 from ..ops import op_name
 
@@ -63,9 +65,8 @@ def quantized_decompositions() -> dict:
     aten ops: what lets ``max`` and a float-only ``supported_ops`` reach them. torch's own tables have
     none (its core keeps these ops, and so does pt2b's). The kernel of ``name.overload`` is the
     module's function ``name_overload`` (``name`` for the default overload); an op without one stays."""
-    try:
-        from torch.ao.quantization.fx import _decomposed as kernels
-    except ImportError:  # a torch built without the quantization package
+    kernels = compat.quantized_decomposed_kernels()
+    if kernels is None:  # a torch built without the quantization package
         return {}
     table = {}
     for qualified in torch._C._dispatch_get_all_op_names():

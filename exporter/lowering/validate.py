@@ -26,8 +26,8 @@ import json
 import time
 
 import torch
-import torch.utils._pytree as pytree
 
+from .._torch.pytree import pytree
 from ..errors import OpsetError
 from ..ops import op_name
 
@@ -221,7 +221,7 @@ class _Runner:
                 for sub, name, buf in self.state:
                     sub._buffers[name] = buf.detach().clone()
                 return pytree.tree_leaves(self.module(*args, **kwargs))
-            import torch.fx._pytree as fx_pytree
+            from .._torch.pytree import fx_pytree
 
             user = iter(fx_pytree.tree_flatten_spec((args, kwargs), self.in_spec))
             flat = [next(user) if kind == "user" else value.detach().clone() if kind == "buffer" else value

@@ -17,7 +17,8 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.utils._pytree as pytree
+
+from .._torch.pytree import pytree
 
 ULP_LIMIT = 4
 WRONG_REL = {torch.float64: 1e-6, torch.float32: 1e-3, torch.float16: 2e-2, torch.bfloat16: 5e-2}

@@ -46,7 +46,7 @@ def stored_releases() -> list[str]:
 
 def running_registry() -> dict:
     """The running torch's registry as stored (the document tools/op_registry.py writes)."""
-    from torch._export.serde import schema as S
+    from .._torch.serde import schema as S
 
     ops = {}
     for s in torch._C._jit_get_all_schemas():

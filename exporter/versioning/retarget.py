@@ -9,8 +9,8 @@ refused before anything is written, naming each op, argument and dtype.
 
 from __future__ import annotations
 
-from torch._export.serde import schema as S
 
+from .._torch.serde import schema as S
 from ..errors import MissingOperatorError, TargetTorchError
 from ..graph_walk import iter_serialized_graphs
 from ..serialize.generated import pt2b_generated as G

@@ -28,8 +28,8 @@ import keyword
 import re
 
 import torch
-from torch._export.serde import schema as S
 
+from .._torch.serde import schema as S
 from ..errors import CorruptArtifactError, MissingOperatorError, SchemaDriftError
 from ..graph_walk import iter_serialized_graphs
 from ..serialize.generated import pt2b_generated as G

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from torch._export.serde import schema as S
+from .._torch.serde import schema as S
 
 
 class UpgraderError(ValueError):

@@ -53,7 +53,7 @@ def test_zoo_roundtrip(tmp_path, name):
 def test_writer_serializes_what_torchs_serializer_does(name):
     """writer.serialize_graph builds torch's schema tree from torch's own pieces without the
     serializer's discarded canonicalization self-test: the result must be the same tree."""
-    from exporter import torch_compat
+    from exporter._torch import compat as torch_compat
     from exporter.serialize import writer
 
     case = make_case(name)

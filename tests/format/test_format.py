@@ -221,12 +221,12 @@ def test_decoder_unions_are_what_create_builds():
 
 def test_a_member_the_running_torchs_schema_lacks_is_named(monkeypatch):
     """An older torch's export schema (2.11's) lacks members pt2b.fbs has (ScalarType.UINT32,
-    Argument.as_float_lists): reading one says so (exporter/torch_compat.py), not 'damaged'."""
+    Argument.as_float_lists): reading one says so (exporter/_torch/compat.py), not 'damaged'."""
     import enum
 
     from torch._export.serde import schema as S
 
-    from exporter import torch_compat
+    from exporter._torch import compat as torch_compat
     from exporter.errors import UnsupportedVersionError
     from exporter.serialize.mapping import schema_map
 

@@ -100,7 +100,8 @@ def test_adaptive_pool_writes_in_place_under_max(name):
     graph and pt2b's hold the functionalized as_strided, and no second trace runs."""
     from torch._functorch.aot_autograd import aot_export_module
 
-    from exporter import functionalize, torch_compat
+    from exporter import functionalize
+    from exporter._torch import compat as torch_compat
     from exporter.lowering.decompose import trace_table
 
     if not torch_compat.functional_mode_decides_per_object():

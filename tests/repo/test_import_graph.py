@@ -162,3 +162,48 @@ def test_import_exporter_loads_the_api_on_first_use():
     code = "import sys, exporter.cli.inspect, runtime_ref\nprint('torch._dynamo' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           check=True).stdout.strip() == "False"
+
+
+def _private_torch_imports():
+    """(module of ours, what it imports) for every import of a private torch module or name: one whose
+    dotted path has a part starting with "_" (``from torch._x import y`` counts torch._x, and torch._x.y
+    too where y is a module; ``from torch.m import _f`` counts torch.m._f)."""
+    import importlib.util
+
+    def is_module(name):
+        try:
+            return importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            return False
+
+    for name, (path, _) in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                found = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found = [node.module] + [f"{node.module}.{a.name}" for a in node.names
+                                         if a.name.startswith("_") or is_module(f"{node.module}.{a.name}")]
+            else:
+                continue
+            for target in found:
+                parts = target.split(".")
+                if parts[0] == "torch" and any(p.startswith("_") and not p.startswith("__") for p in parts):
+                    yield name, target
+
+
+def test_only_the_door_imports_torch_export_serde():
+    """torch.export's serializer (torch._export.serde) is imported by exporter/_torch/ alone."""
+    wrong = sorted(f"{m} imports {t}" for m, t in _private_torch_imports()
+                   if _within(t, "torch._export.serde") and not _within(m, "exporter._torch"))
+    assert not wrong, wrong
+
+
+def test_each_private_torch_module_has_one_importer():
+    """A private torch module (or a private name of a torch module) is imported by one module of ours:
+    what more than one module needs comes through the door (exporter/_torch/)."""
+    importers: dict[str, set[str]] = {}
+    for m, t in _private_torch_imports():
+        importers.setdefault(t, set()).add(m)
+    assert "torch._export.serde.serialize" in importers  # (the scan sees the door)
+    wrong = sorted(f"{t}: {sorted(ms)}" for t, ms in importers.items() if len(ms) > 1)
+    assert not wrong, wrong

@@ -15,7 +15,7 @@ import torch.utils._pytree as pytree
 from torch.export import Dim
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from exporter import torch_compat
+from exporter._torch import compat as torch_compat
 from exporter.errors import OpsetError, RuntimeInputError
 from exporter.corpus.zoo import make_case, zoo_names
 from tests.support.helpers import assert_bitwise, assert_close_to_eager

@@ -26,8 +26,8 @@ from __future__ import annotations
 import operator
 
 import torch
-import torch.utils._pytree as pytree
 
+from ..._torch.pytree import pytree
 from ...functionalize import (LOCK, functional_variant, functionalize_graph, insert_runtime_asserts, is_mutating,
                               materialize_conj, program_fake_mode, returns_alias, signature_of, updates_hidden_state)
 from . import functorch_regions
@@ -56,7 +56,7 @@ class _Declined(Exception):
 
 def _eligible(ep, graph: torch.fx.Graph) -> bool:
     """Whether ``graph`` (``ep``'s, its grad-mode regions inlined) is for the node-local lowering."""
-    from torch._higher_order_ops.effects import has_effects
+    from ..._torch.tracing import has_effects
 
     if functorch_regions.has_regions(ep.graph_module):
         return False

@@ -72,8 +72,8 @@ def _thread_effects(gm, aot_sig) -> list:
     they stay plain calls). [the token placeholder] or []."""
     import operator
 
-    from torch._export.utils import _detect_fake_mode_from_gm
-    from torch._higher_order_ops.effects import has_effects, with_effects
+    from ..._torch.tracing import detect_fake_mode_from_gm as _detect_fake_mode_from_gm
+    from ..._torch.tracing import has_effects, with_effects
 
     calls = [n for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
              and has_effects(n.target)]
@@ -127,7 +127,7 @@ def _split_tokens(gm, aot_sig):
 
 def _rename(gm, old_phs, new_phs) -> None:
     """Placeholders take the program's names; other nodes move aside where they would clash."""
-    from torch._export.utils import _name_hoo_subgraph_placeholders
+    from ..._torch.tracing import name_hoo_subgraph_placeholders as _name_hoo_subgraph_placeholders
 
     for old, new in zip(old_phs, new_phs):
         new.name = new.target = old.name

@@ -1,6 +1,6 @@
 """The one mapping between torch dtypes and the ScalarType enum of schemas/pt2b.fbs (pt2b's own
 codes, from the flatc code: they equal torch's export-schema codes, but an older torch's schema may
-lack some members, see exporter/torch_compat.py)."""
+lack some members, see exporter/_torch/compat.py)."""
 
 from __future__ import annotations
 

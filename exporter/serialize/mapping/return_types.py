@@ -2,7 +2,8 @@
 tuples of tensors as pytree nodes without a serialized name, so a program returning one could not
 be written (torch.export.save fails on it too). pt2b names each by its path, from torch's own list.
 
-The names resolve only through torch's pytree registry, which this adds to: exactly the named-tuple
+The names resolve only through torch's pytree registry, which this adds to (a registration declared in
+exporter/_torch/patches.py): exactly the named-tuple
 classes of torch.return_types (all_return_types and the private ones such as _lu_with_info, which
 torch.lu returns), nothing a file names otherwise."""
 
@@ -22,17 +23,10 @@ def register() -> None:
         if _DONE.is_set():
             return
         import torch.return_types as return_types
-        import torch.utils._pytree as pytree
 
-        missing = getattr(pytree, "NO_SERIALIZED_TYPE_NAME_FOUND", None)
-        for cls in _classes(return_types):
-            name = f"torch.return_types.{cls.__name__}"
-            known = pytree.SUPPORTED_SERIALIZED_TYPES.get(cls)
-            if cls not in pytree.SUPPORTED_NODES or name in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE or (
-                    known is not None and known.serialized_type_name != missing):
-                continue
-            pytree.SUPPORTED_SERIALIZED_TYPES[cls] = pytree._SerializeNodeDef(cls, name, None, None)
-            pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE[name] = cls
+        from ..._torch import patches
+
+        patches.name_pytree_types({cls: f"torch.return_types.{cls.__name__}" for cls in _classes(return_types)})
         _DONE.set()
 
 

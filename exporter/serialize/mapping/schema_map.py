@@ -24,9 +24,9 @@ import types
 import typing
 
 import numpy as np
-from torch._export.serde import schema as S
 
-from ... import torch_compat
+from ..._torch import compat as torch_compat
+from ..._torch.serde import schema as S
 from ...errors import ArtifactError, CorruptArtifactError, ExportError, UnsupportedVersionError
 from ..layout import fbs
 from ..generated import pt2b_generated as G
@@ -177,7 +177,7 @@ def unknown_tag(cls, value, where: str) -> ArtifactError:
 @functools.cache
 def _union_layout(cls, name: str):
     """(field names in order, the tag object) of ``cls.create(name=...)``."""
-    from torch._export.serde.union import _UnionTag
+    from ..._torch.serde import UnionTag as _UnionTag
 
     return tuple(f.name for f in dataclasses.fields(cls)), _UnionTag.create(name, cls)
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import functools
 import struct
 
-from torch._export.serde.union import _Union
 
+from ..._torch.serde import Union as _Union
 from ..layout import fbs
 from ..layout.fbs import SCALARS
 from ..mapping import schema_map

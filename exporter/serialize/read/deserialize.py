@@ -24,7 +24,7 @@ unbacked symbols it has not yet found a node binding (``_free_unbacked_symbols_w
 ``pending``, which the walk empties as it finds them). A walk with nothing pending finds nothing and
 changes nothing (each binding it records is a symbol taken out of ``pending``), so while pt2b's
 deserializer runs in this thread, that walk returns at once: 2% of a cold lowering on llama, gemma3
-and dinov3_vit. torch's function is wrapped once for the process; outside ``deserialize_program``,
+and dinov3_vit. torch's function is wrapped once for the process (declared in exporter/_torch/patches.py); outside ``deserialize_program``,
 and in every other thread, the wrapper calls it unchanged.
 """
 
@@ -34,15 +34,17 @@ import threading
 import types
 
 import torch
-from torch._export.serde import serialize as _serde
 from torch._export.verifier import load_verifier
-from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental import symbolic_shapes
-from torch.utils._sympy.numbers import int_oo
+
+from ..._torch import compat, patches
+from ..._torch import serializer as _serde
+from ..._torch.dispatch import FakeTensor
+from ..._torch.symbolic import int_oo
 
 _CPU = torch.device("cpu")
 _META = torch.device("meta")
-_DTYPES = _serde._SERIALIZE_TO_TORCH_DTYPE
+_DTYPES = _serde.SERIALIZE_TO_TORCH_DTYPE
 
 
 def _fast_tensor_meta(self, tensor_meta):
@@ -61,12 +63,6 @@ def _fast_tensor_meta(self, tensor_meta):
     return _serde.GraphModuleDeserializer.deserialize_tensor_meta(self, tensor_meta)
 
 
-def _hinted(shape_env):
-    """The expressions ``shape_env`` holds a hint for (empty where this torch names that otherwise:
-    then a hinted expression always takes torch's own path)."""
-    return getattr(shape_env, "backed_var_to_val", None) or ()
-
-
 def _memoized_parse(d):
     """GraphModuleDeserializer._parse_sym_expr of ``d``, returning at once what it returned before for
     the same expression (text, or a sympy sub-expression) unless it comes with a hint not recorded."""
@@ -75,7 +71,7 @@ def _memoized_parse(d):
 
     def _parse_sym_expr(expr, hint=None):
         done = seen.get(expr)
-        if done is not None and (hint is None or done in _hinted(d.shape_env)):
+        if done is not None and (hint is None or done in compat.hinted_expressions(d.shape_env)):
             return done
         sym = parse(expr, hint)
         seen[expr] = sym
@@ -170,34 +166,27 @@ def _graph_module_deserializer():
 
 
 _STATE = threading.local()
-_INSTALL = threading.Lock()
+_WALK = "torch.fx.experimental.symbolic_shapes:_free_unbacked_symbols_with_path"
 
 
-def _skip_empty_unbacked_walks() -> None:
-    """Wrap symbolic_shapes._free_unbacked_symbols_with_path (once) to return {} at once where
-    nothing is pending, in a thread inside ``deserialize_program`` (module docstring)."""
-    walk = symbolic_shapes._free_unbacked_symbols_with_path
-    if getattr(walk, "_pt2b_wrapped", False):
-        return
-    with _INSTALL:
-        walk = symbolic_shapes._free_unbacked_symbols_with_path
-        if getattr(walk, "_pt2b_wrapped", False):
-            return
+def _skipping_empty_walks(walk):
+    """symbolic_shapes._free_unbacked_symbols_with_path returning {} at once where nothing is pending,
+    in a thread inside ``deserialize_program`` (module docstring)."""
 
-        def free_unbacked_symbols_with_path(*args, _torch_walk=walk, **kwargs):
-            if getattr(_STATE, "reading", False):
-                pending = kwargs["pending"] if "pending" in kwargs else args[4] if len(args) > 4 else None
-                if pending is not None and not pending:
-                    return {}
-            return _torch_walk(*args, **kwargs)
+    def free_unbacked_symbols_with_path(*args, _torch_walk=walk, **kwargs):
+        if getattr(_STATE, "reading", False):
+            pending = kwargs["pending"] if "pending" in kwargs else args[4] if len(args) > 4 else None
+            if pending is not None and not pending:
+                return {}
+        return _torch_walk(*args, **kwargs)
 
-        free_unbacked_symbols_with_path._pt2b_wrapped = True
-        symbolic_shapes._free_unbacked_symbols_with_path = free_unbacked_symbols_with_path
+    return free_unbacked_symbols_with_path
 
 
 def deserialize_program(serialized, state_dict, constants, example_inputs) -> torch.export.ExportedProgram:
-    """What ``ExportedProgramDeserializer().deserialize(...)`` returns, built with the deserializer above."""
-    _skip_empty_unbacked_walks()
+    """What ``ExportedProgramDeserializer().deserialize(...)`` returns, built with the deserializer above
+    (torch's walk wrapped once for the process on the first call: exporter/_torch/patches.py)."""
+    patches.wrap_once(_WALK, _skipping_empty_walks)
     outer = getattr(_STATE, "reading", False)
     _STATE.reading = True
     try:
@@ -212,8 +201,8 @@ def _deserialize_program(serialized, state_dict, constants, example_inputs) -> t
         raise _serde.SerializeError(f"Serialized schema version {serialized.schema_version} does not match our "
                                     f"current schema version {_serde.SCHEMA_VERSION}.")
     symbol_name_to_range = {
-        k: symbolic_shapes.ValueRanges(_serde._int_to_sympy_int(v.min_val, -int_oo),
-                                       _serde._int_to_sympy_int(v.max_val, int_oo))
+        k: symbolic_shapes.ValueRanges(_serde.int_to_sympy_int(v.min_val, -int_oo),
+                                       _serde.int_to_sympy_int(v.max_val, int_oo))
         for k, v in serialized.range_constraints.items()
     }
     d = _graph_module_deserializer()

@@ -19,11 +19,10 @@ import zlib
 import msgpack
 import sympy
 import torch
-import torch.utils._pytree as pytree
-from torch._export.serde import schema as S
-from torch.utils._sympy.numbers import int_oo
-from torch.utils._sympy.value_ranges import ValueRanges
 
+from ..._torch.pytree import pytree
+from ..._torch.serde import schema as S
+from ..._torch.symbolic import ValueRanges, int_oo
 from ... import names
 from ...errors import (ArtifactError, CorruptArtifactError, MethodNotFoundError, MissingPytreeTypeError,
                       NotAnArtifactError)

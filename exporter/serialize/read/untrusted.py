@@ -20,9 +20,10 @@ import operator
 import re
 
 import torch
-from torch._export.serde import schema as S
-from torch._export.serde.union import _Union
 
+from ..._torch import compat
+from ..._torch.serde import Union as _Union
+from ..._torch.serde import schema as S
 from ... import names, ops
 from ...errors import CorruptArtifactError
 
@@ -31,7 +32,7 @@ def _python_targets() -> frozenset:
     """The Python functions torch's deserializer accepts as call targets (SymInt arithmetic and
     getitem), as its serializer names them (imported on first use: torch.export's serializer brings
     torch._dynamo along, which `pt2b inspect` need not load)."""
-    from torch._export.serde.serialize import _SYM_OPS
+    from ..._torch.serializer import SYM_OPS as _SYM_OPS
 
     return frozenset(f"{fn.__module__}.{fn.__name__}" for fn in (*_SYM_OPS, operator.getitem))
 
@@ -40,8 +41,6 @@ def _predispatch_targets() -> frozenset:
     """The plain functions a pre-dispatch export leaves in the graph around torch.vmap / forward-mode
     AD / grad-mode and autocast regions (torch's own verifier allows exactly these), spelled as
     torch's serializer writes them. Looked up by attribute, so a release lacking one just has fewer."""
-    import importlib
-
     wanted = {
         "torch._functorch.predispatch": (
             "_add_batch_dim", "_remove_batch_dim", "_vmap_increment_nesting", "_vmap_decrement_nesting",
@@ -50,13 +49,7 @@ def _predispatch_targets() -> frozenset:
         "torch.amp.autocast_mode": ("_enter_autocast", "_exit_autocast"),
     }
     found = {"torch._C._set_grad_enabled"}
-    for module_name, function_names in wanted.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        found.update(f"{fn.__module__}.{fn.__name__}" for fn in
-                     (getattr(module, name, None) for name in function_names) if callable(fn))
+    found.update(f"{fn.__module__}.{fn.__name__}" for fn in compat.functions_of(wanted))
     return frozenset(found)
 
 
@@ -342,21 +335,10 @@ def _operator_fits(hop: str, value) -> bool:
     it: with_effects an op with effects, auto_functionalized(_v2) an op it can make functional, out_dtype
     one of its allowed ops. True where this torch has no such rule, or the name is no operator (the
     walk refuses that one by itself)."""
-    import importlib
-
     op = ops.op_of_target(value) if type(value) is str else None
     if not isinstance(op, torch._ops.OpOverload):
         return True
-    try:
-        if hop == "with_effects":
-            return bool(importlib.import_module("torch._higher_order_ops.effects").has_effects(op))
-        if hop in ("auto_functionalized", "auto_functionalized_v2"):
-            return bool(importlib.import_module("torch._higher_order_ops.auto_functionalize").can_auto_functionalize(op))
-        if hop == "out_dtype":
-            return op in importlib.import_module("torch._higher_order_ops.out_dtype").ALLOWABLE_OPS
-    except (ImportError, AttributeError, TypeError):
-        return True
-    return True
+    return compat.hop_takes_operator(hop, op)
 
 
 def _check_node_callables(d: dict, where: str) -> None:
@@ -391,7 +373,7 @@ INT64_MAX = (1 << 63) - 1
 
 
 def _itemsize(dtype) -> int:
-    from torch._export.serde.serialize import _SERIALIZE_TO_TORCH_DTYPE
+    from ..._torch.serializer import SERIALIZE_TO_TORCH_DTYPE as _SERIALIZE_TO_TORCH_DTYPE
 
     t = _SERIALIZE_TO_TORCH_DTYPE.get(dtype)
     return 8 if t is None else t.itemsize
@@ -657,7 +639,7 @@ def check_guards(guards_code, example_inputs, forward_arg_names, where: str) -> 
     ep.module() generates the guard function) each must also read only input leaves that function
     binds: torch rewrites L['<arg>']... of each example-input leaf (and L['flat_args'][i]) into
     args[i] textually; any other L[...] is left for Python to fail on (NameError) at every call."""
-    import torch.utils._pytree as pytree
+    from ..._torch.pytree import pytree
 
     total = sum(len(code) if isinstance(code, str) else 0 for code in guards_code or [])
     if total > MAX_GUARDS_TEXT:

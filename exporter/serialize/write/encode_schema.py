@@ -16,8 +16,8 @@ import functools
 
 import flatbuffers.number_types as N
 import numpy as np
-from torch._export.serde.union import _Union
 
+from ..._torch.serde import Union as _Union
 from ..layout import fbs
 from ..mapping import schema_map
 

@@ -17,8 +17,8 @@ computes; module_stacks.py holds the one for module names.
 from __future__ import annotations
 
 import torch
-from torch._export.serde import schema as S
 
+from ..._torch.serde import schema as S
 from ... import ops
 
 _ITEM = "torch.ops.aten.item.default"

@@ -10,10 +10,10 @@ import flatbuffers
 import msgpack
 import numpy as np
 import torch
-import torch.utils._pytree as pytree
-from torch._export.serde import schema as S
-from torch._export.serde.serialize import ExportedProgramSerializer
 
+from ..._torch.pytree import pytree
+from ..._torch.serde import schema as S
+from ..._torch.serializer import ExportedProgramSerializer
 from ...version import __version__
 from ... import names
 from ...errors import ArtifactError, ExportError, UnsupportedValueError
@@ -56,7 +56,7 @@ def _serialize_program(ep) -> S.ExportedProgram:
     """What ExportedProgramSerializer().serialize(ep).exported_program holds, built from the same
     torch pieces, without its self-test: serialize() canonicalizes a deep copy of the result only to
     check that a canonical form exists and throws it away (a third of a save of the 6x512 encoder)."""
-    from torch._export.serde.serialize import SCHEMA_VERSION, GraphModuleSerializer, serialize_range_constraints
+    from ..._torch.serializer import SCHEMA_VERSION, GraphModuleSerializer, serialize_range_constraints
 
     ep.validate()
     gm_serializer = GraphModuleSerializer(ep.graph_signature, ep.module_call_graph)

@@ -24,6 +24,13 @@ docs/releases.md has its table):
   pt2b's retrace tells, on that one object, to decompose the CIA ops torch applies above
   functionalization (functionalize.py); 2.11 decides in a local function, so there those ops' C++
   kernels run where the table's other entries do (``functional_mode_decides_per_object``).
+- names a release may lack or spell otherwise, looked up here so that no other module probes torch:
+  torch.fx's _LazyGraphModule and its switch (lowering/deferred_codegen.py:
+  ``lazy_graph_module_class``, ``lazy_graph_modules_forbidden``), the quantized_decomposed kernels
+  (lowering/tables.py: ``quantized_decomposed_kernels``), the pre-dispatch region functions and the
+  higher-order ops' operator rules (serialize/read/untrusted.py: ``functions_of``,
+  ``hop_takes_operator``), ShapeEnv's hinted expressions (serialize/read/deserialize.py:
+  ``hinted_expressions``).
 """
 
 from __future__ import annotations
@@ -33,7 +40,8 @@ import functools
 import inspect
 
 import torch
-from torch._export.serde import schema as _S
+
+from .serde import schema as _S
 
 
 @functools.cache
@@ -49,7 +57,7 @@ def schema_lacks(what: str) -> str:
 
 
 def _schema_version() -> tuple[int, ...]:
-    from torch._export.serde.serialize import SCHEMA_VERSION
+    from .serializer import SCHEMA_VERSION
 
     return tuple(SCHEMA_VERSION)
 
@@ -57,7 +65,7 @@ def _schema_version() -> tuple[int, ...]:
 def torch_serialized_program(ep) -> _S.ExportedProgram:
     """torch's own ``ExportedProgramSerializer().serialize(ep).exported_program``, weights, constants
     and example inputs left out where this torch's serialize() can leave them out."""
-    from torch._export.serde.serialize import ExportedProgramSerializer
+    from .serializer import ExportedProgramSerializer
 
     serialize = ExportedProgramSerializer().serialize
     skip = ("serialize_state_dict", "serialize_constants", "serialize_example_inputs")
@@ -70,8 +78,8 @@ def lstm_decomposition_drops_batch() -> bool:
     """Whether this torch's one_layer_lstm returns a batch of 2's final hidden state as (1, 2, H)
     instead of (2, H) (torch 2.11, 2.12). Asked first inside a lowering's trace: the probe runs
     eagerly, on tiny CPU tensors, with the trace's modes set aside."""
-    from torch._decomp import decompositions as d
-    from torch.utils._python_dispatch import _disable_current_modes
+    from .dispatch import disable_current_modes as _disable_current_modes
+    from .tracing import decompositions as d
 
     with _disable_current_modes(), torch._C.DisableTorchFunction(), torch.no_grad():
         h, w_ih, w_hh, b = torch.zeros(2, 1), torch.zeros(4, 1), torch.zeros(4, 1), torch.zeros(4)
@@ -82,7 +90,7 @@ def lstm_decomposition_drops_batch() -> bool:
 def one_layer_lstm():
     """torch's one_layer_lstm (one layer of aten.lstm.input's decomposition), repaired where it
     misplaces the batch dimension of the final hidden states (``lstm_decomposition_drops_batch``)."""
-    from torch._decomp import decompositions as d
+    from .tracing import decompositions as d
 
     if not lstm_decomposition_drops_batch():
         return d.one_layer_lstm
@@ -90,7 +98,7 @@ def one_layer_lstm():
 
 
 def _one_layer_lstm_keeping_batch(inp, hidden, params, has_biases, reverse=False):
-    from torch._decomp import decompositions as d
+    from .tracing import decompositions as d
 
     out, (hx, cx) = d.one_layer_lstm(inp, hidden, params, has_biases, reverse)
     # (1, batch, H) where hidden holds (batch, H); a batch of one already came back as (1, H)
@@ -106,3 +114,71 @@ def functional_mode_decides_per_object() -> bool:
     from torch._subclasses.functional_tensor import FunctionalTensorMode
 
     return callable(getattr(FunctionalTensorMode, "_can_decompose", None))
+
+
+@functools.cache
+def lazy_graph_module_class():
+    """torch.fx's _LazyGraphModule (a graph module whose code is generated on first use), or None where
+    this torch lacks it (every supported release has it: lowering/deferred_codegen.py)."""
+    try:
+        from torch.fx._lazy_graph_module import _LazyGraphModule
+    except ImportError:  # pragma: no cover -- every supported release has it
+        return None
+    return _LazyGraphModule
+
+
+def lazy_graph_modules_forbidden() -> bool:
+    """Whether torch's own switch (torch.fx._lazy_graph_module._force_skip_lazy_graph_module_flag) says
+    graph modules must not be lazy now; False where this torch has no such switch."""
+    import torch.fx._lazy_graph_module as lazy_module
+
+    return bool(getattr(lazy_module, "_force_skip_lazy_graph_module_flag", False))
+
+
+def quantized_decomposed_kernels():
+    """The module holding the Python kernels of quantized_decomposed::* (torch.ao.quantization.fx.
+    _decomposed), or None for a torch built without the quantization package (lowering/tables.py)."""
+    try:
+        from torch.ao.quantization.fx import _decomposed as kernels
+    except ImportError:  # a torch built without the quantization package
+        return None
+    return kernels
+
+
+def functions_of(wanted: dict[str, tuple[str, ...]]) -> list:
+    """The callables among ``wanted`` (module name -> function names) this torch has: a module or a
+    name it lacks is left out (serialize/read/untrusted.py's pre-dispatch region functions)."""
+    import importlib
+
+    found = []
+    for module_name, function_names in wanted.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        found.extend(fn for fn in (getattr(module, name, None) for name in function_names) if callable(fn))
+    return found
+
+
+def hinted_expressions(shape_env):
+    """The expressions ``shape_env`` holds a hint for (ShapeEnv.backed_var_to_val); empty where this torch
+    names that otherwise (serialize/read/deserialize.py then takes torch's own path)."""
+    return getattr(shape_env, "backed_var_to_val", None) or ()
+
+
+def hop_takes_operator(hop: str, op) -> bool:
+    """Whether the higher-order op ``hop`` takes the operator ``op``, by torch's own rule for it:
+    with_effects an op with effects, auto_functionalized(_v2) an op it can make functional, out_dtype
+    one of its allowed ops. True where this torch has no such rule (serialize/read/untrusted.py)."""
+    import importlib
+
+    try:
+        if hop == "with_effects":
+            return bool(importlib.import_module("torch._higher_order_ops.effects").has_effects(op))
+        if hop in ("auto_functionalized", "auto_functionalized_v2"):
+            return bool(importlib.import_module("torch._higher_order_ops.auto_functionalize").can_auto_functionalize(op))
+        if hop == "out_dtype":
+            return op in importlib.import_module("torch._higher_order_ops.out_dtype").ALLOWABLE_OPS
+    except (ImportError, AttributeError, TypeError):
+        return True
+    return True

@@ -1,0 +1,27 @@
+"""torch.export's serializer and deserializer (torch._export.serde.serialize), with public names for the
+private tables and helpers pt2b reads. Importing it imports torch._dynamo: modules import it where they
+serialize or deserialize, never at ``import exporter`` (tests/repo/test_import_graph.py)."""
+
+import torch._export.serde.serialize as _serialize
+from torch._export.serde.serialize import (
+    SCHEMA_VERSION,
+    ST_DELIMITER,
+    ExportedProgramDeserializer,
+    ExportedProgramSerializer,
+    GraphModuleDeserializer,
+    GraphModuleSerializer,
+    SerializeError,
+    deserialize_device,
+    serialize_range_constraints,
+)
+
+SERIALIZE_TO_TORCH_DTYPE = _serialize._SERIALIZE_TO_TORCH_DTYPE
+SERIALIZE_TO_TORCH_MEMORY_FORMAT = _serialize._SERIALIZE_TO_TORCH_MEMORY_FORMAT
+SERIALIZE_TO_TORCH_LAYOUT = _serialize._SERIALIZE_TO_TORCH_LAYOUT
+SYM_OPS = _serialize._SYM_OPS  # the Python functions torch's deserializer accepts for SymInt arithmetic
+int_to_sympy_int = _serialize._int_to_sympy_int
+
+__all__ = ["SCHEMA_VERSION", "ST_DELIMITER", "SERIALIZE_TO_TORCH_DTYPE", "SERIALIZE_TO_TORCH_LAYOUT",
+           "SERIALIZE_TO_TORCH_MEMORY_FORMAT", "SYM_OPS", "ExportedProgramDeserializer",
+           "ExportedProgramSerializer", "GraphModuleDeserializer", "GraphModuleSerializer", "SerializeError",
+           "deserialize_device", "int_to_sympy_int", "serialize_range_constraints"]
