@@ -1,43 +1,10 @@
-"""Functionalization: remove mutation and aliasing from a program's graph, the way torch.export does
-(in-place ops become functional ones, buffer and user-input mutations become extra outputs for the
-caller to apply), applying a decomposition table in the same trace, without touching process-global
-state. It owns what is mutation (is_mutating, may_mutate, updates_hidden_state, functional_variant),
-what every retrace decomposes (forced_decompositions) and the functionalizing trace of a graph
-(functionalize_graph) with the passes its result gets (materialize_conj, insert_runtime_asserts).
-The lowering engines (lowering/engines/: the whole-program retrace, node by node) call down into
-this public API; lowering/decompose.py builds the table.
+"""Functionalization: remove mutation and aliasing from a program's graph as torch.export does (in-place
+ops become functional, buffer and input mutations extra outputs), applying a decomposition table in the
+same trace. It owns what is mutation (is_mutating, may_mutate, updates_hidden_state, functional_variant),
+what every retrace decomposes (forced_decompositions) and the functionalizing trace (functionalize_graph,
+materialize_conj, insert_runtime_asserts), the public API the lowering engines call.
 
-torch's ExportedProgram.run_decompositions gets its result by retracing below autograd, where
-CompositeImplicitAutograd (CIA) ops would decompose by themselves; to keep the ones the table does
-not decompose it rewrites their ``py_kernels`` (and registers fake-tensor rules) for the whole
-process while it runs, and it turns mkldnn, nnpack and cudnn off process-wide. Eager code in
-another thread meanwhile runs other kernels.
-
-Here the program is retraced ABOVE autograd instead (aot_export_module with pre_dispatch=True):
-there a functional CIA op is seen as itself, so it stays unless the table holds it, and the table
-alone says what decomposes; functionalization happens in the same trace. What torch's retrace does
-implicitly is made explicit: ops it decomposes whatever its table says (CIA ops it cannot preserve,
-ops with a Python kernel at the Autograd key) get those decompositions (forced_decompositions),
-aten.lstm.input gets the path torch's entry takes with mkldnn off (it reads the global flag;
-flag_free), effectful ops are threaded on effect tokens (lowering/engines/whole_program.py),
-conjugate views are materialized before ops without a conjugate kernel (materialize_conj); the
-decompositions torch applies above functionalization (those of CompositeImplicitAutograd ops and
-Autograd-key Python kernels) are applied above it in the same single trace
-(_AboveFunctionalization), so that what they write in place is functionalized, and the rest of the
-table, whose PrimTorch views functionalization cannot take, below it, as in torch; a decomposition
-torch runs below functionalization that writes in place (where torch's retrace fails), or on 2.11 a
-C++ CIA kernel, is applied in a first step (_trace_in_two_steps); the whole table is first tried
-below functionalization, which is faster, with a watch that stops at the first write in place
-(functionalize_graph); torch.export's detach_ after a constant is skipped, and a view is made
-tolerant of the layout decompositions give its input (_prepared); the trace runs in the program's
-own fake mode and ShapeEnv, found as torch finds it, also for a program without tensor inputs
-(program_fake_mode), so the graph's unbacked symbols and their ranges are the trace's. One global
-is written: the class attribute PhiloxState.reset (torch's RNG-state tracker) is swapped for the
-duration of each trace and restored after it (_rng_tracker_outside_fake_mode; exporter/_torch/patches.py
-says what another thread sees meanwhile); grad mode and the trace's modes are thread-local. The whole-program retrace's
-result (lowering/engines/whole_program.py) is an ATen-dialect ExportedProgram whose op set equals
-run_decompositions' (tests/test_lowering.py, test_decompose.py).
-"""
+Why and how: docs/lowering.md#lowering-leaves-global-state-alone."""
 
 from __future__ import annotations
 

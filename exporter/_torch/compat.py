@@ -1,37 +1,7 @@
-"""What differs between the torch releases pt2b supports (pyproject.toml's range, 2.11 to 2.15), in
-one place: each difference is detected from the running torch (what its export schema defines,
-what its modules hold), never from its version number, and the rest of pt2b asks here.
-
-The differences, and who asks (tools/release_matrix.py runs the compat tests on each release;
-docs/releases.md has its table):
-
-- torch.export's serializer schema (torch._export.serde.schema). pt2b.fbs is the union of the
-  schemas of the supported releases (2.13's, which 2.14 and 2.15 keep); an older schema lacks some
-  members: 2.11's (schema 8.17) has no ScalarType FLOAT8E8M0FNU, UINT32 or UINT64 and no
-  Argument.as_float_lists. serialize/mapping/schema_map.py walks the running torch's dataclasses, so a
-  member it lacks is never written, and reading one is an UnsupportedVersionError naming it
-  (``schema_union_members``, ``schema_lacks``); serialize/mapping/dtypes.py maps weights' dtypes with
-  pt2b.fbs's own codes, so importing pt2b needs no member of torch's enum.
-- torch.export's serializer API: ExportedProgramSerializer.serialize() takes serialize_state_dict=
-  and friends from 2.12 on (``torch_serialized_program``; tests compare pt2b's writer with it).
-- decompositions: torch 2.11 and 2.12's one_layer_lstm (under aten.lstm.input's decomposition)
-  returns the final hidden states with the batch dimension squeezed at the wrong place
-  (``hx.squeeze(1)``), so a batch of more than one comes back as (layers, 1, batch, hidden);
-  ``one_layer_lstm`` probes it once and returns it repaired where it does that
-  (lowering/decompose.py applies it; torch's own run_decompositions keeps the bug).
-- functionalization: from 2.12 on, FunctionalTensorMode decides per op whether it decomposes a
-  CompositeImplicitAutograd op itself in a method of the mode object (``_can_decompose``), which
-  pt2b's retrace tells, on that one object, to decompose the CIA ops torch applies above
-  functionalization (functionalize.py); 2.11 decides in a local function, so there those ops' C++
-  kernels run where the table's other entries do (``functional_mode_decides_per_object``).
-- names a release may lack or spell otherwise, looked up here so that no other module probes torch:
-  torch.fx's _LazyGraphModule and its switch (lowering/deferred_codegen.py:
-  ``lazy_graph_module_class``, ``lazy_graph_modules_forbidden``), the quantized_decomposed kernels
-  (lowering/tables.py: ``quantized_decomposed_kernels``), the pre-dispatch region functions and the
-  higher-order ops' operator rules (serialize/read/untrusted.py: ``functions_of``,
-  ``hop_takes_operator``), ShapeEnv's hinted expressions (serialize/read/deserialize.py:
-  ``hinted_expressions``).
-"""
+"""What differs between the torch releases pt2b supports (pyproject.toml's range), in one place: each
+difference is detected from the running torch (what its export schema defines, what its modules
+hold), never from its version number, and the rest of pt2b asks here. The differences and who asks:
+docs/releases.md#what-differs-between-releases-and-where-it-is-handled."""
 
 from __future__ import annotations
 

@@ -1,32 +1,8 @@
-"""torch's ExportedProgramDeserializer with four steps made cheaper: the fake tensors of nodes, the
-parsing of symbolic expressions, the module stacks of nodes, and the search for unbacked symbols.
-
-torch makes each node's ``meta["val"]`` by calling ``torch.empty_strided`` under its FakeTensorMode,
-a full fake dispatch (~60 us); for a tensor whose sizes and strides are plain integers on the CPU
-pt2b builds the same FakeTensor directly from a meta tensor (~9 us): same mode, device, dtype,
-sizes, strides and requires_grad, nothing else differs. Symbolic shapes, other devices and every
-other step stay torch's own code. On the 6x512 encoder (1,415 tensors) this is a quarter of a load.
-
-torch parses each symbolic size (``_parse_sym_expr``) by sympifying its text and then walking every
-sub-expression again, recursively, before looking the result up in its cache of parsed expressions:
-a program whose sizes are deep expressions (lara_mini: 2,456 of them, 54,266 recursive calls) spends
-20 s there. The same walk on an expression already parsed only re-registers what it registered the
-first time, so an expression or sub-expression met again returns the object torch cached for it (one
-that comes with a hint torch has not recorded for it yet still takes torch's own path).
-
-torch splits each node's ``nn_module_stack`` text character by character (its entries may hold
-bracketed commas); the nodes of one module share the same text, so each distinct text is split once
-by torch's own code and every node gets a new dict of that result (on llama, 546 nodes and 1,344
-entries: 6 ms of a 50 ms read).
-
-After building the graph, torch walks every node's value (each size, stride and offset) for the
-unbacked symbols it has not yet found a node binding (``_free_unbacked_symbols_with_path`` with
-``pending``, which the walk empties as it finds them). A walk with nothing pending finds nothing and
-changes nothing (each binding it records is a symbol taken out of ``pending``), so while pt2b's
-deserializer runs in this thread, that walk returns at once: 2% of a cold lowering on llama, gemma3
-and dinov3_vit. torch's function is wrapped once for the process (declared in exporter/_torch/patches.py); outside ``deserialize_program``,
-and in every other thread, the wrapper calls it unchanged.
-"""
+"""torch's ExportedProgramDeserializer with four steps made cheaper: the fake tensors of nodes
+(_fast_tensor_meta), the parsing of symbolic expressions (_memoized_parse), the module stacks of nodes
+(_shared_module_stacks) and the search for unbacked symbols (_skipping_empty_walks). Each function's
+docstring has its mechanism and measurement; the last step of a load:
+docs/architecture.md#load-load."""
 
 from __future__ import annotations
 
@@ -48,7 +24,13 @@ _DTYPES = _serde.SERIALIZE_TO_TORCH_DTYPE
 
 
 def _fast_tensor_meta(self, tensor_meta):
-    """GraphModuleDeserializer.deserialize_tensor_meta with the direct path for static CPU tensors."""
+    """GraphModuleDeserializer.deserialize_tensor_meta with the direct path for static CPU tensors.
+
+    torch makes each node's ``meta["val"]`` by calling ``torch.empty_strided`` under its FakeTensorMode,
+    a full fake dispatch (~60 us); for a tensor whose sizes and strides are plain integers on the CPU
+    this builds the same FakeTensor directly from a meta tensor (~9 us): same mode, device, dtype,
+    sizes, strides and requires_grad, nothing else differs. Symbolic shapes, other devices and every
+    other step stay torch's own code. On the 6x512 encoder (1,415 tensors) this is a quarter of a load."""
     device = tensor_meta.device
     if device.type == "cpu" and device.index is None:
         try:
@@ -65,7 +47,14 @@ def _fast_tensor_meta(self, tensor_meta):
 
 def _memoized_parse(d):
     """GraphModuleDeserializer._parse_sym_expr of ``d``, returning at once what it returned before for
-    the same expression (text, or a sympy sub-expression) unless it comes with a hint not recorded."""
+    the same expression (text, or a sympy sub-expression) unless it comes with a hint not recorded.
+
+    torch parses each symbolic size by sympifying its text and then walking every sub-expression
+    again, recursively, before looking the result up in its cache of parsed expressions: a program
+    whose sizes are deep expressions (lara_mini: 2,456 of them, 54,266 recursive calls) spends 20 s
+    there. The same walk on an expression already parsed only re-registers what it registered the
+    first time, so an expression or sub-expression met again returns the object torch cached for it
+    (one that comes with a hint torch has not recorded for it yet still takes torch's own path)."""
     parse = d._parse_sym_expr
     seen = {}
 
@@ -130,7 +119,12 @@ def _source_fn_stack(text: str) -> list:
 def _shared_module_stacks(d):
     """GraphModuleDeserializer.deserialize_metadata of ``d``, splitting each distinct ``nn_module_stack``
     text once; the result has the same keys in the same order, and a dict of its own per node.
-    ``source_fn_stack`` is read by _source_fn_stack, never by torch's resolver."""
+    ``source_fn_stack`` is read by _source_fn_stack, never by torch's resolver.
+
+    torch splits each node's ``nn_module_stack`` text character by character (its entries may hold
+    bracketed commas); the nodes of one module share the same text, so each distinct text is split
+    once by torch's own code and every node gets a new dict of that result (on llama, 546 nodes and
+    1,344 entries: 6 ms of a 50 ms read)."""
     deserialize = d.deserialize_metadata
     split = {}
 
@@ -171,7 +165,15 @@ _WALK = "torch.fx.experimental.symbolic_shapes:_free_unbacked_symbols_with_path"
 
 def _skipping_empty_walks(walk):
     """symbolic_shapes._free_unbacked_symbols_with_path returning {} at once where nothing is pending,
-    in a thread inside ``deserialize_program`` (module docstring)."""
+    in a thread inside ``deserialize_program``.
+
+    After building the graph, torch walks every node's value (each size, stride and offset) for the
+    unbacked symbols it has not yet found a node binding (``pending``, which the walk empties as it
+    finds them). A walk with nothing pending finds nothing and changes nothing (each binding it
+    records is a symbol taken out of ``pending``), so while pt2b's deserializer runs in this thread,
+    that walk returns at once: 2% of a cold lowering on llama, gemma3 and dinov3_vit. torch's function
+    is wrapped once for the process (declared in exporter/_torch/patches.py); outside
+    ``deserialize_program``, and in every other thread, the wrapper calls it unchanged."""
 
     def free_unbacked_symbols_with_path(*args, _torch_walk=walk, **kwargs):
         if getattr(_STATE, "reading", False):
