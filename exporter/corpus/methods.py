@@ -1,33 +1,7 @@
-"""Models exported as several methods sharing one model object (multi-method artifacts: tests, the
-golden of format 1.2, the bench): two tiny transformers models built offline from configs with seeded
-random weights, and a hand-written one.
-
-- ``TinyKV``: a hand-written one-layer decoder over a KV cache held as buffers (no transformers).
-- ``decoder_case()``: a LlamaForCausalLM in transformers' static-cache export wrapper
-  (TorchExportableModuleWithStaticCache, the KV cache held as non-persistent buffers key_cache_0, ...).
-  Methods "prefill" (4 tokens, cache_position arange(4)) and "decode" (1 token): both are the wrapper's
-  forward, so an entry is the module itself. The cache is state the methods share: decode reads what
-  prefill wrote.
-- ``seq2seq_case()``: a T5ForConditionalGeneration in ``Seq2Seq``, methods "encode" and "decode" (no
-  KV cache: each step re-reads the whole decoder prefix, so decode's length is dynamic). Entries are
-  bound methods of the wrapper.
-
-``MethodsCase.export(name)`` exports one method; ``generate(call)`` runs greedy generation with every
-model call routed through ``call(method_name, args, kwargs)``; ``eager_tokens()`` is the eager reference,
-run on a deep copy so the case's model (and its zero KV cache) is left as it was.
-
-Found with torch 2.13 / transformers 5.24:
-- the static-cache wrapper needs ``strict=True``: non-strict export traces the cache through
-  ``static_cache.layers[i].keys`` (a plain attribute, not the registered buffer) and lifts it as
-  constants ``lifted_tensor_N``. Strict names the placeholders ``b_static_cache_layers_0_keys`` with
-  target ``key_cache_0``. torch.export leaves the writes in place (index_copy_/copy_, so
-  buffers_to_mutate is empty) until run_decompositions, which lists key_cache_0 ... cumulative_length_1.
-- non-persistent buffers sit in ``ep.constants`` as the very tensors of the model, so running
-  ``ep.module()`` writes the case model's cache: export a deep copy to keep it zero.
-- ``torch._export.utils.wrap_method`` shares only the owner's own ``_parameters``/``_buffers``, not its
-  submodules: non-strict export then lifts every weight as an anonymous constant, strict fails with
-  KeyError. pt2b's ``exporter.capture.BoundMethod`` also shares ``_modules``, so the names are the owner's.
-"""
+"""Models exported as several methods sharing one model object (multi-method artifacts: tests, the golden
+of format 1.2, the bench): ``TinyKV`` (hand-written, a KV cache as buffers), ``decoder_case()`` (a tiny
+Llama, prefill and decode) and ``seq2seq_case()`` (a tiny T5, encode and decode), built offline from
+configs with seeded random weights. The format: docs/methods.md."""
 
 from __future__ import annotations
 
@@ -58,12 +32,13 @@ class MethodsCase:
     start_token: int = 0  # the seq2seq decoder's first token
 
     def export(self, name: str) -> torch.export.ExportedProgram:
+        """One method exported (a bound method through exporter.capture.BoundMethod)."""
         fn, args, kwargs = self.methods[name]
         mod = fn if isinstance(fn, torch.nn.Module) else BoundMethod(fn)
         return torch.export.export(mod, args, kwargs, dynamic_shapes=self.dynamic_shapes[name], strict=self.strict)
 
     def generate(self, call: Callable[[str, tuple, dict], torch.Tensor]) -> list[int]:
-        """Greedy generation of n_new tokens, every model invocation as ``call(method, args, kwargs)``."""
+        """Greedy generation of n_new tokens, every model invocation as ``call(method_name, args, kwargs)``."""
         out = []
         if self.kind == "decoder":
             n = self.prompt.shape[1]
@@ -83,7 +58,8 @@ class MethodsCase:
         return out
 
     def eager_tokens(self) -> list[int]:
-        """``generate`` run eagerly on a deep copy of the model (the case's own state stays untouched)."""
+        """``generate`` run eagerly on a deep copy of the model, the eager reference (the case's own
+        state, a zero KV cache, stays untouched)."""
         model = copy.deepcopy(self.model)
 
         def resolve(fn):
@@ -100,7 +76,12 @@ class MethodsCase:
 
 def decoder_case(seed: int = 0, **sizes) -> MethodsCase:
     """Tiny Llama in transformers' static-cache wrapper: "prefill" [1, 4] and "decode" [1, 1]; ``sizes``
-    override the config's (vocab_size, hidden_size, intermediate_size, num_hidden_layers, ...)."""
+    override the config's (vocab_size, hidden_size, intermediate_size, num_hidden_layers, ...).
+
+    The wrapper is TorchExportableModuleWithStaticCache, the KV cache held as non-persistent buffers
+    key_cache_0, ... "prefill" has 4 tokens (cache_position arange(4)), "decode" 1 token: both are the
+    wrapper's forward, so an entry is the module itself. The cache is state the methods share: decode
+    reads what prefill wrote. Exported strict (docs/methods.md#writing says why)."""
     import transformers
     from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
 
@@ -136,7 +117,9 @@ class Seq2Seq(torch.nn.Module):
 
 
 def seq2seq_case(seed: int = 0) -> MethodsCase:
-    """Tiny T5 in ``Seq2Seq``: "encode" [1, 6] and "decode" (decoder length dynamic, 1..15)."""
+    """Tiny T5 in ``Seq2Seq``: "encode" [1, 6] and "decode" (decoder length dynamic, 1..15). There is
+    no KV cache: each step re-reads the whole decoder prefix, so decode's length is dynamic. Entries
+    are bound methods of the wrapper."""
     import transformers
 
     cfg = transformers.T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2,

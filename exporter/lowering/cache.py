@@ -1,25 +1,7 @@
 """The lowering cache: load_for_backend's results stored as .pt2b files, keyed by the artifact's
-content, the lowering request and the software versions, so a repeated lowering is one load.
-
-Off with cache=False or PT2B_CACHE=0. Where: $PT2B_CACHE_DIR, else $XDG_CACHE_HOME/pt2b, else ~/.cache/pt2b.
-Key: sha256 over the source's content (content_digest: its program section, which from format 1.3
-on records the sha256 of every weight segment, so no weight is read; for an older file, the program
-section and the weights' bytes themselves), the resolved lowering plan (preset and its frozen lists,
-supported_ops, keep, the decomposition table's ops), torch, pt2b and format versions. CRC32 alone
-would not do: it is easy to forge, so a second file with the same program and other weights would
-share the first one's key.
-
-An entry is stored only after the source's weights are found to be the ones its program section
-records (the entry's own segments hold the source's bytes and are hashed as they are written, so this
-costs no extra read; a source segment the entry does not hold is hashed on its own): a file whose
-weights were swapped under a forged program section cannot file its lowering under the original's
-key. An entry is opened like any artifact (checksums, every check); with verify=True its weights are
-checked against their digests too, and an entry that fails is removed and lowered again. Entries are
-written atomically (temp file + rename), so concurrent lowerings of one artifact each see a complete
-entry or none; an entry that does not load (damaged, written by another format) is a miss and is
-rewritten. Requests with a custom decomposition table (code cannot be keyed) and non-CPU devices are
-not cached.
-"""
+content, the lowering request and the software versions, so a repeated lowering is one load. Where
+it lives, what the key holds and why an entry can be trusted: docs/lowering.md#the-lowering-cache and
+docs/untrusted.md#the-lowering-cache."""
 
 from __future__ import annotations
 

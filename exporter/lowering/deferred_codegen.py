@@ -1,23 +1,7 @@
-"""Graph modules whose Python code is generated when first run or printed, not when made.
-
-A lowering makes several programs on the way to the one it returns: the program read from the file,
-reuse.py's collapsed program, the node-local lowering's result before its expansion. torch makes
-each ExportedProgram's graph module by generating and compiling its Python code
-(GraphModule.recompile), 10-20 ms for a decoder's graph, and most of these programs are never run. Inside ``deferred()`` they are made as torch.fx's _LazyGraphModule (what inductor uses for
-the same reason), whose code is generated on first use; ``compiled(ep)`` generates the code of the
-program a lowering returns, so what the caller gets is as ready to run as torch's.
-
-The traces a lowering runs make graph modules too (make_fx's result in each aot_export: made, then
-recompiled by aot_export after its passes, twice 3-10 ms), which pt2b reads and never runs; inside
-``deferred()`` they are _LazyGraphModules as well, as under torch's own switch for this (a graph
-module that is run generates its code then, as any _LazyGraphModule does).
-
-ExportedProgram makes its graph module in torch.export.exported_program._create_graph_module_for_export,
-and torch.fx picks the class of the graph modules it makes in
-torch.fx._lazy_graph_module._get_graph_module_cls; ``deferred()`` puts a wrapper on each once, for the
-process (they call torch's own outside ``deferred()``, in every thread: declared in
-exporter/_torch/patches.py). Where a torch release lacks these names, ``deferred()`` changes nothing.
-"""
+"""Graph modules whose Python code is generated when first run or printed, not when made: inside
+``deferred()`` the programs and traces a lowering makes on the way are torch.fx's _LazyGraphModule;
+``compiled(ep)`` generates the code of the program a lowering returns. Why:
+docs/lowering.md#programs-made-on-the-way-generate-no-code."""
 
 from __future__ import annotations
 
@@ -76,8 +60,14 @@ def _deferring_pick(pick):
 
 @contextlib.contextmanager
 def deferred():
-    """Inside, this thread's new ExportedPrograms generate their graph module's code on first use
-    (module docstring). (torch's own switch for this, torch.fx._lazy_graph_module._use_lazy_graph_module,
+    """Inside, this thread's new ExportedPrograms, and the graph modules the traces make (make_fx's
+    result in each aot_export, otherwise made and then recompiled after its passes, twice 3-10 ms),
+    are torch.fx's _LazyGraphModule, which generates its code on first use. ExportedProgram makes its
+    graph module in torch.export.exported_program._create_graph_module_for_export, and torch.fx picks
+    the class of the graph modules it makes in torch.fx._lazy_graph_module._get_graph_module_cls; this
+    puts a wrapper on each once, for the process (they call torch's own outside ``deferred()``, in
+    every thread: declared in exporter/_torch/patches.py). Where a torch release lacks these names,
+    it changes nothing. (torch's own switch for this, torch.fx._lazy_graph_module._use_lazy_graph_module,
     is one flag for all threads: two lowerings in two threads could leave it on for everyone.)"""
     if not _installed():
         yield

@@ -1,26 +1,7 @@
-"""Lower a program node by node instead of retracing it whole.
-
-A retrace (torch's run_decompositions, pt2b's whole_program.py) sends every call of the program
-through functionalization, proxy tracing and fake-tensor propagation, twice (aot_export's metadata
-pass, then its trace), also the calls the table leaves as they are: most of a real model's calls.
-Here a call whose op the table does not decompose, on inputs laid out as the program recorded, is
-copied with its recorded value, untraced. The calls the table decomposes are traced together, in one
-trace of a graph holding just them (by the retrace's own code, functionalize.functionalize_graph, so each is
-decomposed exactly as in the whole trace), and each is spliced in where it stood; a call equal to one
-already traced (same op, arguments and input metadata) is copied from it. Where a decomposition lays
-its result out otherwise than the program recorded, the calls that read it are traced (or, for an op
-the table leaves, propagated on fake values) again on the new layout, until the layouts agree: every
-call sees the values it would see in the whole retrace (the calls reading such a result in a row are
-traced again together, _Lowering._chain). A write in place into a value only the
-writes see, or into a buffer or an input, becomes the functional op (_without_writes), as
-functionalization makes it; a written buffer or input is returned as its mutation, as
-functionalization returns it.
-
-Used only where that argument holds: no write into a parameter, a constant or a view read again, no higher-order op
-or functorch region, no effectful op, no conjugate view, only OpOverload calls, getitem, grad-mode
-switches and size arithmetic, a trace that takes and returns plain values; and only where it pays off (_pays_off).
-Otherwise ``lower_locally`` returns None and the caller retraces the whole program.
-"""
+"""Lower a program node by node instead of retracing it whole: a call the table does not decompose is
+copied with its recorded value, the decomposed calls are traced together and spliced in where they
+stood, and writes in place become functional ops (_without_writes). ``lower_locally`` returns None
+where this does not apply. Why and when: docs/lowering.md#only-the-decomposed-calls-are-traced."""
 from __future__ import annotations
 
 import operator
@@ -819,7 +800,15 @@ def _range_constraints(ep, graph: torch.fx.Graph, fake_mode) -> dict:
 
 def lower_locally(ep, table: dict):
     """``ep`` with ``table`` (functionalize's trace table) applied node by node, as a new
-    ExportedProgram, or None when the node-local lowering does not apply (module docstring)."""
+    ExportedProgram, or None when the node-local lowering does not apply, and the caller retraces the
+    whole program.
+
+    The decomposed calls are traced by the retrace's own code (functionalize.functionalize_graph), so
+    each is decomposed exactly as in the whole trace. It applies only where the argument that the
+    result equals the whole retrace's holds: no write into a parameter, a constant or a view read
+    again, no higher-order op or functorch region, no effectful op, no conjugate view, only
+    OpOverload calls, getitem, grad-mode switches and size arithmetic, a trace that takes and returns
+    plain values; and only where it pays off (_pays_off)."""
     from .reuse import program_with_graph
 
     source = _inline_grad_regions(ep.graph_module)

@@ -1,22 +1,7 @@
-"""Lower a program of repeated identical layers by tracing one layer and copying the result.
-
-torch's run_decompositions retraces the whole program: a 24-block decoder is traced 24 times over
-the same code. Here the blocks are found from nn_module_stack (children of a ModuleList or
-Sequential at one depth, each a contiguous run of nodes), and a chain x -> B1 -> ... -> Bn of
-blocks whose graphs are the same (same ops and arguments, the same shapes, strides, dtypes and
-requires_grad on every value) is collapsed to B1: the program lowered is the original with
-B2..Bn cut out and what read Bn's output reading B1's. That one lowering (torch's, unchanged) is
-then expanded: B1's lowered nodes (still tagged with B1's module path) are copied for B2..Bn, each
-copy wired to its own block's weights and to the previous copy's output.
-
-Every op in the collapsed program sees the values it sees in the whole program (the blocks are
-equal down to the metadata decompositions look at), so the result has the same ops in the same
-order with the same arguments as run_decompositions on the whole program; tests/test_lowering_reuse.py
-checks node by node and the outputs bit for bit. Used only where that argument holds: no
-mutation, no higher-order op, no symbolic shape, no module call signature to keep, a lowered
-first block that is one run of nodes with one chained input and one output. Otherwise (or with
-fewer than two equal blocks) the caller lowers the program whole.
-"""
+"""Lower a program of repeated identical layers by tracing one layer and copying the result: a chain of
+equal blocks is collapsed to its first, lowered once and expanded, each copy on its own weights. The
+caller lowers the program whole where this does not apply. How and when:
+docs/lowering.md#repeated-layers-are-traced-once."""
 
 from __future__ import annotations
 
