@@ -1,20 +1,6 @@
 """Record, during one real lowering, which ops each decomposition emits: the routes (decomposition
-trees) of every call site of a program, exact for any table the opset explorer can choose.
-
-The program is lowered by pt2b's own retrace (lowering/decompose.py, as any lowering is) with every
-available decomposition, each wrapped to note its call and to claim the graph nodes created while
-it ran that no decomposition it called claimed: those are the ops it emitted. The result is one
-tree per call site that gets decomposed, and the ops the program calls that have no decomposition. Evaluating those trees for a smaller table (an op not in it stays whole; its
-children are not emitted) gives the same op set as lowering with that table (tests/opset/test_explorer.py
-checks this on the whole corpus), because:
-- a decomposition emits the same ops whatever else the table holds (it is the same function on the
-  same fake values);
-- ops decomposed whatever the table says (non-functional CompositeImplicit ops such as reshape or
-  contiguous) never show up as tree nodes: what they emit is attributed to the caller;
-- calls made outside the graph being traced (shape pre-passes, throwaway traces of control-flow
-  bodies) and emitted nodes that dead-code elimination removes are pruned, so the trees hold only what
-  reaches the lowered graph.
-"""
+trees) of every call site of a program, exact for any table the opset explorer can choose. Why they
+are exact: docs/explorer.md#how-the-page-knows."""
 
 from __future__ import annotations
 

@@ -1,22 +1,7 @@
-"""Validation of a lowering on the artifact's own inputs: load_for_backend runs what it produced.
-
-The lowered program and the unlowered one run on the example inputs the artifact stores and on a
-second input derived from them (each tensor's values permuted: the same shapes, dtypes and value
-set, other positions), each from its own copy of the state the program mutates. Their outputs are
-compared in the audit's words (lowering/verdicts.py): exact, ulp (within its ulp limit), lossy, or
-wrong: a shape, dtype, integer or non-finite value that differs, or a relative difference
-(|lowered - unlowered| / max(|unlowered|, 1)) beyond the bound for the output's dtype: the audit's
-line between lossy and wrong (verdicts.WRONG_REL), widened to the largest error against float64 the
-audit measured for a decomposition this lowering applied. A wrong output fails the validation.
-
-When it fails, the decomposition responsible is searched for by bisection over the ops of the
-program the table decomposes (each step lowers again with half of them kept); the lowering then
-keeps that op where the backend accepts it, or raises OpsetError naming the op, its decomposition,
-a node calling it and the measured difference.
-
-Programs with random ops are not validated (their draws differ between the two programs), nor are
-programs whose artifact stores no example inputs.
-"""
+"""Validation of a lowering on the artifact's own inputs: load_for_backend runs the lowered and the
+unlowered program on the stored example inputs and a permuted second input, compares their outputs in
+the audit's words (verdicts.py), and on a wrong output bisects for the decomposition responsible.
+Why and the bounds: docs/lowering.md#a-lowering-is-validated-on-the-artifacts-own-inputs."""
 
 from __future__ import annotations
 

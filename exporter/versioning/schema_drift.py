@@ -1,24 +1,7 @@
-"""Operator-schema drift on load: each op schema recorded in an artifact is compared (parsed with
-torch._C.parse_schema, never as text) with the running torch's, and the program's nodes are
-upgraded (compatible drift, registered upgraders) or one error lists every irreconcilable op.
-
-Rules (``compare``): arguments are compared by name, type (SymInt spelled int), default value,
-keyword-only-ness and alias annotation; returns by type and alias (a return renamed is noted).
-Identical -> nothing. The new schema only ADDS arguments that have defaults (positional after
-every old positional one, or keyword-only) and returns the same -> compatible: the node is left
-as written (torch's deserializer omits missing defaulted inputs, which is what its own
-serializer writes). The mirror, an artifact of a NEWER torch whose schema has arguments with
-defaults that the running one lacks -> downgradable: a node that passes such an argument its
-default value (or omits it) drops it, a node that passes anything else is a SchemaDriftError
-naming the op, the argument and both releases. Anything else -> an upgrader (or downgrader)
-keyed by (op, overload, old schema) from exporter/versioning/upgraders.py, chained while its
-output schema still differs; none -> irreconcilable.
-
-The same reconciliation writes an artifact for another release (``export_model(...,
-target_torch=)``, exporter/versioning/retarget.py): there the program's schemas are the recorded
-ones and a stored registry of the target release (exporter/versioning/registries.py) stands for
-the running torch.
-"""
+"""Operator-schema drift on load: each op schema recorded in an artifact is compared (parsed, never as
+text) with the running torch's (``compare`` has the rules), and the program's nodes are upgraded or one
+error lists every irreconcilable op. ``reconcile`` also serves retarget.py, with a stored registry
+standing for the running torch. Why: docs/format.md#op-schemas, docs/releases.md#op-schemas-across-releases-both-ways."""
 
 from __future__ import annotations
 
@@ -122,7 +105,18 @@ class Drift:
 
 
 def compare(old, new) -> Drift:
-    """Classify the drift from parsed schema ``old`` (recorded) to ``new`` (running)."""
+    """Classify the drift from parsed schema ``old`` (recorded) to ``new`` (running).
+
+    Arguments are compared by name, type (SymInt spelled int), default value, keyword-only-ness and
+    alias annotation; returns by type and alias (a return renamed is noted). Identical -> nothing.
+    The new schema only ADDS arguments that have defaults (positional after every old positional
+    one, or keyword-only) and returns the same -> compatible: the node is left as written (torch's
+    deserializer omits missing defaulted inputs, which is what its own serializer writes). The
+    mirror, an artifact of a NEWER torch whose schema has arguments with defaults that the running
+    one lacks -> downgradable: a node that passes such an argument its default value (or omits it)
+    drops it, a node that passes anything else is a SchemaDriftError naming the op, the argument and
+    both releases. Anything else -> an upgrader (or downgrader) keyed by (op, overload, old schema)
+    from upgraders.py, chained while its output schema still differs; none -> irreconcilable."""
     reasons, added, renamed, dropped = [], [], [], {}
     if (old.name, old.overload_name) != (new.name, new.overload_name):
         reasons.append(f"op {old.name}.{old.overload_name or 'default'} became "
