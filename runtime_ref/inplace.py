@@ -1,19 +1,7 @@
-"""Reuse a dying intermediate's memory: an elementwise step whose first input dies at that step
-runs in place (`x.add_(y)` for `add(x, y)`), saving an allocation per op where per-op overhead
-dominates. Values stay bit-identical: the same kernel writes into the input instead of a new tensor.
-
-A step runs in place only when all of this holds, decided once at planning time:
-- its op is in IN_PLACE (elementwise, same-named in-place variant with the same arguments);
-- the first input is an intermediate produced by an operator whose schema returns a fresh tensor
-  (not a user input, constant, state, view, tuple element or higher-order-op result), is not a graph
-  output, is read nowhere else in the step, and dies at this step;
-- no alias of it is alive: every value that may alias it (the output of a view op, or of any
-  non-operator step reading it) died before this step;
-- the recorded output has the input's dtype, device, shape and strides (so no promotion, no
-  broadcasting of the first input, no layout change);
-- it does not run inside an autocast region (`skip`): autocast may cast the functional op's inputs,
-  never the in-place variant's.
-"""
+"""Reuse a dying intermediate's memory: an elementwise step whose first input dies at that step runs in
+place (`x.add_(y)` for `add(x, y)`), saving an allocation per op where per-op overhead dominates.
+Values stay bit-identical: the same kernel writes into the input. ``plan_in_place`` has the conditions;
+docs/architecture.md#run-runtime_refruntime the runtime's contract."""
 
 from __future__ import annotations
 
@@ -71,7 +59,19 @@ def _same_layout(a, b) -> bool:
 
 def plan_in_place(step_nodes: list, outs: list, reads: list, slot_of: dict, n_user: int,
                   last_use: dict, skip=frozenset()) -> dict[int, object]:
-    """step index -> in-place callable for the steps that may run in place (see the module doc).
+    """step index -> in-place callable for the steps that may run in place, decided once at planning time.
+
+    A step runs in place only when all of this holds:
+    - its op is in IN_PLACE (elementwise, same-named in-place variant with the same arguments);
+    - the first input is an intermediate produced by an operator whose schema returns a fresh tensor
+      (not a user input, constant, state, view, tuple element or higher-order-op result), is not a graph
+      output, is read nowhere else in the step, and dies at this step;
+    - no alias of it is alive: every value that may alias it (the output of a view op, or of any
+      non-operator step reading it) died before this step;
+    - the recorded output has the input's dtype, device, shape and strides (so no promotion, no
+      broadcasting of the first input, no layout change);
+    - it does not run inside an autocast region (`skip`): autocast may cast the functional op's inputs,
+      never the in-place variant's.
 
     step_nodes[k]: the fx node of step k; outs[k]: its output slot; reads[k]: slots it reads;
     last_use: slot -> step after which it is dead (slots absent from it never die: outputs, state);

@@ -1,19 +1,7 @@
-"""Grad-mode and autocast regions of a program (`with torch.no_grad()`, `torch.enable_grad()`,
-`torch.autocast(...)` in model code): the call targets that mark them, how the runtime runs them, and
-the guard that gives the caller back its grad mode and autocast state after every run, also when a
-run raises midway.
-
-Lowered graphs carry these regions in two forms; each op runs under the grad mode and autocast that
-torch's own GraphModule gives it (outside any region: no grad, as for every Runtime call):
-- flat markers: `torch._C._set_grad_enabled(flag)` calls, and `_enter_autocast(device_type, dtype,
-  enabled, cache_enabled)` ... `_exit_autocast(mode)` pairs (presets core, max, ...);
-- wrapped bodies: the higher-order ops `wrap_with_set_grad_enabled(flag, body, *args)` and
-  `wrap_with_autocast(device_type, dtype, enabled, cache_enabled, body, *args)` (preset none).
-
-Autocast changes dtypes and kernels may choose their path by grad mode (state.py), so the markers
-are executed, not dropped. An autocast region's device type follows the runtime's device
-like every device baked into the graph does (a program recorded on cpu, run on cuda, autocasts cuda).
-"""
+"""Grad-mode and autocast regions of a program: the call targets that mark them (flat markers or wrapped
+bodies), how the runtime runs them, and the guard that gives the caller back its grad mode and
+autocast state after every run, also when a run raises midway. The two forms and why markers are run:
+docs/architecture.md#run-runtime_refruntime."""
 
 from __future__ import annotations
 

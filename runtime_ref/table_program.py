@@ -1,17 +1,7 @@
-"""A program planned straight from an artifact's graph table: the checked, decoded graph of a loaded
-.pt2b is read into light nodes and handed to the planner, with no fx graph, fake tensor or
-ExportedProgram built. What it cannot read that way is named, and the Runtime builds the program.
-
-`from_table(prog)` gives (TableProgram, None) or (None, the reason). A TableProgram answers what
-the Runtime asks of an ExportedProgram (graph_module.graph.nodes, graph_signature, state_dict,
-constants, call_spec, module_call_graph, range_constraints) from the table: every operator resolved
-once per distinct overload, arguments bound as torch's deserializer binds them (positional or keyword
-by the recorded argument kind, else by the schema), weights the mapped tensors the reader checked.
-Covered: strided CPU tensors, ATen/prims/custom operators, SymInt arithmetic, and symbolic shapes
-whose inputs' sizes are plain symbols (bound and range-checked per call as from the program).
-Not covered (the reason names which): control-flow and region subgraphs, custom objects, tokens,
-symbolic inputs, input sizes recorded as expressions, other devices and layouts.
-"""
+"""A program planned straight from an artifact's graph table: the checked, decoded graph of a loaded .pt2b
+is read into light nodes and handed to the planner, with no fx graph, fake tensor or ExportedProgram
+built. ``from_table`` says what it covers and names why not otherwise; then the Runtime plans from the
+ExportedProgram. Why: docs/architecture.md#run-runtime_refruntime."""
 
 from __future__ import annotations
 
@@ -48,7 +38,11 @@ class _Unplannable(Exception):
 
 
 class TableProgram:
-    """The parts of an ExportedProgram the Runtime reads, made from a checked graph table."""
+    """The parts of an ExportedProgram the Runtime reads, made from a checked graph table:
+    graph_module.graph.nodes, graph_signature, state_dict, constants, call_spec, module_call_graph,
+    range_constraints. Every operator is resolved once per distinct overload, arguments are bound as
+    torch's deserializer binds them (positional or keyword by the recorded argument kind, else by the
+    schema), weights are the mapped tensors the reader checked."""
 
     def __init__(self, nodes, signature, module_call_graph, state_dict, constants):
         self.graph = types.SimpleNamespace(nodes=nodes)
@@ -64,7 +58,12 @@ class TableProgram:
 
 def from_table(program) -> tuple[TableProgram | None, str | None]:
     """(TableProgram, None) for a program load() returned whose graph the direct plan reads, else
-    (None, why not). Runs the graph's checks first (their errors propagate, as at any first use)."""
+    (None, why not). Runs the graph's checks first (their errors propagate, as at any first use).
+
+    Covered: strided CPU tensors, ATen/prims/custom operators, SymInt arithmetic, and symbolic shapes
+    whose inputs' sizes are plain symbols (bound and range-checked per call as from the program).
+    Not covered (the reason names which): control-flow and region subgraphs, custom objects, tokens,
+    symbolic inputs, input sizes recorded as expressions, other devices and layouts."""
     checked = getattr(program, "_checked", None)
     if checked is None:
         return None, "not a program loaded from a .pt2b file"

@@ -1,23 +1,7 @@
-"""Every patch pt2b makes to a torch object, in one list (``PATCHES``: symbol, scope, site, reason, torch
-releases verified), and the helpers that install the process-wide and per-trace ones (``wrap_once``,
-``swapped``, ``name_pytree_types``). tests/repo/test_torch_patches.py checks that what pt2b's code patches
-is this list: an AST scan of exporter/ and runtime_ref/, and a process that exports, loads, lowers and
-runs eager mode, whose replaced torch objects are exactly the ``process`` entries.
-
-Scopes:
-
-- ``process``: a torch function is replaced by a wrapper for the rest of the process, installed once on
-  first use (``wrap_once``); outside the context that asks for pt2b's behaviour, and in every other
-  thread, the wrapper calls torch's function unchanged;
-- ``per-trace``: a class attribute is replaced for the duration of one functionalizing trace and restored
-  after it (``swapped``; process-wide while it is replaced);
-- ``per-instance``: attributes set on one instance pt2b made and owns (a deserializer, the trace's
-  functionalization mode); nothing else sees them;
-- ``registration``: an entry added to a torch registry (a higher-order op's rules for pt2b's own mode
-  class; serialized names of torch's pytree nodes), once a process;
-- ``copied body``: a torch function whose body pt2b runs as its own copy (to skip a step), to compare
-  with torch's on every upgrade.
-"""
+"""Every patch pt2b makes to a torch object, in one list (``PATCHES``: symbol, scope, site, reason,
+releases verified; ``Patch`` defines the scopes), and the helpers that install them (``wrap_once``,
+``swapped``, ``name_pytree_types``). tests/repo/test_torch_patches.py checks that what the code patches,
+scanned and at run time, is this list. Why: docs/lowering.md#lowering-leaves-global-state-alone."""
 
 from __future__ import annotations
 
@@ -36,7 +20,21 @@ MARK = "_pt2b_wrapped"  # set on each process-wide wrapper: installed once
 class Patch:
     """One patch: ``symbol`` is the torch object as "module:qualified.name" (for a per-instance patch, the
     class of the instance); ``site`` the code of pt2b that makes it ("path.py::function"); ``attributes``
-    the attributes a per-instance patch sets on the instance."""
+    the attributes a per-instance patch sets on the instance.
+
+    ``scope`` is one of:
+
+    - ``process``: a torch function is replaced by a wrapper for the rest of the process, installed once
+      on first use (``wrap_once``); outside the context that asks for pt2b's behaviour, and in every
+      other thread, the wrapper calls torch's function unchanged;
+    - ``per-trace``: a class attribute is replaced for the duration of one functionalizing trace and
+      restored after it (``swapped``; process-wide while it is replaced);
+    - ``per-instance``: attributes set on one instance pt2b made and owns (a deserializer, the trace's
+      functionalization mode); nothing else sees them;
+    - ``registration``: an entry added to a torch registry (a higher-order op's rules for pt2b's own mode
+      class; serialized names of torch's pytree nodes), once a process;
+    - ``copied body``: a torch function whose body pt2b runs as its own copy (to skip a step), to compare
+      with torch's on every upgrade."""
 
     symbol: str
     scope: str
