@@ -1,17 +1,7 @@
-"""The buffer-bounds check of the program section (a FlatBuffers verifier: the Python runtime has
-none): every offset, vtable, length, string, enum value and nesting depth is checked before
-anything reads the buffer. The second step of a read, after layout/container.py's header.
-
-Besides bounds, it bounds the WORK of unpacking: a crafted buffer can point many offsets at one
-string or table, so that unpacking materializes far more than the file holds (a vector of 100k
-offsets to one 1 MB string unpacks to 100 GB). pt2b's writer never shares objects, so the bytes
-of every table, string and vector reached, counted once per reference, must fit in the buffer.
-
-One walk decides and explains. It follows a plan per table (from layout/fbs.py) and builds no text
-while the buffer is good; a failed check raises _Refusal with what is wrong there, and each table
-field and vector element the refusal passes through on its way out adds its name to the place
-(``Program.tensors[0].kind: 200 is not a value of enum TensorKind``).
-"""
+"""The buffer-bounds check of the program section (a FlatBuffers verifier): every offset, vtable, length,
+string, enum value and nesting depth is checked, and the work of unpacking bounded, before anything
+reads the buffer. The second step of a read, after layout/container.py's header. Why and how:
+docs/untrusted.md#the-checks-in-order."""
 
 from __future__ import annotations
 
