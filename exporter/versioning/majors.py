@@ -1,20 +1,7 @@
-"""Format majors: how an artifact of an older major is brought to the current one in memory on
-load, and how a program is written down to an older major when it fits.
-
-A major bump may change anything (formats.py), so a step works on the raw file pieces before
-anything is unpacked: the header and the program section as bytes. The weight segments are never
-rewritten by a step (they stay mapped from the file); a step that moves them says so through the
-header it returns.
-
-    STEPS[m] = MajorStep(from_major=m, to_version=(m + 1, k), what="...", up=..., down=...)
-
-`up` turns a program of major m into one of `to_version`; `down` (optional) does the reverse for
-`export_model(..., format_version=...)` / `pt2b upgrade --to` and raises ExportError naming what
-does not fit. `read_header` parses major m's fixed header when its layout differs from today's.
-Steps chain: a 1.x file read by a major-3 pt2b goes through STEPS[1] then STEPS[2]. Only major 1
-has been released so far, so STEPS is empty; tests/format/test_format_majors.py proves the mechanism
-with the golden corpus and a simulated earlier major.
-"""
+"""Format majors: how an artifact of an older major is brought to the current one in memory on load, and
+how a program is written down to an older major when it fits (``STEPS``, one ``MajorStep`` a major).
+Only major 1 has been released so far, so STEPS is empty; tests/format/test_format_majors.py proves the
+mechanism. The rules: docs/format.md#versions."""
 
 from __future__ import annotations
 
@@ -36,6 +23,18 @@ class RawProgram:
 
 @dataclasses.dataclass(frozen=True)
 class MajorStep:
+    """The step from major ``from_major`` to ``to_version`` (``STEPS[m] = MajorStep(from_major=m,
+    to_version=(m + 1, k), what="...", up=..., down=...)``).
+
+    A major bump may change anything (formats.py), so a step works on the raw file pieces before
+    anything is unpacked: the header and the program section as bytes. The weight segments are never
+    rewritten by a step (they stay mapped from the file); a step that moves them says so through the
+    header it returns. `up` turns a program of major m into one of `to_version`; `down` (optional)
+    does the reverse for `export_model(..., format_version=...)` / `pt2b upgrade --to` and raises
+    ExportError naming what does not fit. `read_header` parses major m's fixed header when its layout
+    differs from today's. Steps chain: a 1.x file read by a major-3 pt2b goes through STEPS[1] then
+    STEPS[2]."""
+
     from_major: int
     to_version: tuple[int, int]
     what: str  # one line: what the bump changed
