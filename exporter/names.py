@@ -1,16 +1,7 @@
-"""One home for the names a program carries: which module/parameter/buffer paths and argument
-names pt2b accepts (whatever nn.Module and Python accept), and the reversible safe aliases that
-replace a path component where torch would paste it into generated Python code unsafely.
-
-Why aliases: torch's ep.module() writes every state path into generated source
-(`self.a.b`, or `getattr(self, "a-b")` for a component that is not an identifier). A component
-with a quote, a backslash or a control character breaks out of that string literal (code
-execution from a file), and a Python keyword, "self" or a name the generated module already owns
-("graph", "code", "meta", "_guards_fn", ...) makes ep.module() fail, although nn.Module accepts
-every one of them. pt2b keeps such names exactly as written in the file; in memory a loaded
-program calls the component ``_pt2b_x<hex of its UTF-8 bytes>`` instead, and the writer turns
-every such alias back into the original when it writes the program again.
-"""
+"""One home for the names a program carries: which module/parameter/buffer paths and argument names pt2b
+accepts (whatever nn.Module and Python accept), and the reversible safe aliases
+(``_pt2b_x<hex>``) that replace a path component where torch would paste it into generated Python
+code unsafely. Why: docs/untrusted.md#every-name-from-the-file-that-becomes-a-python-object."""
 
 from __future__ import annotations
 

@@ -1,20 +1,7 @@
 """Eager-mode decompositions: run ordinary PyTorch code with every op outside a backend's opset
-decomposed on the fly, recursively, so that only supported ops reach the kernels.
-
-    with exporter.eager_decompositions(preset="core") as mode:
-        y = model(x)
-    mode.decomposed   # op -> times it was decomposed
-    mode.unsupported  # ops outside the opset that have no decomposition (they ran as they are)
-
-The decision for each op (run it, decompose it with which function, or note it) is made once per
-mode and cached. It is a TorchDispatchMode: thread-local, popped on exit even when the block
-raises, so nothing outside the block is changed. CompositeImplicitAutograd ops called by user
-code never reach a dispatch mode (eager already runs their decomposition); those a decomposition
-calls do, and run their CompositeImplicitAutograd kernel. Higher-order ops (cond, map,
-while_loop) run their branches and bodies under the mode. Ops outside the opset with no
-decomposition (fused kernels such as mkldnn_rnn_layer) run as they are and are counted in
-``unsupported``; module fast paths that would call such kernels are avoided (see _NoFastPaths).
-"""
+decomposed on the fly, recursively, so that only supported ops reach the kernels
+(``with exporter.eager_decompositions(preset="core") as mode: y = model(x)``; ``mode.decomposed``,
+``mode.unsupported``). A thread-local TorchDispatchMode; how and what it costs: docs/lowering.md#eager-mode."""
 
 from __future__ import annotations
 

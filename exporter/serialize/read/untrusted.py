@@ -1,15 +1,7 @@
 """Checks on a decoded program before torch's deserializer sees it, so that nothing in a file is
-evaluated or resolved to an arbitrary Python object: node targets must be registered operators
-(looked up in torch's operator registry) or SymInt arithmetic, symbolic expressions plain
-arithmetic over symbols (parsed, never evaluated, with bounded exponents), value and argument
-names Python identifiers, and state/module paths what nn.Module accepts (exporter/names.py gives
-the components torch would paste unsafely into generated code a safe alias in memory).
-
-Why: torch's deserializer parses expressions with sympy.sympify (which uses eval) and resolves a
-node's target by getattr from the torch module (so "torch.os.system" would resolve and be called);
-ep.module() exec()s input guards written from the program's guards_code, its string-valued inputs
-and its example inputs' keys, and writes every state path into its generated source; unlifting
-setattr()s along every state path (so a "__class__" component would reach nn.Module itself)."""
+evaluated or resolved to an arbitrary Python object: node targets, symbolic expressions (parsed, never
+evaluated), value and argument names, state/module paths (names.py aliases the unsafe ones), guards and
+string inputs. Why each check: docs/untrusted.md#every-name-from-the-file-that-becomes-a-python-object."""
 
 from __future__ import annotations
 
