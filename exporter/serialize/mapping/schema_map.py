@@ -1,19 +1,7 @@
-"""The rules that map torch.export's serialization dataclasses (torch._export.serde.schema) to the
-tables of schemas/pt2b.fbs: one home for them, used by both directions (encode_schema.py writes a
-dataclass tree into a builder, decode_schema.py reads it back from a verified buffer) and by the
-checks of untrusted.py.
-
-The convention (see the top of pt2b.fbs): every schema dataclass has a table of the same name whose
-fields carry the same names; a field's Python type says what it is on the wire (a descriptor):
-
-    ("str",) ("int",) ("float",) ("bool",) ("enum", IntEnum class) ("dc", dataclass)
-    ("list", elem) ("opt", desc)
-    ("listlist", elem, "XList")   list[list[X]]: a vector of XList { items: [X] } tables
-    ("dict", value, "XEntry")     dict[str, X]: a vector of XEntry { key: string; value: X } tables
-
-Unions (torch's _Union) are tables with a ``tag`` field (the <Name>Tag enum of pt2b.fbs) and one
-field per member, only the active one set.
-"""
+"""The rules that map torch.export's serialization dataclasses (torch._export.serde.schema) to the tables
+of schemas/pt2b.fbs: one home for them, used by both directions (encode_schema.py, decode_schema.py)
+and by the checks of untrusted.py. The convention and its descriptors:
+docs/format.md#the-mapping-and-the-codec."""
 
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
 """Decode pt2b.fbs tables of a VERIFIED program buffer into torch's export-schema dataclasses: the
-reader's one path from bytes to a schema tree (no object-API tree in between; building one first
-would cost a fifth of a load of the 6x512 encoder).
-
-Each schema dataclass gets a plan once: for every field its vtable entry, wire kind and type (from
-layout/fbs.py) and how the value maps back (schema_map's descriptors and rules): invalid UTF-8 or enum
-values, unknown union tags and missing required tables are CorruptArtifactError, absent
-lists/dicts/strings become empty, fields with a dataclass default keep it. It trusts offsets: run
-buffer_bounds.check_buffer first. tests/untrusted/test_verifier.py compares it with the object-API oracle of
-tests/support/oracle_codec.py on every golden artifact and on damaged buffers the verifier accepts.
-"""
+reader's one path from bytes to a schema tree. It trusts offsets: run buffer_bounds.check_buffer
+first. How and why: docs/format.md#the-mapping-and-the-codec."""
 
 from __future__ import annotations
 

@@ -1,17 +1,7 @@
-"""Unpack the tables of a VERIFIED program buffer into flatc's object-API classes (G.<Table>T): how
-the reader gets pt2b's own tables (the Program table: tensor records, segments, op table, metadata,
-provenance), field for field what `G.ProgramT.InitFromPackedBuf` builds, about 4x faster. The graph
-(torch's schema, ExportedProgram) is left packed as a TableRef for decode_schema to read directly.
-
-flatc's Python object API reads every field through flatbuffers' generic Table accessors (several
-Python calls per field). Here each table kind gets a plan once (field slot, kind, struct format,
-default) from the schema's layout (layout/fbs.py, the same data the verifier checks with) and the
-object API's attributes and defaults (schema_map.table_defaults), and a table is read with direct
-struct reads. It trusts offsets: run buffer_bounds.check_buffer first.
-
-The result is made of the generated classes themselves (Pack() works, tests and tools treat it as
-the object API's); tests/untrusted/test_verifier.py compares both on every artifact it has.
-"""
+"""Unpack pt2b's own tables of a VERIFIED program buffer (tensor records, segments, op table, metadata,
+provenance) into flatc's object-API classes (G.<Table>T), about 4x faster than InitFromPackedBuf; the
+graph is left packed as a TableRef for decode_schema. It trusts offsets: run buffer_bounds.check_buffer
+first. How: docs/format.md#the-mapping-and-the-codec."""
 
 from __future__ import annotations
 

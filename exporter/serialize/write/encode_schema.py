@@ -1,14 +1,6 @@
-"""Encode torch's export-schema dataclasses as pt2b.fbs tables, straight into a flatbuffers.Builder:
-the writer's one path from a schema tree to bytes (no object-API tree in between, no flatc per-field
-helper calls; 40% of a save of the 6x512 encoder would go to those).
-
-Each table kind gets a plan once, from the schema's layout (layout/fbs.py: slots, wire types) and
-schema_map's field descriptors (how a dataclass value maps to the wire); packing then follows
-flatc's generated Pack order exactly: children (strings, vectors, sub-tables) in declaration order,
-then the table's fields in declaration order, scalars equal to their default left out. So the bytes
-are those flatc's object API would write for the same tree (tests/corpora/test_roundtrip_zoo.py compares
-them with the object-API oracle of tests/support/oracle_codec.py on every zoo program).
-"""
+"""Encode torch's export-schema dataclasses as pt2b.fbs tables, straight into a flatbuffers.Builder: the
+writer's one path from a schema tree to bytes, the same bytes flatc's object API would write. How and
+why: docs/format.md#the-mapping-and-the-codec."""
 
 from __future__ import annotations
 
