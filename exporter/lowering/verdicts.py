@@ -1,16 +1,8 @@
-"""The numerical verdicts on a decomposition and where they are stored.
-
-A result is compared with the undecomposed op's (and, for floating dtypes, a float64 reference):
-  wrong   a result differs in shape/dtype, integer/bool values, or finiteness (nan/inf where the
-          op has a number, or the reverse), or is farther than WRONG_REL from the float64
-          reference where the op itself is within it (a wrong branch, other semantics)
-  lossy   farther than ULP_LIMIT ulp from the undecomposed op, and farther from the reference
-  ulp     within ULP_LIMIT ulp of the undecomposed op (not bitwise)
-  exact   bitwise equal to the undecomposed op on every sample
-  untested  no OpInfo sample fits the overload
-The audit of every preset decomposition (schemas/opsets/audit@<torch>.json, measured by `pt2b opset
-audit`: exporter/explorer/audit.py) is read here by strict lowering and validation (validate.py).
-"""
+"""The numerical verdicts on a decomposition (exact, ulp, lossy, wrong, untested: a result against the
+undecomposed op's and a float64 reference, bounded by ULP_LIMIT and WRONG_REL) and where they are
+stored: the audit (schemas/opsets/audit@<torch>.json, measured by exporter/explorer/audit.py), read
+here by strict lowering and validation. What each means:
+docs/lowering.md#decompositions-are-measured-the-audit-and-stricttrue."""
 
 from __future__ import annotations
 

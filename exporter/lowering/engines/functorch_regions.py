@@ -1,16 +1,7 @@
 """torch.vmap and forward-mode AD (torch.func.jvp) regions in a pre-dispatch program, flattened for
-lowering.
-
-torch.export leaves a model's ``torch.vmap`` call in the pre-dispatch graph as calls of the functions
-in torch._functorch.predispatch (``_vmap_increment_nesting``, ``_add_batch_dim``, the region's ops on
-the logical per-sample shapes, ``_remove_batch_dim``, ``_vmap_decrement_nesting``). The artifact keeps
-them (they are the program's highest-level form). A backend wants plain ops: torch's retrace runs the
-region below the batching layer, where each op's batching rule emits ops on the physical batched
-shapes. pt2b's retrace runs above autograd (exporter/functionalize.py), which is above the batching layer, so
-each region is traced first, alone and below it (make_fx on the region's nodes, in the program's fake
-mode), and spliced back in its place. What a region's ops decompose into there (a CompositeImplicit
-op without a batching rule, such as matmul, decomposes at the batching layer) is what torch's own
-retrace gives; ops outside regions are untouched."""
+lowering: each region is traced alone below the batching layer (make_fx on its nodes, in the program's
+fake mode) and spliced back in its place, before the retrace above autograd. Why:
+docs/lowering.md#lowering-leaves-global-state-alone."""
 
 from __future__ import annotations
 
