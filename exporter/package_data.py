@@ -1,11 +1,7 @@
-"""pt2b's own data files, inside the package: the FlatBuffers schema (pt2b.fbs), the frozen presets
-and audits (opsets/), the op registries of each torch release (ops/), the opset explorer's default
-corpus routes (explorer/).
-
-In a checkout ``exporter/_data`` is a link to ``schemas/``, the one source of truth; a wheel holds a
-copy of the files the package reads (pyproject's package-data). Nothing at run time reads a path
-outside the package. A file of pt2b's own that is missing or corrupt is an InstallationError naming
-it, never an error about the user's path."""
+"""pt2b's own data files, inside the package: the FlatBuffers schema (pt2b.fbs), the frozen presets and
+audits (opsets/), the op registries of each torch release (ops/), the opset explorer's default corpus
+routes (explorer/), read from ``exporter/_data`` (a link to ``schemas/`` in a checkout, a copy in a
+wheel). A missing or corrupt one is an InstallationError naming it: docs/architecture.md#errors."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""The opset explorer's page (`pt2b opset page`): its data, generated from the running torch and a
-corpus of programs (corpus.py), embedded in one self-contained HTML file (page.html).
-
-Everything the page shows is computed here, never typed: every op with a registered decomposition,
-the presets of schemas/opsets/, the audit verdicts, and for each corpus program the decomposition
-routes of its call sites recorded during one real lowering (route_trace.py). The page evaluates a
-selection (preset or supported ops, toggled decompositions, kept ops) with the same rules as
-plan_lowering; tests/opset/test_explorer.py checks it against load_for_backend in a real browser.
-"""
+"""The opset explorer's page (`pt2b opset page`): its data, computed from the running torch and a corpus
+of programs (corpus.py), never typed, embedded in one self-contained HTML file (page.html). What it
+shows and how it knows: docs/explorer.md#the-page, docs/explorer.md#how-the-page-knows."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""``export_model(..., target_torch="2.11")``: write an artifact that another torch release reads as
-its own. The program captured on the running torch is reconciled with the stored operator registry
-of the target release (exporter/versioning/registries.py) by the rules that reconcile a loaded
-artifact with the running torch (schema_drift.reconcile): arguments the target lacks are dropped
-where they hold their defaults, renamed or removed ops are rewritten by the registered upgraders
-and downgraders, and the op table records the target's schemas. What the target cannot express is
-refused before anything is written, naming each op, argument and dtype.
-"""
+"""``export_model(..., target_torch="2.11")``: write an artifact that another torch release reads as its
+own, by reconciling the program with the target's stored operator registry (registries.py) under the
+rules of schema_drift.reconcile; what the target cannot express is refused before anything is written.
+How: docs/releases.md#op-schemas-across-releases-both-ways."""
 
 from __future__ import annotations
 
