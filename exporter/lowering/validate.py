@@ -256,7 +256,7 @@ def _compare(got, want, bounds: dict) -> tuple[str, float, str]:
 
 def validate(source_ep, lowered_ep, table: dict) -> Validation:
     """Run ``lowered_ep`` and ``source_ep`` on the stored example inputs and a derived input and
-    compare (module docstring)."""
+    compare (docs/lowering.md#a-lowering-is-validated-on-the-artifacts-own-inputs)."""
     t0 = time.perf_counter()
     if source_ep.example_inputs is None:
         return Validation("skipped", why="the artifact stores no example inputs")

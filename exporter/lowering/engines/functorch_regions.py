@@ -102,7 +102,7 @@ def _fresh_attr(gm, base: str) -> str:
 
 def flatten_regions(gm: torch.fx.GraphModule, fake_mode) -> torch.fx.GraphModule:
     """A copy of ``gm`` whose top-level functorch regions are traced below the batching layer and
-    spliced back (see the module docstring); ``gm`` itself is not changed."""
+    spliced back (docs/lowering.md#lowering-leaves-global-state-alone); ``gm`` itself is not changed."""
     graph = torch.fx.Graph(owning_module=gm)
     graph._codegen = gm.graph._codegen
     graph.output(graph.graph_copy(gm.graph, {}))

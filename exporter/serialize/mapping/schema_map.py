@@ -32,7 +32,7 @@ def camel(name: str) -> str:
 
 
 def describe(tp) -> tuple:
-    """The descriptor of a schema field's Python type (see the module docstring)."""
+    """The descriptor of a schema field's Python type (docs/format.md#the-mapping-and-the-codec)."""
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
