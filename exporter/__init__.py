@@ -1,6 +1,7 @@
 """pt2b: export a PyTorch model once at its highest level, lower it per backend after load.
 
-Public API: export_model, load, load_for_backend, eager_decompositions, plus errors.
+Public API: export_model, load, load_for_backend, eager_decompositions, plus errors and backends
+(the backends pt2b lowers for: exporter/backends/).
 
 The API is imported on first use (PEP 562): `import exporter` and `pt2b --version` cost little more
 than `import torch`; torch.export's serializer (which imports torch._dynamo) and the lowering engine
@@ -18,7 +19,8 @@ from .version import __version__
 _LAZY = {"export_model": "api", "load": "api", "load_for_backend": "api", "eager_decompositions": "lowering.eager",
          "Pt2bProgram": "program"}
 
-__all__ = ["__version__", "errors", "export_model", "load", "load_for_backend", "eager_decompositions", "Pt2bProgram"]
+__all__ = ["__version__", "errors", "backends", "export_model", "load", "load_for_backend", "eager_decompositions",
+           "Pt2bProgram"]
 
 
 def __getattr__(name: str):

@@ -74,8 +74,18 @@ class OpsetError(LoweringError):
     """A program holds operators outside the set a backend or runtime accepts; lists all of them."""
 
 
+class BackendUnavailableError(LoweringError):
+    """A backend pt2b does not know, or one that is not installed (the message names what to pip install)."""
+
+
 class RuntimeInputError(Pt2bError):
     """Inputs given to a loaded program do not match its recorded signature."""
+
+
+class UnknownOpsWarning(UserWarning):
+    """A backend's supported_ops list names ops the running torch does not have (TorchScript-only
+    overloads such as aten::add.int, ops of another torch release): they are left out of the lowering
+    (LoweredProgram.unknown_supported_ops lists them); strict=True makes them a LoweringError."""
 
 
 __all__ = [
@@ -91,7 +101,12 @@ __all__ = [
     "SchemaDriftError",
     "LoweringError",
     "OpsetError",
+    "BackendUnavailableError",
     "RuntimeInputError",
+    "UnknownOpsWarning",
+    "InstallationError",
+    "TargetTorchError",
+    "MissingPytreeTypeError",
 ]
 
 

@@ -23,6 +23,10 @@ class _HelpFormatter(argparse.HelpFormatter):
             from ..lowering.presets import PRESETS
 
             text = text.replace("{presets}", ", ".join(PRESETS))
+        if text and "{backends}" in text:
+            from ..backends import names
+
+            text = text.replace("{backends}", ", ".join(names()))
         return text
 
 
@@ -57,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
                            ("run", "lower an artifact and run it with the reference runtime")):
         lo = sub.add_parser(name, help=helptext)
         lo.add_argument("artifact")
-        lo.add_argument("--preset", default="core", help="{presets} (optionally @<torch version>)")
+        lo.add_argument("--preset", default="core", help="{presets} (optionally @<torch version>), or an installed "
+                        "backend's own op list: {backends}")
         lo.add_argument("--supported", metavar="OPS.txt", help="file with one supported op per line (overrides --preset)")
         lo.add_argument("--keep", nargs="*", metavar="OP", help="ops never to decompose")
         lo.add_argument("--decompose", nargs="*", metavar="OP",

@@ -5,11 +5,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import warnings
 from typing import Callable
 
 import torch
 
-from ..errors import LoweringError, OpsetError
+from ..errors import LoweringError, OpsetError, UnknownOpsWarning
 from ..ops import OpMatcher, op_name, resolve_op
 from . import presets as _presets
 from . import tables
@@ -26,7 +27,9 @@ def _is_custom(op) -> bool:
     return isinstance(op, torch._ops.OpOverload) and op.namespace not in ATEN_LIKE
 
 
-def _matcher(entries, what: str) -> OpMatcher | None:
+def _matcher(entries, what: str, unknown_out: list | None = None) -> OpMatcher | None:
+    """The matcher of an op list. A name the running torch lacks is a LoweringError, unless
+    ``unknown_out`` collects such names (a backend's own list, taken as it comes)."""
     if entries is None:
         return None
     if isinstance(entries, (str, torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
@@ -36,10 +39,29 @@ def _matcher(entries, what: str) -> OpMatcher | None:
     except TypeError as e:
         raise LoweringError(f"{what}: {e}") from None
     unknown = m.unknown_entries()
-    if unknown:
+    if unknown and unknown_out is None:
         raise LoweringError(f"{what} names ops this torch does not have: {', '.join(unknown)} "
                             f"(write them as 'aten::add.Tensor', 'aten.add', 'aten.add.*' or 'mylib::*').")
+    if unknown_out is not None:
+        unknown_out.extend(unknown)
     return m
+
+
+def _foreign_supported_ops(supported_ops, strict: bool, warn: bool = True) -> tuple[OpMatcher, list[str]]:
+    """A backend's supported_ops as it comes: names this torch lacks (TorchScript-only overloads such as
+    aten::add.int, ops of another release, typos) are left out with an UnknownOpsWarning naming them;
+    strict=True refuses them."""
+    unknown: list[str] = []
+    m = _matcher(supported_ops, "supported_ops", unknown)
+    if unknown and strict:
+        raise LoweringError(f"supported_ops names ops this torch does not have: {', '.join(unknown)} (strict=True "
+                            f"refuses them; without strict they are left out with a warning).")
+    if unknown and warn:
+        shown = ", ".join(unknown[:8]) + (f" and {len(unknown) - 8} more" if len(unknown) > 8 else "")
+        warnings.warn(f"supported_ops names {len(unknown)} op(s) this torch ({torch.__version__}) does not have, "
+                      f"left out: {shown} (LoweredProgram.unknown_supported_ops lists them all).",
+                      UnknownOpsWarning, stacklevel=4)
+    return m, unknown
 
 
 def _user_table(decompositions) -> dict:
@@ -65,6 +87,7 @@ class LoweringPlan:
     supported: OpMatcher | None
     fingerprint: str | None  # everything that determines the result; None when it cannot be keyed
     withheld: dict = dataclasses.field(default_factory=dict)  # strict=True: op name -> measured error
+    unknown: list = dataclasses.field(default_factory=list)  # supported_ops names this torch lacks (left out)
 
 
 def _withhold_untrusted(table: dict, user: dict) -> dict[str, str]:
@@ -86,6 +109,13 @@ def _withhold_untrusted(table: dict, user: dict) -> dict[str, str]:
     return withheld
 
 
+def _backend_of(preset: str):
+    """The installed backend a preset names ("inductor"), or None for pt2b's own presets."""
+    from .. import backends
+
+    return backends.get(preset) if preset in backends.names() else None
+
+
 def _entry_text(e) -> str:
     return op_name(e) if isinstance(e, torch._ops.OpOverload) else str(e)
 
@@ -100,11 +130,18 @@ def plan_lowering(preset: str = "core", *, supported_ops=None, decompositions=No
     kept = (lambda op: op in keep_m) if keep_m is not None else (lambda op: False)
     user = _user_table(decompositions)
     extra = _extra_decompositions(decompose, kept)
-    sup_m = None
+    sup_m, unknown, backend = None, [], _backend_of(preset)
+    if backend is not None:  # a backend's own op list, as the installed backend gives it (backends/)
+        if supported_ops is not None:
+            raise LoweringError(f"preset {preset!r} is the backend's own op list: pass supported_ops or the "
+                                f"backend's preset, not both.")
+        supported_ops = backend.supported_ops
     if supported_ops is not None:
-        sup_m = _matcher(supported_ops, "supported_ops")
+        sup_m, unknown = _foreign_supported_ops(supported_ops, strict, warn=backend is None)
         names = {}
         available = tables.available_decompositions()
+        if backend is not None:  # what the backend decomposes itself, as it does it
+            available = {**available, **backend.decompositions()}
         table = {op: fn for op, fn in available.items() if op not in sup_m and not kept(op)}
         table.update(extra)
         table.update(user)
@@ -112,6 +149,11 @@ def plan_lowering(preset: str = "core", *, supported_ops=None, decompositions=No
         label, opset_strict = "supported_ops", True
         description = "decomposed until only the backend's supported ops remain"
         what = {"supported_ops": sorted(_entry_text(e) for e in _entries(supported_ops))}
+        if backend is not None:
+            label = backend.key
+            description = (f"decomposed until only {backend.name}'s own ops remain ({len(backend.supported_ops)} "
+                           f"from {backend.source}, {backend.name} {backend.version})")
+            what["backend"] = backend.key
     else:
         p = _presets.load(preset)
         base, names, frozen = _preset_base(p)
@@ -133,7 +175,8 @@ def plan_lowering(preset: str = "core", *, supported_ops=None, decompositions=No
                 strict=opset_strict, trusted_only=strict,
                 table=sorted(names.get(op) or op_name(op) for op in table), withheld=sorted(withheld))
     fingerprint = None if user else json.dumps(what, sort_keys=True)
-    return LoweringPlan(table, accepts, label, description, opset_strict, keep_m, sup_m, fingerprint, withheld)
+    return LoweringPlan(table, accepts, label, description, opset_strict, keep_m, sup_m, fingerprint, withheld,
+                        unknown)
 
 
 @functools.cache
@@ -213,4 +256,4 @@ def finish(plan: LoweringPlan, lowered, *, source_ep, source=None, hit=None) -> 
     return LoweredProgram(lowered, source_ep=source_ep, preset=plan.label, table=plan.table, keep=plan.keep,
                           supported=plan.supported, accepts=plan.accepts, outside=bad,
                           description=plan.description, source=source, fingerprint=plan.fingerprint,
-                          ops=hit.ops if hit is not None else None)
+                          ops=hit.ops if hit is not None else None, unknown_supported_ops=plan.unknown)

@@ -24,7 +24,7 @@ class LoweredProgram(ProgramHandle):
 
     def __init__(self, ep, *, source_ep, preset: str, table: dict, keep, supported, accepts,
                  outside: dict[str, int], description: str, source=None, fingerprint: str | None = None,
-                 ops: dict[str, int] | None = None):
+                 ops: dict[str, int] | None = None, unknown_supported_ops: list[str] | None = None):
         # the lowered ExportedProgram, or a Lazy building it on first use (a cache hit, whose
         # ``ops`` and ``outside`` the entry recorded)
         self._built = ep if isinstance(ep, Lazy) else Lazy.of(ep)
@@ -38,6 +38,7 @@ class LoweredProgram(ProgramHandle):
         self._accepts = accepts
         self.outside_opset = outside  # op -> count of ops outside the declared opset (reported)
         self.description = description
+        self.unknown_supported_ops = list(unknown_supported_ops or ())  # names this torch lacks, left out
         self._source_prog = source  # the Pt2bProgram it was lowered from (or a Lazy loading it)
         self.from_cache = False  # True when load_for_backend took the result from the lowering cache
         self.reused = None  # reuse.Reused when repeated layers were lowered once
@@ -83,6 +84,9 @@ class LoweredProgram(ProgramHandle):
         if self.validation is not None:
             lines.insert(1, self.validation.describe())
         lines += [f"  {n:5d}  {name}" for name, n in self.ops().items()]
+        if self.unknown_supported_ops:
+            lines.append(f"supported_ops names this torch does not have, left out ({len(self.unknown_supported_ops)}): "
+                         + ", ".join(self.unknown_supported_ops))
         if self.outside_opset:
             lines.append(f"outside the declared opset ({len(self.outside_opset)}):")
             lines += [f"  {n:5d}  {name}  -- {self.explain(name).splitlines()[0]}"

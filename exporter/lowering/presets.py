@@ -97,7 +97,10 @@ def load(spec: str) -> Preset:
         raise LoweringError(f"preset must be a string such as 'core', got {type(spec).__name__}.")
     name, _, version = spec.partition("@")
     if name not in PRESETS:
-        raise LoweringError(f"unknown preset {spec!r}; choose one of {', '.join(PRESETS)} (optionally @<torch version>).")
+        from ..backends import names as backend_names
+
+        raise LoweringError(f"unknown preset {spec!r}; choose one of {', '.join(PRESETS)} (optionally @<torch version>), "
+                            f"or a backend's own op list: {', '.join(backend_names())}.")
     path = frozen_path(name, version or torch_minor())
     if path.exists():
         data = package_data.read_json("opsets", path.name)
