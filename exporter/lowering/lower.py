@@ -11,6 +11,7 @@ from typing import Callable
 import torch
 
 from ..errors import LoweringError, OpsetError, UnknownOpsWarning
+from ..functionalize import forced_ops
 from ..ops import OpMatcher, op_name, resolve_op
 from . import presets as _presets
 from . import tables
@@ -109,6 +110,20 @@ def _withhold_untrusted(table: dict, user: dict) -> dict[str, str]:
     return withheld
 
 
+def _check_keepable(keep_m: OpMatcher | None) -> None:
+    """keep= naming an op every lowering decomposes whatever its table says (functionalize.forced_ops:
+    ops that write their inputs, such as batch_norm's running stats, or have no functional form) is a
+    LoweringError: it cannot be kept, and keeping it silently would not happen."""
+    if keep_m is None or not keep_m.exact:
+        return
+    forced = sorted(keep_m.exact & {op_name(op) for op in forced_ops()})
+    if forced:
+        raise LoweringError(f"keep names ops that every lowering decomposes, whatever its table says: {', '.join(forced)} "
+                            f"(torch decomposes them before any table applies: they write their inputs or have no "
+                            f"functional form). Keep the ops they decompose to instead (LoweredProgram.explain shows "
+                            f"them).")
+
+
 def _backend_of(preset: str):
     """The installed backend a preset names ("inductor"), or None for pt2b's own presets."""
     from .. import backends
@@ -127,6 +142,7 @@ def plan_lowering(preset: str = "core", *, supported_ops=None, decompositions=No
     registers for them (``decompositions`` passes your own functions instead).
     ``strict``: withhold the decompositions the audit classes lossy or wrong (LoweringPlan.withheld)."""
     keep_m = _matcher(keep, "keep")
+    _check_keepable(keep_m)
     kept = (lambda op: op in keep_m) if keep_m is not None else (lambda op: False)
     user = _user_table(decompositions)
     extra = _extra_decompositions(decompose, kept)

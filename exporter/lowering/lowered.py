@@ -84,6 +84,9 @@ class LoweredProgram(ProgramHandle):
         if self.validation is not None:
             lines.insert(1, self.validation.describe())
         lines += [f"  {n:5d}  {name}" for name, n in self.ops().items()]
+        unused = self.unused_keep()
+        if unused:
+            lines.append(f"keep names ops the program does not call ({len(unused)}): " + ", ".join(unused))
         if self.unknown_supported_ops:
             lines.append(f"supported_ops names this torch does not have, left out ({len(self.unknown_supported_ops)}): "
                          + ", ".join(self.unknown_supported_ops))
@@ -92,6 +95,12 @@ class LoweredProgram(ProgramHandle):
             lines += [f"  {n:5d}  {name}  -- {self.explain(name).splitlines()[0]}"
                       for name, n in self.outside_opset.items()]
         return "\n".join(lines)
+
+    def unused_keep(self) -> list[str]:
+        """The ops keep= names exactly that the undecomposed program never calls (nothing to keep)."""
+        if self.keep is None or not self.keep.exact:
+            return []
+        return sorted(self.keep.exact - set(op_counts(self._source_ep.graph_module)))
 
     def explain(self, op: OpSpec) -> str:
         """Why ``op`` is in the result (supported, kept, no decomposition, ...) or how it was decomposed."""

@@ -217,6 +217,19 @@ def test_a_typo_in_an_op_list_is_a_lowering_error_naming_it(tmp_path, arg, typo)
             load_for_backend(path, supported_ops=[typo], validate=False)
 
 
+def test_a_keep_that_cannot_be_honoured_is_said(tmp_path):
+    """Issue 38: keep=["aten::batch_norm.default"] was silently not honoured (torch decomposes it whatever
+    the table says); keeping an op the program never calls is reported."""
+    path, _ = _export(tmp_path, "cnn_bn")
+    with pytest.raises(LoweringError, match=r"keep names ops that every lowering decomposes, whatever its table says: "
+                                            r"aten::batch_norm.default \(torch decomposes them"):
+        load_for_backend(path, "core", keep=["aten::batch_norm.default"], validate=False)
+    lp = load_for_backend(path, "core", keep=["aten::gelu.default", "aten::conv2d.default"], validate=False)
+    assert lp.unused_keep() == ["aten::gelu.default"]
+    assert "keep names ops the program does not call (1): aten::gelu.default" in lp.report()
+    assert "aten::conv2d.default" in lp.ops()  # the one it calls is kept
+
+
 def test_keep_protects_ops_and_custom_table_applies(tmp_path):
     path, case = _export(tmp_path, "transformer_encoder")
     kept = load_for_backend(path, "core-tag", keep=[torch.ops.aten.scaled_dot_product_attention.default])
