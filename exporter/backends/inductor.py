@@ -5,6 +5,7 @@ itself (torch._inductor.decomposition.select_decomp_table), and the hand-off to 
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 
@@ -34,6 +35,7 @@ def run(package: str, *args):
     return torch._inductor.aoti_load_package(package)(*args)
 
 
+@functools.cache  # read once a process: every load_for_backend(path, "inductor") plans with it
 def _decompositions() -> dict:
     from torch._inductor.decomposition import select_decomp_table
 

@@ -157,7 +157,7 @@ def plan_lowering(preset: str = "core", *, supported_ops=None, decompositions=No
         names = {}
         available = tables.available_decompositions()
         if backend is not None:  # what the backend decomposes itself, as it does it
-            available = {**available, **backend.decompositions()}
+            available.update(backend.decompositions())
         table = {op: fn for op, fn in available.items() if op not in sup_m and not kept(op)}
         table.update(extra)
         table.update(user)
