@@ -78,6 +78,16 @@ class BackendUnavailableError(LoweringError):
     """A backend pt2b does not know, or one that is not installed (the message names what to pip install)."""
 
 
+class BackendHandOffError(Pt2bError):
+    """A backend refused or failed to take a lowered program (the message names the backend and its
+    own error, which is chained)."""
+
+
+class BackendRunError(Pt2bError):
+    """A backend's compiled program was called with inputs that do not match, or did not return what
+    the program returns."""
+
+
 class RuntimeInputError(Pt2bError):
     """Inputs given to a loaded program do not match its recorded signature."""
 
@@ -102,6 +112,8 @@ __all__ = [
     "LoweringError",
     "OpsetError",
     "BackendUnavailableError",
+    "BackendHandOffError",
+    "BackendRunError",
     "RuntimeInputError",
     "UnknownOpsWarning",
     "InstallationError",

@@ -410,7 +410,7 @@ def _torch_lowering(ep, preset, fresh, ref, case):
         raise AssertionError(f"torch's lowered module differs from eager: {msg}")
 
 
-def _child(name, stop_after, conn, workdir, log_path):
+def _child(name, stop_after, conn, workdir, log_path, case_fn=None):
     # silence the child: its own stdout/stderr go to a per-case log
     import resource
 
@@ -420,7 +420,7 @@ def _child(name, stop_after, conn, workdir, log_path):
     limit = MEMORY_LIMIT_GB << 30
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     try:
-        run_case(name, stop_after, conn, workdir)
+        (case_fn or run_case)(name, stop_after, conn, workdir)
     except BaseException as e:  # noqa: BLE001
         try:
             conn.send({"name": name, "internal_error": f"{type(e).__name__}: {e}"[:MSG_CHARS]})
@@ -504,7 +504,8 @@ def _descends(commit: str, base: str) -> bool:
 
 
 def sweep(names, *, workers: int, timeout: float, stop_after, out_path: str, log_dir: str, resume: dict | None = None,
-          progress=True):
+          progress=True, case_fn=None):
+    """Run ``case_fn`` (run_case: the pipeline's stages) for every name, one forked process per case."""
     ctx = mp.get_context("fork")
     records = dict(resume or {})
     pending = [n for n in names if n not in records]
@@ -527,7 +528,8 @@ def sweep(names, *, workers: int, timeout: float, stop_after, out_path: str, log
             name = pending.pop(0)
             parent_conn, child_conn = ctx.Pipe(duplex=False)
             log = os.path.join(log_dir, re.sub(r"[^A-Za-z0-9_.-]", "_", name) + ".log")
-            p = ctx.Process(target=_child, args=(name, stop_after, child_conn, workdir, log), daemon=True)
+            p = ctx.Process(target=_child, args=(name, stop_after, child_conn, workdir, log, case_fn),
+                            daemon=True)
             p.start()
             child_conn.close()
             running[name] = [p, parent_conn, time.time(), None, log]

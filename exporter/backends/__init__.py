@@ -1,21 +1,31 @@
 """The backends pt2b lowers for, each derived from the installed backend, never from a typed list: the
-ops it accepts, its version, and its hand-off (docs/backends.md). ``load_for_backend(path, preset=NAME)``
-lowers to a backend's own op list; ``to_backend(NAME, lowered)`` hands the result over.
+ops it accepts, the decompositions it applies itself, its version, and its hand-off (docs/backends.md).
+``load_for_backend(path, preset=NAME)`` lowers to a backend's own op list; ``to_backend(NAME, lowered)``
+hands the result over and returns a ``Compiled``: the backend's own object (``.native``), callable like
+the model.
 
   inductor.py   torch's Inductor / AOTInductor (inside torch)
+  onnx.py       torch.onnx with onnxscript's torchlib, run by onnxruntime (pt2b[onnx])
+  openvino.py   OpenVINO's PyTorch frontend (convert_model), compiled for its CPU plugin (pt2b[openvino])
+  calling.py    the program's calling convention around a backend's runner
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
+import logging
+import re
 from typing import Any, Callable
 
-from ..errors import BackendUnavailableError
+from ..errors import BackendHandOffError, BackendUnavailableError, Pt2bError
 
 # backend name -> (module of this package, what to pip install when it is missing)
 ADAPTERS: dict[str, tuple[str, str]] = {
     "inductor": ("inductor", "torch"),
+    "onnx": ("onnx", "pt2b[onnx]"),
+    "openvino": ("openvino", "pt2b[openvino]"),
 }
 
 
@@ -26,12 +36,33 @@ class Backend:
     supported_ops: tuple[str, ...]    # from the installed backend's own registry
     source: str                       # where in the backend the list comes from
     decompositions: Callable[[], dict]  # the backend's own decompositions (op -> fn), used before torch's
-    hand_off: Callable[..., Any]      # (lowered, **options) -> the backend's own object
-    run: Callable[..., Any]           # (the backend's object, *args) -> outputs
+    hand_off: Callable[..., tuple]    # (ExportedProgram, **options) -> (native object, the program it took)
+    run: Callable[..., Any]           # (native, program, args, kwargs) -> the program's outputs, structured
+    settings: str = ""                # what matters when running it (docs/backends.md repeats it)
+    # True: ``decompositions`` is the backend's whole table and it takes every op that table leaves (it
+    # re-runs the table itself, as OpenVINO's convert_model does); supported_ops then lists the ops it names
+    takes_what_its_table_leaves: bool = False
 
     @property
     def key(self) -> str:
         return f"{self.name}@{self.version}"
+
+
+@dataclasses.dataclass
+class Compiled:
+    """What ``to_backend`` returns: the backend's own object (``native``: an ONNXProgram, an AOTInductor
+    package path, ...) and the program it was made from; calling it runs it on the backend, with the
+    exported model's arguments and output structure."""
+
+    backend: Backend
+    native: Any
+    program: Any  # the torch.export.ExportedProgram the backend took
+
+    def __call__(self, *args, **kwargs):
+        return self.backend.run(self.native, self.program, args, kwargs)
+
+    def __repr__(self) -> str:
+        return f"Compiled({self.backend.key}, {type(self.native).__name__})"
 
 
 def names() -> tuple[str, ...]:
@@ -51,15 +82,56 @@ _CACHE: dict[str, Backend] = {}
 
 def _get(name: str, module: str, package: str) -> Backend:
     if name not in _CACHE:
-        adapter = importlib.import_module(f"{__name__}.{module}")
         try:
+            adapter = importlib.import_module(f"{__name__}.{module}")
             _CACHE[name] = adapter.backend()
         except ImportError as e:
             raise BackendUnavailableError(f"backend {name!r} is not installed here ({e}): pip install {package}") from None
     return _CACHE[name]
 
 
-def to_backend(name: str, lowered, **options):
-    """Hand ``lowered`` (load_for_backend's result, or any ExportedProgram) to backend ``name``: its own
-    object (an AOTInductor package path, ...), which ``get(name).run(obj, *args)`` runs."""
-    return get(name).hand_off(lowered, **options)
+def to_backend(name: str, lowered, **options) -> Compiled:
+    """Hand ``lowered`` (load_for_backend's result, or any ExportedProgram) to backend ``name``; options
+    go to the backend's hand-off (docs/backends.md lists them)."""
+    backend = get(name)
+    try:
+        native, program = backend.hand_off(exported_program(lowered), **options)
+    except Pt2bError:
+        raise
+    except Exception as e:  # noqa: BLE001 (whatever the backend raises, typed and chained)
+        raise BackendHandOffError(f"{backend.key} could not take the program: {first_line(e)}") from e
+    return Compiled(backend, native, program)
+
+
+def first_line(e: BaseException) -> str:
+    """``Type: reason`` of a backend's error in one line: torch.onnx's "Exception summary", OpenVINO's
+    conversion summary or the last line of its C++ trace, or the first line of anything else; without
+    terminal colour codes."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for marker in ("## Exception summary", "Summary:", "Failed operations detailed log:"):
+        if marker in lines:
+            after = lines[lines.index(marker) + 1:]
+            if after:
+                reason = re.sub(r"^<class '(?:[\w.]+\.)?(\w+)'>", r"\1", after[0]).lstrip("- ")
+                return f"{type(e).__name__}: {reason}"
+    if lines and lines[0].startswith("Exception from "):  # OpenVINO's C++ trace: the reason comes last
+        return f"{type(e).__name__}: {lines[-1]}"
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"
+
+
+def exported_program(lowered):
+    """The ExportedProgram of load_for_backend's result (or ``lowered`` itself when it is one)."""
+    return lowered.exported_program() if hasattr(lowered, "exported_program") else lowered
+
+
+@contextlib.contextmanager
+def quiet_logger(name: str, level: int = logging.ERROR):
+    """A backend's chatty logger held at ``level`` for a block (restored after)."""
+    logger = logging.getLogger(name)
+    before = logger.level
+    logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.setLevel(before)

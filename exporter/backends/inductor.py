@@ -21,18 +21,20 @@ def _supported_ops() -> tuple[str, ...]:
     return tuple(sorted({f"{op.namespace}::{op._opname}.{op._overloadname}" for op in ops}))
 
 
-def _exported(lowered) -> torch.export.ExportedProgram:
-    return lowered.exported_program() if hasattr(lowered, "exported_program") else lowered
-
-
-def hand_off(lowered, *, package_path: str | None = None) -> str:
-    """Compile ``lowered`` with AOTInductor into a package (a .pt2 zip) and return its path."""
+def hand_off(ep, *, package_path: str | None = None) -> tuple[str, object]:
+    """Compile ``ep`` with AOTInductor into a package (a .pt2 zip): its path."""
     path = package_path or os.path.join(tempfile.mkdtemp(prefix="pt2b_aoti_"), "model.pt2")
-    return torch._inductor.aoti_compile_and_package(_exported(lowered), package_path=path)
+    return torch._inductor.aoti_compile_and_package(ep, package_path=path), ep
 
 
-def run(package: str, *args):
-    return torch._inductor.aoti_load_package(package)(*args)
+@functools.cache
+def _loaded(package: str):
+    return torch._inductor.aoti_load_package(package)
+
+
+def run(package: str, ep, args, kwargs):
+    """AOTInductor's runner takes the model's arguments and returns its outputs, structured."""
+    return _loaded(package)(*args, **kwargs)
 
 
 @functools.cache  # read once a process: every load_for_backend(path, "inductor") plans with it

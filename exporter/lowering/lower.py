@@ -152,7 +152,19 @@ def plan_lowering(preset: str = "core", *, supported_ops=None, decompositions=No
             raise LoweringError(f"preset {preset!r} is the backend's own op list: pass supported_ops or the "
                                 f"backend's preset, not both.")
         supported_ops = backend.supported_ops
-    if supported_ops is not None:
+    if backend is not None and backend.takes_what_its_table_leaves:
+        # the backend decomposes with its own whole table and translates whatever that leaves (OpenVINO)
+        sup_m, unknown = _foreign_supported_ops(supported_ops, strict, warn=False)
+        names = {}
+        table = {op: fn for op, fn in backend.decompositions().items() if not kept(op)}
+        table.update(extra)
+        table.update(user)
+        accepts = lambda op: op not in table or kept(op)
+        label, opset_strict = backend.key, True
+        description = (f"decomposed with {backend.name}'s own table ({backend.source}); {backend.name} "
+                       f"{backend.version} takes what it leaves")
+        what = {"backend": backend.key, "supported_ops": sorted(supported_ops)}
+    elif supported_ops is not None:
         sup_m, unknown = _foreign_supported_ops(supported_ops, strict, warn=backend is None)
         names = {}
         available = tables.available_decompositions()

@@ -104,7 +104,8 @@ def test_the_backend_preset_brings_the_decompositions_the_backend_applies(cnn):
 
 def test_an_unknown_or_missing_backend_is_a_clear_error(cnn, monkeypatch):
     path, _ = cnn
-    with pytest.raises(LoweringError, match=r"unknown preset 'onnxx'; .* or a backend's own op list: inductor"):
+    with pytest.raises(LoweringError, match=r"unknown preset 'onnxx'; .* or a backend's own op list: inductor, onnx, "
+                                            r"openvino"):
         load_for_backend(path, "onnxx")
     with pytest.raises(BackendUnavailableError, match="unknown backend 'onnxx'"):
         backends.get("onnxx")
@@ -130,6 +131,7 @@ def test_inductor_hand_off_compiles_and_runs(cnn, tmp_path):
     """AOTInductor compiles the lowered program into a package that runs close to eager (minutes on 2 cores)."""
     path, case = cnn
     lp = load_for_backend(path, "inductor", cache=False)
-    package = backends.to_backend("inductor", lp, package_path=str(tmp_path / "cnn.pt2"))
+    compiled = backends.to_backend("inductor", lp, package_path=str(tmp_path / "cnn.pt2"))
+    assert compiled.native == str(tmp_path / "cnn.pt2")
     with torch.no_grad():
-        torch.testing.assert_close(backends.get("inductor").run(package, *case.args), case.model(*case.args))
+        torch.testing.assert_close(compiled(*case.args), case.model(*case.args))

@@ -1,0 +1,42 @@
+"""The program's calling convention around a backend's own runner: (args, kwargs) flattened to the
+program's user inputs by its in_spec, and the backend's outputs (by graph output name) put back into
+the program's output structure, constants included; buffer updates stay inside the backend."""
+
+from __future__ import annotations
+
+import torch
+from torch.export.graph_signature import ConstantArgument, OutputKind, TensorArgument
+
+from .._torch.pytree import fx_pytree, pytree
+from ..errors import BackendRunError
+
+
+def flat_inputs(ep: torch.export.ExportedProgram, args: tuple, kwargs: dict) -> list:
+    """The program's user inputs, in its order, from a call's (args, kwargs)."""
+    try:
+        return list(fx_pytree.tree_flatten_spec((tuple(args), dict(kwargs)), ep.call_spec.in_spec))
+    except Exception as e:  # noqa: BLE001 (pytree's errors are bare: say what was expected)
+        raise BackendRunError(f"the call does not match the program's inputs ({type(e).__name__}: {e}); "
+                              f"call it as the exported model was called.") from None
+
+
+def user_outputs(ep: torch.export.ExportedProgram, produced: dict, leaves: list | None = None):
+    """The program's outputs in its own structure from ``produced`` (graph output name -> value, what
+    the backend computed); the caller's input tensors that the program mutates are updated in place."""
+    user_inputs = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    out = []
+    for spec in ep.graph_signature.output_specs:
+        if spec.kind == OutputKind.USER_INPUT_MUTATION and leaves is not None and spec.arg.name in produced:
+            leaves[user_inputs.index(spec.target)].copy_(produced[spec.arg.name])
+        if spec.kind != OutputKind.USER_OUTPUT:
+            continue
+        if isinstance(spec.arg, ConstantArgument):
+            out.append(spec.arg.value)
+        elif isinstance(spec.arg, TensorArgument) and spec.arg.name in produced:
+            out.append(produced[spec.arg.name])
+        elif spec.arg.name in produced:  # a SymInt/SymFloat output the backend computed
+            out.append(produced[spec.arg.name])
+        else:
+            raise BackendRunError(f"the backend did not return the program's output {spec.arg.name!r} (it returned "
+                                  f"{', '.join(produced) or 'nothing'}).")
+    return pytree.tree_unflatten(out, ep.call_spec.out_spec)

@@ -1,0 +1,74 @@
+"""ONNX through torch.onnx (onnxscript's torchlib) and onnxruntime: the ops torchlib translates, as
+torch.onnx's own registry lists them (``ONNXRegistry.from_torchlib()``) plus the names onnxscript
+declares that this torch lacks (reported, not fatal); no decompositions of its own (torch.onnx
+decomposes with torch's table what torchlib lacks, as pt2b does); the hand-off is
+``torch.onnx.export(program)``, an ``ONNXProgram``; onnxruntime runs it.
+
+pip install pt2b[onnx]  (onnx, onnxscript, onnxruntime)
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from . import Backend, calling, quiet_logger
+
+
+def _qualified(name: str) -> str:
+    """torchlib writes the default overload without its name ('aten::abs'); pt2b names it."""
+    ns, _, rest = name.partition("::")
+    return name if "." in rest else f"{name}.default"
+
+
+@functools.cache
+def _registry():
+    from torch.onnx._internal.exporter import _registration
+
+    with quiet_logger("torch.onnx._internal.exporter._registration"):  # "torchvision is not installed" x4
+        return _registration.ONNXRegistry.from_torchlib()
+
+
+def _supported_ops() -> tuple[str, ...]:
+    from onnxscript import _framework_apis
+
+    from ..ops import op_name
+
+    registry = _registry()
+    ops = set()
+    for targets in registry.functions.values():
+        for meta in targets:
+            if isinstance(meta.fx_target, torch._ops.OpOverload):
+                ops.add(op_name(meta.fx_target))
+    # onnxscript's own declarations, as they come: names this torch lacks are reported by the lowering
+    api = getattr(_framework_apis, "torch_2_5")
+    ops.update(_qualified(meta.qualified_name) for meta in api.get_torchlib_ops()
+               if meta.qualified_name.startswith(("aten::", "prims::")))
+    return tuple(sorted(ops))
+
+
+def hand_off(ep, *, opset_version: int | None = None, optimize: bool = True):
+    """``torch.onnx.export`` of ``ep``: an ``ONNXProgram`` (``.model_proto``, ``.save(path)``), and the
+    program torch.onnx translated (after its own decompositions, a no-op on pt2b's lowering)."""
+    options = {"opset_version": opset_version} if opset_version is not None else {}
+    with quiet_logger("torch.onnx"):
+        onnx_program = torch.onnx.export(ep, (), dynamo=True, optimize=optimize, verbose=False, **options)
+    return onnx_program, onnx_program.exported_program
+
+
+def run(onnx_program, ep, args, kwargs):
+    """Run on onnxruntime's CPU provider (ONNXProgram's own session); outputs by graph output name."""
+    leaves = calling.flat_inputs(ep, args, kwargs)
+    outs = onnx_program(*leaves)
+    produced = dict(zip((v.name for v in onnx_program.model.graph.outputs), outs))
+    return calling.user_outputs(ep, produced, leaves)
+
+
+def backend() -> Backend:
+    import onnxruntime
+    import onnxscript
+
+    version = f"{onnxscript.__version__}+ort{onnxruntime.__version__}"
+    return Backend("onnx", version, _supported_ops(), "torch.onnx's ONNXRegistry.from_torchlib() (onnxscript torchlib)",
+                   dict, hand_off, run)

@@ -1,0 +1,281 @@
+"""The backend matrix: real transformers models (exporter/corpus/transformers_zoo.py) exported once by
+pt2b, lowered with each backend's own preset, handed to the backend and run there, compared with eager;
+one forked process per case (tools/real_models.py's sweep).
+
+Stages per case: build, capture, eager, write; then per backend B: lower:B (load_for_backend(path, B)),
+handoff:B (backends.to_backend), run:B, match:B. Where one of them fails, direct:B hands torch.export's
+own program to the backend (which decomposes it its own way) and runs it: where that works the failure
+is pt2b's, where it fails too it is the backend's (owner:B in the record).
+
+  .venv/bin/python -m tools.backend_matrix --backends onnx,openvino --out bench/records/backends@2.13.json.gz
+  .venv/bin/python -m tools.backend_matrix --out bench/records/backends@2.13.json.gz --summary-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import copy
+import json
+import os
+import re
+import sys
+import time
+
+from tools import real_models as rm
+
+DEFAULT_BACKENDS = ("onnx", "openvino")
+# backends compute in float32 with their own kernels (fused, reordered): results agree with eager to
+# float32 rounding accumulated over a model, not to the reference runtime's 1e-4
+TOLERANCE = 1e-3
+
+
+def _stages(backends) -> list[str]:
+    return ["build", "capture", "eager", "write"] + [f"{s}:{b}" for b in backends
+                                                     for s in ("lower", "handoff", "run", "match", "direct")]
+
+
+def run_case(name: str, backends, conn, workdir: str) -> None:
+    """The stages of one case, the record sent through ``conn`` after each."""
+    rm._quiet_everything()
+    import torch
+
+    torch.set_num_threads(1)
+    rec = {"name": name, "stages": {}, "owner": {}}
+
+    def stage(key, fn):
+        rec["current"] = key
+        conn.send(rec)
+        t0 = time.perf_counter()
+        try:
+            value, st, ok = fn(), {"status": "ok"}, True
+        except Exception as e:  # noqa: BLE001 -- every failure is a result here
+            value, st, ok = None, rm._err(e), False
+            if e.__cause__ is not None or key.startswith("direct:"):  # the backend's own error, in one line
+                from exporter.backends import first_line
+
+                st["cause"] = first_line(e.__cause__ or e)[:rm.MSG_CHARS]
+        st["seconds"] = round(time.perf_counter() - t0, 3)
+        rec["stages"][key] = st
+        rec.pop("current", None)
+        conn.send(rec)
+        return ok, value
+
+    from exporter.corpus.transformers_zoo import make_case
+
+    ok, case = stage("build", lambda: make_case(name))
+    if not ok:
+        rec["stages"]["build"]["unavailable"] = rec["stages"]["build"].get("error_type") == "CaseUnavailable"
+        return conn.send(rec)
+    rec.update(model_type=case.model_type, task=case.task, params=sum(p.numel() for p in case.model.parameters()))
+    eager_model = copy.deepcopy(case.model)
+    args, kwargs = case.args, case.kwargs or {}
+
+    def fresh():
+        torch.manual_seed(0)
+        return copy.deepcopy(args), copy.deepcopy(kwargs)
+
+    def capture():
+        from exporter.corpus.programs import capture_real
+
+        return capture_real(case, {})
+
+    ok, ep = stage("capture", capture)
+    if not ok:
+        for b in backends:
+            rec["owner"][b] = "torch"  # torch.export cannot capture it: no backend sees it either way
+        return conn.send(rec)
+
+    def eager():
+        a, k = fresh()
+        with torch.no_grad():
+            return eager_model(*a, **k)
+
+    ok, ref = stage("eager", eager)
+    if not ok:
+        return conn.send(rec)
+
+    import exporter
+    from exporter import backends as registry
+
+    path = os.path.join(workdir, re.sub(r"[^A-Za-z0-9_.-]", "_", name) + ".pt2b")
+    ok, _ = stage("write", lambda: exporter.export_model(ep, path=path))
+    if not ok:
+        return conn.send(rec)
+
+    def matches(out):
+        msg = rm._compare_close(out, ref, max(case.rtol, TOLERANCE), max(case.atol, TOLERANCE))
+        if msg:
+            raise AssertionError(msg)
+
+    def runs(compiled):
+        a, k = fresh()
+        with torch.no_grad():
+            return compiled(*a, **k)
+
+    for b in backends:
+        ok, lp = stage(f"lower:{b}", lambda: exporter.load_for_backend(path, b, cache=False))
+        if ok:
+            ok, compiled = stage(f"handoff:{b}", lambda: registry.to_backend(b, lp))
+        if ok:
+            ok, out = stage(f"run:{b}", lambda: runs(compiled))
+        if ok:
+            ok, _ = stage(f"match:{b}", lambda: matches(out))
+        if ok:
+            rec["owner"][b] = None
+            continue
+        direct_ok, _ = stage(f"direct:{b}", lambda: matches(runs(registry.to_backend(b, ep))))
+        rec["owner"][b] = "pt2b" if direct_ok else "backend"
+    conn.send(rec)
+
+
+def failure_key(rec: dict, b: str) -> str:
+    """Where and why backend ``b`` failed on a case, in one line: the stage and the backend's reason, or
+    for a lowering the ops that could not reach the backend's op set."""
+    for k, st in rec["stages"].items():
+        if k.endswith(f":{b}") and st.get("status") == "fail":
+            text = st.get("cause") or st.get("error_key") or st.get("error", "")
+            ops = re.findall(r"^\s+(\S+::\S+) \(\d+ call sites\)", st.get("error", ""), re.M)
+            if k.startswith("lower:") and ops:
+                text = "cannot reach the backend's ops: " + ", ".join(ops)
+            return re.sub(r"\s+", " ", f"{k}: {text}")[:200]
+    return "?"
+
+
+def owner(rec: dict, b: str):
+    """Whose failure a case's backend ``b`` run is: None (it ran close to eager), "torch" (torch.export
+    cannot capture it), "pt2b" (the backend runs torch.export's own program), "backend" (it fails that
+    too, or crashed or hung the process in its own stages), or "?" (not run)."""
+    if b in rec.get("owner", {}):
+        return rec["owner"][b]
+    failed = [k for k, st in rec["stages"].items() if k.endswith(f":{b}") and st.get("status") == "fail"]
+    if failed and failed[0].startswith(("handoff:", "run:", "direct:")):
+        return "backend"  # the backend crashed or hung its process (a signal, the timeout)
+    return "pt2b" if failed else "?"
+
+
+def summarize(records: list[dict], backends, file=sys.stdout) -> dict:
+    """Per backend: cases run through pt2b and close to eager, of those torch.export captures; the
+    failures grouped by owner and error."""
+    captured = [r for r in records if r["stages"].get("capture", {}).get("status") == "ok"]
+    built = [r for r in records if r["stages"].get("build", {}).get("status") == "ok"]
+    out = {}
+    for b in backends:
+        good = [r for r in captured if owner(r, b) is None]
+        direct = [r for r in captured if r["stages"].get(f"direct:{b}", {}).get("status") == "ok"]
+        groups = collections.Counter()
+        for r in captured:
+            who = owner(r, b)
+            if who is None:
+                continue
+            groups[(who, failure_key(r, b)[:160])] += 1
+        out[b] = {"built": len(built), "captured": len(captured), "ok": len(good),
+                  "pt2b_fails": sum(1 for r in captured if owner(r, b) == "pt2b"),
+                  "backend_fails": sum(1 for r in captured if owner(r, b) == "backend"),
+                  "direct_ok_where_pt2b_failed": len(direct)}
+        print(f"{b}: {len(good)} of {len(captured)} captured cases run through pt2b close to eager "
+              f"({out[b]['pt2b_fails']} pt2b's failures, {out[b]['backend_fails']} the backend's)", file=file)
+        for (who, key), n in groups.most_common(12):
+            print(f"   {n:4d}  [{who}] {key}", file=file)
+    return out
+
+
+def markdown(data: dict) -> str:
+    """docs/results/backends.md: the counts per backend and every failure group with its owner."""
+    import io
+
+    records, backends = data["records"], data["meta"].get("backends", list(DEFAULT_BACKENDS))
+    counts = summarize(records, backends, file=io.StringIO())
+    commits = sorted({r.get("pt2b", "?") for r in records})
+    lines = ["# The backend matrix", "",
+             f"Written by `python -m tools.backend_matrix --out {data['meta'].get('out', 'FILE')} --markdown` "
+             f"from one sweep of the real-model corpus ({len(records)} of its {data['meta'].get('cases', len(records))} "
+             f"cases so far; pt2b {', '.join(commits)}): each "
+             "case exported once by pt2b, lowered with the backend's preset, handed over, run and compared with "
+             "eager within 1e-3. A failure is pt2b's where the backend runs torch.export's own program, the "
+             "backend's where it fails on that too (or crashes), torch's where torch.export cannot capture the "
+             "model.", "",
+             "| backend | run close to eager | of captured | pt2b's failures | the backend's failures |",
+             "|---|---|---|---|---|"]
+    for b in backends:
+        c = counts[b]
+        lines.append(f"| {b} | {c['ok']} | {c['captured']} | {c['pt2b_fails']} | {c['backend_fails']} |")
+    built = counts[backends[0]]["built"] if backends else 0
+    lines += ["", f"{built} cases built offline; {built - counts[backends[0]]['captured']} of them torch.export "
+                  "does not capture (owner: torch).", ""]
+    for b in backends:
+        lines += [f"## {b}: the failures", "", "| cases | owner | where and why (first case) |", "|---|---|---|"]
+        groups = collections.defaultdict(list)
+        for r in records:
+            who = owner(r, b) if r["stages"].get("capture", {}).get("status") == "ok" else None
+            if who is None or who == "?":
+                continue
+            groups[(who, failure_key(r, b))].append(r["name"])
+        for (who, key), names in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+            shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+            lines.append(f"| {len(names)} | {who} | `{key.replace('|', '/')}` ({shown}) |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m tools.backend_matrix", description=__doc__.splitlines()[0])
+    ap.add_argument("--backends", default=",".join(DEFAULT_BACKENDS))
+    ap.add_argument("--only", help="comma-separated case names")
+    ap.add_argument("--sample", action="store_true", help="the default test sample (transformers_sample.txt)")
+    ap.add_argument("--limit", type=int)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--out", default="/tmp/backend_matrix.json.gz")
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--summary-only", action="store_true")
+    ap.add_argument("--markdown", action="store_true", help="print docs/results/backends.md of --out and exit")
+    args = ap.parse_args(argv)
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    if args.summary_only or args.markdown:
+        with rm._open_json(args.out) as f:
+            data = json.load(f)
+        if args.markdown:
+            data["meta"]["out"] = args.out
+            print(markdown(data))
+            return 0
+        summarize(data["records"], data["meta"].get("backends", backends))
+        return 0
+    rm._CODE_VERSION = rm._code_version()
+    zoo = rm._preload()
+    from exporter import backends as registry
+
+    for b in backends:
+        registry.get(b)  # installed, and its op list read once before the children fork
+    if args.only:
+        names = [n.strip() for n in args.only.split(",") if n.strip()]
+    elif args.sample:
+        from exporter.corpus.programs import transformers_sample
+
+        names = transformers_sample()
+    else:
+        names = zoo.case_names()
+    names = names[: args.limit] if args.limit else names
+    resume = None
+    if args.resume and os.path.exists(args.out):
+        with rm._open_json(args.out) as f:
+            resume = {r["name"]: r for r in json.load(f)["records"]}
+    log_dir = args.out + ".logs"
+    os.makedirs(log_dir, exist_ok=True)
+    rm.STAGE_ORDER[:] = _stages(backends)
+    print(f"{len(names)} cases through {', '.join(backends)}, {args.workers} workers, out {args.out}", flush=True)
+    records, wall = rm.sweep(names, workers=args.workers, timeout=args.timeout, stop_after=None, out_path=args.out,
+                             log_dir=log_dir, resume=resume,
+                             case_fn=lambda name, _stop, conn, workdir: run_case(name, backends, conn, workdir))
+    with rm._open_json(args.out) as f:
+        data = json.load(f)
+    data["meta"]["backends"] = backends
+    with rm._open_json(args.out, "w") as f:
+        json.dump(data, f, indent=1)
+    summarize([records[n] for n in names if n in records], backends)
+    print(f"\n{wall:.0f} s. JSON: {args.out}  logs: {log_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
