@@ -7,6 +7,8 @@ the model.
   inductor.py   torch's Inductor / AOTInductor (inside torch)
   onnx.py       torch.onnx with onnxscript's torchlib, run by onnxruntime (pt2b[onnx])
   openvino.py   OpenVINO's PyTorch frontend (convert_model), compiled for its CPU plugin (pt2b[openvino])
+  executorch.py ExecuTorch's portable kernels, its runtime's own kernel registry (pip install executorch)
+  iree.py       IREE through iree-turbine, its own AOT table, compiled for llvm-cpu (pip install iree-turbine ...)
   calling.py    the program's calling convention around a backend's runner
 """
 
@@ -26,6 +28,8 @@ ADAPTERS: dict[str, tuple[str, str]] = {
     "inductor": ("inductor", "torch"),
     "onnx": ("onnx", "pt2b[onnx]"),
     "openvino": ("openvino", "pt2b[openvino]"),
+    "executorch": ("executorch", "executorch"),
+    "iree": ("iree", "iree-turbine iree-base-compiler iree-base-runtime"),
 }
 
 

@@ -40,3 +40,22 @@ def user_outputs(ep: torch.export.ExportedProgram, produced: dict, leaves: list 
             raise BackendRunError(f"the backend did not return the program's output {spec.arg.name!r} (it returned "
                                   f"{', '.join(produced) or 'nothing'}).")
     return pytree.tree_unflatten(out, ep.call_spec.out_spec)
+
+
+def tensor_outputs(ep: torch.export.ExportedProgram) -> list[str]:
+    """Names of the program's tensor user outputs, in order: what a backend that returns only the user's
+    tensors (OpenVINO, ExecuTorch) returns, in that order."""
+    return [s.arg.name for s in ep.graph_signature.output_specs
+            if s.kind == OutputKind.USER_OUTPUT and isinstance(s.arg, TensorArgument)]
+
+
+def from_tensor_outputs(ep: torch.export.ExportedProgram, values: list, leaves: list, backend: str):
+    """The program's outputs from a backend's list of its tensor user outputs (tensor_outputs' order)."""
+    names = tensor_outputs(ep)
+    every = [s.arg.name for s in ep.graph_signature.output_specs if s.kind == OutputKind.USER_OUTPUT]
+    if len(values) == len(every) != len(names):  # constants returned too (ExecuTorch): the program's own
+        values = [v for v, s in zip(values, (s for s in ep.graph_signature.output_specs
+                                             if s.kind == OutputKind.USER_OUTPUT)) if isinstance(s.arg, TensorArgument)]
+    if len(values) != len(names):
+        raise BackendRunError(f"{backend} returned {len(values)} outputs for the program's {len(names)} tensor outputs.")
+    return user_outputs(ep, dict(zip(names, values)), leaves)

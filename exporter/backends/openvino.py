@@ -67,14 +67,8 @@ def run(compiled, ep, args, kwargs):
     """The compiled model takes the program's user inputs in order and returns its tensor outputs in order."""
     leaves = calling.flat_inputs(ep, args, kwargs)
     result = compiled([leaf.numpy(force=True) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves])
-    tensors = [s.arg.name for s in ep.graph_signature.output_specs
-               if s.kind.name == "USER_OUTPUT" and hasattr(s.arg, "name") and type(s.arg).__name__ == "TensorArgument"]
-    values = [torch.from_numpy(result[i].copy()) if hasattr(result[i], "dtype") else result[i] for i in range(len(result))]
-    if len(values) != len(tensors):
-        from ..errors import BackendRunError
-
-        raise BackendRunError(f"OpenVINO returned {len(values)} outputs for the program's {len(tensors)} tensor outputs.")
-    return calling.user_outputs(ep, dict(zip(tensors, values)), leaves)
+    values = [torch.from_numpy(result[i].copy()) for i in range(len(result))]
+    return calling.from_tensor_outputs(ep, values, leaves, "OpenVINO")
 
 
 def backend() -> Backend:

@@ -107,3 +107,25 @@ def test_dead_region_that_draws_random_numbers_is_not_dropped(tmp_path):
     with pytest.raises(ExportError, match="pt2b would refuse to load what it was about to write.*missing val"):
         export_model(DeadNoGradRegion(draw=True), _region_args(), path)
     assert not path.exists()
+
+
+class Split(torch.nn.Module):
+    def forward(self, x):
+        a, b = torch.split(x, [1, 3])
+        return a * 2, b.unbind(0)[1]
+
+
+def test_list_values_read_back_as_captured(tmp_path):
+    """split_with_sizes and unbind return Tensor[]: torch.export records a list, torch's deserializer a
+    tuple (torch.export.load too); pt2b reads back the list, which IREE's FX importer needs to type the
+    node (multihead attention did not import from a loaded program)."""
+    ep = torch.export.export(Split(), (torch.randn(4, 2),))
+    listed = {n.name: type(n.meta["val"]) for n in ep.graph.nodes if n.op == "call_function"
+              and n.target in (torch.ops.aten.split_with_sizes.default, torch.ops.aten.unbind.int)}
+    assert set(listed.values()) == {list}
+    torch.export.save(ep, tmp_path / "m.pt2")
+    theirs = torch.export.load(tmp_path / "m.pt2")
+    assert {type(n.meta["val"]) for n in theirs.graph.nodes if n.name in listed} == {tuple}
+    export_model(ep, path=tmp_path / "m.pt2b")
+    ours = load(tmp_path / "m.pt2b").exported_program()
+    assert {n.name: type(n.meta["val"]) for n in ours.graph.nodes if n.name in listed} == listed

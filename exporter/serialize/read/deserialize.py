@@ -197,6 +197,21 @@ def deserialize_program(serialized, state_dict, constants, example_inputs) -> to
         _STATE.reading = outer
 
 
+def _lists_as_captured(gm) -> None:
+    """``meta["val"]`` of a node whose op returns one list (split_with_sizes, unbind: ``Tensor[]``) as the
+    list torch.export captures, where torch's deserializer makes a tuple of it; importers that read the
+    value's type from it (IREE's FX importer) take only the list."""
+    for module in gm.modules():
+        if not isinstance(module, torch.fx.GraphModule):
+            continue
+        for node in module.graph.nodes:
+            val = node.meta.get("val")
+            if (type(val) is tuple and isinstance(node.target, torch._ops.OpOverload)
+                    and len(node.target._schema.returns) == 1
+                    and isinstance(node.target._schema.returns[0].type, torch.ListType)):
+                node.meta["val"] = list(val)
+
+
 def _deserialize_program(serialized, state_dict, constants, example_inputs) -> torch.export.ExportedProgram:
     version = serialized.schema_version
     if version.major != _serde.SCHEMA_VERSION[0] and not (version.major == 0 and version.minor == 0):
@@ -209,6 +224,7 @@ def _deserialize_program(serialized, state_dict, constants, example_inputs) -> t
     }
     d = _graph_module_deserializer()
     res = d.deserialize(serialized.graph_module, state_dict, constants, example_inputs, symbol_name_to_range)
+    _lists_as_captured(res.graph_module)
     # torch.export traces with fallback kernels allowed (an op without a meta kernel, such as geqrf or
     # histogram, runs its CPU kernel on zeros to learn its result's shape); torch's deserializer makes
     # the program's fake mode without them, so a program read back could not be retraced where the

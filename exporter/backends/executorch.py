@@ -1,0 +1,116 @@
+"""ExecuTorch with its portable kernels: the op list is the runtime's own kernel registry
+(``portable_lib._get_operator_names()``), where kernels are out-variants ("aten::add.out"); pt2b reads
+each as its functional op, and a ``*_copy`` kernel also as the view op it copies (to_edge rewrites
+``squeeze.dims`` into ``squeeze_copy.dims``: torch.Tag.view_copy names them), and ExecuTorch's
+dim-order kernels as the ATen ops to_edge rewrites into them (``exir.passes.dim_order_ops_registry``).
+The hand-off is ``to_edge(program).to_executorch()`` (an ``ExecutorchProgramManager``: ``.buffer``
+is the .pte file); the runtime's pybindings run it.
+
+pip install executorch  (about ten minutes; it keeps torch 2.13)
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from . import Backend, calling, quiet_logger
+from ..ops import op_name, resolve_op
+
+
+_TENSOR_OPTIONS = {"dtype", "layout", "device", "pin_memory"}  # factory functions' kwargs their out= form lacks
+
+
+def _signature(op, drop_out: bool) -> list[tuple[str, str]]:
+    return [(a.name, str(a.type)) for a in op._schema.arguments
+            if not (drop_out and a.is_out) and a.name not in _TENSOR_OPTIONS]
+
+
+def _functional(kernel: str):
+    """The functional op of an out-variant kernel: the overload of the same op whose arguments are the
+    out one's without its out= tensors (aten::add.out -> aten::add.Tensor; factory functions' tensor
+    options aside: aten::full.out -> aten::full.default). A functional kernel (sym_size.int) is itself."""
+    out = resolve_op(kernel)
+    if out is None:
+        return None
+    if not out._schema.is_mutable:
+        return out
+    packet = getattr(getattr(torch.ops, out.namespace), out._schema.name.partition("::")[2])
+    want = _signature(out, drop_out=True)
+    for overload in packet.overloads():
+        op = getattr(packet, overload)
+        if not op._schema.is_mutable and _signature(op, drop_out=False) == want:
+            return op
+    return None
+
+
+def _view_of(copy_op):
+    """The view op a ``*_copy`` op copies (aten::squeeze_copy.dims -> aten::squeeze.dims), or None."""
+    if torch.Tag.view_copy not in copy_op.tags:
+        return None
+    name = copy_op.__name__.partition(".")[0].removesuffix("_copy")
+    return getattr(getattr(torch.ops.aten, name, None), copy_op._overloadname, None)
+
+
+def _edge_accepts(op) -> bool:
+    """to_edge's verifier takes core ATen ops, the *_copy ops of views and the ops of its own namespaces."""
+    return op.namespace != "aten" or torch.Tag.core in op.tags or torch.Tag.view_copy in op.tags
+
+
+@functools.cache
+def _supported() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(accepted op names, kernel names this torch cannot map)."""
+    from executorch.exir.passes.dim_order_ops_registry import MemoryFormatOpsMap
+    from executorch.extension.pybindings import portable_lib
+
+    accepted, unmapped = set(), []
+    dim_order = {op_name(edge._op): op_name(aten._op) for edge, aten in MemoryFormatOpsMap.items()}
+    for kernel in portable_lib._get_operator_names():
+        ns, _, rest = kernel.partition("::")
+        if ns == "executorch_prim" or ns == "et_copy":  # SymInt arithmetic, device copies: not graph ops
+            continue
+        op = _functional(kernel if "." in rest else kernel + ".default")
+        if op is None:
+            unmapped.append(kernel)
+            continue
+        name = dim_order.get(op_name(op), op_name(op))
+        if not _edge_accepts(resolve_op(name) or op):
+            unmapped.append(kernel)
+            continue
+        accepted.add(name)
+        view = _view_of(op)
+        if view is not None:
+            accepted.add(op_name(view))
+    return tuple(sorted(accepted)), tuple(unmapped)
+
+
+def hand_off(ep):
+    """``to_edge(ep).to_executorch()``: the ExecutorchProgramManager (``.buffer``: the .pte bytes)."""
+    from executorch.exir import to_edge
+
+    with quiet_logger("executorch"):
+        return to_edge(ep).to_executorch(), ep
+
+
+@functools.cache
+def _loaded(buffer: bytes):
+    from executorch.extension.pybindings import portable_lib
+
+    return portable_lib._load_for_executorch_from_buffer(buffer)
+
+
+def run(manager, ep, args, kwargs):
+    leaves = calling.flat_inputs(ep, args, kwargs)
+    outs = _loaded(manager.buffer).forward([leaf.contiguous() if isinstance(leaf, torch.Tensor) else leaf
+                                            for leaf in leaves])
+    return calling.from_tensor_outputs(ep, list(outs), leaves, "ExecuTorch")
+
+
+def backend() -> Backend:
+    from importlib.metadata import version
+
+    accepted, _ = _supported()
+    return Backend("executorch", version("executorch"), accepted,
+                   "executorch's portable_lib._get_operator_names() (out-variant kernels, read as functional ops)",
+                   dict, hand_off, run, "portable kernels, no delegate")

@@ -1,0 +1,69 @@
+"""Issue 38: ExecuTorch's preset is its runtime's own kernel registry read as functional ops; a view
+op is accepted where the runtime has its *_copy kernel (to_edge rewrites one into the other), so
+flatten/squeeze/expand no longer end at prims; the zoo runs on the portable kernels close to eager.
+ExecuTorch installs slowly (about ten minutes): these tests run where it is installed
+(`pytest -m backends tests/backends/test_executorch.py` in a venv with `pip install executorch`)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+pytest.importorskip("executorch.extension.pybindings.portable_lib")
+
+from exporter import backends, export_model, load_for_backend  # noqa: E402
+from exporter.corpus.zoo import make_case  # noqa: E402
+from exporter.errors import BackendHandOffError  # noqa: E402
+
+pytestmark = pytest.mark.backends
+
+
+def test_the_op_list_is_the_runtimes_kernel_registry():
+    from executorch.extension.pybindings import portable_lib
+
+    b = backends.get("executorch")
+    kernels = set(portable_lib._get_operator_names())
+    assert {"aten::add.out", "aten::view_copy.out", "aten::squeeze_copy.dims_out"} <= kernels
+    accepted = set(b.supported_ops)
+    # out-variants read as the functional op of the same arguments; *_copy kernels also as their view
+    assert {"aten::add.Tensor", "aten::full.default", "aten::view_copy.default", "aten::view.default",
+            "aten::squeeze.dims", "aten::expand.default", "aten::_to_copy.default"} <= accepted
+    assert not any(n.endswith(".out") or n.endswith("_out") for n in accepted)
+    assert "aten::view.default" not in {n for n in kernels}
+
+
+class Views(torch.nn.Module):
+    def forward(self, x):
+        y = x.flatten(1).unsqueeze(0).squeeze(0)
+        return y.sum(-1) + x.expand(2, -1, -1, -1).permute(0, 2, 1, 3).sum((0, 1, 3)), x[:, 1]
+
+
+def test_views_reach_the_runtimes_copy_kernels_not_prims(tmp_path):
+    """The case that stopped with OpsetError at prims::squeeze / broadcast_in_dim / collapse_view."""
+    x = torch.randn(3, 4, 5)
+    export_model(Views(), (x,), tmp_path / "v.pt2b")
+    lp = load_for_backend(tmp_path / "v.pt2b", "executorch", cache=False)
+    assert not any(op.startswith("prims::") for op in lp.ops()), lp.ops()
+    torch.testing.assert_close(backends.to_backend("executorch", lp)(x), Views()(x))
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn_bn", "lstm", "transformer_encoder", "pytree_io", "kwargs_only",
+                                  "dynamic_shapes", "multihead_attention", "buffer_mutation", "map"])
+def test_the_zoo_runs_on_the_portable_kernels(tmp_path, name):
+    case = make_case(name)
+    pristine = copy.deepcopy(case.model)
+    export_model(case.model, case.args, tmp_path / "m.pt2b", kwargs=case.kwargs, dynamic_shapes=case.dynamic_shapes)
+    compiled = backends.to_backend("executorch", load_for_backend(tmp_path / "m.pt2b", "executorch", cache=False))
+    with torch.no_grad():
+        want = pristine(*case.args, **(case.kwargs or {}))
+    torch.testing.assert_close(compiled(*case.args, **(case.kwargs or {})), want, rtol=1e-4, atol=1e-4)
+
+
+def test_what_the_runtime_cannot_take_is_a_typed_error(tmp_path):
+    case = make_case("while_loop")
+    export_model(case.model, case.args, tmp_path / "w.pt2b")
+    lp = load_for_backend(tmp_path / "w.pt2b", "executorch", cache=False)
+    with pytest.raises(BackendHandOffError, match="executorch@.* could not take the program: .*while_loop"):
+        backends.to_backend("executorch", lp)

@@ -1,0 +1,63 @@
+"""Issue 38: IREE's preset is iree-turbine's own AOT table (IREE publishes no op list), and what it
+leaves is what IREE compiles: eval batch norm, which the core preset leaves as
+_native_batch_norm_legit_no_training and IREE cannot legalize, reaches it as arithmetic, and the conv
+net runs. IREE installs slowly: these tests run where it is installed (`pytest -m backends
+tests/backends/test_iree.py` in a venv with iree-turbine, iree-base-compiler and iree-base-runtime)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+pytest.importorskip("iree.turbine.aot")
+pytest.importorskip("iree.runtime")
+
+from exporter import backends, export_model, load_for_backend  # noqa: E402
+from exporter.corpus.zoo import make_case  # noqa: E402
+from exporter.errors import BackendHandOffError  # noqa: E402
+
+pytestmark = pytest.mark.backends
+
+
+def _artifact(tmp_path, name):
+    case = make_case(name)
+    pristine = copy.deepcopy(case.model)
+    path = tmp_path / f"{name}.pt2b"
+    export_model(case.model, case.args, path, kwargs=case.kwargs, dynamic_shapes=case.dynamic_shapes)
+    return path, case, pristine
+
+
+def test_the_preset_is_turbines_own_table():
+    from iree.turbine.aot.decompositions import current_aot_decompositions
+
+    b = backends.get("iree")
+    assert b.takes_what_its_table_leaves
+    assert set(b.decompositions()) == {op for op in current_aot_decompositions() if isinstance(op, torch._ops.OpOverload)}
+    assert torch.ops.aten._native_batch_norm_legit_no_training.default in b.decompositions()
+
+
+def test_a_conv_net_with_batch_norm_compiles_and_runs(tmp_path):
+    """The core lowering keeps _native_batch_norm_legit_no_training, which IREE does not compile; the
+    iree preset hands it arithmetic."""
+    path, case, pristine = _artifact(tmp_path, "cnn_bn")
+    core = load_for_backend(path, "core", cache=False)
+    assert "aten::_native_batch_norm_legit_no_training.default" in core.ops()
+    with pytest.raises(BackendHandOffError, match="iree@.* could not take the program"):
+        backends.to_backend("iree", core)
+    lp = load_for_backend(path, "iree", cache=False)
+    assert "aten::_native_batch_norm_legit_no_training.default" not in lp.ops()
+    with torch.no_grad():
+        torch.testing.assert_close(backends.to_backend("iree", lp)(*case.args), pristine(*case.args), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["mlp", "transformer_encoder", "transformer_decoder", "multihead_attention",
+                                  "kwargs_only", "dynamic_shapes", "buffer_mutation", "cnn_bn_train", "inplace_ops"])
+def test_the_zoo_runs_on_iree(tmp_path, name):
+    path, case, pristine = _artifact(tmp_path, name)
+    compiled = backends.to_backend("iree", load_for_backend(path, "iree", cache=False))
+    with torch.no_grad():
+        want = pristine(*case.args, **(case.kwargs or {}))
+    torch.testing.assert_close(compiled(*case.args, **(case.kwargs or {})), want, rtol=1e-4, atol=1e-4)
+
