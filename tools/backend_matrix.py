@@ -103,6 +103,16 @@ def run_case(name: str, backends, conn, workdir: str) -> None:
     if not ok:
         return conn.send(rec)
 
+    torch_differs = []  # torch.export's own module differs from eager (computed on the first mismatch)
+
+    def torch_module_differs() -> bool:
+        if not torch_differs:
+            a, k = fresh()
+            with torch.no_grad():
+                got = ep.module()(*a, **k)
+            torch_differs.append(rm._compare_close(got, ref, max(case.rtol, TOLERANCE), max(case.atol, TOLERANCE)))
+        return torch_differs[0] is not None
+
     def matches(out):
         msg = rm._compare_close(out, ref, max(case.rtol, TOLERANCE), max(case.atol, TOLERANCE))
         if msg:
@@ -124,6 +134,10 @@ def run_case(name: str, backends, conn, workdir: str) -> None:
         if ok:
             rec["owner"][b] = None
             continue
+        if rec["stages"].get(f"match:{b}", {}).get("status") == "fail" and torch_module_differs():
+            rec["owner"][b] = "torch"  # torch.export's own ep.module() differs from eager the same way
+            rec["stages"][f"match:{b}"]["torch"] = torch_differs[0][: rm.MSG_CHARS]
+            continue
         direct_ok, _ = stage(f"direct:{b}", lambda: matches(runs(registry.to_backend(b, ep))))
         rec["owner"][b] = "pt2b" if direct_ok else "backend"
     conn.send(rec)
@@ -144,7 +158,7 @@ def failure_key(rec: dict, b: str) -> str:
 
 def owner(rec: dict, b: str):
     """Whose failure a case's backend ``b`` run is: None (it ran close to eager), "torch" (torch.export
-    cannot capture it), "pt2b" (the backend runs torch.export's own program), "backend" (it fails that
+    cannot capture it, or its own ep.module() differs from eager as the backend's result does), "pt2b" (the backend runs torch.export's own program), "backend" (it fails that
     too, or crashed or hung the process in its own stages), or "?" (not run)."""
     if b in rec.get("owner", {}):
         return rec["owner"][b]
@@ -172,9 +186,11 @@ def summarize(records: list[dict], backends, file=sys.stdout) -> dict:
         out[b] = {"built": len(built), "captured": len(captured), "ok": len(good),
                   "pt2b_fails": sum(1 for r in captured if owner(r, b) == "pt2b"),
                   "backend_fails": sum(1 for r in captured if owner(r, b) == "backend"),
+                  "torch_fails": sum(1 for r in captured if owner(r, b) == "torch"),
                   "direct_ok_where_pt2b_failed": len(direct)}
         print(f"{b}: {len(good)} of {len(captured)} captured cases run through pt2b close to eager "
-              f"({out[b]['pt2b_fails']} pt2b's failures, {out[b]['backend_fails']} the backend's)", file=file)
+              f"({out[b]['pt2b_fails']} pt2b's failures, {out[b]['backend_fails']} the backend's, {out[b]['torch_fails']} "
+              f"torch's)", file=file)
         for (who, key), n in groups.most_common(12):
             print(f"   {n:4d}  [{who}] {key}", file=file)
     return out
@@ -194,12 +210,13 @@ def markdown(data: dict) -> str:
              "case exported once by pt2b, lowered with the backend's preset, handed over, run and compared with "
              "eager within 1e-3. A failure is pt2b's where the backend runs torch.export's own program, the "
              "backend's where it fails on that too (or crashes), torch's where torch.export cannot capture the "
-             "model.", "",
-             "| backend | run close to eager | of captured | pt2b's failures | the backend's failures |",
-             "|---|---|---|---|---|"]
+             "model or its own `ep.module()` differs from eager as the backend's result does.", "",
+             "| backend | run close to eager | of captured | pt2b's failures | the backend's failures | torch's |",
+             "|---|---|---|---|---|---|"]
     for b in backends:
         c = counts[b]
-        lines.append(f"| {b} | {c['ok']} | {c['captured']} | {c['pt2b_fails']} | {c['backend_fails']} |")
+        lines.append(f"| {b} | {c['ok']} | {c['captured']} | {c['pt2b_fails']} | {c['backend_fails']} | "
+                     f"{c['torch_fails']} |")
     built = counts[backends[0]]["built"] if backends else 0
     lines += ["", f"{built} cases built offline; {built - counts[backends[0]]['captured']} of them torch.export "
                   "does not capture (owner: torch).", ""]

@@ -40,8 +40,8 @@ class Backend:
     supported_ops: tuple[str, ...]    # from the installed backend's own registry
     source: str                       # where in the backend the list comes from
     decompositions: Callable[[], dict]  # the backend's own decompositions (op -> fn), used before torch's
-    hand_off: Callable[..., tuple]    # (ExportedProgram, **options) -> (native object, the program it took)
-    run: Callable[..., Any]           # (native, program, args, kwargs) -> the program's outputs, structured
+    hand_off: Callable[..., tuple]    # (ExportedProgram, **options) -> (native object, the program it took[, plan])
+    run: Callable[..., Any]           # (native, program, args, kwargs[, plan=]) -> the program's outputs, structured
     settings: str = ""                # what matters when running it (docs/backends.md repeats it)
     # True: ``decompositions`` is the backend's whole table and it takes every op that table leaves (it
     # re-runs the table itself, as OpenVINO's convert_model does); supported_ops then lists the ops it names
@@ -61,9 +61,11 @@ class Compiled:
     backend: Backend
     native: Any
     program: Any  # the torch.export.ExportedProgram the backend took
+    plan: Any = None  # what the adapter's run needs beside them (OpenVINO: the order of its results)
 
     def __call__(self, *args, **kwargs):
-        return self.backend.run(self.native, self.program, args, kwargs)
+        extra = {"plan": self.plan} if self.plan is not None else {}
+        return self.backend.run(self.native, self.program, args, kwargs, **extra)
 
     def __repr__(self) -> str:
         return f"Compiled({self.backend.key}, {type(self.native).__name__})"
@@ -99,12 +101,12 @@ def to_backend(name: str, lowered, **options) -> Compiled:
     go to the backend's hand-off (docs/backends.md lists them)."""
     backend = get(name)
     try:
-        native, program = backend.hand_off(exported_program(lowered), **options)
+        native, program, *plan = backend.hand_off(exported_program(lowered), **options)
     except Pt2bError:
         raise
     except Exception as e:  # noqa: BLE001 (whatever the backend raises, typed and chained)
         raise BackendHandOffError(f"{backend.key} could not take the program: {first_line(e)}") from e
-    return Compiled(backend, native, program)
+    return Compiled(backend, native, program, *plan)
 
 
 def first_line(e: BaseException) -> str:

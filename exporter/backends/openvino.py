@@ -16,6 +16,8 @@ import functools
 import torch
 
 from . import Backend, calling
+from .._torch.pytree import pytree
+from ..errors import BackendRunError
 from ..ops import op_name
 
 SETTINGS = "device CPU, INFERENCE_PRECISION_HINT=f32 (OpenVINO computes in bf16 on AMX/AVX512-BF16 CPUs otherwise)"
@@ -55,20 +57,36 @@ def _table() -> dict:
 
 
 def hand_off(ep, *, device: str = "CPU", config: dict | None = None):
-    """``openvino.convert_model(ep)`` compiled for ``device`` in float32 unless ``config`` says otherwise."""
+    """``openvino.convert_model`` of ``ep`` after OpenVINO's own table (as convert_model applies it),
+    compiled for ``device`` in float32 unless ``config`` says otherwise."""
     import openvino
+    from openvino.frontend.pytorch.fx_decoder import TorchFXPythonDecoder
 
-    model = openvino.convert_model(ep)
+    ep = ep.run_decompositions(_table())  # what convert_model's from_exported_program does first
+    gm = ep.module()
+    model = openvino.convert_model(TorchFXPythonDecoder(gm, dynamic_shapes=True))
     settings = {"INFERENCE_PRECISION_HINT": "f32", **(config or {})}
-    return openvino.Core().compile_model(model, device, settings), ep
+    return openvino.Core().compile_model(model, device, settings), ep, _result_names(gm)
 
 
-def run(compiled, ep, args, kwargs):
-    """The compiled model takes the program's user inputs in order and returns its tensor outputs in order."""
+def _result_names(gm) -> list[str]:
+    """The graph outputs OpenVINO makes results of, in its order: the unlifted module's flat outputs that
+    are values (not None). That module may order them otherwise than the program's signature (torch's
+    unlifting of a transformers ModelOutput holding None does), so results are matched by name."""
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    return [v.name for v in pytree.tree_leaves(out.args[0], is_leaf=lambda v: v is None)
+            if isinstance(v, torch.fx.Node)]
+
+
+def run(compiled, ep, args, kwargs, plan=None):
+    """The compiled model takes the program's user inputs in order; its results, matched to the
+    program's outputs by name, are put back into the program's own output structure."""
     leaves = calling.flat_inputs(ep, args, kwargs)
     result = compiled([leaf.numpy(force=True) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves])
     values = [torch.from_numpy(result[i].copy()) for i in range(len(result))]
-    return calling.from_tensor_outputs(ep, values, leaves, "OpenVINO")
+    if len(values) != len(plan):
+        raise BackendRunError(f"OpenVINO returned {len(values)} results for the program's {len(plan)} tensor outputs.")
+    return calling.user_outputs(ep, dict(zip(plan, values)), leaves)
 
 
 def backend() -> Backend:
