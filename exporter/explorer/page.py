@@ -37,15 +37,45 @@ def build_data(corpus: list[CorpusProgram] | None = None, track=None, routes: di
             preset_data[key] = {"key": p.key, "description": p.description,
                                 "table": sorted(n for n in p.decompose if n in source),
                                 "opset": None if p.opset is None else list(p.opset)}
+    backend_names = []
+    for name, entry in _backend_presets(set(available)).items():  # the installed backends, this torch only
+        preset_data[name] = entry
+        backend_names.append(name)
     if routes is None:
         routes = corpus_routes(corpus or [], track)
     stored = verdicts.read() or {"ops": {}}
     audit = {n: {"verdict": rec["verdict"], "detail": verdicts.describe(rec), "emits": rec.get("emits", [])}
              for n, rec in stored["ops"].items() if n in avail_set}
     return {"torch": torch.__version__, "pt2b_format": _format_version(), "available": available,
-            "release": running, "releases": releases, "preset_names": list(_presets.PRESETS), "presets": preset_data,
+            "release": running, "releases": releases, "preset_names": list(_presets.PRESETS) + backend_names,
+            "backend_presets": backend_names, "presets": preset_data,
             "trees": routes["trees"], "models": routes["models"], "left_out": routes["left_out"], "audit": audit,
             "infrastructure": sorted(route_trace.INFRASTRUCTURE)}
+
+
+def _backend_presets(available: set[str]) -> dict:
+    """The installed backends' presets (exporter.backends) as the page applies a preset: the ops a
+    backend names and the table plan_lowering decomposes with (routes are those of torch's
+    decomposition of each op, where a backend brings its own)."""
+    from .. import backends
+    from ..errors import BackendUnavailableError
+
+    out = {}
+    for name in backends.names():
+        try:
+            b = backends.get(name)
+        except BackendUnavailableError:
+            continue
+        own = {op_name(op) for op in b.decompositions()}
+        if b.takes_what_its_table_leaves:
+            table, opset = sorted(own), None
+            how = f"its own table ({len(own)} ops), and every op that leaves"
+        else:
+            table, opset = sorted((available | own) - set(b.supported_ops)), sorted(b.supported_ops)
+            how = f"its own op list ({len(b.supported_ops)} ops)"
+        out[name] = {"key": b.key, "description": f"{b.name} {b.version}: {how}, read from the installed backend "
+                                                  f"({b.source}).", "table": table, "opset": opset}
+    return out
 
 
 def target_releases() -> tuple[str, list[str]]:

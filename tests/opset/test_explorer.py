@@ -13,6 +13,7 @@ import warnings
 import pytest
 
 from exporter import load_for_backend
+from exporter.ops import op_name
 from exporter.api import export_model, load
 from exporter.errors import LoweringError
 from exporter.explorer.corpus import artifact_corpus, corpus_routes, default_corpus, shipped_routes
@@ -30,6 +31,9 @@ SELECTIONS = {
     "core": Selection("core"),
     "core@other": Selection(f"core@{OTHER_RELEASE}"),
     "core-tag": Selection("core-tag"),
+    # installed backends' presets (exporter.backends): an op list (onnx) and a table (openvino)
+    "backend-onnx": Selection("onnx"),
+    "backend-openvino": Selection("openvino"),
     "none": Selection("none"),
     "max-keep-addmm": Selection("max", keep=("aten::addmm.default",)),
     "core-decompose-softmax": Selection("core", decompose=("aten::_softmax.default",)),
@@ -388,3 +392,20 @@ def test_the_shipped_routes_are_what_the_corpus_traces_to_now():
         fresh = corpus_routes(default_corpus(programs.DEFAULT))
     shipped = shipped_routes()
     assert {k: shipped[k] for k in fresh} == fresh
+
+
+def test_the_page_offers_each_installed_backend_as_a_preset(corpus):
+    """Issue 38: the installed backends are presets of the page, keyed by the backend and its release, with
+    the op list or table plan_lowering uses for them."""
+    from exporter import backends
+
+    _, data = corpus
+    for name in ("inductor", "onnx", "openvino"):
+        assert name in data["backend_presets"] and name in data["preset_names"]
+        b = backends.get(name)
+        p = data["presets"][name]
+        assert p["key"] == b.key and b.version in p["description"]
+        plan = plan_lowering(name)
+        assert set(p["table"]) == {n for n in (op_name(op) for op in plan.table) if n in set(data["available"])
+                                   or n in {op_name(op) for op in b.decompositions()}}
+        assert (p["opset"] is None) == b.takes_what_its_table_leaves
