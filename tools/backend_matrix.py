@@ -86,12 +86,7 @@ def run_case(name: str, backends, conn, workdir: str) -> None:
             rec["owner"][b] = "torch"  # torch.export cannot capture it: no backend sees it either way
         return conn.send(rec)
 
-    def eager():
-        a, k = fresh()
-        with torch.no_grad():
-            return eager_model(*a, **k)
-
-    ok, ref = stage("eager", eager)
+    ok, ref = stage("eager", lambda: rm.run_eager(eager_model, fresh))
     if not ok:
         return conn.send(rec)
 

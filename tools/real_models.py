@@ -249,12 +249,7 @@ def run_case(name: str, stop_after: str | None, conn, workdir: str) -> None:
         stage("routes", lambda: _routes(ep, rec))
         return send()
 
-    def eager():
-        a, k = fresh()
-        with torch.no_grad():
-            return eager_model(*a, **k)
-
-    ok, ref = stage("eager", eager)
+    ok, ref = stage("eager", lambda: run_eager(eager_model, fresh))
     if not ok:
         return skip_rest("eager")
     if done("eager"):
@@ -335,6 +330,15 @@ def run_case(name: str, stop_after: str | None, conn, workdir: str) -> None:
     if RATIOS and rec["stages"].get("lower:core", {}).get("status") == "ok":
         stage("ratio:core", lambda: _lowering_ratio(ep, path, rec))
     send()
+
+
+def run_eager(model, fresh):
+    """The model on a fresh copy of the case's inputs, from the same generator state, without grad."""
+    import torch
+
+    a, k = fresh()
+    with torch.no_grad():
+        return model(*a, **k)
 
 
 def _table_plan(lp, path, custom, fresh, rec) -> None:

@@ -33,8 +33,31 @@ _SCALAR_LEAVES = (bool, int, float, str, type(None))
 return_types.register()  # torch.return_types (sort, topk, ...) in pytree specs: named, to write and read
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _refuse_tensor_subclasses(ep) -> None:
+    """A weight or constant that is a tensor subclass (torchao's quantized weights, DTensor, ...) has no
+    storage of its own to write: an UnsupportedValueError naming it and what to do, before any byte
+    is written."""
+    for name, value in (*ep.state_dict.items(), *ep.constants.items()):
+        if isinstance(value, torch.Tensor) and type(value) not in _PLAIN:
+            cls = type(value)
+            inner = ""
+            if hasattr(value, "__tensor_flatten__"):
+                attrs, _ = value.__tensor_flatten__()
+                inner = f" (it wraps the tensors {', '.join(attrs)})"
+            raise UnsupportedValueError(
+                f"{name!r} is a tensor subclass, {cls.__module__}.{cls.__qualname__}{inner}: .pt2b stores plain "
+                f"tensors, and a subclass's own layout is not part of the format. Export the model with its "
+                f"subclass weights unwrapped into plain tensors first: torchao.utils.unwrap_tensor_subclass(model) "
+                f"for torchao's quantized weights (the program then computes the subclass's arithmetic with "
+                f"ATen ops), or keep the weights as plain tensors.")
+
+
 def serialize_graph(ep: torch.export.ExportedProgram):
     """torch's own export schema for the program, without any pickled payload."""
+    _refuse_tensor_subclasses(ep)
     for name, value in ep.constants.items():
         if not isinstance(value, torch.Tensor):
             raise UnsupportedValueError(
