@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
             lo.add_argument("--extra-ops", nargs="*", metavar="OP", default=[],
                             help="ops runtime_ref runs beyond its opset (custom ops, with --import of their library)")
             lo.add_argument("--device", default="cpu")
+            lo.add_argument("--backend", metavar="NAME", help="run on this installed backend's hand-off instead of "
+                            "runtime_ref ({backends}; lowered with its preset unless --preset names another)")
+            lo.add_argument("--repeat", type=int, default=3, metavar="N", help="timed runs after the first (default 3)")
     u = sub.add_parser("upgrade", help="rewrite artifacts to the current format and op schemas")
     u.add_argument("source", help="a .pt2b file or a folder of them (upgraded in place)")
     u.add_argument("dest", nargs="?", help="destination file (default: in place, atomically)")

@@ -25,17 +25,73 @@ def _read_inputs(paths, lowered):
     return tuple(args), {}
 
 
-def run(ns) -> int:
-    from .._torch.pytree import pytree
+def _summary(leaf) -> str:
+    """dtype[shape] and, for a float tensor, its range, mean and non-finite count."""
+    import torch
 
+    if not isinstance(leaf, torch.Tensor):
+        return repr(leaf)
+    desc = f"{str(leaf.dtype).removeprefix('torch.')}{list(leaf.shape)}"
+    if leaf.numel() and (leaf.is_floating_point() or leaf.is_complex()):
+        x = leaf.detach().abs() if leaf.is_complex() else leaf.detach()
+        finite = x[x.isfinite()].double()
+        bad = x.numel() - finite.numel()
+        if finite.numel():
+            desc += f"  min {finite.min().item():.4g}  max {finite.max().item():.4g}  mean {finite.mean().item():.4g}"
+        if bad:
+            desc += f"  {bad} non-finite"
+    elif leaf.numel() and leaf.dtype != torch.bool:
+        desc += f"  min {leaf.min().item()}  max {leaf.max().item()}"
+    return desc
+
+
+def _runner(ns, lowered):
+    """(what runs the program, its name): runtime_ref, or the --backend's own compiled program."""
+    if ns.backend:
+        from .. import backends
+
+        with progress.status(f"handing {ns.artifact} to {ns.backend}"):
+            compiled = backends.to_backend(ns.backend, lowered)
+        return compiled, compiled.backend.key
     from runtime_ref import Runtime
 
+    return Runtime(lowered, device=ns.device, extra_ops=ns.extra_ops), f"runtime_ref ({ns.device})"
+
+
+def run(ns) -> int:
+    import statistics
+    import time
+
+    from .._torch.pytree import pytree
+
+    if ns.backend:
+        from .. import backends
+
+        backends.get(ns.backend)  # known and installed, before any lowering
+        if ns.preset == "core":  # the default preset: the backend's own instead
+            ns.preset = ns.backend
+    t0 = time.perf_counter()
     lowered = lower_from_args(ns)
-    with progress.status(f"running {ns.artifact} on runtime_ref"):
-        rt = Runtime(lowered, device=ns.device, extra_ops=ns.extra_ops)
-        args, kwargs = _read_inputs(ns.inputs, lowered)
-        out = rt(*args, **kwargs)
+    lowered_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    runner, where = _runner(ns, lowered)
+    prepared_s = time.perf_counter() - t0
+    args, kwargs = _read_inputs(ns.inputs, lowered)
+    with progress.status(f"running {ns.artifact} on {where}"):
+        t0 = time.perf_counter()
+        out = runner(*args, **kwargs)
+        first_s = time.perf_counter() - t0
+        times = []
+        for _ in range(max(ns.repeat, 0)):
+            t0 = time.perf_counter()
+            runner(*args, **kwargs)
+            times.append(time.perf_counter() - t0)
     for i, leaf in enumerate(pytree.tree_leaves(out)):
-        desc = f"{str(leaf.dtype).removeprefix('torch.')}{list(leaf.shape)}" if hasattr(leaf, "dtype") else repr(leaf)
-        print(f"output {i}: {desc}")
+        print(f"output {i}: {_summary(leaf)}")
+    timing = f"lowered in {lowered_s:.2f} s ({lowered.preset}{', from the cache' if lowered.from_cache else ''}); " \
+             f"{where}: prepared in {prepared_s:.2f} s, first run {first_s * 1e3:.1f} ms"
+    if times:
+        timing += f", median of {len(times)} more {statistics.median(times) * 1e3:.1f} ms"
+    print(timing)
+    print(lowered.validation.describe() if lowered.validation is not None else "not validated")
     return 0

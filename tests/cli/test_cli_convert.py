@@ -130,3 +130,35 @@ def test_run_takes_extra_ops_for_a_custom_op(tmp_path):
     assert code != 0 and CUSTOM_OP_NAME in err and "(pt2b run: --extra-ops)" in err
     code, out, err = run_cli("run", str(path), "--preset", "core", "--no-cache", "--extra-ops", CUSTOM_OP_NAME)
     assert code == 0 and out.startswith("output 0: float32"), err
+
+
+def test_run_prints_values_timings_and_the_validation_verdict(tmp_path):
+    """Issue 39: `pt2b run` printed output shapes only."""
+    model, args, _, dynamic = make_model()
+    path = tmp_path / "net.pt2b"
+    export_model(model, args, path, dynamic_shapes=dynamic)
+    code, out, err = run_cli("run", str(path), "--preset", "core", "--no-cache", "--repeat", "2")
+    assert code == 0, err
+    want = load(path)(*args)
+    first = out.splitlines()[0]
+    assert first.startswith("output 0: float32[2, 4]  min ") and f"max {want.max().item():.4g}" in first
+    assert re.search(r"lowered in [\d.]+ s \(core@[\d.]+\); runtime_ref \(cpu\): prepared in [\d.]+ s, first run "
+                     r"[\d.]+ ms, median of 2 more [\d.]+ ms", out)
+    assert re.search(r"validation passed on \d input set\(s\) against the unlowered program: (exact|ulp \(float "
+                     r"rounding\)), largest relative difference", out)
+
+
+def test_run_on_a_backend(tmp_path):
+    """`pt2b run --backend onnx`: lowered with the backend's preset, run on its hand-off."""
+    pytest.importorskip("onnxruntime")
+    from exporter import backends
+
+    model, args, _, dynamic = make_model()
+    path = tmp_path / "net.pt2b"
+    export_model(model, args, path, dynamic_shapes=dynamic)
+    code, out, err = run_cli("run", str(path), "--backend", "onnx", "--no-cache", "--repeat", "0")
+    assert code == 0, err
+    key = backends.get("onnx").key
+    assert f"lowered in" in out and f"({key}); {key}: prepared in" in out and "median" not in out
+    code, out, err = run_cli("run", str(path), "--backend", "nonesuch")
+    assert code != 0 and "unknown backend 'nonesuch'" in err
