@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Union
 import torch
 
 from . import capture as _capture
+from . import dims
 from .errors import ArtifactError, ExportError
 from .program import OperatorInfo, Pt2bProgram
 from .serialize import reader, writer
@@ -79,7 +80,7 @@ def export_model(m: torch.nn.Module | Callable[..., Any] | torch.export.Exported
     return ep
 
 
-def _one_method(m, args, kwargs, dynamic_shapes, strict, path):
+def _one_method(m, args, kwargs, dynamic_shapes, strict, path, method: str | None = None):
     """(ep, ir level, lowering record, provenance) of what export_model was given for one method."""
     from .lowering.lowered import LoweredProgram
 
@@ -92,12 +93,15 @@ def _one_method(m, args, kwargs, dynamic_shapes, strict, path):
             raise ExportError(f"{what}: do not pass args, kwargs or dynamic_shapes.")
         if isinstance(m, LoweredProgram):  # written with the record of how it was lowered (format 1.1+)
             return (m.exported_program(), f"lowered:{m.preset}", m.lowering_record(),
-                    {"lowered_by": f"pt2b load_for_backend ({m.preset})"})
-        return m, _capture.ir_level_of(m), None, {"captured_by": "user (ExportedProgram given to export_model)"}
+                    {"lowered_by": f"pt2b load_for_backend ({m.preset})",
+                     **{f"{dims.PREFIX}{k}": v for k, v in m.dim_names.items()}})
+        return m, _capture.ir_level_of(m), None, {"captured_by": "user (ExportedProgram given to export_model)",
+                                                  **dims.provenance_entries(m, method)}
     if path is None:
         raise ExportError("export_model needs a destination path, e.g. export_model(model, (x,), 'model.pt2b').")
     ep = _capture.capture(m, args, kwargs, dynamic_shapes=dynamic_shapes, strict=strict)
-    return ep, _capture.ir_level_of(ep), None, {"captured_by": f"pt2b torch.export.export(strict={strict})"}
+    return ep, _capture.ir_level_of(ep), None, {"captured_by": f"pt2b torch.export.export(strict={strict})",
+                                                **dims.provenance_entries(ep, method)}
 
 
 def _methods(spec: Mapping[str, Any], dynamic_shapes, strict: bool) -> tuple[list, dict[str, str]]:
@@ -113,12 +117,12 @@ def _methods(spec: Mapping[str, Any], dynamic_shapes, strict: bool) -> tuple[lis
         if isinstance(entry, (torch.export.ExportedProgram, LoweredProgram)):
             if dynamic_shapes and name in dynamic_shapes:
                 raise ExportError(f"method {name!r} is given as a program: do not pass dynamic_shapes for it.")
-            ep, ir_level, lowering, prov = _one_method(entry, None, None, None, strict, "")
+            ep, ir_level, lowering, prov = _one_method(entry, None, None, None, strict, "", name)
         elif isinstance(entry, tuple) and len(entry) in (2, 3):
             fn, margs, mkwargs = (*entry, None)[:3]
             module = _capture.as_module(fn, f"method {name!r}")
             ep, ir_level, lowering, prov = _one_method(module, margs, mkwargs, (dynamic_shapes or {}).get(name),
-                                                       strict, "")
+                                                       strict, "", name)
         else:
             raise ExportError(f"method {name!r} must be (module_or_bound_method, args[, kwargs]), an "
                               f"ExportedProgram or a LoweredProgram; got {type(entry).__name__}.")
@@ -188,12 +192,20 @@ def _program_of(art, *, verify: bool) -> Pt2bProgram:
             out[f"upgraded_op:{op}"] = what
         return out
 
-    return Pt2bProgram(
+    program = Pt2bProgram(
         Lazy(build), path=art.path, format_version=art.version, torch_version=reader.text(prog.torchVersion),
         producer=reader.text(prog.producer), ir_level=reader.text(prog.irLevel), operators=ops,
         metadata=reader.read_metadata(art), provenance=Lazy(upgraded), lowering=reader.read_lowering(art),
         checked=checked, method=art.method,
     )
+    program.dim_names = dims.from_provenance(provenance, art.method)
+    return program
+
+
+def _dim_names(art, method: str) -> dict[str, str]:
+    """symbol -> the user's Dim name for ``method``, from the artifact's provenance (read at open)."""
+    return dims.from_provenance({reader.text(e.key): reader.text(e.value) for e in art.program.provenance or []},
+                                method)
 
 
 def load_for_backend(path: StrPath, preset: str = "core", *, supported_ops: Iterable[OpSpec] | None = None,
@@ -252,6 +264,8 @@ def load_for_backend(path: StrPath, preset: str = "core", *, supported_ops: Iter
                 lowered = {name: _from_hit(path, art.digest, name, hit, plan, finish, dict(
                     preset=preset, supported_ops=supported_ops, decompositions=decompositions, keep=keep,
                     decompose=decompose, strict=strict, device=device)) for name, hit in hits.items()}
+                for name, one in lowered.items():
+                    one.dim_names = _dim_names(art, name)
                 return _linked(lowered)
         names = list(art.method_names) if method is None else [reader.method(art, method).method]
         if verify:
@@ -270,6 +284,7 @@ def load_for_backend(path: StrPath, preset: str = "core", *, supported_ops: Iter
                 from .lowering.validate import validated
 
                 one = validated(one, plan, ep, lambda p, ep=ep, prog=prog: lower(ep, preset, source=prog, plan=p))
+            one.dim_names = prog.dim_names
             lowered[name] = one
         if use_cache:
             entry.store(lowered, source=art)  # refuses a source whose weights are not the ones it records

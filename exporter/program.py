@@ -85,6 +85,7 @@ class ProgramHandle:
     _input_ranges: list | None = None  # the input dims' recorded ranges (_dim_ranges), read at the first call
     method: str = "forward"  # the method's name ("forward" for a single-method artifact)
     _methods: dict | None = None  # every method of the artifact by name (shared by all of them)
+    dim_names: dict = {}  # symbol -> the user's Dim name, as the artifact recorded it (exporter.dims); never mutated
 
     def exported_program(self) -> torch.export.ExportedProgram:
         """The program as a torch.export ExportedProgram, for existing tools."""
@@ -109,7 +110,9 @@ class ProgramHandle:
         size below the minimum and raised a bare AssertionError above the maximum)."""
         module = self.module()
         if self._input_ranges is None:
-            self._input_ranges = _dim_ranges(self._ep)
+            from .dims import label
+
+            self._input_ranges = [(*r[:3], label(r[3], self.dim_names), *r[4:]) for r in _dim_ranges(self._ep)]
         _check_dynamic_dims(self._ep, self._input_ranges, args, kwargs, getattr(self, "path", "the program"))
         return module(*args, **kwargs)
 

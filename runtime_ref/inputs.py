@@ -70,7 +70,7 @@ def _structure_diff(spec, value, path: str) -> str | None:
 class InputChecker:
     """Flattens a call's (args, kwargs) to the program's user inputs and checks each of them."""
 
-    def __init__(self, ep: torch.export.ExportedProgram, device: torch.device):
+    def __init__(self, ep: torch.export.ExportedProgram, device: torch.device, dim_names: dict | None = None):
         self.in_spec = ep.call_spec.in_spec
         sig = ep.module_call_graph[0].signature if ep.module_call_graph else None
         forward_names = list(getattr(sig, "forward_arg_names", None) or [])
@@ -84,7 +84,7 @@ class InputChecker:
         placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
         metas = [placeholders[n.arg.name].meta if getattr(n.arg, "name", None) in placeholders else {}
                  for n in ep.graph_signature.input_specs if n.kind.name == "USER_INPUT"]
-        self.symbols = SymbolTable(ep.range_constraints)
+        self.symbols = SymbolTable(ep.range_constraints, dim_names)
         self._checks = [make_leaf_check(name, meta, device, self.symbols) for name, meta in zip(self.names, metas)]
         self._symbolic = any(c.symbolic for c in self._checks)
 

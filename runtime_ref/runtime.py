@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.export.graph_signature import InputKind
 
+from exporter import dims
 from exporter.graph_walk import call_nodes, count_calls
 
 from .inputs import InputChecker
@@ -90,7 +91,7 @@ class Runtime:
         self._ops = count_calls(call_nodes(ep.graph_module))
         self._state = RuntimeState(ep, self.device, _shared)
         self._outputs = OutputHandler(ep, self._state.named, user_inputs)
-        self._inputs = InputChecker(ep, self.device)
+        self._inputs = InputChecker(ep, self.device, dims.names_of(program))
         self.plan = Plan(ep.graph_module, user_inputs, self._state.by_placeholder, self.device)
         self._run = self.plan.run
         if has_regions(ep.graph_module):

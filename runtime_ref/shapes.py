@@ -9,6 +9,7 @@ import sympy
 import torch
 
 from exporter._torch.symbolic import int_oo
+from exporter.dims import label as dims_label
 from exporter.errors import RuntimeInputError
 
 from .bindings import TensorSpec
@@ -27,9 +28,14 @@ def _bound(value, default):
 class SymbolTable:
     """Ranges of the program's shape symbols; binds dims to symbols per call and checks agreement."""
 
-    def __init__(self, range_constraints: dict):
+    def __init__(self, range_constraints: dict, names: dict | None = None):
         self.ranges = {sym: (_bound(vr.lower, 0), _bound(vr.upper, math.inf))
                        for sym, vr in range_constraints.items()}
+        self.names = names or {}  # symbol -> the user's Dim name (exporter.dims)
+
+    def label(self, sym) -> str:
+        """'batch (s17)' where the dim has the user's name, else 's17'."""
+        return dims_label(sym, self.names)
 
     def range_text(self, sym) -> str:
         lo, hi = self.ranges.get(sym, (0, math.inf))
@@ -41,13 +47,13 @@ class SymbolTable:
         if seen is not None:
             if seen[0] != value:
                 raise RuntimeInputError(
-                    f"{where} is {value}, but {seen[1]} is {seen[0]}: both are the dynamic dim {sym} "
+                    f"{where} is {value}, but {seen[1]} is {seen[0]}: both are the dynamic dim {self.label(sym)} "
                     f"and must be equal")
             return
         lo, hi = self.ranges.get(sym, (0, math.inf))
         if not lo <= value <= hi:
             raise RuntimeInputError(
-                f"{where} is {value}, outside the range {self.range_text(sym)} of its dynamic dim {sym}")
+                f"{where} is {value}, outside the range {self.range_text(sym)} of its dynamic dim {self.label(sym)}")
         env[sym] = (value, where)
 
     def defer(self, env: dict, expr, value: int, where: str) -> None:
@@ -88,12 +94,12 @@ class SymbolTable:
             return False
         a, b = (int(c) for c in poly.all_coeffs())
         if a == 0 or (value - b) % a:
-            raise RuntimeInputError(f"{where} is {value}, which no value of {sym} can give for the dim {expr}")
+            raise RuntimeInputError(f"{where} is {value}, which no value of {self.label(sym)} can give for the dim {expr}")
         solved = (value - b) // a
         lo, hi = self.ranges.get(sym, (0, math.inf))
         if not lo <= solved <= hi:
-            raise RuntimeInputError(f"{where} is {value}, so {sym} = {solved} (the dim is {expr}), outside "
-                                    f"the range {self.range_text(sym)} of {sym}")
+            raise RuntimeInputError(f"{where} is {value}, so {self.label(sym)} = {solved} (the dim is {expr}), outside "
+                                    f"the range {self.range_text(sym)} of {self.label(sym)}")
         env[sym] = (solved, f"{where} (= {expr})")
         return True
 

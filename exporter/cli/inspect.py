@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 
+from ..dims import from_provenance
 from ..serialize import reader
 from ..serialize.mapping.dtypes import enum_to_dtype
 from ..serialize.generated import pt2b_generated as G
@@ -32,8 +33,9 @@ def summarize(path) -> str:
         f"torch version:   {reader.text(prog.torchVersion)}",
     ]
     names = art.method_names
+    prov = {reader.text(e.key): reader.text(e.value) for e in prog.provenance or []}
     if len(names) == 1:
-        lines += _method_lines(art, {})
+        lines += _method_lines(art, {}, from_provenance(prov, None))
     else:
         users = collections.defaultdict(set)  # segment -> the methods whose state it holds
         for name in names:
@@ -52,7 +54,7 @@ def summarize(path) -> str:
                     shared[seg] = _others(ordered[seg], name)
             n_shared = sum(1 for rec in m.program.tensors or [] if shared.get(int(rec.segment)))
             lines.append(f"method {name} ({n_shared} tensors shared with other methods):")
-            lines += ["  " + line for line in _method_lines(m, shared) + [_lowered_line(m)]]
+            lines += ["  " + line for line in _method_lines(m, shared, from_provenance(prov, name)) + [_lowered_line(m)]]
     by_kind = collections.Counter(KIND_NAMES.get(rec.kind, "?") for name in names
                                   for rec in reader.method(art, name).program.tensors or [])
     total = sum(int(s.nbytes) for s in prog.segments or [])
@@ -60,7 +62,6 @@ def summarize(path) -> str:
                  f"({', '.join(f'{n} {k}s' for k, n in sorted(by_kind.items()))})")
     meta = reader.read_metadata(art)
     lines.append(f"metadata: {meta if meta else '(none)'}")
-    prov = {reader.text(e.key): reader.text(e.value) for e in prog.provenance or []}
     if prov:
         lines.append(f"provenance: {prov}")
     if len(names) == 1:
@@ -78,9 +79,9 @@ def _others(users: list[str], name: str) -> list[str]:
     return others + [f"{rest} more"] if rest > 0 else others
 
 
-def _method_lines(art, shared: dict) -> list[str]:
-    """IR level, op table, signature, symbols and tensors of one method (``shared``: segment -> the
-    other methods using it, marked on its tensors)."""
+def _method_lines(art, shared: dict, dim_names: dict | None = None) -> list[str]:
+    """IR level, op table, signature, symbols (with the user's Dim names) and tensors of one method
+    (``shared``: segment -> the other methods using it, marked on its tensors)."""
     prog = art.program
     ep = reader.decode_graph(art)
     lines = [f"IR level:        {reader.text(prog.irLevel)}"]
@@ -111,7 +112,7 @@ def _method_lines(art, shared: dict) -> list[str]:
     for sym, rc in ep.range_constraints.items():
         lo = "-inf" if rc.min_val is None else rc.min_val
         hi = "inf" if rc.max_val is None else rc.max_val
-        lines.append(f"  {sym}: [{lo}, {hi}]")
+        lines.append(f"  {sym}" + (f" ({dim_names[sym]})" if sym in (dim_names or {}) else "") + f": [{lo}, {hi}]")
     if not ep.range_constraints:
         lines.append("  (none: all shapes static)")
     lines.append("tensors:")

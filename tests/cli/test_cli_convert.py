@@ -56,7 +56,7 @@ def test_export_and_inspect(tmp_path):
     assert "aten::conv2d(Tensor input, Tensor weight, Tensor? bias=None" in out  # full schema
     assert "parameter  conv.weight: float32[4, 3, 3, 3]" in out
     assert "buffer     steps: int64[]" in out
-    assert re.search(r"s\d+: \[0, 16\]", out)  # symbol range of the batch dim
+    assert re.search(r"s\d+ \(batch\): \[0, 16\]", out)  # symbol range of the batch dim, with its Dim name
     code, out, _ = run_cli("verify", str(path))
     assert code == 0 and "OK" in out
 

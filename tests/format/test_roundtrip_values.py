@@ -265,5 +265,5 @@ def test_a_dynamic_dim_outside_its_range_is_named_by_the_loaded_program(tmp_path
     prog = load(path)
     assert torch.equal(prog(torch.ones(2, 5)), Sum()(torch.ones(2, 5)))
     with pytest.raises(RuntimeInputError, match=rf"dim 1 of input 'x' is {size}, outside the range \[2, 8\] of its "
-                                                r"dynamic dim s\d+"):
+                                                r"dynamic dim seq \(s\d+\)"):
         prog(torch.randn(2, size))

@@ -6,6 +6,7 @@ runs first."""
 from __future__ import annotations
 
 import copy
+import re
 import warnings
 
 import pytest
@@ -112,7 +113,8 @@ def test_inputs_are_checked_as_from_the_program(lowered_artifacts):
             rt(x)
         with pytest.raises(RuntimeInputError) as b:
             ref(x)
-        assert str(a.value) == str(b.value)
+        # the loaded artifact also names the dim as the user's Dim ("batch (s77)"); an ExportedProgram cannot
+        assert re.sub(r"\b\w+ \((s\d+)\)", r"\1", str(a.value)) == str(b.value)
 
 
 @pytest.mark.parametrize("name", ["mlp", "dynamic_shapes"])
@@ -143,4 +145,5 @@ def test_symbolic_inputs_are_bound_and_checked_as_from_the_program(lowered_artif
             rt(*args)
         with pytest.raises(RuntimeInputError) as b:
             ref(*args)
-        assert str(a.value) == str(b.value)
+        # the loaded artifact also names the dim as the user's Dim ("batch (s77)"); an ExportedProgram cannot
+        assert re.sub(r"\b\w+ \((s\d+)\)", r"\1", str(a.value)) == str(b.value)
