@@ -30,16 +30,18 @@ def segment_view(mm, data_offset: int, data_size: int, seg, index: int, where: s
 
 
 def verify_segment(view: torch.Tensor, seg, index: int, where: str, recorded: bytes | None = None) -> None:
-    """Check one segment's bytes: against its sha256 digest where the file records one (``recorded``,
-    format 1.3+), else against its CRC32."""
+    """Check one segment's bytes against its CRC32 and, where the file records one (``recorded``, format
+    1.3+), its sha256 digest: a file whose CRC disagrees with bytes its digest accepts is inconsistent,
+    and refused as damaged."""
     data = memoryview(view.numpy()) if view.numel() else b""
-    if recorded is not None:
-        ok = digest(data) == recorded
-    else:
-        ok = not view.numel() or zlib.crc32(data) == int(seg.checksum)
-    if not ok:
+    failed = None
+    if view.numel() and zlib.crc32(data) != int(seg.checksum):
+        failed = "CRC32"
+    elif recorded is not None and digest(data) != recorded:
+        failed = "sha256"
+    if failed:
         raise CorruptArtifactError(
-            f"{where}: checksum mismatch in weight segment {index} ({'sha256' if recorded is not None else 'CRC32'}); "
+            f"{where}: checksum mismatch in weight segment {index} ({failed}); "
             f"the weights are damaged or are not the ones the program section records "
             f"(re-export or re-copy the file)."
         )
