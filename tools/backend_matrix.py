@@ -169,7 +169,9 @@ def summarize(records: list[dict], backends, file=sys.stdout) -> dict:
     captured = [r for r in records if r["stages"].get("capture", {}).get("status") == "ok"]
     built = [r for r in records if r["stages"].get("build", {}).get("status") == "ok"]
     out = {}
+    every = captured
     for b in backends:
+        captured = [r for r in every if b in r.get("owner", {}) or any(k.endswith(f":{b}") for k in r["stages"])]
         good = [r for r in captured if owner(r, b) is None]
         direct = [r for r in captured if r["stages"].get(f"direct:{b}", {}).get("status") == "ok"]
         groups = collections.Counter()
@@ -197,9 +199,9 @@ def markdown(data: dict) -> str:
 
     records, backends = data["records"], data["meta"].get("backends", list(DEFAULT_BACKENDS))
     counts = summarize(records, backends, file=io.StringIO())
-    commits = sorted({r.get("pt2b", "?") for r in records})
+    commits = sorted({c for r in records for c in r.get("pt2b", "?").split(", ")})
     lines = ["# The backend matrix", "",
-             f"Written by `python -m tools.backend_matrix --out {data['meta'].get('out', 'FILE')} --markdown` "
+             f"Written by `python -m tools.backend_matrix --out {' --also '.join(data['meta'].get('files', ['FILE']))} --markdown` "
              f"from one sweep of the real-model corpus ({len(records)} of its {data['meta'].get('cases', len(records))} "
              f"cases so far; pt2b {', '.join(commits)}): each "
              "case exported once by pt2b, lowered with the backend's preset, handed over, run and compared with "
@@ -230,6 +232,29 @@ def markdown(data: dict) -> str:
     return "\n".join(lines)
 
 
+def merged(paths: list[str]) -> dict:
+    """Record files of the same cases through different backends, merged case by case."""
+    out = {"meta": {"backends": [], "cases": 0, "files": paths}, "records": []}
+    by_name: dict = {}
+    for path in paths:
+        with rm._open_json(path) as f:
+            data = json.load(f)
+        found = data["meta"].get("backends") or sorted({k.split(":", 1)[1] for r in data["records"] for k in r["stages"]
+                                                        if k.startswith("lower:")})  # (a sweep still running)
+        out["meta"]["backends"] += [b for b in found if b not in out["meta"]["backends"]]
+        out["meta"]["cases"] = max(out["meta"]["cases"], data["meta"].get("cases", 0))
+        for rec in data["records"]:
+            have = by_name.get(rec["name"])
+            if have is None:
+                by_name[rec["name"]] = have = {**rec, "stages": dict(rec["stages"]), "owner": dict(rec.get("owner", {}))}
+                out["records"].append(have)
+            else:
+                have["stages"].update({k: v for k, v in rec["stages"].items() if k not in have["stages"]})
+                have["owner"].update(rec.get("owner", {}))
+                have["pt2b"] = ", ".join(sorted({*have.get("pt2b", "").split(", "), rec.get("pt2b", "")} - {""}))
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m tools.backend_matrix", description=__doc__.splitlines()[0])
     ap.add_argument("--backends", default=",".join(DEFAULT_BACKENDS))
@@ -242,13 +267,14 @@ def main(argv=None):
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--summary-only", action="store_true")
     ap.add_argument("--markdown", action="store_true", help="print docs/results/backends.md of --out and exit")
+    ap.add_argument("--also", nargs="*", default=[], metavar="FILE",
+                    help="with --summary-only/--markdown: more record files (other backends, run in their own "
+                         "venvs), merged case by case")
     args = ap.parse_args(argv)
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     if args.summary_only or args.markdown:
-        with rm._open_json(args.out) as f:
-            data = json.load(f)
+        data = merged([args.out, *args.also])
         if args.markdown:
-            data["meta"]["out"] = args.out
             print(markdown(data))
             return 0
         summarize(data["records"], data["meta"].get("backends", backends))

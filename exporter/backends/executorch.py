@@ -53,9 +53,20 @@ def _view_of(copy_op):
     return getattr(getattr(torch.ops.aten, name, None), copy_op._overloadname, None)
 
 
+@functools.cache
+def _edge_verifier():
+    from executorch.exir.verification.verifier import EXIRATenDialectVerifier
+
+    return EXIRATenDialectVerifier()
+
+
 def _edge_accepts(op) -> bool:
-    """to_edge's verifier takes core ATen ops, the *_copy ops of views and the ops of its own namespaces."""
-    return op.namespace != "aten" or torch.Tag.core in op.tags or torch.Tag.view_copy in op.tags
+    """Whether to_edge's own verifier takes ``op`` (core ATen, the *_copy ops of views, its exceptions)."""
+    try:
+        _edge_verifier().check_valid_op(op)
+    except Exception:  # noqa: BLE001 -- its SpecViolationError: not an op to_edge takes
+        return False
+    return True
 
 
 @functools.cache

@@ -1,10 +1,12 @@
 """IREE through iree-turbine: ``iree.turbine.aot.export`` imports a torch.export program into MLIR
-(torch-mlir's torch dialect) as it is, and the IREE compiler lowers it for the CPU (llvm-cpu). When
-turbine exports a module itself it first decomposes with its own AOT table
-(``iree.turbine.aot.decompositions.current_aot_decompositions()``: eval batch norm to arithmetic, ...)
-and hands the compiler what that leaves; IREE publishes no op list. The preset does the same: that
-table, read from the installed turbine, and every op it leaves accepted. The hand-off is the compiled
-module (``.vmfb`` bytes); ``iree.runtime`` runs it on its local-task driver.
+(torch-mlir's torch dialect) as it is, and the IREE compiler lowers it for the CPU (llvm-cpu). IREE
+publishes no op list. When turbine exports a module itself it decomposes with its own AOT table
+(``iree.turbine.aot.decompositions.current_aot_decompositions()``: eval batch norm to arithmetic,
+...) and nothing else, which leaves ops IREE cannot lower (``aten::diff``, in every transformers
+decoder). The preset also applies the CompositeImplicitAutograd decompositions of torch.export's
+default table, turbine's table over them, both read from the installed torch and turbine, and
+accepts what they leave. The hand-off is the
+compiled module (``.vmfb`` bytes); ``iree.runtime`` runs it on its local-task driver.
 
 pip install iree-turbine iree-base-compiler iree-base-runtime
 """
@@ -21,10 +23,24 @@ TARGET = "llvm-cpu"
 DRIVER = "local-task"
 
 
-def _table() -> dict:
+def _turbine_table() -> dict:
     from iree.turbine.aot.decompositions import current_aot_decompositions
 
     return {op: fn for op, fn in current_aot_decompositions().items() if isinstance(op, torch._ops.OpOverload)}
+
+
+def _table() -> dict:
+    """The CompositeImplicitAutograd decompositions of torch.export's default table (those torch.export
+    keeps in a training-IR program and its own inference lowering applies: IREE has no lowering for
+    aten::diff, in every transformers decoder), with iree-turbine's own AOT table over them (eval batch
+    norm to arithmetic: IREE cannot legalize _native_batch_norm_legit_no_training). The default table's
+    other entries are left out: they rewrite ops IREE takes into ones it cannot (empty_like into
+    empty_permuted)."""
+    from ..lowering.tables import torch_default_table
+
+    cia = {op: fn for op, fn in torch_default_table().items()
+           if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd")}
+    return {**cia, **_turbine_table()}
 
 
 def hand_off(ep, *, target_backends: tuple[str, ...] = (TARGET,)):
@@ -56,5 +72,5 @@ def backend() -> Backend:
     from importlib.metadata import version
 
     return Backend("iree", f"{version('iree-base-compiler')}+turbine{version('iree-turbine')}", (),
-                   "iree-turbine's current_aot_decompositions() (IREE publishes no op list)", _table, hand_off, run,
+                   "torch.export's CompositeImplicitAutograd decompositions with iree-turbine's current_aot_decompositions() over them (IREE publishes no op list)", _table, hand_off, run,
                    f"target {TARGET}, runtime driver {DRIVER}", takes_what_its_table_leaves=True)

@@ -29,13 +29,36 @@ def _artifact(tmp_path, name):
     return path, case, pristine
 
 
-def test_the_preset_is_turbines_own_table():
+def test_the_preset_is_torchs_implicit_decompositions_with_turbines_own_over_them():
     from iree.turbine.aot.decompositions import current_aot_decompositions
 
     b = backends.get("iree")
     assert b.takes_what_its_table_leaves
-    assert set(b.decompositions()) == {op for op in current_aot_decompositions() if isinstance(op, torch._ops.OpOverload)}
-    assert torch.ops.aten._native_batch_norm_legit_no_training.default in b.decompositions()
+    table, turbine = b.decompositions(), current_aot_decompositions()
+    cia = {op for op in torch.export.default_decompositions()
+           if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd")}
+    assert set(table) == cia | {op for op in turbine if isinstance(op, torch._ops.OpOverload)}
+    bn = torch.ops.aten._native_batch_norm_legit_no_training.default
+    assert table[bn] is turbine[bn] and torch.ops.aten.diff.default in table
+    assert torch.ops.aten.empty_like.default not in table  # IREE takes it; torch's rewrite it does not
+
+
+class Diff(torch.nn.Module):
+    """What transformers' decoders do with an attention mask (aten::diff): IREE has no lowering for it."""
+
+    def forward(self, x):
+        return torch.diff(x, dim=-1) * 2
+
+
+def test_aten_diff_reaches_iree_decomposed(tmp_path):
+    x = torch.randn(3, 7)
+    export_model(Diff(), (x,), tmp_path / "d.pt2b")
+    ep = torch.export.export(Diff(), (x,))
+    with pytest.raises(BackendHandOffError, match="iree@.* could not take the program"):
+        backends.to_backend("iree", ep)  # torch.export's own program, as turbine takes it
+    lp = load_for_backend(tmp_path / "d.pt2b", "iree", cache=False)
+    assert "aten::diff.default" not in lp.ops()
+    torch.testing.assert_close(backends.to_backend("iree", lp)(x), Diff()(x))
 
 
 def test_a_conv_net_with_batch_norm_compiles_and_runs(tmp_path):
