@@ -200,10 +200,13 @@ def markdown(data: dict) -> str:
     records, backends = data["records"], data["meta"].get("backends", list(DEFAULT_BACKENDS))
     counts = summarize(records, backends, file=io.StringIO())
     commits = sorted({c for r in records for c in r.get("pt2b", "?").split(", ")})
+    files = data["meta"].get("files", ["FILE"])
+    command = f"--out {files[0]}" + (f" --also {' '.join(files[1:])}" if files[1:] else "")
+    planned = data["meta"].get("cases", len(records))
     lines = ["# The backend matrix", "",
-             f"Written by `python -m tools.backend_matrix --out {' --also '.join(data['meta'].get('files', ['FILE']))} --markdown` "
-             f"from one sweep of the real-model corpus ({len(records)} of its {data['meta'].get('cases', len(records))} "
-             f"cases so far; pt2b {', '.join(commits)}): each "
+             f"Written by `python -m tools.backend_matrix {command} --markdown` over {len(records)} cases of the "
+             f"real-model corpus" + (f" (of the {planned} the sweep runs)" if planned > len(records) else "")
+             + f", one sweep per backend (pt2b {', '.join(commits)}): each "
              "case exported once by pt2b, lowered with the backend's preset, handed over, run and compared with "
              "eager within 1e-3. A failure is pt2b's where the backend runs torch.export's own program, the "
              "backend's where it fails on that too (or crashes), torch's where torch.export cannot capture the "
