@@ -5,7 +5,8 @@ one forked process per case (tools/real_models.py's sweep).
 Stages per case: build, capture, eager, write; then per backend B: lower:B (load_for_backend(path, B)),
 handoff:B (backends.to_backend), run:B, match:B. Where one of them fails, direct:B hands torch.export's
 own program to the backend (which decomposes it its own way) and runs it: where that works the failure
-is pt2b's, where it fails too it is the backend's (owner:B in the record).
+is pt2b's (unless torch's own save/load round trip of the program fails there too: torch's), where it
+fails too it is the backend's (owner:B in the record).
 
   .venv/bin/python -m tools.backend_matrix --backends onnx,openvino --out bench/records/backends@2.13.json.gz
   .venv/bin/python -m tools.backend_matrix --out bench/records/backends@2.13.json.gz --summary-only
@@ -31,8 +32,8 @@ TOLERANCE = 1e-3
 
 
 def _stages(backends) -> list[str]:
-    return ["build", "capture", "eager", "write"] + [f"{s}:{b}" for b in backends
-                                                     for s in ("lower", "handoff", "run", "match", "direct")]
+    return ["build", "capture", "eager", "write"] + [f"{s}:{b}" for b in backends for s in
+                                                     ("lower", "handoff", "run", "match", "direct", "direct_read_back")]
 
 
 def run_case(name: str, backends, conn, workdir: str) -> None:
@@ -108,6 +109,12 @@ def run_case(name: str, backends, conn, workdir: str) -> None:
             torch_differs.append(rm._compare_close(got, ref, max(case.rtol, TOLERANCE), max(case.atol, TOLERANCE)))
         return torch_differs[0] is not None
 
+    def read_back():
+        """torch.export.save + torch.export.load of the captured program (torch's own file round trip)."""
+        pt2 = path[: -len(".pt2b")] + ".pt2"
+        torch.export.save(ep, pt2)
+        return torch.export.load(pt2)
+
     def matches(out):
         msg = rm._compare_close(out, ref, max(case.rtol, TOLERANCE), max(case.atol, TOLERANCE))
         if msg:
@@ -134,7 +141,11 @@ def run_case(name: str, backends, conn, workdir: str) -> None:
             rec["stages"][f"match:{b}"]["torch"] = torch_differs[0][: rm.MSG_CHARS]
             continue
         direct_ok, _ = stage(f"direct:{b}", lambda: matches(runs(registry.to_backend(b, ep))))
-        rec["owner"][b] = "pt2b" if direct_ok else "backend"
+        if direct_ok:  # pt2b's program is read back from a file: so is torch's, through its own save/load
+            read_ok, _ = stage(f"direct_read_back:{b}", lambda: matches(runs(registry.to_backend(b, read_back()))))
+            rec["owner"][b] = "pt2b" if read_ok else "torch"
+        else:
+            rec["owner"][b] = "backend"
     conn.send(rec)
 
 
@@ -153,7 +164,8 @@ def failure_key(rec: dict, b: str) -> str:
 
 def owner(rec: dict, b: str):
     """Whose failure a case's backend ``b`` run is: None (it ran close to eager), "torch" (torch.export
-    cannot capture it, or its own ep.module() differs from eager as the backend's result does), "pt2b" (the backend runs torch.export's own program), "backend" (it fails that
+    cannot capture it, its own ep.module() differs from eager as the backend's result does, or the
+    backend takes torch's program in memory but not once torch's own save/load read it back), "pt2b" (the backend runs torch.export's own program), "backend" (it fails that
     too, or crashed or hung the process in its own stages), or "?" (not run)."""
     if b in rec.get("owner", {}):
         return rec["owner"][b]
@@ -210,7 +222,8 @@ def markdown(data: dict) -> str:
              "case exported once by pt2b, lowered with the backend's preset, handed over, run and compared with "
              "eager within 1e-3. A failure is pt2b's where the backend runs torch.export's own program, the "
              "backend's where it fails on that too (or crashes), torch's where torch.export cannot capture the "
-             "model or its own `ep.module()` differs from eager as the backend's result does.", "",
+             "model, its own `ep.module()` differs from eager as the backend's result does, or the backend takes "
+             "torch's program in memory but not once `torch.export.save`/`load` read it back.", "",
              "| backend | run close to eager | of captured | pt2b's failures | the backend's failures | torch's |",
              "|---|---|---|---|---|---|"]
     for b in backends:
