@@ -14,6 +14,7 @@ import pytest
 
 from exporter import load_for_backend
 from exporter.ops import op_name
+from exporter.corpus.zoo import zoo_names
 from exporter.api import export_model, load
 from exporter.errors import LoweringError
 from exporter.explorer.corpus import artifact_corpus, corpus_routes, default_corpus, shipped_routes
@@ -360,15 +361,21 @@ def test_page_targets_another_torch_release(browser_page):
 # ---- the default corpus's routes, shipped per torch release (issue 42) ----
 
 def test_page_without_a_corpus_reads_the_shipped_routes_and_captures_nothing(tmp_path, monkeypatch, capsys):
-    """`pt2b opset page` on a plain install opens in seconds: the default corpus (zoo + the transformers
-    sample) was traced for this torch release by tools/explorer_data.py and ships as package data."""
+    """`pt2b opset page` on a plain install opens in seconds: the default corpus, the zoo and every
+    architecture of the real-model corpus torch.export captures, was traced for this torch release
+    (tools/real_models.py --stages routes, then tools/explorer_data.py --sweep) and ships as package
+    data; a captured case whose routes could not be traced is listed with why."""
     from exporter import cli
     from exporter.corpus import programs
 
     shipped = shipped_routes()
     assert shipped is not None, f"no exporter/_data/explorer/routes@{torch_minor()}.json: run python -m tools.explorer_data"
-    assert shipped["torch"].rsplit(".", 1)[0] == torch_minor() and shipped["corpus"] == list(programs.DEFAULT)
-    assert len(shipped["models"]) >= 50 and not shipped["left_out"]
+    assert shipped["torch"].rsplit(".", 1)[0] == torch_minor() and shipped["corpus"] == ["zoo", "transformers-all"]
+    names = {m["name"] for m in shipped["models"]}
+    assert {f"zoo:{n}" for n in zoo_names()} <= names
+    assert {f"transformers:{n}" for n in programs.transformers_sample()} - names <= {e["name"] for e in shipped["left_out"]}
+    assert len(names) >= 700 and len(shipped["left_out"]) <= 10
+    assert all(e["error"] for e in shipped["left_out"])
 
     def no_capture(*a, **k):
         raise AssertionError("the page captured the corpus")
@@ -382,16 +389,23 @@ def test_page_without_a_corpus_reads_the_shipped_routes_and_captures_nothing(tmp
     assert data["models"] == shipped["models"] and data["trees"] == shipped["trees"]
 
 
+def _expanded(routes: dict) -> dict:
+    """model name -> its routes with the shared trees written out (files differ in how trees are shared)."""
+    return {m["name"]: ([routes["trees"][i] for i in m["trees"]], m["leaves"], m["unlowered"])
+            for m in routes["models"]}
+
+
 @pytest.mark.slow
 def test_the_shipped_routes_are_what_the_corpus_traces_to_now():
-    """The shipped file is not stale: tracing the default corpus again gives the same routes (5 min)."""
+    """The shipped file is not stale: tracing the zoo and the transformers sample again gives, model by
+    model, the routes it ships (5 min)."""
     from exporter.corpus import programs
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        fresh = corpus_routes(default_corpus(programs.DEFAULT))
-    shipped = shipped_routes()
-    assert {k: shipped[k] for k in fresh} == fresh
+        fresh = _expanded(corpus_routes(default_corpus(programs.DEFAULT)))
+    shipped = _expanded(shipped_routes())
+    assert {name: shipped.get(name) for name in fresh} == fresh
 
 
 def test_the_page_offers_each_installed_backend_as_a_preset(corpus):
