@@ -3,6 +3,7 @@ the corpus, in Python and in a real headless browser (Debian's chromium driven b
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pathlib
@@ -26,21 +27,24 @@ from exporter.lowering.presets import torch_minor
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = pathlib.Path(__file__).resolve().parents[2] / "test-artifacts"
 
+# installed backends' presets (exporter.backends): an op list (onnx) and a table (openvino), where installed
+BACKEND_SELECTIONS = {f"backend-{name}": Selection(name) for name, module in (("onnx", "onnxruntime"),
+                                                                            ("openvino", "openvino"))
+                      if importlib.util.find_spec(module) is not None}
+
 OTHER_RELEASE = "2.11" if torch_minor() != "2.11" else "2.15"  # a release whose presets are frozen, not this torch's
 
 SELECTIONS = {
     "core": Selection("core"),
     "core@other": Selection(f"core@{OTHER_RELEASE}"),
     "core-tag": Selection("core-tag"),
-    # installed backends' presets (exporter.backends): an op list (onnx) and a table (openvino)
-    "backend-onnx": Selection("onnx"),
-    "backend-openvino": Selection("openvino"),
     "none": Selection("none"),
     "max-keep-addmm": Selection("max", keep=("aten::addmm.default",)),
     "core-decompose-softmax": Selection("core", decompose=("aten::_softmax.default",)),
     "supported": Selection(None, supported=("aten::mm.default", "aten::add.Tensor", "aten::mul.Tensor",
                                                      "aten::relu.default", "aten::linear.default"),
                                     keep=("aten::gelu.default",)),
+    **BACKEND_SELECTIONS,
 }
 
 
@@ -413,6 +417,8 @@ def test_the_page_offers_each_installed_backend_as_a_preset(corpus):
     the op list or table plan_lowering uses for them."""
     from exporter import backends
 
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("openvino")
     _, data = corpus
     for name in ("inductor", "onnx", "openvino"):
         assert name in data["backend_presets"] and name in data["preset_names"]
