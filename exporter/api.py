@@ -180,7 +180,7 @@ def _program_of(art, *, verify: bool) -> Pt2bProgram:
     prog = art.program
     ops = [OperatorInfo(q, o, s, _KIND_NAMES.get(k, "?"), int(r.count))
            for (q, o, s, k), r in zip(reader.operator_records(art), prog.operators or [])]
-    provenance = {reader.text(e.key): reader.text(e.value) for e in prog.provenance or []}
+    provenance = reader.read_provenance(art)
     if art.format_notes:  # an older major brought to today's by versioning/majors.py steps
         provenance["upgraded_format"] = "; ".join(art.format_notes)
 
@@ -204,8 +204,7 @@ def _program_of(art, *, verify: bool) -> Pt2bProgram:
 
 def _dim_names(art, method: str) -> dict[str, str]:
     """symbol -> the user's Dim name for ``method``, from the artifact's provenance (read at open)."""
-    return dims.from_provenance({reader.text(e.key): reader.text(e.value) for e in art.program.provenance or []},
-                                method)
+    return dims.from_provenance(reader.read_provenance(art), method)
 
 
 def load_for_backend(path: StrPath, preset: str = "core", *, supported_ops: Iterable[OpSpec] | None = None,

@@ -33,7 +33,7 @@ def summarize(path) -> str:
         f"torch version:   {reader.text(prog.torchVersion)}",
     ]
     names = art.method_names
-    prov = {reader.text(e.key): reader.text(e.value) for e in prog.provenance or []}
+    prov = reader.read_provenance(art)
     if len(names) == 1:
         lines += _method_lines(art, {}, from_provenance(prov, None))
     else:

@@ -422,7 +422,7 @@ def build(art: Artifact, c: Checked) -> torch.export.ExportedProgram:
         ) from e
     _check_inputs_match_placeholders(ep, where)
     _restore_unused_ranges(ep, c.serialized)
-    if any(text(e.key) == module_stacks.PROVENANCE_KEY for e in art.program.provenance or []):
+    if module_stacks.PROVENANCE_KEY in read_provenance(art):
         module_stacks.unescape(ep)
     return ep
 
@@ -500,6 +500,11 @@ def _restore_unused_ranges(ep, serialized: S.ExportedProgram) -> None:
             lo = -int_oo if rc.min_val is None else sympy.Integer(rc.min_val)
             hi = int_oo if rc.max_val is None else sympy.Integer(rc.max_val)
             ep.range_constraints[sympy.Symbol(name, integer=True)] = ValueRanges(lo, hi)
+
+
+def read_provenance(art: Artifact) -> dict[str, str]:
+    """The artifact's provenance entries (who captured it, upgrades applied, the user's Dim names)."""
+    return {text(e.key): text(e.value) for e in art.program.provenance or []}
 
 
 def read_metadata(art: Artifact) -> dict:
