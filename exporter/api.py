@@ -94,14 +94,14 @@ def _one_method(m, args, kwargs, dynamic_shapes, strict, path, method: str | Non
         if isinstance(m, LoweredProgram):  # written with the record of how it was lowered (format 1.1+)
             return (m.exported_program(), f"lowered:{m.preset}", m.lowering_record(),
                     {"lowered_by": f"pt2b load_for_backend ({m.preset})",
-                     **{f"{dims.PREFIX}{k}": v for k, v in m.dim_names.items()}})
+                     **dims.provenance_entries(m.dim_names, method)})
         return m, _capture.ir_level_of(m), None, {"captured_by": "user (ExportedProgram given to export_model)",
-                                                  **dims.provenance_entries(m, method)}
+                                                  **dims.provenance_entries(dims.names_at_capture(m), method)}
     if path is None:
         raise ExportError("export_model needs a destination path, e.g. export_model(model, (x,), 'model.pt2b').")
     ep = _capture.capture(m, args, kwargs, dynamic_shapes=dynamic_shapes, strict=strict)
     return ep, _capture.ir_level_of(ep), None, {"captured_by": f"pt2b torch.export.export(strict={strict})",
-                                                **dims.provenance_entries(ep, method)}
+                                                **dims.provenance_entries(dims.names_at_capture(ep), method)}
 
 
 def _methods(spec: Mapping[str, Any], dynamic_shapes, strict: bool) -> tuple[list, dict[str, str]]:

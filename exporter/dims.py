@@ -31,10 +31,11 @@ def names_at_capture(ep: torch.export.ExportedProgram) -> dict[str, str]:
     return out
 
 
-def provenance_entries(ep, method: str | None = None) -> dict[str, str]:
-    """The provenance entries that record ``ep``'s Dim names (``method``: for a method of several)."""
+def provenance_entries(names: dict[str, str], method: str | None = None) -> dict[str, str]:
+    """The provenance entries that record ``names`` (symbol -> Dim name; ``method``: for a method of
+    several, whose symbols another method may reuse for other dims)."""
     where = f"{method}:" if method else ""
-    return {f"{PREFIX}{where}{sym}": name for sym, name in names_at_capture(ep).items()}
+    return {f"{PREFIX}{where}{sym}": name for sym, name in names.items()}
 
 
 def names_of(program) -> dict[str, str]:

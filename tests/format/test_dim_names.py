@@ -72,6 +72,29 @@ def test_each_method_keeps_its_own_names(tmp_path):
     assert re.search(r"s\d+ \(n_rows\): \[\d+, 10\]", text) and re.search(r"s\d+ \(n_cols\): \[\d+, 10\]", text)
 
 
+
+def test_methods_sharing_a_symbol_keep_their_own_names_when_lowered_and_written_again(tmp_path):
+    """Two methods dynamic in the same input dim get the same symbol from torch, under different names;
+    lowered and written again (what `pt2b lower -o` does), each still names its own."""
+    class Two(torch.nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    m, dim = Two(), torch.export.Dim
+    export_model({"small": (m, (torch.randn(4, 3),)), "large": (m, (torch.randn(5, 3),))}, tmp_path / "two.pt2b",
+                 dynamic_shapes={"small": ({0: dim("small_batch", max=10)},),
+                                 "large": ({0: dim("large_batch", max=20)},)})
+    prog = load(tmp_path / "two.pt2b")
+    assert set(prog["small"].dim_names) == set(prog["large"].dim_names)  # one symbol, two names
+    export_model(load_for_backend(tmp_path / "two.pt2b", "core", cache=False).methods, tmp_path / "low.pt2b")
+    for path in (tmp_path / "two.pt2b", tmp_path / "low.pt2b"):
+        rt = runtimes(load(path))
+        with pytest.raises(RuntimeInputError, match=r"dynamic dim small_batch \(s\d+\)"):
+            rt["small"](torch.randn(11, 3))
+        with pytest.raises(RuntimeInputError, match=r"dynamic dim large_batch \(s\d+\)"):
+            rt["large"](torch.randn(21, 3))
+
+
 def test_a_program_without_names_keeps_torchs_symbols(tmp_path):
     """A program read back from a file and written again has no capturing process to ask: torch's symbols."""
     case = make_case("dynamic_shapes")
