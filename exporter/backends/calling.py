@@ -32,9 +32,7 @@ def user_outputs(ep: torch.export.ExportedProgram, produced: dict, leaves: list 
             continue
         if isinstance(spec.arg, ConstantArgument):
             out.append(spec.arg.value)
-        elif isinstance(spec.arg, TensorArgument) and spec.arg.name in produced:
-            out.append(produced[spec.arg.name])
-        elif spec.arg.name in produced:  # a SymInt/SymFloat output the backend computed
+        elif spec.arg.name in produced:  # a tensor, SymInt or SymFloat the backend computed
             out.append(produced[spec.arg.name])
         else:
             raise BackendRunError(f"the backend did not return the program's output {spec.arg.name!r} (it returned "
@@ -42,20 +40,18 @@ def user_outputs(ep: torch.export.ExportedProgram, produced: dict, leaves: list 
     return pytree.tree_unflatten(out, ep.call_spec.out_spec)
 
 
-def tensor_outputs(ep: torch.export.ExportedProgram) -> list[str]:
-    """Names of the program's tensor user outputs, in order: what a backend that returns only the user's
-    tensors (OpenVINO, ExecuTorch) returns, in that order."""
-    return [s.arg.name for s in ep.graph_signature.output_specs
-            if s.kind == OutputKind.USER_OUTPUT and isinstance(s.arg, TensorArgument)]
+def numpy_inputs(leaves: list) -> list:
+    """The program's user inputs as NumPy arrays (numbers as they are), for runtimes that take those."""
+    return [leaf.numpy(force=True) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
 
 
 def from_tensor_outputs(ep: torch.export.ExportedProgram, values: list, leaves: list, backend: str):
-    """The program's outputs from a backend's list of its tensor user outputs (tensor_outputs' order)."""
-    names = tensor_outputs(ep)
-    every = [s.arg.name for s in ep.graph_signature.output_specs if s.kind == OutputKind.USER_OUTPUT]
-    if len(values) == len(every) != len(names):  # constants returned too (ExecuTorch): the program's own
-        values = [v for v, s in zip(values, (s for s in ep.graph_signature.output_specs
-                                             if s.kind == OutputKind.USER_OUTPUT)) if isinstance(s.arg, TensorArgument)]
-    if len(values) != len(names):
-        raise BackendRunError(f"{backend} returned {len(values)} outputs for the program's {len(names)} tensor outputs.")
-    return user_outputs(ep, dict(zip(names, values)), leaves)
+    """The program's outputs from a backend's list of its tensor user outputs, in the program's order;
+    a backend that returns the constant outputs too (ExecuTorch) has them dropped."""
+    user = [s for s in ep.graph_signature.output_specs if s.kind == OutputKind.USER_OUTPUT]
+    tensors = [s for s in user if isinstance(s.arg, TensorArgument)]
+    if len(values) == len(user) != len(tensors):
+        values = [v for v, s in zip(values, user) if isinstance(s.arg, TensorArgument)]
+    if len(values) != len(tensors):
+        raise BackendRunError(f"{backend} returned {len(values)} outputs for the program's {len(tensors)} tensor outputs.")
+    return user_outputs(ep, {s.arg.name: v for s, v in zip(tensors, values)}, leaves)

@@ -23,23 +23,11 @@ from ..ops import op_name
 SETTINGS = "device CPU, INFERENCE_PRECISION_HINT=f32 (OpenVINO computes in bf16 on AMX/AVX512-BF16 CPUs otherwise)"
 
 
-@functools.cache
-def _core_ops() -> frozenset[str]:
-    """Every registered aten overload that carries torch.Tag.core."""
-    out = set()
-    for qualified in torch._C._dispatch_get_all_op_names():
-        ns, _, rest = qualified.partition("::")
-        if ns != "aten":
-            continue
-        name, _, overload = rest.partition(".")
-        op = getattr(getattr(torch.ops.aten, name, None), overload or "default", None)
-        if isinstance(op, torch._ops.OpOverload) and torch.Tag.core in op.tags:
-            out.add(op_name(op))
-    return frozenset(out)
-
-
 def _supported_ops() -> tuple[str, ...]:
-    return tuple(sorted(_core_ops() | {op_name(op) for op in _not_decomposed()}))
+    from ..lowering.presets import core_names
+
+    core = {n for n in core_names() if n.startswith("aten::")}
+    return tuple(sorted(core | {op_name(op) for op in _not_decomposed()}))
 
 
 @functools.cache  # read once a process
@@ -82,7 +70,7 @@ def run(compiled, ep, args, kwargs, plan=None):
     """The compiled model takes the program's user inputs in order; its results, matched to the
     program's outputs by name, are put back into the program's own output structure."""
     leaves = calling.flat_inputs(ep, args, kwargs)
-    result = compiled([leaf.numpy(force=True) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves])
+    result = compiled(calling.numpy_inputs(leaves))
     values = [torch.from_numpy(result[i].copy()) for i in range(len(result))]
     if len(values) != len(plan):
         raise BackendRunError(f"OpenVINO returned {len(values)} results for the program's {len(plan)} tensor outputs.")

@@ -50,7 +50,7 @@ def torch_minor() -> str:
     return f"{major}.{minor}"
 
 
-def _core_names() -> tuple[str, ...]:
+def core_names() -> tuple[str, ...]:
     """Every registered aten/prims overload tagged torch.Tag.core (from the dispatcher's full list,
     not torch.ops' lazily filled attributes)."""
     ops = set()
@@ -74,10 +74,10 @@ def compute(name: str) -> Preset:
         decompose, opset, strict = (), None, False
     elif name == "core":
         decompose = tuple(sorted(op_name(op) for op in tables.torch_default_table()))
-        opset, strict = _core_names(), False
+        opset, strict = core_names(), False
     elif name == "core-tag":
         decompose = tuple(sorted(op_name(op) for op in tables.available_decompositions() if not tables.is_core(op)))
-        opset, strict = _core_names(), True
+        opset, strict = core_names(), True
     elif name == "max":
         decompose = tuple(sorted(op_name(op) for op in tables.available_decompositions()))
         opset, strict = None, False
