@@ -61,7 +61,7 @@ class Compiled:
     backend: Backend
     native: Any
     program: Any  # the torch.export.ExportedProgram the backend took
-    plan: Any = None  # what the adapter's run needs beside them (OpenVINO: the order of its results)
+    plan: Any = None  # what the adapter's run needs beside them (the loaded runtime module; OpenVINO: its results' names)
 
     def __call__(self, *args, **kwargs):
         extra = {"plan": self.plan} if self.plan is not None else {}

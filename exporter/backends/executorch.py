@@ -97,24 +97,20 @@ def _supported() -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 def hand_off(ep):
-    """``to_edge(ep).to_executorch()``: the ExecutorchProgramManager (``.buffer``: the .pte bytes)."""
+    """``to_edge(ep).to_executorch()``: the ExecutorchProgramManager (``.buffer``: the .pte bytes), and
+    the runtime's module loaded from those bytes."""
     from executorch.exir import to_edge
-
-    with quiet_logger("executorch"):
-        return to_edge(ep).to_executorch(), ep
-
-
-@functools.cache
-def _loaded(buffer: bytes):
     from executorch.extension.pybindings import portable_lib
 
-    return portable_lib._load_for_executorch_from_buffer(buffer)
+    with quiet_logger("executorch"):
+        manager = to_edge(ep).to_executorch()
+    return manager, ep, portable_lib._load_for_executorch_from_buffer(manager.buffer)
 
 
-def run(manager, ep, args, kwargs):
+def run(manager, ep, args, kwargs, plan=None):
+    """``plan``: the loaded module hand_off made."""
     leaves = calling.flat_inputs(ep, args, kwargs)
-    outs = _loaded(manager.buffer).forward([leaf.contiguous() if isinstance(leaf, torch.Tensor) else leaf
-                                            for leaf in leaves])
+    outs = plan.forward([leaf.contiguous() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves])
     return calling.from_tensor_outputs(ep, list(outs), leaves, "ExecuTorch")
 
 

@@ -21,20 +21,17 @@ def _supported_ops() -> tuple[str, ...]:
     return tuple(sorted({f"{op.namespace}::{op._opname}.{op._overloadname}" for op in ops}))
 
 
-def hand_off(ep, *, package_path: str | None = None) -> tuple[str, object]:
-    """Compile ``ep`` with AOTInductor into a package (a .pt2 zip): its path."""
+def hand_off(ep, *, package_path: str | None = None) -> tuple:
+    """Compile ``ep`` with AOTInductor into a package (a .pt2 zip): its path, and the package loaded."""
     path = package_path or os.path.join(tempfile.mkdtemp(prefix="pt2b_aoti_"), "model.pt2")
-    return torch._inductor.aoti_compile_and_package(ep, package_path=path), ep
+    package = torch._inductor.aoti_compile_and_package(ep, package_path=path)
+    return package, ep, torch._inductor.aoti_load_package(package)
 
 
-@functools.cache
-def _loaded(package: str):
-    return torch._inductor.aoti_load_package(package)
-
-
-def run(package: str, ep, args, kwargs):
-    """AOTInductor's runner takes the model's arguments and returns its outputs, structured."""
-    return _loaded(package)(*args, **kwargs)
+def run(package: str, ep, args, kwargs, plan=None):
+    """AOTInductor's runner (``plan``, loaded by hand_off) takes the model's arguments and returns its
+    outputs, structured."""
+    return plan(*args, **kwargs)
 
 
 @functools.cache  # read once a process: every load_for_backend(path, "inductor") plans with it

@@ -13,8 +13,6 @@ pip install iree-turbine iree-base-compiler iree-base-runtime
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from . import Backend, calling
@@ -44,25 +42,20 @@ def _table() -> dict:
 
 
 def hand_off(ep, *, target_backends: tuple[str, ...] = (TARGET,)):
-    """``aot.export(ep)`` compiled for ``target_backends``: the module's bytes (a .vmfb file's contents)."""
+    """``aot.export(ep)`` compiled for ``target_backends``: the module's bytes (a .vmfb file's contents),
+    and that module loaded by iree.runtime."""
+    import iree.runtime as rt
     import iree.turbine.aot as aot
 
-    output = aot.export(ep).compile(save_to=None, target_backends=target_backends)
-    return bytes(output.map_memory()), ep
-
-
-@functools.lru_cache(maxsize=8)
-def _loaded(vmfb: bytes):
-    import iree.runtime as rt
-
+    vmfb = bytes(aot.export(ep).compile(save_to=None, target_backends=target_backends).map_memory())
     config = rt.Config(DRIVER)
-    return rt.load_vm_module(rt.VmModule.copy_buffer(config.vm_instance, vmfb), config)
+    return vmfb, ep, rt.load_vm_module(rt.VmModule.copy_buffer(config.vm_instance, vmfb), config)
 
 
-def run(vmfb: bytes, ep, args, kwargs):
+def run(vmfb: bytes, ep, args, kwargs, plan=None):
+    """``plan``: the loaded module hand_off made."""
     leaves = calling.flat_inputs(ep, args, kwargs)
-    result = _loaded(vmfb).main(*[leaf.numpy(force=True) if isinstance(leaf, torch.Tensor) else leaf
-                                  for leaf in leaves])
+    result = plan.main(*calling.numpy_inputs(leaves))
     values = list(result) if isinstance(result, (tuple, list)) else [result]
     tensors = [torch.from_numpy(v.to_host().copy()) if hasattr(v, "to_host") else v for v in values]
     return calling.from_tensor_outputs(ep, tensors, leaves, "IREE")
