@@ -38,7 +38,7 @@ def build_data(corpus: list[CorpusProgram] | None = None, track=None, routes: di
                                 "table": sorted(n for n in p.decompose if n in source),
                                 "opset": None if p.opset is None else list(p.opset)}
     backend_names = []
-    for name, entry in _backend_presets(set(available)).items():  # the installed backends, this torch only
+    for name, entry in _backend_presets().items():  # the installed backends, this torch only
         preset_data[name] = entry
         backend_names.append(name)
     if routes is None:
@@ -53,12 +53,13 @@ def build_data(corpus: list[CorpusProgram] | None = None, track=None, routes: di
             "infrastructure": sorted(route_trace.INFRASTRUCTURE)}
 
 
-def _backend_presets(available: set[str]) -> dict:
+def _backend_presets() -> dict:
     """The installed backends' presets (exporter.backends) as the page applies a preset: the ops a
-    backend names and the table plan_lowering decomposes with (routes are those of torch's
+    backend names and the table plan_lowering decomposes with for it (routes are those of torch's
     decomposition of each op, where a backend brings its own)."""
     from .. import backends
     from ..errors import BackendUnavailableError
+    from ..lowering.lower import plan_lowering
 
     out = {}
     for name in backends.names():
@@ -66,13 +67,11 @@ def _backend_presets(available: set[str]) -> dict:
             b = backends.get(name)
         except BackendUnavailableError:
             continue
-        own = {op_name(op) for op in b.decompositions()}
+        table = sorted(op_name(op) for op in plan_lowering(name).table)
         if b.takes_what_its_table_leaves:
-            table, opset = sorted(own), None
-            how = f"its own table ({len(own)} ops), and every op that leaves"
+            opset, how = None, f"its own table ({len(table)} ops), and every op that leaves"
         else:
-            table, opset = sorted((available | own) - set(b.supported_ops)), sorted(b.supported_ops)
-            how = f"its own op list ({len(b.supported_ops)} ops)"
+            opset, how = sorted(b.supported_ops), f"its own op list ({len(b.supported_ops)} ops)"
         out[name] = {"key": b.key, "description": f"{b.name} {b.version}: {how}, read from the installed backend "
                                                   f"({b.source}).", "table": table, "opset": opset}
     return out
