@@ -99,14 +99,17 @@ def run_case(name: str, backends, conn, workdir: str) -> None:
     if not ok:
         return conn.send(rec)
 
+    def differs(out) -> str | None:
+        """How ``out`` differs from eager beyond the matrix's tolerance, or None."""
+        return rm._compare_close(out, ref, max(case.rtol, TOLERANCE), max(case.atol, TOLERANCE))
+
     torch_differs = []  # torch.export's own module differs from eager (computed on the first mismatch)
 
     def torch_module_differs() -> bool:
         if not torch_differs:
             a, k = fresh()
             with torch.no_grad():
-                got = ep.module()(*a, **k)
-            torch_differs.append(rm._compare_close(got, ref, max(case.rtol, TOLERANCE), max(case.atol, TOLERANCE)))
+                torch_differs.append(differs(ep.module()(*a, **k)))
         return torch_differs[0] is not None
 
     def read_back():
@@ -116,7 +119,7 @@ def run_case(name: str, backends, conn, workdir: str) -> None:
         return torch.export.load(pt2)
 
     def matches(out):
-        msg = rm._compare_close(out, ref, max(case.rtol, TOLERANCE), max(case.atol, TOLERANCE))
+        msg = differs(out)
         if msg:
             raise AssertionError(msg)
 
@@ -181,27 +184,21 @@ def summarize(records: list[dict], backends, file=sys.stdout) -> dict:
     captured = [r for r in records if r["stages"].get("capture", {}).get("status") == "ok"]
     built = [r for r in records if r["stages"].get("build", {}).get("status") == "ok"]
     out = {}
-    every = captured
     for b in backends:
-        captured = [r for r in every if b in r.get("owner", {}) or any(k.endswith(f":{b}") for k in r["stages"])]
-        good = [r for r in captured if owner(r, b) is None]
-        direct = [r for r in captured if r["stages"].get(f"direct:{b}", {}).get("status") == "ok"]
-        groups = collections.Counter()
-        for r in captured:
+        ran = [r for r in captured if b in r.get("owner", {}) or any(k.endswith(f":{b}") for k in r["stages"])]
+        owners = collections.Counter(owner(r, b) for r in ran)
+        groups = collections.defaultdict(list)  # (owner, where and why) -> case names
+        for r in ran:
             who = owner(r, b)
-            if who is None:
-                continue
-            groups[(who, failure_key(r, b)[:160])] += 1
-        out[b] = {"built": len(built), "captured": len(captured), "ok": len(good),
-                  "pt2b_fails": sum(1 for r in captured if owner(r, b) == "pt2b"),
-                  "backend_fails": sum(1 for r in captured if owner(r, b) == "backend"),
-                  "torch_fails": sum(1 for r in captured if owner(r, b) == "torch"),
-                  "direct_ok_where_pt2b_failed": len(direct)}
-        print(f"{b}: {len(good)} of {len(captured)} captured cases run through pt2b close to eager "
-              f"({out[b]['pt2b_fails']} pt2b's failures, {out[b]['backend_fails']} the backend's, {out[b]['torch_fails']} "
+            if who is not None:
+                groups[(who, failure_key(r, b))].append(r["name"])
+        out[b] = {"built": len(built), "captured": len(ran), "ok": owners[None], "pt2b_fails": owners["pt2b"],
+                  "backend_fails": owners["backend"], "torch_fails": owners["torch"], "groups": dict(groups)}
+        print(f"{b}: {owners[None]} of {len(ran)} captured cases run through pt2b close to eager "
+              f"({owners['pt2b']} pt2b's failures, {owners['backend']} the backend's, {owners['torch']} "
               f"torch's)", file=file)
-        for (who, key), n in groups.most_common(12):
-            print(f"   {n:4d}  [{who}] {key}", file=file)
+        for (who, key), names in sorted(groups.items(), key=lambda kv: -len(kv[1]))[:12]:
+            print(f"   {len(names):4d}  [{who}] {key[:160]}", file=file)
     return out
 
 
@@ -235,12 +232,7 @@ def markdown(data: dict) -> str:
                   "does not capture (owner: torch).", ""]
     for b in backends:
         lines += [f"## {b}: the failures", "", "| cases | owner | where and why (first case) |", "|---|---|---|"]
-        groups = collections.defaultdict(list)
-        for r in records:
-            who = owner(r, b) if r["stages"].get("capture", {}).get("status") == "ok" else None
-            if who is None or who == "?":
-                continue
-            groups[(who, failure_key(r, b))].append(r["name"])
+        groups = {k: v for k, v in counts[b]["groups"].items() if k[0] != "?"}
         for (who, key), names in sorted(groups.items(), key=lambda kv: -len(kv[1])):
             shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
             lines.append(f"| {len(names)} | {who} | `{key.replace('|', '/')}` ({shown}) |")
