@@ -135,8 +135,8 @@ def _methods(spec: Mapping[str, Any], dynamic_shapes, strict: bool) -> tuple[lis
 def load(path: StrPath, *, verify: bool = False) -> Pt2bProgram:
     """Read a .pt2b artifact at its recorded (undecomposed) level; weights are mmap'd.
 
-    ``verify=True`` also checks every weight segment against its recorded sha256 digest (format
-    1.3+; its CRC32 in an older file): reads all weights.
+    ``verify=True`` also checks every weight segment against its recorded CRC32 and, from format 1.3,
+    its sha256 digest: reads all weights.
     """
     with gc_paused():
         return _programs_of(reader.open_artifact(path), verify=verify)
@@ -222,7 +222,7 @@ def load_for_backend(path: StrPath, preset: str = "core", *, supported_ops: Iter
     else ~/.cache/pt2b) keyed by the artifact's content, the request and the versions; a hit
     costs one load. ``cache=False`` neither reads nor writes the cache; the default (None) uses it
     unless the environment sets PT2B_CACHE=0 (or off/false/no). ``verify=True`` checks the artifact's
-    weights against their digests, and a cache entry's too (one that fails is removed and lowered again).
+    weights against their checksums and digests, and a cache entry's too (one that fails is removed and lowered again).
 
     ``strict=True`` applies no decomposition that `pt2b opset audit` measured as lossy or wrong
     (schemas/opsets/audit@<torch>.json): such an op stays when the backend accepts it, and is an
