@@ -33,7 +33,8 @@ def export_model(m: torch.nn.Module | Callable[..., Any] | torch.export.Exported
                  kwargs: dict[str, Any] | None = None,
                  dynamic_shapes: dict[str, Any] | tuple[Any, ...] | list[Any] | None = None,
                  metadata: dict[str, Any] | None = None, strict: bool = False,
-                 format_version: str | None = None, target_torch: str | None = None
+                 format_version: str | None = None, target_torch: str | None = None,
+                 keep_unused_weights: bool = False
                  ) -> torch.export.ExportedProgram | dict[str, torch.export.ExportedProgram]:
     """Capture ``m`` with torch.export (undecomposed, unfunctionalized) and write ``path``.
 
@@ -50,6 +51,11 @@ def export_model(m: torch.nn.Module | Callable[..., Any] | torch.export.Exported
     ``target_torch="2.11"`` writes the op schemas of that torch release, so that it loads the artifact
     as its own: arguments it lacks are dropped where they hold their defaults, renamed and removed ops
     are rewritten; what it cannot express is a TargetTorchError naming each op, argument and dtype.
+    Parameters, buffers and constants the program never reads (the fp32 originals a PT2E
+    quantization leaves) are not stored, and the program written has no such input; their names are
+    in the provenance (``unused_weights_dropped``). ``keep_unused_weights=True`` stores them.
+    Tensor-subclass weights of a module (torchao's quantized weights) are unwrapped into their plain
+    inner tensors before capture.
     Returns the ExportedProgram that was written.
     """
     version = None
@@ -66,11 +72,12 @@ def export_model(m: torch.nn.Module | Callable[..., Any] | torch.export.Exported
                               "{'decode': (model, args, kwargs)}; do not pass args or kwargs.")
         if path is None:
             raise ExportError("export_model needs a destination path, e.g. export_model(methods, 'model.pt2b').")
-        methods, provenance = _methods(m, dynamic_shapes, strict)
+        methods, provenance = _methods(m, dynamic_shapes, strict, keep_unused_weights)
         writer.write_artifact(None, path, ir_level="", metadata=metadata, provenance=provenance, version=version,
                               target_torch=target_torch, methods=methods)
         return {x.name: x.ep for x in methods}
-    ep, ir_level, lowering, provenance = _one_method(m, args, kwargs, dynamic_shapes, strict, path)
+    ep, ir_level, lowering, provenance = _one_method(m, args, kwargs, dynamic_shapes, strict, path,
+                                                     keep_unused_weights=keep_unused_weights)
     if path is None and isinstance(args, (str, os.PathLike)):
         path = args
     if path is None:
@@ -80,7 +87,20 @@ def export_model(m: torch.nn.Module | Callable[..., Any] | torch.export.Exported
     return ep
 
 
-def _one_method(m, args, kwargs, dynamic_shapes, strict, path, method: str | None = None):
+def _one_method(m, args, kwargs, dynamic_shapes, strict, path, method: str | None = None, *,
+                keep_unused_weights: bool = False):
+    """(ep, ir level, lowering record, provenance) of what export_model writes for one method: without
+    the weights it never reads unless ``keep_unused_weights``."""
+    ep, ir_level, lowering, provenance = _given(m, args, kwargs, dynamic_shapes, strict, path, method)
+    if not keep_unused_weights:
+        ep, dropped = _capture.without_unused_weights(ep)
+        if dropped:
+            key = f"unused_weights_dropped:{method}" if method else "unused_weights_dropped"
+            provenance[key] = ", ".join(dropped)
+    return ep, ir_level, lowering, provenance
+
+
+def _given(m, args, kwargs, dynamic_shapes, strict, path, method: str | None):
     """(ep, ir level, lowering record, provenance) of what export_model was given for one method."""
     from .lowering.lowered import LoweredProgram
 
@@ -99,12 +119,17 @@ def _one_method(m, args, kwargs, dynamic_shapes, strict, path, method: str | Non
                                                   **dims.provenance_entries(dims.names_at_capture(m), method)}
     if path is None:
         raise ExportError("export_model needs a destination path, e.g. export_model(model, (x,), 'model.pt2b').")
+    unwrapped = _capture.subclass_weights(m) if isinstance(m, torch.nn.Module) else {}
     ep = _capture.capture(m, args, kwargs, dynamic_shapes=dynamic_shapes, strict=strict)
-    return ep, _capture.ir_level_of(ep), None, {"captured_by": f"pt2b torch.export.export(strict={strict})",
-                                                **dims.provenance_entries(dims.names_at_capture(ep), method)}
+    provenance = {"captured_by": f"pt2b torch.export.export(strict={strict})",
+                  **dims.provenance_entries(dims.names_at_capture(ep), method)}
+    if unwrapped:
+        provenance["subclass_weights_unwrapped"] = _capture.describe_subclass_weights(unwrapped)
+    return ep, _capture.ir_level_of(ep), None, provenance
 
 
-def _methods(spec: Mapping[str, Any], dynamic_shapes, strict: bool) -> tuple[list, dict[str, str]]:
+def _methods(spec: Mapping[str, Any], dynamic_shapes, strict: bool,
+             keep_unused_weights: bool) -> tuple[list, dict[str, str]]:
     """The MethodSources of a dict of methods, captured in order, and their provenance."""
     from .lowering.lowered import LoweredProgram
 
@@ -117,12 +142,13 @@ def _methods(spec: Mapping[str, Any], dynamic_shapes, strict: bool) -> tuple[lis
         if isinstance(entry, (torch.export.ExportedProgram, LoweredProgram)):
             if dynamic_shapes and name in dynamic_shapes:
                 raise ExportError(f"method {name!r} is given as a program: do not pass dynamic_shapes for it.")
-            ep, ir_level, lowering, prov = _one_method(entry, None, None, None, strict, "", name)
+            ep, ir_level, lowering, prov = _one_method(entry, None, None, None, strict, "", name,
+                                                       keep_unused_weights=keep_unused_weights)
         elif isinstance(entry, tuple) and len(entry) in (2, 3):
             fn, margs, mkwargs = (*entry, None)[:3]
             module = _capture.as_module(fn, f"method {name!r}")
             ep, ir_level, lowering, prov = _one_method(module, margs, mkwargs, (dynamic_shapes or {}).get(name),
-                                                       strict, "", name)
+                                                       strict, "", name, keep_unused_weights=keep_unused_weights)
         else:
             raise ExportError(f"method {name!r} must be (module_or_bound_method, args[, kwargs]), an "
                               f"ExportedProgram or a LoweredProgram; got {type(entry).__name__}.")

@@ -3,9 +3,13 @@ functionalization (in-place ops such as add_ stay in the graph)."""
 
 from __future__ import annotations
 
+import collections
+import copy
+import itertools
+
 import torch
 
-from .errors import ExportError
+from .errors import ExportError, UnsupportedValueError
 
 
 class BoundMethod(torch.nn.Module):
@@ -56,9 +60,52 @@ def check_inputs(model, args, kwargs) -> tuple[tuple, dict | None]:
     return args, kwargs
 
 
+def subclass_weights(model: torch.nn.Module) -> dict[str, str]:
+    """Weight name -> class of each parameter or buffer that is a tensor subclass torch can flatten
+    into plain tensors (torchao's quantized weights, TwoTensor): what capture() unwraps."""
+    from ._torch.dispatch import is_traceable_wrapper_subclass
+
+    return {name: f"{type(t).__module__}.{type(t).__qualname__}"
+            for name, t in itertools.chain(model.named_parameters(remove_duplicate=False),
+                                           model.named_buffers(remove_duplicate=False))
+            if is_traceable_wrapper_subclass(t)}
+
+
+def describe_subclass_weights(found: dict[str, str]) -> str:
+    """"14 x torchao.quantization.Int8Tensor" for subclass_weights()' result (the provenance entry)."""
+    return ", ".join(f"{n} x {cls}" for cls, n in sorted(collections.Counter(found.values()).items()))
+
+
+def with_plain_weights(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` itself when its weights are plain tensors; else a copy sharing its tensors (the user's
+    module is left as it is) whose subclass weights are unwrapped by torch's own
+    unwrap_tensor_subclass_parameters, as run_decompositions does: each becomes its inner plain tensors
+    (``<name>.parametrizations.weight.original0``, ...), and the capture traces the subclass's own
+    arithmetic on them into the graph (docs/architecture.md#tensor-subclass-weights)."""
+    found = subclass_weights(model)
+    if not found:
+        return model
+    from torch._functorch._aot_autograd.subclass_parametrization import unwrap_tensor_subclass_parameters
+
+    memo = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
+    try:
+        twin = copy.deepcopy(model, memo)
+        unwrap_tensor_subclass_parameters(twin)
+    except Exception as e:  # noqa: BLE001 -- an attribute deepcopy refuses, a subclass torch cannot unwrap
+        name, cls = next(iter(found.items()))
+        raise UnsupportedValueError(
+            f"{name!r} is a tensor subclass, {cls}, and pt2b could not unwrap it into plain tensors "
+            f"({type(e).__name__}: {str(e)[:200]}): .pt2b stores plain tensors. Unwrap the subclass weights "
+            f"before export (torchao.utils.unwrap_tensor_subclass(model) for torchao's), or keep the weights "
+            f"as plain tensors.") from e
+    return twin
+
+
 def capture(model, args, kwargs=None, *, dynamic_shapes=None, strict: bool = False):
-    """torch.export.export at the highest level torch offers (its default training IR)."""
+    """torch.export.export at the highest level torch offers (its default training IR); tensor-subclass
+    weights are unwrapped into plain tensors first (with_plain_weights)."""
     args, kwargs = check_inputs(model, args, kwargs)
+    model = with_plain_weights(model)
     try:
         return torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=strict)
     except Exception as e:
@@ -72,3 +119,46 @@ def ir_level_of(ep) -> str:
     """The IR level an ExportedProgram is at, from its verifier dialect ("training", "aten", ...)."""
     dialects = [v.dialect for v in ep.verifiers] or ["ATEN"]
     return dialects[0].lower()
+
+
+def without_unused_weights(ep: torch.export.ExportedProgram) -> tuple[torch.export.ExportedProgram, list[str]]:
+    """(``ep`` without the parameters, buffers and constant tensors its graph never reads, their names):
+    the fp32 originals a PT2E quantization leaves beside the int8 weights it folded, a pooler a task
+    model never calls. ``ep`` itself (and []) when it reads every one; the user's program is never
+    changed. A mutated buffer is read by its mutation and stays
+    (docs/architecture.md#weights-the-program-never-reads)."""
+    from torch.export.graph_signature import ExportGraphSignature, InputKind
+
+    unused = {n.name for n in ep.graph.nodes if n.op == "placeholder" and not n.users}
+    kinds = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
+    drop = [s for s in ep.graph_signature.input_specs if s.kind in kinds and s.arg.name in unused]
+    if not drop:
+        return ep, []
+    values = {**ep.state_dict, **ep.constants}
+    kept = [values[s.target] for s in ep.graph_signature.input_specs if s not in drop and s.target in values]
+    kept_storages = {t.untyped_storage().data_ptr() for t in kept if isinstance(t, torch.Tensor)}
+    # a view of a storage the program keeps (a tied weight, a transposed buffer) costs no byte: its
+    # name stays with it
+    drop = [s for s in drop if not (isinstance(values.get(s.target), torch.Tensor)
+                                    and values[s.target].untyped_storage().data_ptr() in kept_storages)]
+    if not drop:
+        return ep, []
+    targets = {s.target for s in drop}
+    # a target another input spec still reads (one weight under two placeholders) stays stored
+    targets -= {s.target for s in ep.graph_signature.input_specs if s not in drop}
+    graph = copy.deepcopy(ep.graph)  # fx's Graph copy: new nodes, their meta dicts shallow-copied
+    for old, new in zip(ep.graph.nodes, graph.nodes):
+        new.name = old.name  # the copy renames a node called after a builtin ("input"): the signature names it
+    for node in [n for n in graph.nodes if n.op == "placeholder" and n.name in {s.arg.name for s in drop}]:
+        graph.erase_node(node)
+    root = torch.fx.GraphModule(ep.graph_module, graph)
+    root.meta.update(ep.graph_module.meta)
+    signature = ExportGraphSignature([s for s in ep.graph_signature.input_specs if s not in drop],
+                                     list(ep.graph_signature.output_specs))
+    pruned = torch.export.ExportedProgram(
+        root=root, graph=root.graph, graph_signature=signature,
+        state_dict={k: v for k, v in ep.state_dict.items() if k not in targets},
+        range_constraints=ep.range_constraints, module_call_graph=ep.module_call_graph,
+        example_inputs=ep.example_inputs,
+        constants={k: v for k, v in ep.constants.items() if k not in targets}, verifiers=ep.verifiers)
+    return pruned, sorted(targets)

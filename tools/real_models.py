@@ -727,19 +727,35 @@ def _failure_groups(records: list[dict]) -> dict:
     return groups
 
 
-def readme_table(records: list[dict], wall: float | None = None) -> str:
+VARIANT_LABELS = {"bf16": "sample in bfloat16", "fp16": "sample in float16",
+                  "int8wo": "sample, torchao int8 weight-only", "pt2e": "sample, PT2E int8 (X86 quantizer)"}
+
+
+def _variant_of(name: str) -> str | None:
+    return name.partition("@")[2] or None
+
+
+def readme_table(records: list[dict], wall: float | None = None, variants: list[dict] | None = None) -> str:
     """The README's compact form of the sweep: cases and model types through each step, and who the
-    failures after capture belong to (``--readme``; tests/corpora/test_real_models.py checks the README holds it)."""
+    failures after capture belong to (``--readme``; tests/corpora/test_real_models.py checks the README holds it).
+    ``variants``: the records of a variant sweep (``--sample --variants ...``), a row of cases per variant."""
     cols = [("tried", lambda r: True), ("built offline", lambda r: _ok(r, "build")),
             ("captured by torch.export", lambda r: _ok(r, "capture")),
             ("written, read back bitwise", lambda r: _ok(r, "bitwise"))]
     cols += [(f"`{p}`", lambda r, p=p: _ok(r, f"match:{p}")) for p in PRESETS]  # lowered, run on runtime_ref, close to eager
     lines = ["| | " + " | ".join(label for label, _ in cols) + " |", "|---" * (len(cols) + 1) + "|"]
-    for what, key in (("cases", lambda r: r["name"]), ("model types", lambda r: r["name"].split("/", 1)[0])):
-        lines.append(f"| {what} | " + " | ".join(str(len({key(r) for r in records if pred(r)})) for _, pred in cols)
+    rows = [("cases", records, lambda r: r["name"]), ("model types", records, lambda r: r["name"].split("/", 1)[0])]
+    by_variant = collections.defaultdict(list)
+    for r in variants or []:
+        by_variant[_variant_of(r["name"])].append(r)
+    rows += [(f"{VARIANT_LABELS.get(v, v)} (`@{v}`)", recs, lambda r: r["name"])
+             for v, recs in sorted(by_variant.items(), key=lambda kv: list(VARIANT_LABELS).index(kv[0])
+                                   if kv[0] in VARIANT_LABELS else 99)]
+    for what, recs, key in rows:
+        lines.append(f"| {what} | " + " | ".join(str(len({key(r) for r in recs if pred(r)})) for _, pred in cols)
                      + " |")
     after = collections.defaultdict(set)
-    for (cause, _), names in _failure_groups(records).items():
+    for (cause, _), names in _failure_groups(records + list(variants or [])).items():
         if cause in ("pt2b", "torch too"):
             after[cause].update(names)
     pt2b = sorted(after["pt2b"])
@@ -851,6 +867,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m tools.real_models", description=__doc__.splitlines()[0])
     ap.add_argument("--only", help="comma-separated case names")
     ap.add_argument("--tasks", help="comma-separated tasks (default: the corpus' default set)")
+    ap.add_argument("--sample", action="store_true", help="the default test sample (transformers_sample.txt)")
+    ap.add_argument("--variants", help="comma-separated variants of each case (bf16, fp16, int8wo, pt2e: "
+                    "exporter/corpus/variants.py), e.g. --sample --variants bf16,fp16")
+    ap.add_argument("--readme-variants", metavar="FILE", help="with --readme: the variant sweep's records, a row each")
     ap.add_argument("--stages", default="all", choices=sorted(STOP_AFTER), help="stop after this stage")
     ap.add_argument("--limit", type=int, help="first N cases only")
     ap.add_argument("--workers", type=int, default=2)
@@ -880,7 +900,11 @@ def main(argv=None):
             print(markdown(data["records"], data.get("meta", {}).get("wall_seconds")))
             return 0
         if args.readme:
-            print(readme_table(data["records"], data.get("meta", {}).get("wall_seconds")))
+            extra = None
+            if args.readme_variants:
+                with _open_json(args.readme_variants) as f:
+                    extra = json.load(f)["records"]
+            print(readme_table(data["records"], data.get("meta", {}).get("wall_seconds"), extra))
             return 0
         if args.pick_sample:
             chosen = pick_sample(data["records"])
@@ -899,8 +923,14 @@ def main(argv=None):
     zoo = _preload()
     if args.only:
         names = [n.strip() for n in args.only.split(",") if n.strip()]
+    elif args.sample:
+        from exporter.corpus.programs import transformers_sample
+
+        names = transformers_sample()
     else:
         names = zoo.case_names(args.tasks.split(",") if args.tasks else None)
+    if args.variants:
+        names = [f"{n}@{v}" for v in args.variants.split(",") if v for n in names]
     if args.limit:
         names = names[: args.limit]
     resume = None

@@ -115,6 +115,18 @@ def quantized_decomposed_kernels():
     return kernels
 
 
+# op libraries torch itself defines in a module it does not import at start-up: namespace -> the loader
+# that imports it. An artifact whose op table names one of these namespaces has it loaded before its ops
+# are looked up (an allowlist: no module name is ever read from a file)
+TORCH_OWN_LIBRARIES = {"quantized_decomposed": quantized_decomposed_kernels}
+
+
+def load_torch_own_libraries(namespaces) -> None:
+    """Import the op libraries torch defines for ``namespaces`` (TORCH_OWN_LIBRARIES; others ignored)."""
+    for ns in set(namespaces) & set(TORCH_OWN_LIBRARIES):
+        TORCH_OWN_LIBRARIES[ns]()
+
+
 def functions_of(wanted: dict[str, tuple[str, ...]]) -> list:
     """The callables among ``wanted`` (module name -> function names) this torch has: a module or a
     name it lacks is left out (serialize/read/untrusted.py's pre-dispatch region functions)."""

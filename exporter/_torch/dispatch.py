@@ -6,7 +6,8 @@ from torch._ops import _get_dispatch_mode_pre_dispatch as get_dispatch_mode_pre_
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._python_dispatch import _disable_current_modes as disable_current_modes
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 __all__ = ["FakeTensor", "FakeTensorMode", "HigherOrderOperator", "OpOverload", "OpOverloadPacket",
-           "TorchDispatchMode", "disable_current_modes", "get_dispatch_mode_pre_dispatch",
+           "TorchDispatchMode", "disable_current_modes", "get_dispatch_mode_pre_dispatch", "is_traceable_wrapper_subclass",
            "unset_fake_temporarily"]

@@ -38,7 +38,7 @@ def convert(source, dest) -> str:
             ep = torch.export.load(source)
         except Exception as e:
             raise ArtifactError(f"{source}: torch.export.load failed: {type(e).__name__}: {e}") from e
-        export_model(ep, path=dest)
+        export_model(ep, path=dest, keep_unused_weights=True)  # a conversion keeps every name
         return "pt2->pt2b"
     ep = load(source).exported_program()
     with atomic_write(dest) as f:

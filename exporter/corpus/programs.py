@@ -54,9 +54,12 @@ def capture_real(case, notes: dict | None = None) -> torch.export.ExportedProgra
     static-cache recipe) that fails is tried non-strict. ``notes`` receives how it was captured
     ("dynamic", "strict" and, where a first try failed, torch's error)."""
     notes = {} if notes is None else notes
+    from ..capture import with_plain_weights
+
+    model = with_plain_weights(case.model)  # tensor-subclass weights unwrapped, as export_model does
 
     def export(dynamic_shapes, strict):
-        return torch.export.export(case.model, copy.deepcopy(case.args), copy.deepcopy(case.kwargs or {}),
+        return torch.export.export(model, copy.deepcopy(case.args), copy.deepcopy(case.kwargs or {}),
                                    dynamic_shapes=dynamic_shapes, strict=strict)
 
     def static(strict):

@@ -1502,8 +1502,14 @@ def make_case(name: str) -> RealCase:
     """Build case ``name`` (seeded), or raise CaseUnavailable saying why it cannot be built offline.
 
     The config is shrunk with absolute small sizes first; when that model cannot be built or run, once
-    more with every width divided by a common factor (proportions kept).
+    more with every width divided by a common factor (proportions kept). A name with a variant
+    (``llama@bf16``: corpus/variants.py) is that variant of the base case.
     """
+    from . import variants
+
+    base, variant = variants.split(name)
+    if variant is not None:
+        return variants.apply(make_case(base), variant, CaseUnavailable)
     model_type, task = _parse(name)
     errors = []
     for mode in ("small", "scaled"):

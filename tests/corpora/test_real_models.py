@@ -85,6 +85,35 @@ def test_real_model_sample(name, tmp_path):
     check_case(name, tmp_path)
 
 
+# issue 39: the workloads people bring, one of each variant in the default run (corpus/variants.py); the
+# whole sample in each is `python -m tools.real_models --sample --variants bf16,fp16,int8wo,pt2e`
+VARIANT_CASES = ["llama@bf16", "llama@fp16", "llama@int8wo", "llama@pt2e"]
+
+
+@pytest.mark.parametrize("name", VARIANT_CASES)
+def test_real_model_variant_passes_with_default_settings(name, tmp_path):
+    """Each variant builds, captures, writes, reads back bitwise, lowers with every preset with validation
+    on (the default) and runs on runtime_ref close to eager in its own dtype: nothing skipped or xfailed."""
+    if name.endswith(("@int8wo", "@pt2e")):
+        pytest.importorskip("torchao")
+    sink = _Collector()
+    rm.run_case(name, None, sink, str(tmp_path))
+    stages = sink.record["stages"]
+    bad = {k: _stage_error(v) for k, v in stages.items() if v["status"] != "ok" and not k.startswith("ratio:")}
+    assert not bad, f"{name}: {bad}"
+    assert all(sink.record["validation"][p]["status"] == "passed" for p in ("core", "max")), sink.record["validation"]
+
+
+def test_a_variant_name_is_checked():
+    from exporter.corpus import variants
+    from exporter.corpus.transformers_zoo import make_case
+
+    assert variants.split("llama/causal-lm@bf16") == ("llama/causal-lm", "bf16")
+    assert variants.split("llama") == ("llama", None)
+    with pytest.raises(ValueError, match=r"unknown variant 'int4'; known: bf16, fp16, int8wo, pt2e"):
+        make_case("llama@int4")
+
+
 def test_sample_names_are_in_the_corpus():
     """The sample file names cases the corpus enumerates (a renamed architecture fails here)."""
     from exporter.corpus import transformers_zoo
@@ -123,8 +152,9 @@ def test_named_corpora_feed_the_explorer_and_coverage(monkeypatch, tmp_path, cap
 
 
 def test_readme_holds_the_sweep_of_the_tracked_records():
-    """README's real-model table is what the tracked sweep records say (bench/records/real_models.json.gz,
-    `python -m tools.real_models --out bench/records/real_models.json.gz --readme`)."""
+    """README's real-model table is what the tracked sweep records say (bench/records/real_models.json.gz and
+    the variant sweep's real_models_variants.json.gz: `python -m tools.real_models --out
+    bench/records/real_models.json.gz --readme --readme-variants bench/records/real_models_variants.json.gz`)."""
     import gzip
     import json
     import pathlib
@@ -132,9 +162,14 @@ def test_readme_holds_the_sweep_of_the_tracked_records():
     root = pathlib.Path(__file__).resolve().parents[2]
     with gzip.open(root / "bench" / "records" / "real_models.json.gz", "rt") as f:
         data = json.load(f)
-    table = rm.readme_table(data["records"], data["meta"].get("wall_seconds"))
+    with gzip.open(root / "bench" / "records" / "real_models_variants.json.gz", "rt") as f:
+        variants = json.load(f)["records"]
+    table = rm.readme_table(data["records"], data["meta"].get("wall_seconds"), variants)
     assert table in (root / "README.md").read_text()
     assert len(data["records"]) >= 300 and all(r.get("pt2b") for r in data["records"])
+    # every variant of the whole sample (`--sample --variants bf16,fp16,int8wo,pt2e`)
+    assert sorted(r["name"] for r in variants) == sorted(f"{n}@{v}" for n in SAMPLE
+                                                         for v in ("bf16", "fp16", "int8wo", "pt2e"))
 
 
 def test_a_routes_sweep_record_is_what_the_explorer_traces_and_ships(tmp_path):

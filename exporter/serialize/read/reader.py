@@ -20,6 +20,7 @@ import msgpack
 import sympy
 import torch
 
+from ..._torch import compat
 from ..._torch.pytree import pytree
 from ..._torch.serde import schema as S
 from ..._torch.symbolic import ValueRanges, int_oo
@@ -334,7 +335,10 @@ def check_ops(art: Artifact) -> dict:
     op it lacks is a MissingOperatorError, a drift no upgrader reconciles a SchemaDriftError. Needs
     no graph, so load() runs it."""
     if art.op_plans is None:
-        art.op_plans = schema_drift.plan_ops(operator_records(art), _where(art.path))
+        records = operator_records(art)
+        # torch's own op libraries outside its start-up imports (PT2E's quantized_decomposed::*)
+        compat.load_torch_own_libraries(q.partition("::")[0] for q, _, _, _ in records)
+        art.op_plans = schema_drift.plan_ops(records, _where(art.path))
     return art.op_plans
 
 

@@ -49,15 +49,34 @@ def _refuse_tensor_subclasses(ep) -> None:
                 inner = f" (it wraps the tensors {', '.join(attrs)})"
             raise UnsupportedValueError(
                 f"{name!r} is a tensor subclass, {cls.__module__}.{cls.__qualname__}{inner}: .pt2b stores plain "
-                f"tensors, and a subclass's own layout is not part of the format. Export the model with its "
-                f"subclass weights unwrapped into plain tensors first: torchao.utils.unwrap_tensor_subclass(model) "
-                f"for torchao's quantized weights (the program then computes the subclass's arithmetic with "
-                f"ATen ops), or keep the weights as plain tensors.")
+                f"tensors, and a subclass's own layout is not part of the format. Give export_model the module "
+                f"itself rather than its ExportedProgram: it unwraps subclass weights into their plain inner "
+                f"tensors before capture, and the program computes the subclass's arithmetic with ATen ops "
+                f"(torchao.utils.unwrap_tensor_subclass(model) before torch.export does the same).")
+
+
+def _refuse_python_calls(ep) -> None:
+    """A call of torch.ops.higher_order.flat_apply runs a Python function the graph names by object (a
+    tensor subclass built inside the program, such as unwrapped subclass weights whose constructor torch
+    cannot trace through): an UnsupportedValueError naming the node, before any byte is written."""
+    from ...graph_walk import iter_graphs
+
+    flat_apply = getattr(torch.ops.higher_order, "flat_apply", None)
+    for graph in iter_graphs(ep.graph_module):
+        for node in graph.nodes:
+            if node.op == "call_function" and flat_apply is not None and node.target is flat_apply:
+                raise UnsupportedValueError(
+                    f"node {node.name!r} calls a Python function through torch.ops.higher_order.flat_apply "
+                    f"(here: {node.args[1].name if len(node.args) > 1 and hasattr(node.args[1], 'name') else '?'}), "
+                    f"which is how torch.export records a tensor subclass built inside the program whose "
+                    f"constructor it cannot trace: .pt2b stores operators, never Python callables. Keep such "
+                    f"weights as plain tensors, or use a subclass whose construction torch traces (torchao's do).")
 
 
 def serialize_graph(ep: torch.export.ExportedProgram):
     """torch's own export schema for the program, without any pickled payload."""
     _refuse_tensor_subclasses(ep)
+    _refuse_python_calls(ep)
     for name, value in ep.constants.items():
         if not isinstance(value, torch.Tensor):
             raise UnsupportedValueError(
