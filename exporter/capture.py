@@ -81,7 +81,7 @@ def with_plain_weights(model: torch.nn.Module) -> torch.nn.Module:
     module is left as it is) whose subclass weights are unwrapped by torch's own
     unwrap_tensor_subclass_parameters, as run_decompositions does: each becomes its inner plain tensors
     (``<name>.parametrizations.weight.original0``, ...), and the capture traces the subclass's own
-    arithmetic on them into the graph (docs/architecture.md#tensor-subclass-weights)."""
+    arithmetic on them into the graph (docs/architecture.md#capture-and-write-export_model)."""
     found = subclass_weights(model)
     if not found:
         return model
@@ -126,7 +126,7 @@ def without_unused_weights(ep: torch.export.ExportedProgram) -> tuple[torch.expo
     the fp32 originals a PT2E quantization leaves beside the int8 weights it folded, a pooler a task
     model never calls. ``ep`` itself (and []) when it reads every one; the user's program is never
     changed. A mutated buffer is read by its mutation and stays
-    (docs/architecture.md#weights-the-program-never-reads)."""
+    (docs/architecture.md#capture-and-write-export_model)."""
     from torch.export.graph_signature import ExportGraphSignature, InputKind
 
     unused = {n.name for n in ep.graph.nodes if n.op == "placeholder" and not n.users}

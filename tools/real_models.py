@@ -728,7 +728,8 @@ def _failure_groups(records: list[dict]) -> dict:
 
 
 VARIANT_LABELS = {"bf16": "sample in bfloat16", "fp16": "sample in float16",
-                  "int8wo": "sample, torchao int8 weight-only", "pt2e": "sample, PT2E int8 (X86 quantizer)"}
+                  "int8wo": "sample, torchao int8 weight-only", "fp8wo": "sample, torchao float8 weight-only",
+                  "pt2e": "sample, PT2E int8 (X86 quantizer)"}
 
 
 def _variant_of(name: str) -> str | None:
@@ -868,7 +869,7 @@ def main(argv=None):
     ap.add_argument("--only", help="comma-separated case names")
     ap.add_argument("--tasks", help="comma-separated tasks (default: the corpus' default set)")
     ap.add_argument("--sample", action="store_true", help="the default test sample (transformers_sample.txt)")
-    ap.add_argument("--variants", help="comma-separated variants of each case (bf16, fp16, int8wo, pt2e: "
+    ap.add_argument("--variants", help="comma-separated variants of each case (bf16, fp16, int8wo, fp8wo, pt2e: "
                     "exporter/corpus/variants.py), e.g. --sample --variants bf16,fp16")
     ap.add_argument("--readme-variants", metavar="FILE", help="with --readme: the variant sweep's records, a row each")
     ap.add_argument("--stages", default="all", choices=sorted(STOP_AFTER), help="stop after this stage")

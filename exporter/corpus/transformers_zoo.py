@@ -1498,24 +1498,25 @@ def _n_params(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def make_case(name: str) -> RealCase:
+def make_case(name: str, dtype: torch.dtype | None = None) -> RealCase:
     """Build case ``name`` (seeded), or raise CaseUnavailable saying why it cannot be built offline.
 
     The config is shrunk with absolute small sizes first; when that model cannot be built or run, once
     more with every width divided by a common factor (proportions kept). A name with a variant
-    (``llama@bf16``: corpus/variants.py) is that variant of the base case.
+    (``llama@bf16``: corpus/variants.py) is that variant of the base case. ``dtype``: where the
+    builder itself must know it (a static-cache wrapper makes its cache in the model's dtype).
     """
     from . import variants
 
     base, variant = variants.split(name)
     if variant is not None:
-        return variants.apply(make_case(base), variant, CaseUnavailable)
+        return variants.apply(make_case(base, variants.dtype_of(variant)), variant, CaseUnavailable)
     model_type, task = _parse(name)
     errors = []
     for mode in ("small", "scaled"):
         try:
             with _quiet():
-                case = _make(name, model_type, task, mode)
+                case = _make(name, model_type, task, mode, dtype)
             if mode != "small":
                 case.notes = (case.notes + "; " if case.notes else "") + f"shrunk proportionally ({errors[0][:80]})"
             return case
@@ -1527,11 +1528,11 @@ def make_case(name: str) -> RealCase:
                           retry=False)
 
 
-def _make(name, model_type, task, mode) -> RealCase:
+def _make(name, model_type, task, mode, dtype=None) -> RealCase:
     cfg = _shrunk_config(model_type, mode, task)
     cls = _model_class(model_type, task)
     if task == STATIC_CACHE:
-        return _static_cache_case(name, model_type, cls, cfg)
+        return _static_cache_case(name, model_type, cls, cfg, dtype)
     model, attn = _build_model(cls, cfg)
     n = _n_params(model)
     if n > MAX_PARAMS:
@@ -1550,13 +1551,15 @@ def _make(name, model_type, task, mode) -> RealCase:
     raise CaseUnavailable("no input recipe runs eagerly: " + " | ".join(errors)[:600])
 
 
-def _static_cache_case(name, model_type, cls, cfg):
+def _static_cache_case(name, model_type, cls, cfg, dtype=None):
     from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
 
     cfg = copy.deepcopy(cfg)
     for c in {id(cfg): cfg, id(cfg.get_text_config()): cfg.get_text_config()}.values():
         c.use_cache = True
     model, attn = _build_model(cls, cfg)
+    if dtype is not None:  # before the wrapper makes its cache (outside the module tree) in the model's dtype
+        model = model.to(dtype)
     gc = model.generation_config
     if gc is None:
         raise CaseUnavailable("no generation_config")

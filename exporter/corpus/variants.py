@@ -4,8 +4,10 @@ transformers_zoo.py builds the base case, then ``apply`` turns it into the varia
 
 - ``bf16`` / ``fp16``: the model and its floating-point inputs in bfloat16 / float16, compared with
   eager in the same dtype at that dtype's tolerance (the validation's bound for it);
-- ``int8wo``: torchao's ``quantize_(model, Int8WeightOnlyConfig())``: tensor-subclass weights, which
-  the capture unwraps into int8 data and scales (exporter/capture.py);
+- ``int8wo`` / ``fp8wo``: torchao's ``quantize_(model, Int8WeightOnlyConfig())`` /
+  ``Float8WeightOnlyConfig()``: tensor-subclass weights, which the capture unwraps into int8 / float8
+  data and scales (exporter/capture.py); (float8 activations need a CUDA GPU of compute capability
+  8.9, not this corpus's CPU);
 - ``pt2e``: PT2E static quantization with torchao's X86InductorQuantizer, calibrated on the case's
   inputs: the converted GraphModule is the model, with quantize/dequantize ops and int8 weights, the
   fp32 originals left unread (not stored).
@@ -20,7 +22,7 @@ import dataclasses
 
 import torch
 
-VARIANTS = ("bf16", "fp16", "int8wo", "pt2e")
+VARIANTS = ("bf16", "fp16", "int8wo", "fp8wo", "pt2e")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -28,6 +30,11 @@ def split(name: str) -> tuple[str, str | None]:
     """("llama/causal-lm", "bf16") for "llama/causal-lm@bf16"; (name, None) without a variant."""
     base, at, variant = name.partition("@")
     return base, (variant if at else None)
+
+
+def dtype_of(variant: str | None) -> torch.dtype | None:
+    """The floating-point dtype a variant builds its model in (bf16, fp16), else None."""
+    return _DTYPES.get(variant)
 
 
 def _cast_floats(value, dtype):
@@ -61,12 +68,15 @@ def apply(case, variant: str, unavailable):
         out.args, out.kwargs = _cast_floats(case.args, dtype), _cast_floats(case.kwargs, dtype)
         # compared with eager in its own dtype: the bound the validation uses for it (verdicts.WRONG_REL)
         out.rtol = out.atol = {torch.bfloat16: 5e-2, torch.float16: 2e-2}[dtype]
-    elif variant == "int8wo":
+    elif variant in ("int8wo", "fp8wo"):
         try:
-            from torchao.quantization import Int8WeightOnlyConfig, quantize_
+            from torchao.quantization import Float8WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
         except ImportError as e:
             raise unavailable(f"torchao is not installed ({e}); pip install 'pt2b[corpus]'") from None
-        quantize_(out.model, Int8WeightOnlyConfig())
+        try:
+            quantize_(out.model, Int8WeightOnlyConfig() if variant == "int8wo" else Float8WeightOnlyConfig())
+        except Exception as e:  # noqa: BLE001 -- torchao's own refusal of this model
+            raise unavailable(f"torchao cannot quantize this model: {type(e).__name__}: {str(e)[:200]}") from None
         if not any(type(p) is not torch.nn.Parameter and type(p) is not torch.Tensor for p in out.model.parameters()):
             raise unavailable("torchao quantized no layer of this model (no nn.Linear it takes)")
         out.rtol = out.atol = 1e-3  # the same int8 arithmetic, rounded in another order once decomposed
@@ -88,10 +98,9 @@ def _pt2e(case, unavailable):
         from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as xiq
     except ImportError as e:
         raise unavailable(f"torchao is not installed ({e}); pip install 'pt2b[corpus]'") from None
-    from .programs import capture_real
-
-    try:
-        ep = capture_real(case)
+    try:  # static shapes: the quantizer annotates the fp32 graph; the corpus captures the result its own way
+        ep = torch.export.export(case.model, copy.deepcopy(case.args), copy.deepcopy(case.kwargs or {}),
+                                 strict=case.strict)
     except Exception as e:  # noqa: BLE001
         raise unavailable(f"torch.export cannot capture the fp32 model to quantize: {type(e).__name__}: "
                           f"{str(e)[:200]}") from None

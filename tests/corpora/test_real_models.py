@@ -86,15 +86,15 @@ def test_real_model_sample(name, tmp_path):
 
 
 # issue 39: the workloads people bring, one of each variant in the default run (corpus/variants.py); the
-# whole sample in each is `python -m tools.real_models --sample --variants bf16,fp16,int8wo,pt2e`
-VARIANT_CASES = ["llama@bf16", "llama@fp16", "llama@int8wo", "llama@pt2e"]
+# whole sample in each is `python -m tools.real_models --sample --variants bf16,fp16,int8wo,fp8wo,pt2e`
+VARIANT_CASES = ["llama@bf16", "llama@fp16", "llama@int8wo", "llama@fp8wo", "llama@pt2e"]
 
 
 @pytest.mark.parametrize("name", VARIANT_CASES)
 def test_real_model_variant_passes_with_default_settings(name, tmp_path):
     """Each variant builds, captures, writes, reads back bitwise, lowers with every preset with validation
     on (the default) and runs on runtime_ref close to eager in its own dtype: nothing skipped or xfailed."""
-    if name.endswith(("@int8wo", "@pt2e")):
+    if name.endswith(("@int8wo", "@fp8wo", "@pt2e")):
         pytest.importorskip("torchao")
     sink = _Collector()
     rm.run_case(name, None, sink, str(tmp_path))
@@ -110,7 +110,7 @@ def test_a_variant_name_is_checked():
 
     assert variants.split("llama/causal-lm@bf16") == ("llama/causal-lm", "bf16")
     assert variants.split("llama") == ("llama", None)
-    with pytest.raises(ValueError, match=r"unknown variant 'int4'; known: bf16, fp16, int8wo, pt2e"):
+    with pytest.raises(ValueError, match=r"unknown variant 'int4'; known: bf16, fp16, int8wo, fp8wo, pt2e"):
         make_case("llama@int4")
 
 
@@ -169,7 +169,7 @@ def test_readme_holds_the_sweep_of_the_tracked_records():
     assert len(data["records"]) >= 300 and all(r.get("pt2b") for r in data["records"])
     # every variant of the whole sample (`--sample --variants bf16,fp16,int8wo,pt2e`)
     assert sorted(r["name"] for r in variants) == sorted(f"{n}@{v}" for n in SAMPLE
-                                                         for v in ("bf16", "fp16", "int8wo", "pt2e"))
+                                                         for v in ("bf16", "fp16", "int8wo", "fp8wo", "pt2e"))
 
 
 def test_a_routes_sweep_record_is_what_the_explorer_traces_and_ships(tmp_path):

@@ -74,3 +74,22 @@ def test_torchao_int8_weight_only_is_written_as_int8_and_runs_as_eager(tmp_path)
     assert lowered.validation.status == "passed", lowered.validation.describe()
     torch.testing.assert_close(runtime_ref.Runtime(lowered)(x), want, rtol=1e-5, atol=1e-5)
     assert torchao.__version__
+
+
+def test_torchao_float8_weight_only_is_written_as_float8_and_runs_as_eager(tmp_path):
+    pytest.importorskip("torchao")
+    from torchao.quantization import Float8WeightOnlyConfig, quantize_
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64)).eval()
+    x = torch.randn(3, 64)
+    quantize_(m, Float8WeightOnlyConfig())
+    with torch.no_grad():
+        want = m(x)
+    export_model(m, (x,), tmp_path / "f8.pt2b")
+    prog = exporter.load(tmp_path / "f8.pt2b")
+    assert torch.float8_e4m3fn in {t.dtype for t in prog.exported_program().state_dict.values()}
+    torch.testing.assert_close(prog(x), want, rtol=0, atol=0)
+    lowered = exporter.load_for_backend(tmp_path / "f8.pt2b", "core", cache=False)
+    assert lowered.validation.status == "passed", lowered.validation.describe()
+    torch.testing.assert_close(runtime_ref.Runtime(lowered)(x), want, rtol=1e-6, atol=1e-6)

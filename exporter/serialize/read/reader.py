@@ -32,7 +32,7 @@ from ..generated import pt2b_generated as G
 from ..layout.container import FILE_IDENTIFIER, HEADER_SIZE, Header, read_preamble, unpack_header
 from ..layout.segments import DIGEST_SIZE, KIND_NAMES
 from ..mapping import module_stacks, return_types
-from . import buffer_bounds, decode_schema, unpack_tables, untrusted, weights
+from . import buffer_bounds, decode_schema, segment_hashes, unpack_tables, untrusted, weights
 
 return_types.register()  # torch.return_types (sort, topk, ...) in pytree specs: named, to write and read
 
@@ -252,12 +252,9 @@ def load_tensors(art: Artifact, *, verify: bool = False) -> dict[str, tuple[int,
     """name -> (TensorKind, tensor, requires_grad); tensors are views into the mapped file.
     ``verify``: each segment checked against its recorded digest (format 1.3+) or CRC32 first."""
     where = _where(art.path)
-    segments = art.program.segments or []
     views = segment_views(art)
     if verify:
-        digests = weight_digests(art)
-        for i, (v, seg) in enumerate(zip(views, segments)):
-            weights.verify_segment(v, seg, i, where, None if digests is None else digests[i])
+        _check_segments(art)
     out = {}
     for rec in art.program.tensors or []:
         name = text(rec.name)
@@ -271,9 +268,24 @@ def load_tensors(art: Artifact, *, verify: bool = False) -> dict[str, tuple[int,
     return out
 
 
-def verify_weights(art: Artifact) -> int:
-    """Check every weight segment's checksum; returns the number of bytes verified."""
-    load_tensors(art, verify=True)
+def _check_segments(art: Artifact, early: segment_hashes.Early | None = None) -> None:
+    """Every weight segment's CRC32 and, from format 1.3, sha256 digest against the program table's,
+    computed in parallel (segment_hashes), or taken from ``early`` where it hashed these very extents."""
+    segments = art.program.segments or []
+    segment_views(art)  # each segment within the data section, or CorruptArtifactError
+    digests = weight_digests(art)
+    extents = [(art.header.data_offset + int(s.offset), int(s.nbytes)) for s in segments]
+    hashes = early.result(extents, sha256=digests is not None) if early is not None else None
+    if hashes is None:
+        hashes = segment_hashes.compute(art.mm, extents, sha256=digests is not None)
+    weights.check_segment_hashes(hashes, segments, digests, _where(art.path))
+
+
+def verify_weights(art: Artifact, early: segment_hashes.Early | None = None) -> int:
+    """Check every weight segment's checksums (``early``: hashing `pt2b verify` started before it
+    opened the artifact) and every tensor record; returns the number of bytes verified."""
+    _check_segments(art, early)
+    load_tensors(art)
     return sum(int(s.nbytes) for s in art.program.segments or [])
 
 

@@ -6,12 +6,10 @@ shared a storage when written stay tied.
 from __future__ import annotations
 
 import math
-import zlib
 
 import torch
 
 from ...errors import CorruptArtifactError
-from ..layout.segments import digest
 from ..mapping.dtypes import enum_to_dtype
 from .untrusted import extent_problem
 
@@ -29,22 +27,22 @@ def segment_view(mm, data_offset: int, data_size: int, seg, index: int, where: s
     return torch.frombuffer(mm, dtype=torch.uint8, count=n, offset=data_offset + off)
 
 
-def verify_segment(view: torch.Tensor, seg, index: int, where: str, recorded: bytes | None = None) -> None:
-    """Check one segment's bytes against its CRC32 and, where the file records one (``recorded``, format
-    1.3+), its sha256 digest: a file whose CRC disagrees with bytes its digest accepts is inconsistent,
-    and refused as damaged."""
-    data = memoryview(view.numpy()) if view.numel() else b""
-    failed = None
-    if view.numel() and zlib.crc32(data) != int(seg.checksum):
-        failed = "CRC32"
-    elif recorded is not None and digest(data) != recorded:
-        failed = "sha256"
-    if failed:
-        raise CorruptArtifactError(
-            f"{where}: checksum mismatch in weight segment {index} ({failed}); "
-            f"the weights are damaged or are not the ones the program section records "
-            f"(re-export or re-copy the file)."
-        )
+def check_segment_hashes(hashes, segments, digests: list[bytes] | None, where: str) -> None:
+    """Each segment's computed Hashes (segment_hashes) against its recorded CRC32 and, where the file
+    records them (``digests``, format 1.3+), its sha256 digest: a file whose CRC disagrees with bytes
+    its digest accepts is inconsistent, and refused as damaged. The first damaged segment is named."""
+    for index, (got, seg) in enumerate(zip(hashes, segments)):
+        failed = None
+        if int(seg.nbytes) and got.crc32 != int(seg.checksum):
+            failed = "CRC32"
+        elif digests is not None and got.sha256 != digests[index]:
+            failed = "sha256"
+        if failed:
+            raise CorruptArtifactError(
+                f"{where}: checksum mismatch in weight segment {index} ({failed}); "
+                f"the weights are damaged or are not the ones the program section records "
+                f"(re-export or re-copy the file)."
+            )
 
 
 def materialize(record, views: list[torch.Tensor], where: str, file_size: int | None = None) -> torch.Tensor:

@@ -1,0 +1,100 @@
+"""Each weight segment's CRC32 and sha256, computed in parallel: zlib and hashlib release the GIL on
+large buffers, so the threads hash on every core, a segment's two checksums side by side and the
+segments largest first (docs/benchmarks.md#big-models-against-the-physical-limits). Imports no torch:
+``pt2b verify`` starts hashing the file (``early``) while it imports torch and checks the program, and
+uses the result only for the segments the verified program table then names.
+
+What a result is checked against is the reader's business (weights.check_segment_hashes); this module
+only computes."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import hashlib
+import mmap
+import os
+import threading
+import zlib
+
+# the bytes one task hashes at most: a CRC32 of a large segment is the CRC of its pieces chained in
+# order, so a segment of several GB is not one core's work alone (its sha256 is: the hash is sequential)
+CRC_PIECE = 64 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Hashes:
+    """The checksums of one segment: ``crc32`` (always) and ``sha256`` (when asked for)."""
+
+    crc32: int
+    sha256: bytes | None
+
+
+def _crc_chain(view, lo: int, hi: int) -> int:
+    crc = 0
+    for at in range(lo, hi, CRC_PIECE):
+        crc = zlib.crc32(view[at:min(hi, at + CRC_PIECE)], crc)
+    return crc
+
+
+def compute(buf, extents: list[tuple[int, int]], *, sha256: bool, workers: int | None = None) -> list[Hashes]:
+    """The Hashes of each (start, nbytes) extent of ``buf`` (an mmap or bytes), in order."""
+    view = memoryview(buf)
+    workers = max(1, min(workers or os.cpu_count() or 1, 2 * len(extents) or 1))
+    order = sorted(range(len(extents)), key=lambda i: -extents[i][1])  # the largest first: the pool ends together
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pt2b-hash") as pool:
+        crcs, shas = {}, {}
+        for i in order:
+            start, n = extents[i]
+            crcs[i] = pool.submit(_crc_chain, view, start, start + n)
+            if sha256:
+                shas[i] = pool.submit(lambda s=start, k=n: hashlib.sha256(view[s:s + k]).digest())
+        out = [Hashes(crcs[i].result(), shas[i].result() if sha256 else None) for i in range(len(extents))]
+    view.release()
+    return out
+
+
+class Early:
+    """Hashing of a file's weight segments started before anything else is imported or checked (a
+    thread reads the header and the program table with flatbuffers alone). ``result(extents)`` gives
+    the Hashes when the file's extents are the ones it hashed, else None: nothing read here is trusted."""
+
+    def __init__(self, path):
+        self._extents: list[tuple[int, int]] | None = None
+        self._hashes: list[Hashes] | None = None
+        self._thread = threading.Thread(target=self._run, args=(os.fspath(path),), daemon=True,
+                                        name="pt2b-early-hash")
+        self._thread.start()
+
+    def _run(self, path: str) -> None:
+        try:
+            from ..generated import pt2b_generated as G
+            from ..layout.container import HEADER_SIZE, unpack_header
+
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                header = unpack_header(f.read(HEADER_SIZE), path, size)
+                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            try:
+                program = G.Program.GetRootAs(mm[header.program_offset:header.program_offset + header.program_size], 0)
+                extents = []
+                for i in range(program.SegmentsLength()):
+                    seg = program.Segments(i)
+                    start = header.data_offset + seg.Offset()
+                    extents.append((start, seg.Nbytes()))
+                if any(s + n > size or s < 0 for s, n in extents):
+                    return
+                self._hashes = compute(mm, extents, sha256=not program.WeightDigestsIsNone())
+                self._extents = extents
+            finally:
+                mm.close()
+        except Exception:  # noqa: BLE001 -- a file this cannot read is the reader's to refuse, with its error
+            return
+
+    def result(self, extents: list[tuple[int, int]], *, sha256: bool) -> list[Hashes] | None:
+        self._thread.join()
+        if self._extents != extents or self._hashes is None:
+            return None
+        if sha256 and any(h.sha256 is None for h in self._hashes):
+            return None
+        return self._hashes

@@ -1,0 +1,75 @@
+"""Issue 40: verify hashes the weight segments in parallel (CRC32 and sha256 side by side, a large
+segment's CRC32 in chained pieces), and `pt2b verify` starts hashing before it imports torch, using
+what it hashed only for the extents the verified program table names."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+import zlib
+
+import pytest
+import torch
+
+from exporter import export_model
+from exporter.errors import CorruptArtifactError
+from exporter.serialize import reader
+from exporter.serialize.read import segment_hashes
+
+
+def test_compute_matches_zlib_and_hashlib_including_chained_pieces(monkeypatch):
+    monkeypatch.setattr(segment_hashes, "CRC_PIECE", 1000)  # a segment of many pieces
+    data = bytes(range(256)) * 40 + b"tail"
+    extents = [(0, 0), (3, 5000), (100, 10), (5000, len(data) - 5000)]
+    got = segment_hashes.compute(data, extents, sha256=True, workers=3)
+    for (start, n), h in zip(extents, got):
+        assert h.crc32 == zlib.crc32(data[start:start + n])
+        assert h.sha256 == hashlib.sha256(data[start:start + n]).digest()
+    assert all(h.sha256 is None for h in segment_hashes.compute(data, extents, sha256=False))
+
+
+def _artifact(tmp_path):
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    path = tmp_path / "m.pt2b"
+    export_model(m, (torch.randn(2, 64),), path)
+    return path
+
+
+def test_early_hashes_are_used_only_for_the_extents_the_table_names(tmp_path):
+    path = _artifact(tmp_path)
+    art = reader.open_artifact(path)
+    extents = [(art.header.data_offset + int(s.offset), int(s.nbytes)) for s in art.program.segments]
+    early = segment_hashes.Early(path)
+    got = early.result(extents, sha256=True)
+    assert got == segment_hashes.compute(art.mm, extents, sha256=True)
+    assert early.result(extents[1:], sha256=True) is None  # another table: recomputed by the reader
+    assert reader.verify_weights(art, early) == sum(n for _, n in extents)
+    not_ours = tmp_path / "x.pt2b"
+    not_ours.write_bytes(b"garbage" * 100)
+    assert segment_hashes.Early(not_ours).result(extents, sha256=True) is None  # the reader refuses it, not this
+
+
+def test_a_damaged_segment_is_named_whichever_thread_hashed_it(tmp_path):
+    path = _artifact(tmp_path)
+    art = reader.open_artifact(path)
+    seg = max(art.program.segments, key=lambda s: int(s.nbytes))
+    index = list(art.program.segments).index(seg)
+    raw = bytearray(path.read_bytes())
+    raw[art.header.data_offset + int(seg.offset) + 7] ^= 0x10
+    path.write_bytes(bytes(raw))
+    for early in (None, segment_hashes.Early(path)):
+        with pytest.raises(CorruptArtifactError, match=rf"checksum mismatch in weight segment {index} \(CRC32\)"):
+            reader.verify_weights(reader.open_artifact(path), early)
+    done = subprocess.run([sys.executable, "-m", "exporter", "verify", str(path)], capture_output=True, text=True)
+    assert done.returncode != 0 and f"checksum mismatch in weight segment {index} (CRC32)" in done.stderr
+
+
+def test_early_hashing_imports_no_torch(tmp_path):
+    path = _artifact(tmp_path)
+    code = ("import sys\nfrom exporter.serialize.read import segment_hashes\n"
+            f"e = segment_hashes.Early({str(path)!r})\ne._thread.join()\n"
+            "assert e._hashes, 'nothing hashed'\nassert 'torch' not in sys.modules\nprint('ok')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "ok", done.stderr[-2000:]
