@@ -273,3 +273,32 @@ def test_the_bound_described_is_the_outputs_dtypes(tmp_path):
     assert lowered.validation.status == "passed"
     assert lowered.validation.bound == bounds[torch.bfloat16] >= 0.05
     assert f"(wrong beyond {bounds[torch.bfloat16]:.3g})" in lowered.validation.describe()
+
+
+class _Amplifies(torch.nn.Module):
+    """A value one float ulp away turns into a different fraction: the program amplifies rounding, as a
+    quantize op downstream of a decomposed op does in a PT2E program (got_ocr2@pt2e's silu)."""
+
+    def forward(self, x):
+        return (torch.nn.functional.silu(x) * 1e5).frac()
+
+
+def test_a_decomposition_right_where_it_runs_passes_in_a_program_that_amplifies_rounding(tmp_path):
+    torch.manual_seed(0)
+    x = torch.randn(4096)
+    export_model(_Amplifies(), (x,), tmp_path / "m.pt2b")
+    lowered = load_for_backend(tmp_path / "m.pt2b", "core", cache=False)
+    v = lowered.validation
+    assert v.status == "passed" and v.max_rel > v.bound, v.describe()  # the outputs do differ that much
+    assert list(v.amplified) == ["aten::silu.default"] and v.amplified["aten::silu.default"] < 1e-6
+    assert "yet the decomposition responsible is right on the values it receives in this program" in v.describe()
+    assert "aten::silu.default" not in lowered.ops()
+
+
+def test_a_decomposition_wrong_where_it_runs_still_fails(tmp_path):
+    torch.manual_seed(0)
+    x = torch.randn(4096)
+    export_model(_Amplifies(), (x,), tmp_path / "m.pt2b")
+    wrong = {torch.ops.aten.silu.default: lambda a: a * torch.sigmoid(a) * 1.01}
+    with pytest.raises(OpsetError, match=r"the decomposition of aten::silu\.default .* makes the program wrong"):
+        load_for_backend(tmp_path / "m.pt2b", "core", cache=False, decompositions=wrong)
