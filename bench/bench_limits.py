@@ -2,7 +2,8 @@
 targets: docs/benchmarks.md#big-models-against-the-physical-limits):
 
 - write: export_model's write of the captured program (the read-back check included) against writing
-  the same number of bytes to the same directory and fsyncing them;
+  the same number of bytes to a new file in the same directory, fsyncing it and renaming it over the
+  last (what an atomic write costs the disk);
 - verify: `pt2b verify` (the command, interpreter start-up and imports included) and in-process
   `load(path, verify=True)` against reading the file and hashing its bytes with sha256 (verify checks
   each segment's sha256 digest and CRC32);
@@ -57,9 +58,12 @@ def llama(layers: int, dtype: torch.dtype):
 
 
 def raw_write(path: str, nbytes: int) -> None:
-    """Write ``nbytes`` (from memory already filled) to ``path`` and fsync: the disk's own cost."""
+    """Write ``nbytes`` (from memory already filled) to a new file beside ``path``, fsync it and rename it
+    over ``path``: the disk's own cost of replacing a file atomically, as any writer that never leaves a
+    half-written file must (a new file's pages are new page cache, not the old file's reused)."""
     block = memoryview(bytearray(os.urandom(1 << 20)) * (CHUNK >> 20))
-    with open(path, "wb") as f:
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
         left = nbytes
         while left:
             n = min(left, CHUNK)
@@ -67,6 +71,7 @@ def raw_write(path: str, nbytes: int) -> None:
             left -= n
         f.flush()
         os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def raw_read_hash(path: str) -> str:

@@ -766,6 +766,9 @@ def readme_table(records: list[dict], wall: float | None = None, variants: list[
                  f"capture: {len(after['torch too'])} cases where torch's own `run_decompositions` (or `torch.export.save`) "
                  f"fails too, {len(pt2b)} pt2b's" + (f" ({', '.join(pt2b[:6])})" if pt2b else "")
                  + f". pt2b {', '.join(versions)}" + (f", {wall / 3600:.1f} h on 2 cores." if wall else ".")
+                 + (f" Variant rows: pt2b {', '.join(sorted({r.get('pt2b', 'unrecorded') for r in variants}))}, "
+                    f"the variants' own failures in [docs/real-models.md](docs/real-models.md#variants-half-precision-and-quantized-weights)."
+                    if variants else "")
                  + _ratio_sentence(records))
     return "\n".join(lines)
 

@@ -43,8 +43,9 @@ class Validation:
             return (f"validation {self.status} on {self.inputs} input set(s) against the unlowered program: the outputs "
                     f"differ by up to {self.max_rel:.3g} (relative), more than float rounding explains (bound "
                     f"{self.bound:.3g}), yet the decomposition responsible is right on the values it receives in this "
-                    f"program: {ops}; the program amplifies float rounding (an op downstream rounds or truncates, as a "
-                    f"quantize op does), as any other implementation of the op would; {self.seconds:.2f} s")
+                    f"program: {ops}; the program amplifies or accumulates the op's float rounding (an op downstream "
+                    f"rounds, as a quantize op does, or many layers compound it in a low-precision dtype), as any "
+                    f"other implementation of the op would; {self.seconds:.2f} s")
         word = {"ulp": "ulp (float rounding)", "lossy": "lossy (beyond float rounding, within the bound)"}
         text = (f"validation {self.status} on {self.inputs} input set(s) against the unlowered program: "
                 f"{word.get(self.verdict, self.verdict)}, largest relative difference {self.max_rel:.3g} (wrong beyond {self.bound:.3g}), "
@@ -361,7 +362,7 @@ def validated(lowered, plan, source_ep, relower):
              f"{node}: {failure.why} (largest relative difference {failure.max_rel:.3g}, wrong beyond "
              f"{failure.bound:.3g}).")
     if not plan.accepts(culprit):
-        local = _right_where_it_runs(source_ep, culprit, fn, _bounds(_applied(source_ep, plan.table)))
+        local = _right_where_it_runs(source_ep, culprit, fn, plan.table, _bounds(_applied(source_ep, plan.table)))
         if local is not None:  # right on its own inputs: the program amplifies the op's rounding
             lowered.validation = dataclasses.replace(failure, status="passed", verdict="lossy", why="",
                                                      amplified={name: local})
@@ -379,11 +380,34 @@ def validated(lowered, plan, source_ep, relower):
     return repaired
 
 
-def _right_where_it_runs(source_ep, op, fn, bounds: dict) -> float | None:
-    """The largest relative difference of ``fn`` (op's decomposition) from ``op`` itself on the values op
-    receives when the program runs on its stored and derived inputs, where it is within the bound on
-    every call (the decomposition is right where it runs); None where it is wrong on one, or where the
-    calls cannot be recorded."""
+def _decomposed_call(fn, table: dict, args, kwargs):
+    """``fn(*args, **kwargs)`` as the lowering computes it: traced with the table applied to every op it
+    calls in turn (the lowered form of one call), then run; fn run as it is where it cannot be traced."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    flat, spec = pytree.tree_flatten((args, kwargs))
+    at = [i for i, v in enumerate(flat) if isinstance(v, torch.Tensor)]
+
+    def call(*tensors):
+        values = list(flat)
+        for i, t in zip(at, tensors):
+            values[i] = t
+        a, k = pytree.tree_unflatten(values, spec)
+        return fn(*a, **k)
+
+    tensors = [flat[i] for i in at]
+    try:
+        gm = make_fx(call, decomposition_table=table)(*[t.clone() for t in tensors])
+    except Exception:  # noqa: BLE001 -- a call make_fx cannot trace: its first-level decomposition
+        return call(*tensors)
+    return gm(*tensors)
+
+
+def _right_where_it_runs(source_ep, op, fn, table: dict, bounds: dict) -> float | None:
+    """The largest relative difference of ``fn`` (op's decomposition, lowered further with ``table``) from
+    ``op`` itself on the values op receives when the program runs on its stored and derived inputs,
+    where it is within the bound on every call (the decomposition is right where it runs); None where it
+    is wrong on one, or where the calls cannot be recorded."""
     runner, worst, seen = _Runner(source_ep), 0.0, 0
     for inputs in (source_ep.example_inputs, _derived(source_ep.example_inputs)):
         try:
@@ -393,7 +417,7 @@ def _right_where_it_runs(source_ep, op, fn, bounds: dict) -> float | None:
         for args, kwargs in calls:
             with torch.no_grad():
                 want = op(*copy.deepcopy(args), **copy.deepcopy(kwargs))
-                got = fn(*copy.deepcopy(args), **copy.deepcopy(kwargs))
+                got = _decomposed_call(fn, table, copy.deepcopy(args), copy.deepcopy(kwargs))
             verdict, rel, _ = _compare(got, want, bounds)
             if verdict == "wrong":
                 return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import os
 import zlib
@@ -314,10 +315,15 @@ def _write_artifact(methods: list[MethodSource], path, *, metadata, provenance, 
         with open(tmp, "wb") as f:
             _write_file(f, prog, wp, data_offset, version, dest)
             f.flush()
-            os.fsync(f.fileno())
-        check_readable(tmp, dest)
-        if check_written is not None:
-            check_written(wp)
+            # the disk syncs while the file is read back (fsync releases the GIL): both before the rename
+            with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="pt2b-fsync") as pool:
+                synced = pool.submit(os.fsync, f.fileno())
+                try:
+                    check_readable(tmp, dest)
+                    if check_written is not None:
+                        check_written(wp)
+                finally:
+                    synced.result()
     return dest
 
 
