@@ -35,6 +35,13 @@ _TO_ENUM = {
 _FROM_ENUM = {int(v): k for k, v in _TO_ENUM.items()}
 
 
+def itemsize_of(code) -> int | None:
+    """The element size in bytes of ScalarType ``code`` (pt2b's, equal to torch's export-schema codes),
+    or None for a code this mapping does not hold."""
+    dtype = _FROM_ENUM.get(int(code)) if isinstance(code, int) else None
+    return None if dtype is None else dtype.itemsize
+
+
 def dtype_to_enum(dtype: torch.dtype, where: str) -> int:
     try:
         return int(_TO_ENUM[dtype])
