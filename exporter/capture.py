@@ -149,7 +149,8 @@ def without_unused_weights(ep: torch.export.ExportedProgram) -> tuple[torch.expo
     graph = copy.deepcopy(ep.graph)  # fx's Graph copy: new nodes, their meta dicts shallow-copied
     for old, new in zip(ep.graph.nodes, graph.nodes):
         new.name = old.name  # the copy renames a node called after a builtin ("input"): the signature names it
-    for node in [n for n in graph.nodes if n.op == "placeholder" and n.name in {s.arg.name for s in drop}]:
+    dropped = {s.arg.name for s in drop}
+    for node in [n for n in graph.nodes if n.op == "placeholder" and n.name in dropped]:
         graph.erase_node(node)
     root = torch.fx.GraphModule(ep.graph_module, graph)
     root.meta.update(ep.graph_module.meta)

@@ -22,6 +22,10 @@ import dataclasses
 
 import torch
 
+from .._torch.pytree import pytree
+from ..capture import subclass_weights
+from ..lowering.verdicts import WRONG_REL
+
 VARIANTS = ("bf16", "fp16", "int8wo", "fp8wo", "pt2e")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -38,13 +42,8 @@ def dtype_of(variant: str | None) -> torch.dtype | None:
 
 
 def _cast_floats(value, dtype):
-    if isinstance(value, torch.Tensor):
-        return value.to(dtype) if value.is_floating_point() else value
-    if isinstance(value, (list, tuple)):
-        return type(value)(_cast_floats(v, dtype) for v in value)
-    if isinstance(value, dict):
-        return {k: _cast_floats(v, dtype) for k, v in value.items()}
-    return value
+    return pytree.tree_map(lambda v: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v,
+                           value)
 
 
 def _runs(model, args, kwargs) -> str | None:
@@ -66,8 +65,8 @@ def apply(case, variant: str, unavailable):
         dtype = _DTYPES[variant]
         out.model = case.model.to(dtype)
         out.args, out.kwargs = _cast_floats(case.args, dtype), _cast_floats(case.kwargs, dtype)
-        # compared with eager in its own dtype: the bound the validation uses for it (verdicts.WRONG_REL)
-        out.rtol = out.atol = {torch.bfloat16: 5e-2, torch.float16: 2e-2}[dtype]
+        # compared with eager in its own dtype: the bound the validation uses for it
+        out.rtol = out.atol = WRONG_REL[dtype]
     elif variant in ("int8wo", "fp8wo"):
         try:
             from torchao.quantization import Float8WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
@@ -77,7 +76,7 @@ def apply(case, variant: str, unavailable):
             quantize_(out.model, Int8WeightOnlyConfig() if variant == "int8wo" else Float8WeightOnlyConfig())
         except Exception as e:  # noqa: BLE001 -- torchao's own refusal of this model
             raise unavailable(f"torchao cannot quantize this model: {type(e).__name__}: {str(e)[:200]}") from None
-        if not any(type(p) is not torch.nn.Parameter and type(p) is not torch.Tensor for p in out.model.parameters()):
+        if not subclass_weights(out.model):
             raise unavailable("torchao quantized no layer of this model (no nn.Linear it takes)")
         out.rtol = out.atol = 1e-3  # the same int8 arithmetic, rounded in another order once decomposed
     else:

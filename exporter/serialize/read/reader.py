@@ -248,13 +248,15 @@ def segment_views(art: Artifact) -> list[torch.Tensor]:
             for i, seg in enumerate(art.program.segments or [])]
 
 
-def load_tensors(art: Artifact, *, verify: bool = False) -> dict[str, tuple[int, torch.Tensor, bool]]:
+def load_tensors(art: Artifact, *, verify: bool = False,
+                 early: segment_hashes.Early | None = None) -> dict[str, tuple[int, torch.Tensor, bool]]:
     """name -> (TensorKind, tensor, requires_grad); tensors are views into the mapped file.
-    ``verify``: each segment checked against its recorded digest (format 1.3+) or CRC32 first."""
+    ``verify``: each segment checked against its recorded CRC32 and (format 1.3+) digest first
+    (``early``: hashing `pt2b verify` started before it opened the artifact)."""
     where = _where(art.path)
-    views = segment_views(art)
+    views = segment_views(art)  # each segment within the data section, or CorruptArtifactError
     if verify:
-        _check_segments(art)
+        _check_segments(art, early)
     out = {}
     for rec in art.program.tensors or []:
         name = text(rec.name)
@@ -270,9 +272,9 @@ def load_tensors(art: Artifact, *, verify: bool = False) -> dict[str, tuple[int,
 
 def _check_segments(art: Artifact, early: segment_hashes.Early | None = None) -> None:
     """Every weight segment's CRC32 and, from format 1.3, sha256 digest against the program table's,
-    computed in parallel (segment_hashes), or taken from ``early`` where it hashed these very extents."""
+    computed in parallel (segment_hashes), or taken from ``early`` where it hashed these very extents.
+    Each segment's bounds are checked first (segment_views, in load_tensors)."""
     segments = art.program.segments or []
-    segment_views(art)  # each segment within the data section, or CorruptArtifactError
     digests = weight_digests(art)
     extents = [(art.header.data_offset + int(s.offset), int(s.nbytes)) for s in segments]
     hashes = early.result(extents, sha256=digests is not None) if early is not None else None
@@ -284,8 +286,7 @@ def _check_segments(art: Artifact, early: segment_hashes.Early | None = None) ->
 def verify_weights(art: Artifact, early: segment_hashes.Early | None = None) -> int:
     """Check every weight segment's checksums (``early``: hashing `pt2b verify` started before it
     opened the artifact) and every tensor record; returns the number of bytes verified."""
-    _check_segments(art, early)
-    load_tensors(art)
+    load_tensors(art, verify=True, early=early)
     return sum(int(s.nbytes) for s in art.program.segments or [])
 
 

@@ -63,9 +63,11 @@ def _refuse_python_calls(ep) -> None:
     from ...graph_walk import iter_graphs
 
     flat_apply = getattr(torch.ops.higher_order, "flat_apply", None)
+    if flat_apply is None:  # a torch release without it records no such call
+        return
     for graph in iter_graphs(ep.graph_module):
         for node in graph.nodes:
-            if node.op == "call_function" and flat_apply is not None and node.target is flat_apply:
+            if node.op == "call_function" and node.target is flat_apply:
                 raise UnsupportedValueError(
                     f"node {node.name!r} calls a Python function through torch.ops.higher_order.flat_apply "
                     f"(here: {node.args[1].name if len(node.args) > 1 and hasattr(node.args[1], 'name') else '?'}), "
