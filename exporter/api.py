@@ -256,9 +256,9 @@ def load_for_backend(path: StrPath, preset: str = "core", *, supported_ops: Iter
 
     ``validate=True`` (the default) runs the lowered program and the unlowered one on the example
     inputs the artifact stores and on a second input derived from them, and compares them
-    (``.validation``; exporter/lowering/validate.py): a decomposition that makes the program wrong is
-    found by bisection and kept undecomposed where the backend accepts the op, else OpsetError names
-    it. A lowering served from the cache carries the verdict stored with it.
+    (``.validation``; exporter/lowering/validate.py): on a difference, each decomposition applied is
+    checked on the values its op receives in the program; a wrong one is kept undecomposed where the
+    backend accepts the op, else OpsetError names it. A lowering served from the cache carries the verdict stored with it.
 
     ``method``: the method of a multi-method artifact (format 1.2) to lower. By default every method
     is lowered with the same request (and cached together, their shared weights stored once); the

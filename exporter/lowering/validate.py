@@ -1,6 +1,6 @@
 """Validation of a lowering on the artifact's own inputs: load_for_backend runs the lowered and the
 unlowered program on the stored example inputs and a permuted second input, compares their outputs in
-the audit's words (verdicts.py), and on a wrong output bisects for the decomposition responsible.
+the audit's words (verdicts.py), and on a wrong output checks each decomposition where it runs.
 Why and the bounds: docs/lowering.md#a-lowering-is-validated-on-the-artifacts-own-inputs."""
 
 from __future__ import annotations
@@ -31,21 +31,23 @@ class Validation:
     seconds: float = 0.0
     why: str = ""  # what failed, or why it was skipped
     kept: dict = dataclasses.field(default_factory=dict)  # op -> why, kept undecomposed after a failure
-    # op -> its decomposition's largest relative difference on the values it receives in this program,
-    # where the outputs differ beyond the bound although it is right there: the program amplifies rounding
+    # where the outputs differ beyond the bound although every decomposition applied is right on the values
+    # its op receives in this program (the program amplifies rounding): op -> that largest relative
+    # difference, for the (up to three) ops that differ most there
     amplified: dict = dataclasses.field(default_factory=dict)
 
     def describe(self) -> str:
         if self.status == "skipped":
             return f"not validated: {self.why}"
         if self.amplified:
-            ops = ", ".join(f"{op} (largest relative difference {rel:.3g} there)" for op, rel in self.amplified.items())
+            ops = ", ".join(f"{op} {rel:.3g}" for op, rel in self.amplified.items())
             return (f"validation {self.status} on {self.inputs} input set(s) against the unlowered program: the outputs "
                     f"differ by up to {self.max_rel:.3g} (relative), more than float rounding explains (bound "
-                    f"{self.bound:.3g}), yet the decomposition responsible is right on the values it receives in this "
-                    f"program: {ops}; the program amplifies or accumulates the op's float rounding (an op downstream "
-                    f"rounds, as a quantize op does, or many layers compound it in a low-precision dtype), as any "
-                    f"other implementation of the op would; {self.seconds:.2f} s")
+                    f"{self.bound:.3g}), yet every decomposition applied is right on the values its op receives in "
+                    f"this program (the largest relative differences there: {ops}); the program amplifies or "
+                    f"accumulates their float rounding (an op downstream rounds, as a quantize op does, or many "
+                    f"layers compound it in a low-precision dtype), as any other implementation of the ops would; "
+                    f"{self.seconds:.2f} s")
         word = {"ulp": "ulp (float rounding)", "lossy": "lossy (beyond float rounding, within the bound)"}
         text = (f"validation {self.status} on {self.inputs} input set(s) against the unlowered program: "
                 f"{word.get(self.verdict, self.verdict)}, largest relative difference {self.max_rel:.3g} (wrong beyond {self.bound:.3g}), "
@@ -217,18 +219,22 @@ class _Runner:
         return [next(user) if kind == "user" else value.detach().clone() if kind == "buffer" else value
                 for kind, value in self.slots]
 
-    def calls_of(self, inputs, op, limit: int = 8) -> list:
-        """The (args, kwargs) of the first ``limit`` calls of ``op`` in the program's own graph when it runs
-        on ``inputs`` (copies); [] for a program run through ep.module()."""
+    def calls_of(self, inputs, ops, limit: int = 8) -> dict:
+        """op -> the (args, kwargs) of its first ``limit`` calls in the program's own graph when it runs on
+        ``inputs``, for each op of ``ops`` that it calls there (copies, but for the program's unwritten
+        weights, which are shared); {} for a program run through ep.module()."""
         if self.module is not None:
-            return []
-        calls = []
+            return {}
+        ops, calls = set(ops), {}
+        shared = {id(value) for kind, value in self.slots if kind == "state"}
+
+        def keep(v):
+            return v.detach().clone() if isinstance(v, torch.Tensor) and id(v) not in shared else v
 
         class Recorder(torch.fx.Interpreter):
             def call_function(self, target, args, kwargs):
-                if target is op and len(calls) < limit:
-                    calls.append(pytree.tree_map(lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else v,
-                                                 (args, kwargs)))
+                if target in ops and len(calls.setdefault(target, [])) < limit:
+                    calls[target].append(pytree.tree_map(keep, (args, kwargs)))
                 return super().call_function(target, args, kwargs)
 
         args, kwargs = copy.deepcopy(inputs)
@@ -298,9 +304,10 @@ def rounding(dtype, bounds: dict) -> float:
     return min(16 * torch.finfo(dtype).eps, bounds.get(dtype, 1e-3) / 10)
 
 
-def validate(source_ep, lowered_ep, table: dict) -> Validation:
-    """Run ``lowered_ep`` and ``source_ep`` on the stored example inputs and a derived input and
-    compare (docs/lowering.md#a-lowering-is-validated-on-the-artifacts-own-inputs)."""
+def validate(source_ep, lowered_ep, table: dict, input_sets=None, wanted=None) -> Validation:
+    """Run ``lowered_ep`` and ``source_ep`` on the stored example inputs and a derived input (or on
+    ``input_sets``, where ``wanted`` may hold source_ep's outputs on them) and compare
+    (docs/lowering.md#a-lowering-is-validated-on-the-artifacts-own-inputs)."""
     t0 = time.perf_counter()
     if source_ep.example_inputs is None:
         return Validation("skipped", why="the artifact stores no example inputs")
@@ -309,13 +316,14 @@ def validate(source_ep, lowered_ep, table: dict) -> Validation:
     bounds = _bounds(applied)
     result = Validation("passed", verdict="exact", bound=bounds[torch.float32])
     ours, theirs = _Runner(source_ep), None
-    for i, inputs in enumerate((source_ep.example_inputs, _derived(source_ep.example_inputs))):
+    input_sets = input_sets or (source_ep.example_inputs, _derived(source_ep.example_inputs))
+    for i, inputs in enumerate(input_sets):
         try:
-            want = ours(inputs)
+            want = wanted[i] if wanted else ours(inputs)
             if i == 0:  # "wrong beyond" in the outputs' dtype: 0.05 for bfloat16, not float32's 0.001
                 result.bound = _output_bound(want, bounds)
             # an op that can draw (dropout, sdpa) may draw nothing (eval mode): a second seed tells
-            if i == 0 and random and not _same(want, ours(inputs, seed=1)):
+            if i == 0 and random and not wanted and not _same(want, ours(inputs, seed=1)):
                 return Validation("skipped", why=f"the program's outputs are random ({', '.join(random[:3])})",
                                   seconds=time.perf_counter() - t0)
         except Exception:  # noqa: BLE001 -- a derived input outside the program's domain (its own checks)
@@ -337,92 +345,142 @@ def validate(source_ep, lowered_ep, table: dict) -> Validation:
         if verdict == "wrong":
             result.status = "failed"
             result.why = ("on the stored example inputs: " if i == 0 else "on the derived input: ") + why
+            result.failed_on = inputs, want  # (not a field: the inputs and the source's outputs, for validated())
             break
     result.seconds = time.perf_counter() - t0
     return result
 
 
 def validated(lowered, plan, source_ep, relower):
-    """``lowered`` (a LoweredProgram) with its validation; after a failure, the lowering that keeps
-    the decomposition responsible undecomposed where ``plan.accepts`` it, else OpsetError.
+    """``lowered`` (a LoweredProgram) with its validation. After a failure, each decomposition applied is
+    checked where it runs (on the values its op receives in this program, one recording pass): the
+    wrong ones are kept undecomposed where ``plan.accepts`` them, else OpsetError names the first; where
+    all are right, the program amplifies their rounding and passes, naming them. Only where some
+    cannot be recorded (in a subgraph) is the responsible one found by bisection.
     ``relower(plan)`` lowers the source again with another plan."""
     lowered.validation = validate(source_ep, lowered.exported_program(), plan.table)
     if lowered.validation.status != "failed":
         return lowered
     failure = lowered.validation
-    culprit = _responsible(plan, source_ep, relower)
-    if culprit is None:
-        raise OpsetError(f"lowering with {plan.label}: the lowered program does not compute what the program does "
-                         f"({failure.why}), and no single decomposition is responsible. Lower with fewer "
-                         "decompositions (keep=[...]) or validate=False to accept it.")
-    name, fn = op_name(culprit), plan.table[culprit]
-    where = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
-    node = next((n.name for n in source_ep.graph.nodes if n.target is culprit), "(in a subgraph)")
-    found = (f"lowering with {plan.label}: the decomposition of {name} ({where}) makes the program wrong at node "
-             f"{node}: {failure.why} (largest relative difference {failure.max_rel:.3g}, wrong beyond "
-             f"{failure.bound:.3g}).")
-    if not plan.accepts(culprit):
-        local = _right_where_it_runs(source_ep, culprit, fn, plan.table, _bounds(_applied(source_ep, plan.table)))
-        if local is not None:  # right on its own inputs: the program amplifies the op's rounding
-            lowered.validation = dataclasses.replace(failure, status="passed", verdict="lossy", why="",
-                                                     amplified={name: local})
-            return lowered
-        raise OpsetError(f"{found} The backend does not accept {name} undecomposed; implement it (add it to "
-                         "supported_ops or keep=[...]), give another decomposition (decompositions={op: fn}), or "
-                         "lower with validate=False to accept the difference.")
-    repaired = relower(_without(plan, culprit))
+    applied = _applied(source_ep, plan.table)
+    t0 = time.perf_counter()
+    failed_on, wanted = failure.failed_on
+    local = _right_where_they_run(source_ep, applied, plan.table, _bounds(applied), failed_on)
+    culprits = [op for op in applied if op in local and local[op] is None]
+    unexplained = OpsetError(f"lowering with {plan.label}: the lowered program does not compute what the program "
+                             f"does ({failure.why}), and no single decomposition is responsible. Lower with fewer "
+                             "decompositions (keep=[...]) or validate=False to accept it.")
+    if not culprits and len(local) == len(applied):  # each right where it runs: rounding amplified, if they
+        if not _decompositions_explain(plan, source_ep, relower, applied, failed_on, wanted):  # are what differs
+            raise unexplained
+        worst = sorted((rel, op_name(op)) for op, rel in local.items() if rel > 0)[::-1][:3]
+        lowered.validation = dataclasses.replace(failure, status="passed", verdict="lossy", why="",
+                                                 amplified={name: rel for rel, name in worst},
+                                                 seconds=failure.seconds + time.perf_counter() - t0)
+        return lowered
+    if not culprits:
+        culprit = _responsible(plan, source_ep, relower)
+        if culprit is None:
+            raise unexplained
+        culprits = [culprit]
+    found = {}
+    for op in culprits:
+        fn = plan.table[op]
+        where = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+        node = next((n.name for n in source_ep.graph.nodes if n.target is op), "(in a subgraph)")
+        found[op] = (where, node, f"lowering with {plan.label}: the decomposition of {op_name(op)} ({where}) makes "
+                                  f"the program wrong at node {node}: {failure.why} (largest relative difference "
+                                  f"{failure.max_rel:.3g}, wrong beyond {failure.bound:.3g}).")
+    for op in culprits:
+        if not plan.accepts(op):
+            raise OpsetError(f"{found[op][2]} The backend does not accept {op_name(op)} undecomposed; implement it "
+                             "(add it to supported_ops or keep=[...]), give another decomposition "
+                             "(decompositions={op: fn}), or lower with validate=False to accept the difference.")
+    repaired = relower(_without(plan, culprits))
     check = validate(source_ep, repaired.exported_program(), repaired.table)
+    names = ", ".join(op_name(op) for op in culprits)
     if check.status == "failed":
-        raise OpsetError(f"{found} Keeping {name} undecomposed does not make the lowering validate ({check.why}); "
-                         "lower with fewer decompositions (keep=[...]) or validate=False to accept the difference.")
-    check.kept = {name: f"its decomposition ({where}) made the program wrong at node {node}: {failure.why}"}
+        raise OpsetError(f"{found[culprits[0]][2]} Keeping {names} undecomposed does not make the lowering validate "
+                         f"({check.why}); lower with fewer decompositions (keep=[...]) or validate=False to accept "
+                         "the difference.")
+    check.kept = {op_name(op): f"its decomposition ({where}) made the program wrong at node {node}: {failure.why}"
+                  for op, (where, node, _) in found.items()}
     repaired.validation = check
     return repaired
 
 
-def _decomposed_call(fn, table: dict, args, kwargs):
-    """``fn(*args, **kwargs)`` as the lowering computes it: traced with the table applied to every op it
-    calls in turn (the lowered form of one call), then run; fn run as it is where it cannot be traced."""
-    from torch.fx.experimental.proxy_tensor import make_fx
+class _Decomposed:
+    """Calls of decompositions as the lowering computes them: ``fn`` traced with the table applied to
+    every op it calls in turn (the lowered form of one call), then run. A trace on fake tensors is kept
+    per call signature (shapes, dtypes, strides and non-tensor arguments), so the calls of a repeated
+    layer are traced once; a call that cannot be traced on fake tensors (its decomposition reads
+    values) is traced on its own values, and one that cannot be traced at all runs fn as it is."""
 
-    flat, spec = pytree.tree_flatten((args, kwargs))
-    at = [i for i, v in enumerate(flat) if isinstance(v, torch.Tensor)]
+    def __init__(self, table: dict):
+        self.table, self.traced = table, {}
 
-    def call(*tensors):
-        values = list(flat)
-        for i, t in zip(at, tensors):
-            values[i] = t
-        a, k = pytree.tree_unflatten(values, spec)
-        return fn(*a, **k)
+    def __call__(self, fn, args, kwargs):
+        from torch.fx.experimental.proxy_tensor import make_fx
 
-    tensors = [flat[i] for i in at]
-    try:
-        gm = make_fx(call, decomposition_table=table)(*[t.clone() for t in tensors])
-    except Exception:  # noqa: BLE001 -- a call make_fx cannot trace: its first-level decomposition
-        return call(*tensors)
-    return gm(*tensors)
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        at = [i for i, v in enumerate(flat) if isinstance(v, torch.Tensor)]
 
+        def call(*tensors):
+            values = list(flat)
+            for i, t in zip(at, tensors):
+                values[i] = t
+            a, k = pytree.tree_unflatten(values, spec)
+            return fn(*a, **k)
 
-def _right_where_it_runs(source_ep, op, fn, table: dict, bounds: dict) -> float | None:
-    """The largest relative difference of ``fn`` (op's decomposition, lowered further with ``table``) from
-    ``op`` itself on the values op receives when the program runs on its stored and derived inputs,
-    where it is within the bound on every call (the decomposition is right where it runs); None where it
-    is wrong on one, or where the calls cannot be recorded."""
-    runner, worst, seen = _Runner(source_ep), 0.0, 0
-    for inputs in (source_ep.example_inputs, _derived(source_ep.example_inputs)):
+        tensors = [flat[i] for i in at]
         try:
-            calls = runner.calls_of(inputs, op)
-        except Exception:  # noqa: BLE001 -- a derived input outside the program's domain
-            continue
+            key = (fn, str(spec), tuple((t.shape, t.dtype, t.stride(), t.device) for t in tensors),
+                   repr([v for i, v in enumerate(flat) if i not in at]))
+            hash(key)
+        except Exception:  # noqa: BLE001 -- an argument without a stable key: traced on its values
+            key = None
+        gm = self.traced.get(key) if key is not None else None
+        if gm is None:
+            try:
+                gm = make_fx(call, decomposition_table=self.table, tracing_mode="fake")(*tensors)
+                if key is not None:
+                    self.traced[key] = gm
+            except Exception:  # noqa: BLE001 -- a decomposition that reads values: traced on these
+                try:
+                    gm = make_fx(call, decomposition_table=self.table)(*[t.clone() for t in tensors])
+                except Exception:  # noqa: BLE001 -- a call make_fx cannot trace: its first-level decomposition
+                    return call(*tensors)
+        return gm(*tensors)
+
+
+def _right_where_they_run(source_ep, ops, table: dict, bounds: dict, inputs) -> dict:
+    """op -> the largest relative difference of its decomposition (``table[op]``, lowered further with
+    ``table``) from op itself on the values op receives when the program runs on ``inputs`` (its first
+    calls; what an in-place op writes is compared too), or None where it is wrong on one (the
+    decomposition is wrong where it runs). Ops not recorded (called in a subgraph only, or a program
+    run through ep.module()) are left out."""
+    from ..functionalize import is_mutating
+
+    out, decomposed = {}, _Decomposed(table)
+    try:
+        recorded = _Runner(source_ep).calls_of(inputs, ops)
+    except Exception:  # noqa: BLE001 -- not recorded: nothing known
+        return out
+    for op, calls in recorded.items():
+        writes = is_mutating(op)  # (a functional op's arguments are shared by both calls)
         for args, kwargs in calls:
+            want_in, got_in = copy.deepcopy((args, kwargs)) if writes else (args, kwargs), \
+                copy.deepcopy((args, kwargs)) if writes else (args, kwargs)
             with torch.no_grad():
-                want = op(*copy.deepcopy(args), **copy.deepcopy(kwargs))
-                got = _decomposed_call(fn, table, copy.deepcopy(args), copy.deepcopy(kwargs))
+                want = op(*want_in[0], **want_in[1])
+                got = decomposed(table[op], *got_in)
+            if writes:
+                want, got = (want, want_in), (got, got_in)
             verdict, rel, _ = _compare(got, want, bounds)
-            if verdict == "wrong":
-                return None
-            worst, seen = max(worst, rel), seen + 1
-    return worst if seen else None
+            out[op] = None if verdict == "wrong" else max(out.get(op, 0.0), rel)
+            if out[op] is None:
+                break
+    return out
 
 
 def _without(plan, ops):
@@ -430,12 +488,26 @@ def _without(plan, ops):
     return dataclasses.replace(plan, table={op: fn for op, fn in plan.table.items() if op not in ops})
 
 
+def _loose(plan):
+    return dataclasses.replace(plan, strict=False, withheld={})  # (kept ops outside the opset are fine here)
+
+
+def _decompositions_explain(plan, source_ep, relower, ops, inputs, wanted) -> bool:
+    """Whether the lowering that keeps ``ops`` undecomposed validates on ``inputs`` (where the source
+    computes ``wanted``): the difference comes from their decompositions, not from the rest of the
+    lowering (functionalization)."""
+    try:
+        again = relower(_without(_loose(plan), ops))
+    except Exception:  # noqa: BLE001 -- keeping these ops does not lower
+        return False
+    return validate(source_ep, again.exported_program(), again.table, [inputs], [wanted]).status != "failed"
+
+
 def _responsible(plan, source_ep, relower):
     """The op whose decomposition makes the lowering fail validation: bisection over the ops of the
     program the table decomposes (one culprit assumed; None when keeping it alone does not help)."""
     candidates = _applied(source_ep, plan.table)
-
-    loose = dataclasses.replace(plan, strict=False, withheld={})  # (kept ops outside the opset are fine here)
+    loose = _loose(plan)
 
     def passes(kept) -> bool:
         try:

@@ -1,6 +1,6 @@
 """load_for_backend validates what it produced (exporter/lowering/validate.py): the lowered program
 and the unlowered one run on the artifact's example inputs and on a derived input; a decomposition
-that makes the program wrong is found by bisection, kept where the backend accepts the op, else an
+that makes the program wrong is found where it runs (or by bisection), kept where the backend accepts the op, else an
 OpsetError names it; the cache stores the verdict."""
 
 from __future__ import annotations
@@ -283,15 +283,18 @@ class _Amplifies(torch.nn.Module):
         return (torch.nn.functional.silu(x) * 1e5).frac()
 
 
-def test_a_decomposition_right_where_it_runs_passes_in_a_program_that_amplifies_rounding(tmp_path):
+def test_a_decomposition_right_where_it_runs_passes_in_a_program_that_amplifies_rounding(tmp_path, monkeypatch):
+    """Found by one recording pass and confirmed by one lowering that keeps the decomposed ops: no
+    bisection (issue 39: its cost)."""
     torch.manual_seed(0)
     x = torch.randn(4096)
     export_model(_Amplifies(), (x,), tmp_path / "m.pt2b")
+    monkeypatch.setattr(V, "_responsible", lambda *a: pytest.fail("bisected"))
     lowered = load_for_backend(tmp_path / "m.pt2b", "core", cache=False)
     v = lowered.validation
     assert v.status == "passed" and v.max_rel > v.bound, v.describe()  # the outputs do differ that much
     assert list(v.amplified) == ["aten::silu.default"] and v.amplified["aten::silu.default"] < 1e-6
-    assert "yet the decomposition responsible is right on the values it receives in this program" in v.describe()
+    assert "yet every decomposition applied is right on the values its op receives in this program" in v.describe()
     assert "aten::silu.default" not in lowered.ops()
 
 
@@ -302,3 +305,41 @@ def test_a_decomposition_wrong_where_it_runs_still_fails(tmp_path):
     wrong = {torch.ops.aten.silu.default: lambda a: a * torch.sigmoid(a) * 1.01}
     with pytest.raises(OpsetError, match=r"the decomposition of aten::silu\.default .* makes the program wrong"):
         load_for_backend(tmp_path / "m.pt2b", "core", cache=False, decompositions=wrong)
+
+
+def test_each_wrong_decomposition_is_found_where_it_runs_and_kept_in_one_relowering(tmp_path, monkeypatch):
+    """Two wrong decompositions of ops the backend accepts: both are named by the recording pass and
+    kept by a single second lowering (no bisection)."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU(), torch.nn.Hardswish(),
+                                torch.nn.SiLU()).eval()
+    model_, args, path = _artifact(tmp_path, model, (torch.randn(3, 4),))
+    wrong = {aten.gelu.default: _half_gelu, aten.hardswish.default: lambda x: x * 0.25}
+    monkeypatch.setattr(V, "_responsible", lambda *a: pytest.fail("bisected"))
+    lowerings = []
+    real = V.validate
+    monkeypatch.setattr(V, "validate", lambda *a: lowerings.append(1) or real(*a))
+    lp = load_for_backend(path, "max", cache=False, keep=["aten::gelu.default", "aten::hardswish.default"],
+                          decompositions=wrong)
+    assert sorted(lp.validation.kept) == ["aten::gelu.default", "aten::hardswish.default"]
+    assert len(lowerings) == 2 and lp.validation.status == "passed"
+    assert lp.ops().get("aten::gelu.default") == 1 and lp.ops().get("aten::hardswish.default") == 1
+    assert "aten::silu.default" not in lp.ops()
+    torch.testing.assert_close(Runtime(lp)(*args), model_(*args), rtol=1e-5, atol=1e-5)
+
+
+class _WrongInABranch(torch.nn.Module):
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda t: torch.nn.functional.hardswish(t) + 1, lambda t: t - 1, (x,))
+
+
+def test_an_op_called_only_in_a_subgraph_is_found_by_bisection(tmp_path):
+    """The recording pass sees the top-level graph only: a wrong decomposition inside a torch.cond
+    branch is found by the bisection fallback and named."""
+    _, _, path = _artifact(tmp_path, _WrongInABranch(), (torch.rand(3, 4) + 0.1,))
+    source = load(path).exported_program()
+    plan = plan_lowering("max", decompositions={aten.hardswish.default: lambda x: x * 0.25})
+    assert aten.hardswish.default in V._applied(source, plan.table)
+    assert aten.hardswish.default not in V._right_where_they_run(source, [aten.hardswish.default], plan.table, {}, source.example_inputs)
+    with pytest.raises(OpsetError, match=r"the decomposition of aten::hardswish\.default .* makes the program wrong "
+                                         r"at node \(in a subgraph\)"):
+        load_for_backend(path, "max", cache=False, decompositions={aten.hardswish.default: lambda x: x * 0.25})
