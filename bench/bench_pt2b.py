@@ -304,7 +304,7 @@ def bench_eager_mode(case, n: int, t_eager: float) -> list:
             ("eager_decompositions('core') steady vs eager", t_steady, t_eager, "")]
 
 
-REAL_STEPS = ("save", "load", "lower_core_cold")
+REAL_STEPS = ("save", "load", "lower_core_cold", "lower_core_default")
 
 
 def real_model_names(spec: str) -> list[str]:
@@ -314,14 +314,28 @@ def real_model_names(spec: str) -> list[str]:
 
 
 def bench_real_model(name: str, repeat: int, tmp: str) -> dict:
-    """pt2b / torch ratios of save (write step), load and cold core lowering on one real architecture;
-    a step either side cannot do is left out with the reason."""
+    """bench_captured on one architecture of the real-model corpus, captured as the corpus captures it."""
     from exporter.corpus.programs import capture_real
     from exporter.corpus.transformers_zoo import make_case as make_real
 
     case = make_real(name)
-    args, kwargs = case.args, case.kwargs or {}
-    ep = capture_real(case)
+    return bench_captured(name, capture_real(case), case.args, case.kwargs or {}, repeat, tmp)
+
+
+def bench_family(name: str, repeat: int, tmp: str) -> dict:
+    """bench_captured on a model of another family (bench/families.py), exported statically."""
+    from bench.families import FAMILIES
+
+    try:
+        model, args, kwargs = FAMILIES[name]()
+    except ImportError as e:
+        return {"name": name, "ratios": {}, "seconds": {}, "skipped": {"build": f"not installed: {e}"}}
+    return bench_captured(name, torch.export.export(model, args, kwargs), args, kwargs, repeat, tmp)
+
+
+def bench_captured(name: str, ep, args, kwargs, repeat: int, tmp: str) -> dict:
+    """pt2b / torch ratios of save (write step), load and cold core lowering (validate=False, and the
+    default, validated) of one captured program; a step either side cannot do is left out with the reason."""
     pt2, pt2b = os.path.join(tmp, "r.pt2"), os.path.join(tmp, "r.pt2b")
     out = {"name": name, "ratios": {}, "seconds": {}, "skipped": {}}
     ours, theirs = interleaved([lambda: writer.write_artifact(ep, pt2b, ir_level="training"),
@@ -338,19 +352,23 @@ def bench_real_model(name: str, repeat: int, tmp: str) -> dict:
             assert not torch.is_tensor(x) or torch.equal(x, y), f"{name}: load differs from torch.export's module"
     try:
         torch.export.load(pt2).run_decompositions()
-        load_for_backend(pt2b, "core", cache=False, validate=False)
+        validation = load_for_backend(pt2b, "core", cache=False).validation
     except Exception as e:  # noqa: BLE001 -- a lowering either side cannot do is reported, not timed
         out["skipped"]["lower_core_cold"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
     else:
-        out["seconds"]["lower_core_cold"] = tuple(interleaved(
-            [lambda: load_for_backend(pt2b, "core", cache=False, validate=False),
-             lambda: torch.export.load(pt2).run_decompositions()], repeat))
+        default, unvalidated, torchs = interleaved(
+            [lambda: load_for_backend(pt2b, "core", cache=False),
+             lambda: load_for_backend(pt2b, "core", cache=False, validate=False),
+             lambda: torch.export.load(pt2).run_decompositions()], repeat)
+        out["seconds"]["lower_core_cold"] = (unvalidated, torchs)
+        out["seconds"]["lower_core_default"] = (default, torchs)
+        out["validation"] = validation.describe()
     out["ratios"] = {k: o / t for k, (o, t) in out["seconds"].items()}
     return out
 
 
-def print_real_models(results: list[dict], repeat: int) -> None:
-    print(f"\n## real models ({len(results)} transformers architectures; median of {repeat}; ratio = pt2b / torch)")
+def print_real_models(results: list[dict], repeat: int, what: str = "transformers architectures") -> None:
+    print(f"\n## {what} ({len(results)}; median of {repeat}; ratio = pt2b / torch)")
     print("| model | " + " | ".join(REAL_STEPS) + " |")
     print("|---|" + "---|" * len(REAL_STEPS))
     for r in results:
@@ -361,23 +379,26 @@ def print_real_models(results: list[dict], repeat: int) -> None:
         vals = [r["ratios"][k] for r in results if k in r["ratios"]]
         geo.append(f"{statistics.geometric_mean(vals):.3f} (n={len(vals)})" if vals else "n/a")
     print("| **geometric mean** | " + " | ".join(geo) + " |")
-    lowered = sorted((r for r in results if "lower_core_cold" in r["ratios"]),
-                     key=lambda r: r["ratios"]["lower_core_cold"], reverse=True)
-    if lowered:
-        ratios = [r["ratios"]["lower_core_cold"] for r in lowered]
+    for key, label in (("lower_core_cold", "validate=False"), ("lower_core_default", "the default, validated")):
+        lowered = sorted((r for r in results if key in r["ratios"]), key=lambda r: r["ratios"][key], reverse=True)
+        if not lowered:
+            continue
+        ratios = [r["ratios"][key] for r in lowered]
         target = TARGETS["lower_core_cold_real"]
-        over = [r["name"] for r in lowered if r["ratios"]["lower_core_cold"] > 1.0]
-        print(f"\ncold core lowering, pt2b / torch load + run_decompositions: geometric mean "
+        over = [r["name"] for r in lowered if r["ratios"][key] > 1.0]
+        print(f"\ncold core lowering ({label}), pt2b / torch load + run_decompositions: geometric mean "
               f"{statistics.geometric_mean(ratios):.3f} (target <= {target}: "
               f"{'met' if statistics.geometric_mean(ratios) <= target else 'MISSED'}), median "
               f"{statistics.median(ratios):.3f}, {len(over)} of {len(ratios)} above 1.0 (target: none)"
               + (f": {', '.join(over)}" if over else ""))
         print("worst five: " + ", ".join(
-            f"{r['name']} {r['ratios']['lower_core_cold']:.3f} ({r['seconds']['lower_core_cold'][0]:.2f} s / "
-            f"{r['seconds']['lower_core_cold'][1]:.2f} s)" for r in lowered[:5]))
+            f"{r['name']} {r['ratios'][key]:.3f} ({r['seconds'][key][0]:.2f} s / "
+            f"{r['seconds'][key][1]:.2f} s)" for r in lowered[:5]))
     for r in results:
         for k, why in r["skipped"].items():
             print(f"  {r['name']}: {k} not timed: {why}")
+        if "validation" in r:
+            print(f"  {r['name']}: {r['validation'][:160]}")
 
 
 def main(argv=None) -> int:
@@ -387,6 +408,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="also write the rows as JSON here")
     ap.add_argument("--real-models", default="", help="'sample' (the test sample) or comma-separated case names "
                                                        "of the real-model corpus; prints geometric-mean ratios")
+    ap.add_argument("--families", default="", help="'all' or comma-separated names of bench/families.py (conv "
+                                                   "classifiers, diffusion U-Nets): save, load and cold lowering ratios")
     ap.add_argument("--sweep", default="", help="layer counts of the 512-wide encoder to time save/load/lower "
                                                 "over, e.g. 1,2,4,8,12 (growth with model size)")
     ap.add_argument("-q", "--quiet", action="store_true",
@@ -436,6 +459,16 @@ def _run(ns) -> int:
                     for n in progress.track(real_model_names(ns.real_models), "real models", unit="model", label=str)]
             all_rows["real_models"] = real
             print_real_models(real, ns.repeat)
+        if ns.families:
+            import warnings
+
+            from bench.families import family_names
+
+            warnings.filterwarnings("ignore")
+            fam = [bench_family(n, ns.repeat, tmp)
+                   for n in progress.track(family_names(ns.families), "other families", unit="model", label=str)]
+            all_rows["families"] = fam
+            print_real_models(fam, ns.repeat, "other families: torchvision, timm, diffusers")
     if ns.json:
         with open(ns.json, "w") as f:
             json.dump(all_rows, f, indent=1)
