@@ -304,33 +304,68 @@ def rounding(dtype, bounds: dict) -> float:
     return min(16 * torch.finfo(dtype).eps, bounds.get(dtype, 1e-3) / 10)
 
 
-def validate(source_ep, lowered_ep, table: dict, input_sets=None, wanted=None) -> Validation:
-    """Run ``lowered_ep`` and ``source_ep`` on the stored example inputs and a derived input (or on
-    ``input_sets``, where ``wanted`` may hold source_ep's outputs on them) and compare
+class SourceRuns:
+    """The unlowered program's side of a validation, computed once and shared by every validation of
+    one request (the first, the one after a repair, the bisection's steps): its outputs on each input
+    set (the stored example inputs and one derived from them, or the sets given with their outputs),
+    each ("ok", outputs), ("random", None) where a second seed changes them, or ("error", exception).
+    (Run in a thread beside the lowering instead, they made the default lowering slower on 2 cores:
+    the encoder 0.34 s -> 0.41-0.51 s, the kernels and the trace contending for the cores.)"""
+
+    def __init__(self, source_ep, input_sets=None, wanted=None):
+        self.ep, self.random = source_ep, _random_ops(source_ep)
+        if input_sets is not None:
+            self.inputs = list(input_sets)
+            self._results = [("ok", w) for w in wanted] if wanted is not None else None
+        else:
+            self.inputs = [source_ep.example_inputs, None]  # the derived set made when first needed
+            self._results = None
+
+    def results(self) -> list:
+        if self._results is not None:
+            return self._results
+        runner, results = _Runner(self.ep), []
+        for i in range(len(self.inputs)):
+            try:
+                if self.inputs[i] is None:
+                    self.inputs[i] = _derived(self.ep.example_inputs)
+                want = runner(self.inputs[i])
+                # an op that can draw (dropout, sdpa) may draw nothing (eval mode): a second seed tells
+                if i == 0 and self.random and not _same(want, runner(self.inputs[i], seed=1)):
+                    results.append(("random", None))
+                    break
+                results.append(("ok", want))
+            except Exception as e:  # noqa: BLE001 -- a derived input outside the program's domain (its own checks)
+                results.append(("error", e))
+                if i == 0:
+                    break
+        self._results = results
+        return results
+
+
+def validate(source_ep, lowered_ep, table: dict, runs: SourceRuns | None = None) -> Validation:
+    """Run ``lowered_ep`` on the input sets of ``runs`` (by default the stored example inputs and a
+    derived input) and compare with ``source_ep``'s outputs on them
     (docs/lowering.md#a-lowering-is-validated-on-the-artifacts-own-inputs)."""
     t0 = time.perf_counter()
     if source_ep.example_inputs is None:
         return Validation("skipped", why="the artifact stores no example inputs")
-    random = _random_ops(source_ep)
     applied = _applied(source_ep, table)
     bounds = _bounds(applied)
     result = Validation("passed", verdict="exact", bound=bounds[torch.float32])
-    ours, theirs = _Runner(source_ep), None
-    input_sets = input_sets or (source_ep.example_inputs, _derived(source_ep.example_inputs))
-    for i, inputs in enumerate(input_sets):
-        try:
-            want = wanted[i] if wanted else ours(inputs)
-            if i == 0:  # "wrong beyond" in the outputs' dtype: 0.05 for bfloat16, not float32's 0.001
-                result.bound = _output_bound(want, bounds)
-            # an op that can draw (dropout, sdpa) may draw nothing (eval mode): a second seed tells
-            if i == 0 and random and not wanted and not _same(want, ours(inputs, seed=1)):
-                return Validation("skipped", why=f"the program's outputs are random ({', '.join(random[:3])})",
-                                  seconds=time.perf_counter() - t0)
-        except Exception:  # noqa: BLE001 -- a derived input outside the program's domain (its own checks)
+    runs, theirs = runs or SourceRuns(source_ep), None
+    for i, (outcome, want) in enumerate(runs.results()):
+        if outcome == "random":
+            return Validation("skipped", why=f"the program's outputs are random ({', '.join(runs.random[:3])})",
+                              seconds=time.perf_counter() - t0)
+        if outcome == "error":
             if i == 0:
                 return Validation("skipped", why="the unlowered program does not run on its example inputs",
                                   seconds=time.perf_counter() - t0)
             continue
+        if i == 0:  # "wrong beyond" in the outputs' dtype: 0.05 for bfloat16, not float32's 0.001
+            result.bound = _output_bound(want, bounds)
+        inputs = runs.inputs[i]
         try:
             theirs = theirs or _Runner(lowered_ep)
             got = theirs(inputs)
@@ -358,7 +393,8 @@ def validated(lowered, plan, source_ep, relower):
     all are right, the program amplifies their rounding and passes, naming them. Only where some
     cannot be recorded (in a subgraph) is the responsible one found by bisection.
     ``relower(plan)`` lowers the source again with another plan."""
-    lowered.validation = validate(source_ep, lowered.exported_program(), plan.table)
+    runs = SourceRuns(source_ep)
+    lowered.validation = validate(source_ep, lowered.exported_program(), plan.table, runs)
     if lowered.validation.status != "failed":
         return lowered
     failure = lowered.validation
@@ -379,7 +415,7 @@ def validated(lowered, plan, source_ep, relower):
                                                  seconds=failure.seconds + time.perf_counter() - t0)
         return lowered
     if not culprits:
-        culprit = _responsible(plan, source_ep, relower)
+        culprit = _responsible(plan, source_ep, relower, runs)
         if culprit is None:
             raise unexplained
         culprits = [culprit]
@@ -397,7 +433,7 @@ def validated(lowered, plan, source_ep, relower):
                              "(add it to supported_ops or keep=[...]), give another decomposition "
                              "(decompositions={op: fn}), or lower with validate=False to accept the difference.")
     repaired = relower(_without(plan, culprits))
-    check = validate(source_ep, repaired.exported_program(), repaired.table)
+    check = validate(source_ep, repaired.exported_program(), repaired.table, runs)
     names = ", ".join(op_name(op) for op in culprits)
     if check.status == "failed":
         raise OpsetError(f"{found[culprits[0]][2]} Keeping {names} undecomposed does not make the lowering validate "
@@ -500,10 +536,11 @@ def _decompositions_explain(plan, source_ep, relower, ops, inputs, wanted) -> bo
         again = relower(_without(_loose(plan), ops))
     except Exception:  # noqa: BLE001 -- keeping these ops does not lower
         return False
-    return validate(source_ep, again.exported_program(), again.table, [inputs], [wanted]).status != "failed"
+    return validate(source_ep, again.exported_program(), again.table,
+                    SourceRuns(source_ep, [inputs], [wanted])).status != "failed"
 
 
-def _responsible(plan, source_ep, relower):
+def _responsible(plan, source_ep, relower, runs):
     """The op whose decomposition makes the lowering fail validation: bisection over the ops of the
     program the table decomposes (one culprit assumed; None when keeping it alone does not help)."""
     candidates = _applied(source_ep, plan.table)
@@ -514,7 +551,7 @@ def _responsible(plan, source_ep, relower):
             again = relower(_without(loose, kept))
         except Exception:  # noqa: BLE001 -- keeping these ops does not lower
             return False
-        return validate(source_ep, again.exported_program(), again.table).status != "failed"
+        return validate(source_ep, again.exported_program(), again.table, runs).status != "failed"
 
     if not candidates or not passes(candidates):
         return None

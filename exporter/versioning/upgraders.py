@@ -244,29 +244,26 @@ for _op, _args in (("_cdist_backward", "Tensor x1, Tensor x2, float p, Tensor cd
 
 # ---- row 16: aten::cholesky and aten::qr removed in 2.14; linalg_cholesky and linalg_qr compute
 # them (both exist since 1.8) ----
-@register(
-    "aten::cholesky", "default",
-    old="aten::cholesky(Tensor self, bool upper=False) -> Tensor",
-    new="aten::linalg_cholesky(Tensor self, *, bool upper=False) -> Tensor",
-    summary="cholesky(A, upper) became linalg_cholesky(A, upper=upper) (cholesky removed in torch 2.14)",
-    history="facts row 16: torch 2.14.1's registry has no aten::cholesky (2.13.0's has)",
-)
 def cholesky_to_linalg(node: S.Node, ctx: Context) -> None:
     inp = bool_input(node, "upper")
     if inp is not None:
         inp.kind = S.ArgumentKind.KEYWORD
 
 
-@register(
-    "aten::qr", "default",
-    old="aten::qr(Tensor self, bool some=True) -> (Tensor Q, Tensor R)",
-    new='aten::linalg_qr(Tensor A, str mode="reduced") -> (Tensor Q, Tensor R)',
-    summary="qr(A, some) became linalg_qr(A, mode='reduced' if some else 'complete') (qr removed in torch 2.14)",
-    history="facts row 16: torch 2.14.1's registry has no aten::qr (2.13.0's has)",
-)
 def qr_to_linalg(node: S.Node, ctx: Context) -> None:
     rename_input(node, "self", "A")
     inp = bool_input(node, "some")
     if inp is None:
         return
     inp.name, inp.arg = "mode", S.Argument.create(as_string="reduced" if inp.arg.value else "complete")
+
+
+for _op, _old, _new, _summary, _fn in (
+        ("cholesky", "(Tensor self, bool upper=False) -> Tensor", "aten::linalg_cholesky(Tensor self, *, bool "
+         "upper=False) -> Tensor", "cholesky(A, upper) became linalg_cholesky(A, upper=upper)", cholesky_to_linalg),
+        ("qr", "(Tensor self, bool some=True) -> (Tensor Q, Tensor R)", 'aten::linalg_qr(Tensor A, str mode="reduced") '
+         "-> (Tensor Q, Tensor R)", "qr(A, some) became linalg_qr(A, mode='reduced' if some else 'complete')",
+         qr_to_linalg)):
+    register(f"aten::{_op}", "default", old=f"aten::{_op}{_old}", new=_new,
+             summary=f"{_summary} ({_op} removed in torch 2.14)",
+             history=f"facts row 16: torch 2.14.1's registry has no aten::{_op} (2.13.0's has)")(_fn)

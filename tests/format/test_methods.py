@@ -136,7 +136,7 @@ def test_single_method_artifacts_are_unchanged(written):
 
 
 def test_older_format_refuses_several_methods(tmp_path):
-    with pytest.raises(ExportError, match=r"format 1\.1 cannot hold this program: Program\.methods \(the program's "
+    with pytest.raises(ExportError, match=r"format 1\.1 cannot hold this program: .*Program\.methods \(the program's "
                                           r"other entry points"):
         export_model(methods_of(TinyKV()), tmp_path / "a.pt2b", format_version="1.1")
     assert not (tmp_path / "a.pt2b").exists()

@@ -1,6 +1,7 @@
 """Schema evolution is machine-checked: every released schema is kept under schemas/history/,
 the current one conforms to each of its major (flatc --conform), and any change to the schema
-needs a version bump recorded in exporter/versioning/formats.py."""
+needs a version bump: a field appended to Program with its `since`/`holds` attributes, which the
+format version is read from (exporter/versioning/formats.py)."""
 
 import pathlib
 import subprocess
@@ -28,8 +29,9 @@ def test_history_holds_every_released_version():
 def test_current_schema_is_the_released_one_of_this_version():
     current = (SCHEMAS / "history" / version_str(FORMAT_VERSION) / "pt2b.fbs").read_text()
     assert (SCHEMAS / "pt2b.fbs").read_text() == current, (
-        "schemas/pt2b.fbs changed: bump FORMAT_MINOR (fields appended) or FORMAT_MAJOR (anything else) "
-        "in exporter/versioning/formats.py and add schemas/history/<new version>/pt2b.fbs")
+        "schemas/pt2b.fbs changed: a field appended to Program carries (since: \"<new version>\", holds: "
+        "\"...\"); anything else bumps FORMAT_MAJOR in exporter/versioning/formats.py; then add "
+        "schemas/history/<new version>/pt2b.fbs")
 
 
 @pytest.mark.parametrize("old", HISTORY, ids=lambda p: p.name)
@@ -62,3 +64,45 @@ def test_export_to_a_chosen_version(tmp_path):
     with pytest.raises(ExportError, match="format_version must look like 'MAJOR.MINOR'"):
         export_model(Tiny(), (torch.ones(2),), tmp_path / "b.pt2b", format_version="one")
     assert not (tmp_path / "b.pt2b").exists()
+
+
+def test_the_format_version_is_read_from_the_schema(tmp_path, monkeypatch):
+    """A Program field appended with (since, holds) is the whole of a minor bump: the version, the
+    versions known and the fields an older version cannot hold follow from the schema."""
+    import importlib
+
+    from exporter import package_data
+    from exporter.serialize.layout import fbs
+    from exporter.versioning import formats
+
+    text = (SCHEMAS / "pt2b.fbs").read_text()
+    assert formats.FORMAT_VERSION == max(formats.KNOWN_VERSIONS) == max(formats.FIELDS_ADDED)
+    new = f"{FORMAT_MAJOR}.{FORMAT_VERSION[1] + 1}"
+    last = next(line for line in text.splitlines() if line.startswith("  weight_digests: "))  # Program's last field
+    grown = text.replace(last, f'{last}\n  footnote: string (since: "{new}", holds: "a note for readers");')
+    assert grown.count("footnote") == 1
+    monkeypatch.setattr(package_data, "read_text", lambda name: grown if name == "pt2b.fbs" else text)
+    fbs.layout.cache_clear()
+    try:
+        fresh = importlib.reload(formats)
+        assert fresh.FORMAT_VERSION == (FORMAT_MAJOR, FORMAT_VERSION[1] + 1)
+        assert fresh.FIELDS_ADDED[fresh.FORMAT_VERSION] == {"footnote": "a note for readers"}
+        assert fresh.KNOWN_VERSIONS[fresh.FORMAT_VERSION] == "Program.footnote: a note for readers"
+    finally:
+        monkeypatch.undo()
+        fbs.layout.cache_clear()
+        importlib.reload(formats)
+    assert formats.FORMAT_VERSION == FORMAT_VERSION
+
+
+@pytest.mark.parametrize("attrs, why", [
+    ('(since: "1.9", color: "red")', "only since, holds with string values"),
+    ("(since: 3)", "only since, holds with string values"),
+    ('(since: "one")', 'since must look like "MAJOR.MINOR"'),
+])
+def test_the_schema_reader_refuses_other_attributes(attrs, why):
+    from exporter.serialize.layout import fbs
+
+    text = (SCHEMAS / "pt2b.fbs").read_text().replace("  producer: string;", f"  producer: string {attrs};")
+    with pytest.raises(fbs.SchemaLayoutError, match=why.replace("(", r"\(").replace(".", r"\.")):
+        fbs.parse(text)

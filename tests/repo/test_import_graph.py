@@ -82,7 +82,12 @@ def _within(module: str, package: str) -> bool:
 @pytest.mark.parametrize("lower, upper", [
     ("exporter.functionalize", "exporter.lowering"),
     ("exporter.serialize", "exporter.api"),
-    ("exporter.versioning", "exporter.serialize"),  # the reader and writer call versioning, never the reverse
+    # the reader and writer call versioning, never the reverse; versioning reads the format's layout
+    # (serialize/layout: the schema as data, below both; test_the_format_layout_is_below_versioning)
+    ("exporter.versioning", "exporter.serialize.read"),
+    ("exporter.versioning", "exporter.serialize.write"),
+    ("exporter.versioning", "exporter.serialize.mapping"),
+    ("exporter.serialize.layout", "exporter.versioning"),
     ("exporter.serialize", "exporter.lowering"),
     ("exporter.lowering", "exporter.api"),
     ("exporter.lowering.engines", "exporter.lowering.lower"),
@@ -101,6 +106,18 @@ def test_layers_call_down(lower, upper):
     wrong = sorted(f"{m} -> {d}" for m, deps in graph.items() if _within(m, lower)
                    for d in deps if _within(d, upper))
     assert not wrong, wrong
+
+
+def test_the_format_layout_is_below_versioning():
+    """serialize/layout (the container, the schema read as data, the segment records) imports nothing of
+    ours but errors, package data and the generated code: versioning may read it and stay below the
+    reader and writer."""
+    graph = import_graph()
+    allowed = ("exporter.errors", "exporter.package_data", "exporter.serialize.layout", "exporter.serialize.generated")
+    wrong = sorted(f"{m} -> {d}" for m, deps in graph.items() if _within(m, "exporter.serialize.layout")
+                   for d in deps if not any(_within(d, a) for a in allowed))
+    assert not wrong, wrong
+    assert "exporter.serialize.layout.fbs" in graph["exporter.versioning.formats"]
 
 
 def test_the_lowering_engines_have_one_way_in():

@@ -54,9 +54,9 @@ def test_writing_without_the_schema_blames_the_installation_not_the_users_path(t
         "import pathlib, sys, torch\n"
         "from exporter import package_data\n"
         "package_data.DATA = pathlib.Path(sys.argv[1])\n"
-        "from exporter import export_model\n"
         "from exporter.errors import InstallationError\n"
-        "try:\n"
+        "try:\n"  # (the API reads the schema when it is first used: the format version is read from it)
+        "    from exporter import export_model\n"
         "    export_model(torch.nn.Linear(3, 3), (torch.randn(2, 3),), sys.argv[2])\n"
         "except InstallationError as e:\n"
         "    print('InstallationError:', e)\n")

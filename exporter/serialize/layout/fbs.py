@@ -2,8 +2,8 @@
 read from the schema itself so the verifier follows every schema change without hand edits.
 
 Only the constructs pt2b.fbs uses are accepted (tables, enums, scalars, optional scalars,
-strings, vectors of scalars/strings/tables); anything else (structs, unions, explicit ids,
-deprecated fields) is refused so a schema change that needs verifier work cannot slip by.
+strings, vectors of scalars/strings/tables, the `since`/`holds` attributes that date a field);
+anything else (structs, unions, explicit ids, deprecated fields) is refused so a schema change that needs verifier work cannot slip by.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ class Field:
     type: str            # scalar type name, table name, or the vector's element type name
     elem: str = ""       # for vectors: "scalar" | "string" | "table"
     enum: str = ""       # the enum a scalar (or vector element) is typed with, "" when none
+    since: tuple[int, int] | None = None  # the format version that added it (attribute `since`), None: 1.0
+    holds: str = ""      # what it holds (attribute `holds`), for the error that refuses it in an older version
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +53,21 @@ class Layout:
 
 _DECL = re.compile(r"\b(table|struct|union|enum)\s+(\w+)\s*(?::\s*(\w+))?\s*\{(.*?)\}", re.S)
 _FIELD = re.compile(r"^\s*(\w+)\s*:\s*(\[?\s*[\w.]+\s*\]?)\s*(?:=\s*([^;(]+?))?\s*(\(.*\))?\s*$", re.S)
+_ATTRIBUTE = re.compile(r'\s*(\w+)\s*:\s*"([^"]*)"\s*(?:,|$)')
+ATTRIBUTES = ("since", "holds")  # the attributes pt2b.fbs declares; they change no byte of the layout
+
+
+def _attributes(where: str, text: str) -> dict[str, str]:
+    """``(since: "1.3", holds: "...")`` -> {"since": "1.3", "holds": "..."}; only ATTRIBUTES, with string values."""
+    body, found, at = text.strip()[1:-1], {}, 0
+    while at < len(body):
+        m = _ATTRIBUTE.match(body, at)
+        if not m or m.group(1) not in ATTRIBUTES:
+            raise SchemaLayoutError(f"{where} has attributes {text}: only {', '.join(ATTRIBUTES)} with string values "
+                                    "are supported.")
+        found[m.group(1)] = m.group(2)
+        at = m.end()
+    return found
 
 
 def _strip_comments(text: str) -> str:
@@ -80,14 +97,13 @@ def parse(text: str) -> Layout:
                 m = _FIELD.match(decl)
                 if not m:
                     raise SchemaLayoutError(f"table {name}: cannot read field declaration {decl!r}.")
-                if m.group(4):
-                    raise SchemaLayoutError(f"table {name}.{m.group(1)} has attributes {m.group(4)}: not supported.")
-                fields.append((m.group(1), re.sub(r"\s", "", m.group(2))))
+                attrs = _attributes(f"table {name}.{m.group(1)}", m.group(4)) if m.group(4) else {}
+                fields.append((m.group(1), re.sub(r"\s", "", m.group(2)), attrs))
             raw_tables[name] = fields
     tables = {}
     for name, fields in raw_tables.items():
         out = []
-        for slot, (fname, ftype) in enumerate(fields):
+        for slot, (fname, ftype, attrs) in enumerate(fields):
             vector = ftype.startswith("[")
             base = ftype.strip("[]").rsplit(".", 1)[-1]
             enum = base if base in enums else ""
@@ -101,10 +117,12 @@ def parse(text: str) -> Layout:
                 cls, scalar = "table", base
             else:
                 raise SchemaLayoutError(f"table {name}.{fname}: unknown type {ftype!r}.")
-            if vector:
-                out.append(Field(fname, slot, "vector", scalar, elem=cls, enum=enum))
-            else:
-                out.append(Field(fname, slot, cls, scalar, enum=enum))
+            since = attrs.get("since")
+            if since is not None and not re.fullmatch(r"\d+\.\d+", since):
+                raise SchemaLayoutError(f"table {name}.{fname}: since must look like \"MAJOR.MINOR\", not {since!r}.")
+            version = tuple(int(x) for x in since.split(".")) if since else None
+            kind = dict(kind="vector", type=scalar, elem=cls) if vector else dict(kind=cls, type=scalar)
+            out.append(Field(fname, slot, **kind, enum=enum, since=version, holds=attrs.get("holds", "")))
         tables[name] = tuple(out)
     root = re.search(r"\broot_type\s+(\w+)\s*;", text)
     ident = re.search(r'\bfile_identifier\s+"([^"]*)"\s*;', text)

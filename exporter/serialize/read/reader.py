@@ -17,13 +17,11 @@ import threading
 import zlib
 
 import msgpack
-import sympy
 import torch
 
 from ..._torch import compat
 from ..._torch.pytree import pytree
 from ..._torch.serde import schema as S
-from ..._torch.symbolic import ValueRanges, int_oo
 from ... import names
 from ...errors import (ArtifactError, CorruptArtifactError, MethodNotFoundError, MissingPytreeTypeError,
                       NotAnArtifactError)
@@ -511,6 +509,10 @@ def _check_state_matches_signature(serialized: S.ExportedProgram, state_dict, co
 
 def _restore_unused_ranges(ep, serialized: S.ExportedProgram) -> None:
     """torch's deserializer drops the ranges of symbols no graph node mentions; keep them."""
+    import sympy  # (here, not at import: `pt2b verify` of a static program never needs sympy, 0.3 s)
+
+    from ..._torch.symbolic import ValueRanges, int_oo
+
     have = {str(k) for k in ep.range_constraints}
     for name, rc in serialized.range_constraints.items():
         if name not in have:
