@@ -46,6 +46,9 @@ class Backend:
     # True: ``decompositions`` is the backend's whole table and it takes every op that table leaves (it
     # re-runs the table itself, as OpenVINO's convert_model does); supported_ops then lists the ops it names
     takes_what_its_table_leaves: bool = False
+    # True: an op that no decomposition brings to supported_ops is taken as it is, run by its ATen kernel
+    # (Inductor's implicit fallbacks); supported_ops then lists what it lowers itself
+    falls_back_to_aten: bool = False
 
     @property
     def key(self) -> str:

@@ -1,6 +1,7 @@
 """Inductor and AOTInductor, inside torch: the ops Inductor lowers itself or falls back to ATen for
-(torch._inductor.lowering's ``lowerings`` and ``fallbacks``), the decompositions Inductor applies
-itself (torch._inductor.decomposition.select_decomp_table), and the hand-off to AOTInductor
+(torch._inductor.lowering's ``lowerings`` and ``fallbacks``; with ``implicit_fallbacks`` on, its
+default, any other op too), the decompositions Inductor applies itself
+(torch._inductor.decomposition.select_decomp_table), and the hand-off to AOTInductor
 (``aoti_compile_and_package``; ``aoti_load_package`` runs the package)."""
 
 from __future__ import annotations
@@ -42,5 +43,10 @@ def _decompositions() -> dict:
 
 
 def backend() -> Backend:
-    return Backend("inductor", torch.__version__.split("+")[0], _supported_ops(),
-                   "torch._inductor.lowering.lowerings + fallbacks", _decompositions, hand_off, run)
+    # Inductor makes a fallback to the ATen kernel for any op it has no lowering for while its
+    # config.implicit_fallbacks is on (the default): an op no decomposition reaches its ops with is taken as it is
+    implicit = bool(getattr(torch._inductor.config, "implicit_fallbacks", False))
+    source = "torch._inductor.lowering.lowerings + fallbacks" + (
+        ", and any other op by implicit fallback (torch._inductor.config.implicit_fallbacks)" if implicit else "")
+    return Backend("inductor", torch.__version__.split("+")[0], _supported_ops(), source, _decompositions, hand_off,
+                   run, falls_back_to_aten=implicit)

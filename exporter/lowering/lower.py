@@ -173,7 +173,8 @@ def plan_lowering(preset: str = "core", *, supported_ops=None, decompositions=No
         table = {op: fn for op, fn in available.items() if op not in sup_m and not kept(op)}
         table.update(extra)
         table.update(user)
-        accepts = lambda op: op in sup_m or kept(op) or (_is_custom(op) and op not in table)
+        falls_back = backend is not None and backend.falls_back_to_aten  # (an op without a decomposition runs as it is)
+        accepts = lambda op: op in sup_m or kept(op) or ((falls_back or _is_custom(op)) and op not in table)
         label, opset_strict = "supported_ops", True
         description = "decomposed until only the backend's supported ops remain"
         what = {"supported_ops": sorted(_entry_text(e) for e in _entries(supported_ops))}
@@ -181,6 +182,8 @@ def plan_lowering(preset: str = "core", *, supported_ops=None, decompositions=No
             label = backend.key
             description = (f"decomposed until only {backend.name}'s own ops remain ({len(backend.supported_ops)} "
                            f"from {backend.source}, {backend.name} {backend.version})")
+            if falls_back:
+                description += "; an op without a decomposition is taken as it is (the backend runs its ATen kernel)"
             what["backend"] = backend.key
     else:
         p = _presets.load(preset)

@@ -43,6 +43,30 @@ def test_the_inductor_backend_is_inductors_own_registry():
     assert backends.get("inductor") is b  # read once a process
 
 
+class _ChecksAllTrue(torch.nn.Module):
+    """Calls an op Inductor has no lowering for and no decomposition reaches (gemma3's and d_fine's
+    `torch._check` of a tensor: aten::_is_all_true)."""
+
+    def forward(self, x):
+        return x * torch.ops.aten._is_all_true(x > -10).to(x.dtype)
+
+
+def test_an_op_without_a_decomposition_falls_back_on_inductor_as_inductor_does(tmp_path):
+    """Inductor runs an op it cannot lower by its ATen kernel (config.implicit_fallbacks, on by
+    default): the inductor preset keeps such an op and hands it over; the same op list given as
+    supported_ops, without the fallback, still refuses it, naming it."""
+    x = torch.randn(3, 4)
+    export_model(_ChecksAllTrue(), (x,), tmp_path / "m.pt2b")
+    assert torch._inductor.config.implicit_fallbacks and backends.get("inductor").falls_back_to_aten
+    assert "aten::_is_all_true.default" not in backends.get("inductor").supported_ops
+    lp = load_for_backend(tmp_path / "m.pt2b", "inductor", cache=False)
+    assert lp.ops().get("aten::_is_all_true.default") == 1 and "taken as it is" in lp.description
+    torch.testing.assert_close(lp(x), x)
+    with pytest.raises(OpsetError, match=r"aten::_is_all_true\.default \(1 call sites\): no decomposition reaches"):
+        load_for_backend(tmp_path / "m.pt2b", supported_ops=sorted(backends.get("inductor").supported_ops),
+                         cache=False)
+
+
 def test_load_for_backend_with_the_inductor_preset(cnn):
     path, case = cnn
     with warnings.catch_warnings():
