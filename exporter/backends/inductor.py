@@ -22,8 +22,29 @@ def _supported_ops() -> tuple[str, ...]:
     return tuple(sorted({f"{op.namespace}::{op._opname}.{op._overloadname}" for op in ops}))
 
 
+def _views_as_reshapes(ep):
+    """``ep`` with each ``aten.view`` as ``aten.reshape`` (a new program over the same weights). AOTInductor
+    traces the program again and decomposes with its own table, which may lay an op's result out
+    otherwise than the program recorded (flaubert's attention: a transposed result where the lowered
+    program had a contiguous one), and a view of that result then fails. A lowered program is
+    functional (nothing writes through a view), so a reshape, which views where it can and copies
+    where it must, computes the same values."""
+    import copy
+
+    views = [n for n in ep.graph.nodes if n.op == "call_function" and n.target is torch.ops.aten.view.default]
+    if not views:
+        return ep
+    gm = copy.deepcopy(ep.graph_module)
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten.view.default:
+            node.target = torch.ops.aten.reshape.default
+    gm.recompile()
+    return ep._update(gm, ep.graph_signature)
+
+
 def hand_off(ep, *, package_path: str | None = None) -> tuple:
     """Compile ``ep`` with AOTInductor into a package (a .pt2 zip): its path, and the package loaded."""
+    ep = _views_as_reshapes(ep)
     path = package_path or os.path.join(tempfile.mkdtemp(prefix="pt2b_aoti_"), "model.pt2")
     package = torch._inductor.aoti_compile_and_package(ep, package_path=path)
     return package, ep, torch._inductor.aoti_load_package(package)

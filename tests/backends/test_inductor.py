@@ -1,0 +1,66 @@
+"""Issue 38: Inductor's preset and the AOTInductor hand-off. The program handed over has its views as
+reshapes (AOTInductor decomposes again with its own table and may lay a result out otherwise); an op
+Inductor cannot lower runs by its ATen kernel, as Inductor's implicit fallback runs it. Inductor is in
+torch, so these run in the default suite (an AOTInductor compile of a small real model: about 15 s
+on 2 cores)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from exporter import backends, export_model, load_for_backend
+from exporter.backends import inductor
+
+
+class _Heads(torch.nn.Module):
+    """Splits heads with a transpose and views the merged result, as attention code does."""
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        h = x.view(b, s, 4, 8).transpose(1, 2)
+        return (h.softmax(-1) @ h.transpose(-1, -2)).transpose(1, 2).contiguous().view(b, s, 4 * s)
+
+
+def test_the_program_handed_over_has_reshapes_for_views_and_leaves_the_lowered_one_alone(tmp_path):
+    x = torch.randn(2, 5, 32)
+    export_model(_Heads(), (x,), tmp_path / "m.pt2b")
+    lp = load_for_backend(tmp_path / "m.pt2b", "inductor", cache=False)
+    ep = lp.exported_program()
+    before = [n.target for n in ep.graph.nodes if n.op == "call_function"]
+    assert torch.ops.aten.view.default in before
+    handed = inductor._views_as_reshapes(ep)
+    after = [n.target for n in handed.graph.nodes if n.op == "call_function"]
+    assert torch.ops.aten.view.default not in after
+    assert after == [torch.ops.aten.reshape.default if t is torch.ops.aten.view.default else t for t in before]
+    assert [n.target for n in ep.graph.nodes if n.op == "call_function"] == before  # the user's program as it was
+    assert handed.state_dict is ep.state_dict or handed.state_dict == ep.state_dict
+    with torch.no_grad():  # a reshape computes what the view did, bit for bit
+        torch.testing.assert_close(handed.module()(x), ep.module()(x), rtol=0, atol=0)
+
+
+# the cases the sample sweep found (tools/backend_matrix --backends inductor --sample): a view after
+# AOTInductor's own decompositions (flaubert), an op Inductor falls back for (gemma3's _is_all_true)
+REAL = ["flaubert", "gemma3"]
+
+
+@pytest.mark.parametrize("name", REAL)
+def test_real_models_run_on_aotinductor_close_to_eager(tmp_path, name):
+    from exporter.corpus.programs import capture_real
+    from exporter.corpus.transformers_zoo import make_case
+
+    case = make_case(name)
+    pristine = copy.deepcopy(case.model)
+    export_model(capture_real(case, {}), path=tmp_path / "m.pt2b")
+    compiled = backends.to_backend("inductor", load_for_backend(tmp_path / "m.pt2b", "inductor", cache=False),
+                                   package_path=str(tmp_path / "m.aoti.pt2"))
+    assert (tmp_path / "m.aoti.pt2").exists()
+    with torch.no_grad():
+        got = compiled(*case.args, **(case.kwargs or {}))
+        want = pristine(*case.args, **(case.kwargs or {}))
+    got_leaves, want_leaves = (torch.utils._pytree.tree_leaves(o) for o in (got, want))
+    assert len(got_leaves) == len(want_leaves)
+    for g, w in zip(got_leaves, want_leaves):
+        torch.testing.assert_close(g, w, rtol=1e-3, atol=1e-3)
