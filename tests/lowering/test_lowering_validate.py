@@ -83,8 +83,8 @@ def test_a_wrong_decomposition_the_backend_needs_is_an_opset_error_naming_it(tmp
                          decompositions={aten.gelu.default: _half_gelu})
 
 
-def test_bisection_finds_the_one_wrong_decomposition_among_many(tmp_path):
-    """Several decompositions applied, one wrong: the bisection names that one."""
+def test_the_one_wrong_decomposition_among_many_is_named(tmp_path):
+    """Several decompositions applied, one wrong: checked where it runs, that one is named."""
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.SiLU(), torch.nn.LayerNorm(4), torch.nn.GELU(),
                                 torch.nn.Hardswish()).eval()
     _, args, path = _artifact(tmp_path, model, (torch.randn(3, 4),))
