@@ -31,14 +31,17 @@ def _views_as_reshapes(ep):
     where it must, computes the same values."""
     import copy
 
-    views = [n for n in ep.graph.nodes if n.op == "call_function" and n.target is torch.ops.aten.view.default]
-    if not views:
+    from ..graph_walk import call_nodes, walk_graphs
+
+    view = torch.ops.aten.view.default
+    if not any(n.target is view for n in call_nodes(ep.graph_module)):
         return ep
     gm = copy.deepcopy(ep.graph_module)
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target is torch.ops.aten.view.default:
-            node.target = torch.ops.aten.reshape.default
-    gm.recompile()
+    for _, sub in walk_graphs(gm):  # the program's graph and the subgraphs its control flow calls
+        for node in sub.graph.nodes:
+            if node.op == "call_function" and node.target is view:
+                node.target = torch.ops.aten.reshape.default
+        sub.recompile()
     return ep._update(gm, ep.graph_signature)
 
 

@@ -314,9 +314,9 @@ class SourceRuns:
 
     def __init__(self, source_ep, input_sets=None, wanted=None):
         self.ep, self.random = source_ep, _random_ops(source_ep)
-        if input_sets is not None:
+        if input_sets is not None:  # with the outputs source_ep gave on them
             self.inputs = list(input_sets)
-            self._results = [("ok", w) for w in wanted] if wanted is not None else None
+            self._results = [("ok", w) for w in wanted]
         else:
             self.inputs = [source_ep.example_inputs, None]  # the derived set made when first needed
             self._results = None
@@ -407,7 +407,8 @@ def validated(lowered, plan, source_ep, relower):
                              f"does ({failure.why}), and no single decomposition is responsible. Lower with fewer "
                              "decompositions (keep=[...]) or validate=False to accept it.")
     if not culprits and len(local) == len(applied):  # each right where it runs: rounding amplified, if they
-        if not _decompositions_explain(plan, source_ep, relower, applied, failed_on, wanted):  # are what differs
+        # are what differs: the lowering that keeps them all validates on the input that failed
+        if not _validates_keeping(plan, source_ep, relower, applied, SourceRuns(source_ep, [failed_on], [wanted])):
             raise unexplained
         worst = sorted((rel, op_name(op)) for op, rel in local.items() if rel > 0)[::-1][:3]
         lowered.validation = dataclasses.replace(failure, status="passed", verdict="lossy", why="",
@@ -505,8 +506,8 @@ def _right_where_they_run(source_ep, ops, table: dict, bounds: dict, inputs) -> 
     for op, calls in recorded.items():
         writes = is_mutating(op)  # (a functional op's arguments are shared by both calls)
         for args, kwargs in calls:
-            want_in, got_in = copy.deepcopy((args, kwargs)) if writes else (args, kwargs), \
-                copy.deepcopy((args, kwargs)) if writes else (args, kwargs)
+            want_in, got_in = ((copy.deepcopy((args, kwargs)), copy.deepcopy((args, kwargs))) if writes
+                               else ((args, kwargs), (args, kwargs)))
             with torch.no_grad():
                 want = op(*want_in[0], **want_in[1])
                 got = decomposed(table[op], *got_in)
@@ -524,34 +525,23 @@ def _without(plan, ops):
     return dataclasses.replace(plan, table={op: fn for op, fn in plan.table.items() if op not in ops})
 
 
-def _loose(plan):
-    return dataclasses.replace(plan, strict=False, withheld={})  # (kept ops outside the opset are fine here)
-
-
-def _decompositions_explain(plan, source_ep, relower, ops, inputs, wanted) -> bool:
-    """Whether the lowering that keeps ``ops`` undecomposed validates on ``inputs`` (where the source
-    computes ``wanted``): the difference comes from their decompositions, not from the rest of the
-    lowering (functionalization)."""
+def _validates_keeping(plan, source_ep, relower, ops, runs: SourceRuns) -> bool:
+    """Whether the lowering that keeps ``ops`` undecomposed validates on the input sets of ``runs``
+    (kept ops outside the opset are fine here)."""
     try:
-        again = relower(_without(_loose(plan), ops))
+        again = relower(_without(dataclasses.replace(plan, strict=False, withheld={}), ops))
     except Exception:  # noqa: BLE001 -- keeping these ops does not lower
         return False
-    return validate(source_ep, again.exported_program(), again.table,
-                    SourceRuns(source_ep, [inputs], [wanted])).status != "failed"
+    return validate(source_ep, again.exported_program(), again.table, runs).status != "failed"
 
 
 def _responsible(plan, source_ep, relower, runs):
     """The op whose decomposition makes the lowering fail validation: bisection over the ops of the
     program the table decomposes (one culprit assumed; None when keeping it alone does not help)."""
     candidates = _applied(source_ep, plan.table)
-    loose = _loose(plan)
 
     def passes(kept) -> bool:
-        try:
-            again = relower(_without(loose, kept))
-        except Exception:  # noqa: BLE001 -- keeping these ops does not lower
-            return False
-        return validate(source_ep, again.exported_program(), again.table, runs).status != "failed"
+        return _validates_keeping(plan, source_ep, relower, kept, runs)
 
     if not candidates or not passes(candidates):
         return None
