@@ -4,9 +4,9 @@ targets: docs/benchmarks.md#big-models-against-the-physical-limits):
 - write: export_model's write of the captured program (the read-back check included) against writing
   the same number of bytes to a new file in the same directory, fsyncing it and renaming it over the
   last (what an atomic write costs the disk);
-- verify: `pt2b verify` (the command, interpreter start-up and imports included) and in-process
-  `load(path, verify=True)` against reading the file and hashing its bytes with sha256 (verify checks
-  each segment's sha256 digest and CRC32);
+- verify: `pt2b verify` (the command, interpreter start-up and imports included, with bytecode as an
+  installed package has it: bench_pt2b.installed_env) and in-process `load(path, verify=True)` against
+  reading the file and hashing its bytes with sha256 (verify checks each segment's sha256 digest);
 - lowering: load_for_backend(path, "core") cold, the default (validated) and validate=False, against
   torch.export.load + run_decompositions() of the same program;
 - first call: load(path) + the first call against eager's first call on the same weights (the model
@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.bench_pt2b import interleaved, median_time  # noqa: E402
+from bench.bench_pt2b import installed_env, interleaved, median_time  # noqa: E402
 from exporter import load, load_for_backend  # noqa: E402
 from exporter.serialize import writer  # noqa: E402
 
@@ -133,7 +133,8 @@ def bench(name: str, layers: int, dtype: torch.dtype, repeat: int, tmp: str) -> 
         return run
 
     cmd = [sys.executable, "-m", "exporter", "--quiet", "verify", pt2b]
-    o_cmd, o_inproc, t_hash = interleaved([cold(lambda: subprocess.run(cmd, check=True, capture_output=True)),
+    env = installed_env(tmp, cmd)  # with bytecode, as an installed package starts
+    o_cmd, o_inproc, t_hash = interleaved([cold(lambda: subprocess.run(cmd, check=True, capture_output=True, env=env)),
                                            cold(lambda: load(pt2b, verify=True)),
                                            cold(lambda: raw_read_hash(pt2b))], repeat)
     row("`pt2b verify` (the command, start-up included)", o_cmd, t_hash, "verify")

@@ -161,8 +161,8 @@ def _methods(spec: Mapping[str, Any], dynamic_shapes, strict: bool,
 def load(path: StrPath, *, verify: bool = False) -> Pt2bProgram:
     """Read a .pt2b artifact at its recorded (undecomposed) level; weights are mmap'd.
 
-    ``verify=True`` also checks every weight segment against its recorded CRC32 and, from format 1.3,
-    its sha256 digest: reads all weights.
+    ``verify=True`` also checks every weight segment against its recorded sha256 digest (format
+    1.3+; its CRC32 in older files): reads all weights.
     """
     with gc_paused():
         return _programs_of(reader.open_artifact(path), verify=verify)

@@ -82,6 +82,7 @@ class ProgramHandle:
 
     _ep: torch.export.ExportedProgram
     _module: torch.nn.Module | None = None
+    _direct: Any = None  # lifted.DirectCall, False where the program needs ep.module(); built at the first call
     _input_ranges: list | None = None  # the input dims' recorded ranges (_dim_ranges), read at the first call
     method: str = "forward"  # the method's name ("forward" for a single-method artifact)
     _methods: dict | None = None  # every method of the artifact by name (shared by all of them)
@@ -107,7 +108,21 @@ class ProgramHandle:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the program like the model it was captured from. A dynamic dim outside the range it was
         exported with is a RuntimeInputError naming it, as runtime_ref says it (torch's module ran a
-        size below the minimum and raised a bare AssertionError above the maximum)."""
+        size below the minimum and raised a bare AssertionError above the maximum). Until ``module()``
+        is asked for, a call that matches a static-shaped program's inputs runs its lifted graph
+        directly (lifted.DirectCall: the same kernels, the same writes into the program's state)."""
+        if self._module is None:
+            if self._direct is None:
+                from .lifted import DirectCall, Unbindable
+
+                try:
+                    self._direct = DirectCall(self._ep)
+                except Unbindable:
+                    self._direct = False
+            if self._direct:
+                out = self._direct(args, kwargs)
+                if out is not NotImplemented:
+                    return out
         module = self.module()
         if self._input_ranges is None:
             from .dims import label

@@ -183,29 +183,24 @@ class _Runner:
     list of output leaves (pytree.tree_leaves), so that the two programs compare leaf by leaf."""
 
     def __init__(self, ep):
-        from torch.export.graph_signature import InputKind, OutputKind
+        from torch.export.graph_signature import InputKind
 
-        sig = ep.graph_signature
+        from ..lifted import Binding, Unbindable
+
         self.ep, self.module = ep, None
         self.in_spec = ep.call_spec.in_spec
-        self.slots = []  # per graph input: ("user", None) | ("state", tensor) | ("buffer", tensor)
-        written = _written_placeholders(ep.graph)
-        for spec in sig.input_specs:
-            if spec.kind == InputKind.USER_INPUT:
-                self.slots.append(("user", None))
-            elif spec.kind == InputKind.PARAMETER:  # copied too where the program writes it in place
-                self.slots.append(("buffer" if spec.arg.name in written else "state", ep.state_dict[spec.target]))
-            elif spec.kind == InputKind.BUFFER:
-                home = ep.state_dict if spec.persistent else ep.constants
-                self.slots.append(("buffer", home[spec.target]))
-            elif spec.kind == InputKind.CONSTANT_TENSOR and isinstance(ep.constants.get(spec.target), torch.Tensor):
-                self.slots.append(("state", ep.constants[spec.target]))
-            else:
-                self._fallback()
-                return
-        self.user_outputs = [i for i, s in enumerate(sig.output_specs) if s.kind == OutputKind.USER_OUTPUT]
-        if self.in_spec is None:
+        try:
+            binding = Binding(ep)
+        except Unbindable:
             self._fallback()
+            return
+        written = _written_placeholders(ep.graph)
+        # per graph input: ("user", None) | ("state", tensor) | ("buffer", tensor: copied before each run)
+        self.slots = [("user", None) if value is None
+                      else ("buffer", value) if kind == InputKind.BUFFER or name in written  # a parameter written too
+                      else ("state", value)
+                      for kind, name, value in binding.inputs]
+        self.user_outputs = binding.user_outputs
 
     def _fallback(self):
         self.module = self.ep.module()

@@ -1,5 +1,5 @@
-"""Issue 40: verify hashes the weight segments in parallel (CRC32 and sha256 side by side, a large
-segment's CRC32 in chained pieces), and `pt2b verify` starts hashing before it imports torch, using
+"""Issue 40: verify hashes the weight segments in parallel (sha256 where the file records digests,
+else CRC32, a large segment's CRC32 in chained pieces), and `pt2b verify` starts hashing before it imports torch, using
 what it hashed only for the extents the verified program table names."""
 
 from __future__ import annotations
@@ -22,19 +22,31 @@ def test_compute_matches_zlib_and_hashlib_including_chained_pieces(monkeypatch):
     monkeypatch.setattr(segment_hashes, "CRC_PIECE", 1000)  # a segment of many pieces
     data = bytes(range(256)) * 40 + b"tail"
     extents = [(0, 0), (3, 5000), (100, 10), (5000, len(data) - 5000)]
-    got = segment_hashes.compute(data, extents, sha256=True, workers=3)
-    for (start, n), h in zip(extents, got):
-        assert h.crc32 == zlib.crc32(data[start:start + n])
-        assert h.sha256 == hashlib.sha256(data[start:start + n]).digest()
-    assert all(h.sha256 is None for h in segment_hashes.compute(data, extents, sha256=False))
+    shas = segment_hashes.compute(data, extents, sha256=True, workers=3)
+    crcs = segment_hashes.compute(data, extents, sha256=False, workers=3)
+    for (start, n), s, c in zip(extents, shas, crcs):
+        assert s == segment_hashes.Hashes(None, hashlib.sha256(data[start:start + n]).digest())
+        assert c == segment_hashes.Hashes(zlib.crc32(data[start:start + n]), None)
 
 
-def _artifact(tmp_path):
+def _artifact(tmp_path, format_version=None):
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
     path = tmp_path / "m.pt2b"
-    export_model(m, (torch.randn(2, 64),), path)
+    export_model(m, (torch.randn(2, 64),), path, format_version=format_version)
     return path
+
+
+def _damage_largest_segment(path) -> int:
+    art = reader.open_artifact(path)
+    seg = max(art.program.segments, key=lambda s: int(s.nbytes))
+    index = list(art.program.segments).index(seg)
+    at = art.header.data_offset + int(seg.offset) + 7
+    art.mm.close()
+    raw = bytearray(path.read_bytes())
+    raw[at] ^= 0x10
+    path.write_bytes(bytes(raw))
+    return index
 
 
 def test_early_hashes_are_used_only_for_the_extents_the_table_names(tmp_path):
@@ -52,18 +64,36 @@ def test_early_hashes_are_used_only_for_the_extents_the_table_names(tmp_path):
 
 
 def test_a_damaged_segment_is_named_whichever_thread_hashed_it(tmp_path):
+    """A file that records digests (format 1.3+) is checked by sha256 alone, from the early thread or
+    the reader's own hashing; `pt2b verify` names the segment."""
     path = _artifact(tmp_path)
+    index = _damage_largest_segment(path)
+    for early in (None, segment_hashes.Early(path)):
+        with pytest.raises(CorruptArtifactError, match=rf"checksum mismatch in weight segment {index} \(sha256\)"):
+            reader.verify_weights(reader.open_artifact(path), early)
+    done = subprocess.run([sys.executable, "-m", "exporter", "verify", str(path)], capture_output=True, text=True)
+    assert done.returncode != 0 and f"checksum mismatch in weight segment {index} (sha256)" in done.stderr
+
+
+def test_a_file_without_digests_is_checked_by_crc32(tmp_path):
+    """Format 1.2 records no digests: its CRC32s are what verify checks, early thread or not."""
+    path = _artifact(tmp_path, format_version="1.2")
+    assert reader.weight_digests(reader.open_artifact(path)) is None
     art = reader.open_artifact(path)
-    seg = max(art.program.segments, key=lambda s: int(s.nbytes))
-    index = list(art.program.segments).index(seg)
-    raw = bytearray(path.read_bytes())
-    raw[art.header.data_offset + int(seg.offset) + 7] ^= 0x10
-    path.write_bytes(bytes(raw))
+    assert reader.verify_weights(art, segment_hashes.Early(path)) == sum(int(s.nbytes) for s in art.program.segments)
+    index = _damage_largest_segment(path)
     for early in (None, segment_hashes.Early(path)):
         with pytest.raises(CorruptArtifactError, match=rf"checksum mismatch in weight segment {index} \(CRC32\)"):
             reader.verify_weights(reader.open_artifact(path), early)
-    done = subprocess.run([sys.executable, "-m", "exporter", "verify", str(path)], capture_output=True, text=True)
-    assert done.returncode != 0 and f"checksum mismatch in weight segment {index} (CRC32)" in done.stderr
+
+
+def test_a_digest_checked_file_does_not_hash_crc32(tmp_path, monkeypatch):
+    """Where the file records digests, the CRC32 (which the digest subsumes) is not computed: verify
+    costs one hash of the bytes, as the bench's limit does."""
+    path = _artifact(tmp_path)
+    monkeypatch.setattr(segment_hashes, "_crc_chain", lambda *a: pytest.fail("CRC32 computed"))
+    art = reader.open_artifact(path)
+    assert reader.verify_weights(art) == sum(int(s.nbytes) for s in art.program.segments)
 
 
 def test_early_hashing_imports_no_torch(tmp_path):

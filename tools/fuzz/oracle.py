@@ -41,6 +41,7 @@ allowed; with verify=True a segment whose bytes fail its CRC must have been refu
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import sys
 import traceback
@@ -132,7 +133,8 @@ def _strip_metadata(ep):
 
 
 def _fingerprint(path):
-    """(schema tree without metadata, tensor records, segments [(bytes, checksum)]) of an artifact."""
+    """(schema tree without metadata, tensor records, segments [(bytes, checksum)]) of an artifact; a
+    segment's checksum is its recorded sha256 digest where the file records digests, else its CRC32."""
     from exporter.serialize import reader
 
     art = reader.open_artifact(path)
@@ -146,9 +148,10 @@ def _fingerprint(path):
              bool(r.requiresGrad))
             for m in methods for r in m.program.tensors or [])
         segs = []
-        for seg in art.program.segments or []:
+        digests = reader.weight_digests(art)
+        for i, seg in enumerate(art.program.segments or []):
             off = art.header.data_offset + int(seg.offset)
-            segs.append((bytes(art.mm[off:off + int(seg.nbytes)]), int(seg.checksum)))
+            segs.append((bytes(art.mm[off:off + int(seg.nbytes)]), digests[i] if digests else int(seg.checksum)))
         return ep, records, segs
     finally:
         try:
@@ -187,8 +190,10 @@ class Reference:
         """(changed?, note); note names weight damage that verify=True should have refused."""
         ep, records, segs = _fingerprint(path)
         if verify:
-            for i, (b, crc) in enumerate(segs):
-                if b and zlib.crc32(b) != crc:
+            for i, (b, recorded) in enumerate(segs):
+                if isinstance(recorded, bytes) and hashlib.sha256(b).digest() != recorded:
+                    return True, f"verify=True accepted weight segment {i} whose bytes fail its sha256 digest"
+                if isinstance(recorded, int) and b and zlib.crc32(b) != recorded:
                     return True, f"verify=True accepted weight segment {i} whose bytes fail its CRC"
         ref_ep, ref_records, ref_segs = self.fp
         try:

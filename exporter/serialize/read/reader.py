@@ -269,7 +269,7 @@ def load_tensors(art: Artifact, *, verify: bool = False,
 
 
 def _check_segments(art: Artifact, early: segment_hashes.Early | None = None) -> None:
-    """Every weight segment's CRC32 and, from format 1.3, sha256 digest against the program table's,
+    """Every weight segment's sha256 digest (format 1.3+; CRC32 before) against the program table's,
     computed in parallel (segment_hashes), or taken from ``early`` where it hashed these very extents.
     Each segment's bounds are checked first (segment_views, in load_tensors)."""
     segments = art.program.segments or []

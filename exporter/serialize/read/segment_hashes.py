@@ -1,6 +1,7 @@
-"""Each weight segment's CRC32 and sha256, computed in parallel: zlib and hashlib release the GIL on
-large buffers, so the threads hash on every core, a segment's two checksums side by side and the
-segments largest first (docs/benchmarks.md#big-models-against-the-physical-limits). Imports no torch:
+"""Each weight segment's checksum, computed in parallel: its sha256 where the file records digests
+(format 1.3+; the CRC32 is then not computed, the digest being the stronger check of the same bytes),
+else its CRC32. zlib and hashlib release the GIL on large buffers, so the threads hash on every core,
+the segments largest first (docs/benchmarks.md#big-models-against-the-physical-limits). Imports no torch:
 ``pt2b verify`` starts hashing the file (``early``) while it imports torch and checks the program, and
 uses the result only for the segments the verified program table then names.
 
@@ -24,9 +25,9 @@ CRC_PIECE = 64 << 20
 
 @dataclasses.dataclass(frozen=True)
 class Hashes:
-    """The checksums of one segment: ``crc32`` (always) and ``sha256`` (when asked for)."""
+    """The checksum of one segment: ``sha256`` when asked for, else ``crc32``."""
 
-    crc32: int
+    crc32: int | None
     sha256: bytes | None
 
 
@@ -43,13 +44,15 @@ def compute(buf, extents: list[tuple[int, int]], *, sha256: bool, workers: int |
     workers = max(1, min(workers or os.cpu_count() or 1, 2 * len(extents) or 1))
     order = sorted(range(len(extents)), key=lambda i: -extents[i][1])  # the largest first: the pool ends together
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pt2b-hash") as pool:
-        crcs, shas = {}, {}
+        done = {}
         for i in order:
             start, n = extents[i]
-            crcs[i] = pool.submit(_crc_chain, view, start, start + n)
             if sha256:
-                shas[i] = pool.submit(lambda s=start, k=n: hashlib.sha256(view[s:s + k]).digest())
-        out = [Hashes(crcs[i].result(), shas[i].result() if sha256 else None) for i in range(len(extents))]
+                done[i] = pool.submit(lambda s=start, k=n: hashlib.sha256(view[s:s + k]).digest())
+            else:
+                done[i] = pool.submit(_crc_chain, view, start, start + n)
+        out = [Hashes(None, done[i].result()) if sha256 else Hashes(done[i].result(), None)
+               for i in range(len(extents))]
     view.release()
     return out
 
@@ -95,6 +98,6 @@ class Early:
         self._thread.join()
         if self._extents != extents or self._hashes is None:
             return None
-        if sha256 and any(h.sha256 is None for h in self._hashes):
+        if any((h.sha256 is None) == sha256 for h in self._hashes):  # the other kind of checksum
             return None
         return self._hashes

@@ -28,15 +28,15 @@ def segment_view(mm, data_offset: int, data_size: int, seg, index: int, where: s
 
 
 def check_segment_hashes(hashes, segments, digests: list[bytes] | None, where: str) -> None:
-    """Each segment's computed Hashes (segment_hashes) against its recorded CRC32 and, where the file
-    records them (``digests``, format 1.3+), its sha256 digest: a file whose CRC disagrees with bytes
-    its digest accepts is inconsistent, and refused as damaged. The first damaged segment is named."""
+    """Each segment's computed Hashes (segment_hashes) against the file's record: its sha256 digest
+    where the file records digests (format 1.3+), else its CRC32. The CRC32 of a 1.3 file is left to
+    readers of older formats: bytes its digest accepts are the bytes the writer hashed. The first
+    damaged segment is named."""
     for index, (got, seg) in enumerate(zip(hashes, segments)):
-        failed = None
-        if int(seg.nbytes) and got.crc32 != int(seg.checksum):
-            failed = "CRC32"
-        elif digests is not None and got.sha256 != digests[index]:
-            failed = "sha256"
+        if digests is not None:
+            failed = "sha256" if got.sha256 != digests[index] else None
+        else:
+            failed = "CRC32" if int(seg.nbytes) and got.crc32 != int(seg.checksum) else None
         if failed:
             raise CorruptArtifactError(
                 f"{where}: checksum mismatch in weight segment {index} ({failed}); "

@@ -1,0 +1,94 @@
+"""Running a program's lifted graph module directly: its graph inputs bound from the signature (the
+user's inputs, then the program's own parameters, buffers and constants) and its outputs split into the
+user's and the state the program writes back. ``ep.module()`` gets there by unlifting the state into a
+new module (a copy of the graph, recompiled several times): 0.23 s on a 22-layer Llama, most of a first
+call's cost after load ([architecture.md](../docs/architecture.md#calling-a-loaded-program))."""
+
+from __future__ import annotations
+
+import torch
+from torch.export.graph_signature import InputKind, OutputKind
+
+from ._torch.pytree import pytree
+
+_WRITES = (OutputKind.BUFFER_MUTATION, OutputKind.USER_INPUT_MUTATION, OutputKind.PARAMETER_MUTATION)
+
+
+class Unbindable(Exception):
+    """The signature holds what a direct run cannot bind (tokens, script objects, no call spec)."""
+
+
+class Binding:
+    """A program's graph inputs in order, each ``(kind, placeholder name, value)``: a USER_INPUT has
+    value None (the call's flat input, in order); the state's value is the program's own tensor.
+    ``writes``: (output index, graph input index) of every output the program writes back into an
+    input (buffer, parameter or user input mutations); ``user_outputs``: the indices of the user's
+    outputs; ``other_outputs``: whether the signature names outputs of any other kind."""
+
+    def __init__(self, ep):
+        sig = ep.graph_signature
+        if ep.call_spec.in_spec is None:
+            raise Unbindable("no input spec")
+        self.ep, self.inputs = ep, []
+        index = {}
+        for spec in sig.input_specs:
+            name = spec.arg.name
+            if spec.kind == InputKind.USER_INPUT:
+                value = None
+            elif spec.kind == InputKind.PARAMETER:
+                value = ep.state_dict[spec.target]
+            elif spec.kind == InputKind.BUFFER:
+                value = (ep.state_dict if spec.persistent else ep.constants)[spec.target]
+            elif spec.kind == InputKind.CONSTANT_TENSOR and isinstance(ep.constants.get(spec.target), torch.Tensor):
+                value = ep.constants[spec.target]
+            else:
+                raise Unbindable(f"input {name!r} of kind {spec.kind.name}")
+            index[spec.target if value is not None else name] = len(self.inputs)
+            self.inputs.append((spec.kind, name, value))
+        self.writes, self.user_outputs, self.other_outputs = [], [], False
+        for i, spec in enumerate(sig.output_specs):
+            if spec.kind == OutputKind.USER_OUTPUT:
+                self.user_outputs.append(i)
+            elif spec.kind in _WRITES and spec.target in index:
+                self.writes.append((i, index[spec.target]))
+            else:
+                self.other_outputs = True
+
+
+class DirectCall:
+    """The program called like ``ep.module()`` is, without building it, for a program whose inputs are
+    all static-shaped tensors and that records no guards: a call whose inputs match the program's
+    (structure, shapes, dtypes, devices) runs the lifted graph and writes the mutated state back as
+    the unlifted module's copy_ nodes would; any other call returns NotImplemented, and the caller goes
+    through ``ep.module()``, whose guards decide (and name) what is wrong."""
+
+    def __init__(self, ep):
+        self.binding = b = Binding(ep)
+        if b.other_outputs or getattr(ep, "_guards_code", None) or ep.call_spec.out_spec is None:
+            raise Unbindable("outputs or guards a direct call does not reproduce")
+        placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+        self.expected = []  # per user input: (shape, dtype, device)
+        for kind, name, _ in b.inputs:
+            if kind != InputKind.USER_INPUT:
+                continue
+            val = placeholders[name].meta.get("val") if name in placeholders else None
+            if not isinstance(val, torch.Tensor) or not all(isinstance(s, int) for s in val.shape):
+                raise Unbindable(f"input {name!r} is not a static-shaped tensor")
+            self.expected.append((tuple(val.shape), val.dtype, val.device))
+        self.gm, self.in_spec, self.out_spec = ep.graph_module, ep.call_spec.in_spec, ep.call_spec.out_spec
+
+    def __call__(self, args: tuple, kwargs: dict):
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        if spec != self.in_spec or len(flat) != len(self.expected):
+            return NotImplemented
+        for x, (shape, dtype, device) in zip(flat, self.expected):
+            if not isinstance(x, torch.Tensor) or x.shape != shape or x.dtype != dtype or x.device != device:
+                return NotImplemented
+        users = iter(flat)
+        inputs = [next(users) if value is None else value for _, _, value in self.binding.inputs]
+        out = self.gm(*inputs)
+        out = out if isinstance(out, (list, tuple)) else [out]
+        for i, at in self.binding.writes:
+            if out[i] is not inputs[at]:  # an in-place write into the input already landed there
+                inputs[at].copy_(out[i])
+        return pytree.tree_unflatten([out[i] for i in self.binding.user_outputs], self.out_spec)

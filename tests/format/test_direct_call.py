@@ -1,0 +1,104 @@
+"""Calling a loaded program runs its lifted graph directly while the call matches the program's static
+inputs (exporter/lifted.py), with what ep.module() gives: the same outputs bit for bit, the same writes
+into buffers and into the caller's inputs, and torch's own errors for calls that do not match (those go
+through ep.module(), whose guards name what is wrong)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from exporter import export_model, load, load_for_backend
+
+
+class Counter(torch.nn.Module):
+    """A buffer written in place and an input written in place, outputs in a dict with a constant."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.register_buffer("seen", torch.zeros(8))
+        self.register_buffer("scratch", torch.ones(8), persistent=False)
+
+    def forward(self, x, *, scale):
+        self.seen.add_(x.sum(0))
+        x.mul_(2)
+        return {"y": self.lin(x) * scale + self.scratch, "n": None, "k": 3}
+
+
+def _pair(tmp_path):
+    torch.manual_seed(0)
+    args, kwargs = (torch.randn(4, 8),), {"scale": torch.randn(8)}
+    path = tmp_path / "m.pt2b"
+    export_model(Counter(), args, path, kwargs=kwargs)
+    return path, args, kwargs
+
+
+def _call(prog_or_module, args, kwargs):
+    args = tuple(a.clone() for a in args)
+    out = prog_or_module(*args, **kwargs)
+    return out, args
+
+
+def test_a_matching_call_runs_the_lifted_graph_as_the_module_does(tmp_path):
+    path, args, kwargs = _pair(tmp_path)
+    direct, module = load(path), load(path).module()
+    for _ in range(2):  # the buffer carries over between calls the same way
+        got, got_args = _call(direct, args, kwargs)
+        want, want_args = _call(module, args, kwargs)
+        assert got.keys() == want.keys() and got["n"] is None and got["k"] == 3
+        assert torch.equal(got["y"], want["y"])
+        assert torch.equal(got_args[0], want_args[0]) and not torch.equal(got_args[0], args[0])  # input written
+    assert direct._module is None and direct._direct  # no ep.module() was built
+    assert torch.equal(direct.exported_program().state_dict["seen"], module.seen)
+    assert torch.equal(module.seen, 2 * args[0].sum(0))
+
+
+def test_a_lowered_program_writes_its_state_back(tmp_path):
+    """The lowered program is functional: its buffer and input writes are outputs, copied back."""
+    path, args, kwargs = _pair(tmp_path)
+    lowered, module = load_for_backend(path, "core", cache=False), load_for_backend(path, "core", cache=False).module()
+    got, got_args = _call(lowered, args, kwargs)
+    want, want_args = _call(module, args, kwargs)
+    assert lowered._module is None and lowered._direct and lowered._direct.binding.writes
+    assert torch.equal(got["y"], want["y"]) and torch.equal(got_args[0], want_args[0])
+    assert torch.equal(lowered.exported_program().state_dict["seen"], module.seen)
+    assert torch.equal(module.seen, args[0].sum(0))
+
+
+@pytest.mark.parametrize("bad", ["shape", "dtype", "missing kwarg"])
+def test_a_call_that_does_not_match_gets_torchs_own_error(tmp_path, bad):
+    path, args, kwargs = _pair(tmp_path)
+    x, kw = args[0], dict(kwargs)
+    if bad == "shape":
+        x = torch.randn(5, 8)
+    elif bad == "dtype":
+        x = x.double()
+    else:
+        kw = {}
+    prog, module = load(path), load(path).module()
+    with pytest.raises(Exception) as want:
+        module(x.clone(), **kw)
+    with pytest.raises(type(want.value)) as got:
+        prog(x.clone(), **kw)
+    assert str(got.value) == str(want.value)
+
+
+def test_after_module_is_asked_for_calls_go_through_it(tmp_path):
+    """A user who holds the module (hooks, attributes) sees every later call go through it."""
+    path, args, kwargs = _pair(tmp_path)
+    prog = load(path)
+    seen = []
+    prog.module().register_forward_hook(lambda *a: seen.append(1))
+    prog(*(a.clone() for a in args), **kwargs)
+    assert seen == [1]
+
+
+def test_a_dynamic_program_goes_through_the_module(tmp_path):
+    path = tmp_path / "d.pt2b"
+    batch = torch.export.Dim("batch", min=2, max=16)
+    export_model(torch.nn.Linear(4, 4), (torch.randn(3, 4),), path, dynamic_shapes=({0: batch},))
+    prog = load(path)
+    x = torch.randn(5, 4)
+    assert torch.equal(prog(x), prog.module()(x))
+    assert prog._direct is False
