@@ -1,7 +1,7 @@
 """Running a program's lifted graph module directly: its graph inputs bound from the signature (the
 user's inputs, then the program's own parameters, buffers and constants) and its outputs split into the
 user's and the state the program writes back. ``ep.module()`` gets there by unlifting the state into a
-new module (a copy of the graph, recompiled several times): 0.23 s on a 22-layer Llama, most of a first
+new module (a copy of the graph, recompiled several times): 0.23 s on a 22-layer Llama, a third of its first
 call's cost after load ([architecture.md](../docs/architecture.md#call-progargs-kwargs))."""
 
 from __future__ import annotations
@@ -55,35 +55,67 @@ class Binding:
                 self.other_outputs = True
 
 
+def finite_int(v) -> int | None:
+    """``v`` (a range bound: int, sympy integer or infinity) as an int; None when unbounded."""
+    try:
+        return int(v)
+    except Exception:  # noqa: BLE001 -- sympy's and torch's infinities refuse int() in several ways
+        return None
+
+
 class DirectCall:
     """The program called like ``ep.module()`` is, without building it, for a program whose inputs are
-    all static-shaped tensors and that records no guards: a call whose inputs match the program's
-    (structure, shapes, dtypes, devices) runs the lifted graph and writes the mutated state back as
-    the unlifted module's copy_ nodes would; any other call returns NotImplemented, and the caller goes
-    through ``ep.module()``, whose guards decide (and name) what is wrong."""
+    all tensors, each dim a number or a dynamic dim of its own (a symbol with a recorded range), and
+    that records no guards: a call whose inputs match the program's (structure, dtypes, devices, each
+    static dim, each dynamic dim within its range and the same wherever its symbol recurs) runs the
+    lifted graph and writes the mutated state back as the unlifted module's copy_ nodes would; any
+    other call returns NotImplemented, and the caller goes through ``ep.module()``, whose guards decide
+    (and name) what is wrong."""
 
     def __init__(self, ep):
         self.binding = b = Binding(ep)
         if b.other_outputs or getattr(ep, "_guards_code", None) or ep.call_spec.out_spec is None:
             raise Unbindable("outputs or guards a direct call does not reproduce")
         placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
-        self.expected = []  # per user input: (shape, dtype, device)
+        self.expected = []  # per user input: (dims, dtype, device); a dim: int, or (symbol, lowest, highest)
         for kind, name, _ in b.inputs:
             if kind != InputKind.USER_INPUT:
                 continue
             val = placeholders[name].meta.get("val") if name in placeholders else None
-            if not isinstance(val, torch.Tensor) or not all(isinstance(s, int) for s in val.shape):
-                raise Unbindable(f"input {name!r} is not a static-shaped tensor")
-            self.expected.append((tuple(val.shape), val.dtype, val.device))
+            if not isinstance(val, torch.Tensor):
+                raise Unbindable(f"input {name!r} is not a tensor")
+            dims = []
+            for size in val.shape:
+                if isinstance(size, int):
+                    dims.append(size)
+                    continue
+                expr = size.node.expr
+                if not expr.is_Symbol or expr not in ep.range_constraints:
+                    raise Unbindable(f"input {name!r} has a dim {expr} that is not a dynamic dim of its own")
+                vr = ep.range_constraints[expr]
+                dims.append((expr, finite_int(vr.lower), finite_int(vr.upper)))
+            self.expected.append((tuple(dims), val.dtype, val.device))
         self.gm, self.in_spec, self.out_spec = ep.graph_module, ep.call_spec.in_spec, ep.call_spec.out_spec
+
+    def _matches(self, flat: list) -> bool:
+        sizes = {}
+        for x, (dims, dtype, device) in zip(flat, self.expected):
+            if not isinstance(x, torch.Tensor) or x.dtype != dtype or x.device != device or x.dim() != len(dims):
+                return False
+            for n, d in zip(x.shape, dims):
+                if type(d) is int:
+                    if n != d:
+                        return False
+                    continue
+                sym, lo, hi = d
+                if sizes.setdefault(sym, n) != n or (lo is not None and n < lo) or (hi is not None and n > hi):
+                    return False
+        return True
 
     def __call__(self, args: tuple, kwargs: dict):
         flat, spec = pytree.tree_flatten((args, kwargs))
-        if spec != self.in_spec or len(flat) != len(self.expected):
+        if spec != self.in_spec or len(flat) != len(self.expected) or not self._matches(flat):
             return NotImplemented
-        for x, (shape, dtype, device) in zip(flat, self.expected):
-            if not isinstance(x, torch.Tensor) or x.shape != shape or x.dtype != dtype or x.device != device:
-                return NotImplemented
         users = iter(flat)
         inputs = [next(users) if value is None else value for _, _, value in self.binding.inputs]
         out = self.gm(*inputs)

@@ -9,6 +9,7 @@ import torch
 
 from .errors import ArtifactError, CorruptArtifactError, MethodNotFoundError
 from .lazy import Lazy
+from .lifted import finite_int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,14 +30,6 @@ class OperatorInfo:
         return f"{self.qualified_name}.{self.overload}" if self.overload else self.qualified_name
 
 
-def _finite_int(v) -> int | None:
-    """``v`` (a range bound: int, sympy integer or infinity) as an int; None when unbounded."""
-    try:
-        return int(v)
-    except Exception:  # noqa: BLE001 -- sympy's and torch's infinities refuse int() in several ways
-        return None
-
-
 def _dim_ranges(ep) -> list[tuple[int, int, str, str, int | None, int | None]]:
     """(user input index, dim, input name, symbol, lowest or None, highest or None) of every input dim
     that is a symbol with a recorded range."""
@@ -52,7 +45,7 @@ def _dim_ranges(ep) -> list[tuple[int, int, str, str, int | None, int | None]]:
         for d, size in enumerate(val.shape):
             if isinstance(size, torch.SymInt) and size.node.expr in ep.range_constraints:
                 vr = ep.range_constraints[size.node.expr]
-                out.append((i, d, name, str(size.node.expr), _finite_int(vr.lower), _finite_int(vr.upper)))
+                out.append((i, d, name, str(size.node.expr), finite_int(vr.lower), finite_int(vr.upper)))
     return out
 
 
@@ -109,8 +102,8 @@ class ProgramHandle:
         """Run the program like the model it was captured from. A dynamic dim outside the range it was
         exported with is a RuntimeInputError naming it, as runtime_ref says it (torch's module ran a
         size below the minimum and raised a bare AssertionError above the maximum). Until ``module()``
-        is asked for, a call that matches a static-shaped program's inputs runs its lifted graph
-        directly (lifted.DirectCall: the same kernels, the same writes into the program's state)."""
+        is asked for, a call that matches the program's inputs (shapes within their ranges) runs its
+        lifted graph directly (lifted.DirectCall: the same kernels, the same writes into the program's state)."""
         if self._module is None:
             if self._direct is None:
                 from .lifted import DirectCall, Unbindable

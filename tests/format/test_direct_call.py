@@ -94,11 +94,40 @@ def test_after_module_is_asked_for_calls_go_through_it(tmp_path):
     assert seen == [1]
 
 
-def test_a_dynamic_program_goes_through_the_module(tmp_path):
+def test_a_dynamic_program_runs_directly_within_its_ranges(tmp_path):
+    """Dynamic dims of their own are checked as ep.module()'s guards check them: within the range, the
+    same size wherever the dim recurs; outside, the call goes through the module path (which names a dim
+    out of range as a RuntimeInputError)."""
+    from exporter.errors import RuntimeInputError
+
+    class Add(torch.nn.Module):
+        def forward(self, x, y):
+            return torch.relu(x) + y
+
+    path = tmp_path / "d.pt2b"
+    batch = torch.export.Dim("batch", min=2, max=16)
+    export_model(Add(), (torch.randn(3, 4), torch.randn(3, 4)), path, dynamic_shapes=({0: batch}, {0: batch}))
+    prog, module = load(path), load(path).module()
+    x, y = torch.randn(5, 4), torch.randn(5, 4)
+    assert torch.equal(prog(x, y), module(x, y))
+    if prog.exported_program()._guards_code:  # torch records the equality as a guard: the module decides
+        assert prog._direct is False
+    else:
+        assert prog._direct and prog._module is None
+    with pytest.raises(RuntimeInputError, match="outside the range"):
+        prog(torch.randn(17, 4), torch.randn(17, 4))
+    with pytest.raises(Exception) as want:
+        module(torch.randn(5, 4), torch.randn(6, 4))
+    with pytest.raises(type(want.value)):
+        prog(torch.randn(5, 4), torch.randn(6, 4))
+
+
+def test_a_dynamic_batch_runs_directly(tmp_path):
     path = tmp_path / "d.pt2b"
     batch = torch.export.Dim("batch", min=2, max=16)
     export_model(torch.nn.Linear(4, 4), (torch.randn(3, 4),), path, dynamic_shapes=({0: batch},))
     prog = load(path)
     x = torch.randn(5, 4)
-    assert torch.equal(prog(x), prog.module()(x))
-    assert prog._direct is False
+    assert torch.equal(prog(x), load(path).module()(x))
+    assert prog._direct and prog._module is None
+    assert prog._direct(((torch.randn(1, 4),)), {}) is NotImplemented  # below the range: the module path
