@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import math
 
-import sympy
 import torch
 
-from exporter._torch.symbolic import int_oo
 from exporter.dims import label as dims_label
 from exporter.errors import RuntimeInputError
 
@@ -20,6 +18,10 @@ _DERIVED = "__derived__"
 
 
 def _bound(value, default):
+    import sympy  # sympy (0.3-0.4 s to import) only for programs with symbolic dims
+
+    from exporter._torch.symbolic import int_oo
+
     if value is None or value in (int_oo, -int_oo, sympy.oo, -sympy.oo):
         return default
     return int(value)
@@ -72,6 +74,8 @@ class SymbolTable:
         # what is left has several unknown symbols or a non-linear form: not checked
 
     def _settle(self, env: dict, expr, value: int, where: str) -> bool:
+        import sympy
+
         known = {s: sympy.Integer(env[s][0]) for s in expr.free_symbols if s in env}
         rest = expr.xreplace(known)
         free = rest.free_symbols
@@ -86,6 +90,8 @@ class SymbolTable:
 
     def _solve(self, env, sym, rest, expr, value, where) -> bool:
         """Bind sym from value = a*sym + b; refuse when no integer sym gives value."""
+        import sympy
+
         try:
             poly = sympy.Poly(rest, sym)
         except (sympy.PolynomialError, sympy.GeneratorsNeeded, TypeError):
@@ -121,7 +127,7 @@ def _dim_of(size):
     an int, a SymInt (a program's fake tensor), or a sympy symbol (a TensorSpec read from the table)."""
     if isinstance(size, int):
         return 0, size
-    expr = size if isinstance(size, sympy.Expr) else size.node.expr
+    expr = size.node.expr if isinstance(size, torch.SymInt) else size
     if expr.is_Integer:
         return 0, int(expr)
     return (1, expr) if expr.is_Symbol else (2, expr)

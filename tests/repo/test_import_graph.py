@@ -181,6 +181,16 @@ def test_import_exporter_loads_the_api_on_first_use():
                           check=True).stdout.strip() == "False"
 
 
+def test_import_runtime_ref_imports_no_sympy():
+    """`import runtime_ref` leaves sympy (0.3-0.4 s to import) to programs with symbolic dims."""
+    import subprocess
+    import sys
+
+    code = "import sys, runtime_ref\nprint('sympy' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          check=True).stdout.strip() == "False"
+
+
 def _private_torch_imports():
     """(module of ours, what it imports) for every import of a private torch module or name: one whose
     dotted path has a part starting with "_" (``from torch._x import y`` counts torch._x, and torch._x.y
