@@ -30,7 +30,7 @@ class Binding:
         if ep.call_spec.in_spec is None:
             raise Unbindable("no input spec")
         self.ep, self.inputs = ep, []
-        index = {}
+        state, users = {}, {}  # FQN -> graph input index; user input name -> graph input index
         for spec in sig.input_specs:
             name = spec.arg.name
             if spec.kind == InputKind.USER_INPUT:
@@ -43,14 +43,17 @@ class Binding:
                 value = ep.constants[spec.target]
             else:
                 raise Unbindable(f"input {name!r} of kind {spec.kind.name}")
-            index[spec.target if value is not None else name] = len(self.inputs)
+            (users if value is None else state)[name if value is None else spec.target] = len(self.inputs)
             self.inputs.append((spec.kind, name, value))
         self.writes, self.user_outputs, self.other_outputs = [], [], False
         for i, spec in enumerate(sig.output_specs):
+            # a user input mutation names the input's placeholder; a buffer or parameter one, the state's
+            # path (a buffer may share its name with an input)
+            into = users if spec.kind == OutputKind.USER_INPUT_MUTATION else state
             if spec.kind == OutputKind.USER_OUTPUT:
                 self.user_outputs.append(i)
-            elif spec.kind in _WRITES and spec.target in index:
-                self.writes.append((i, index[spec.target]))
+            elif spec.kind in _WRITES and spec.target in into:
+                self.writes.append((i, into[spec.target]))
             else:
                 self.other_outputs = True
 

@@ -54,6 +54,27 @@ def test_a_matching_call_runs_the_lifted_graph_as_the_module_does(tmp_path):
     assert torch.equal(module.seen, 2 * args[0].sum(0))
 
 
+class SameNames(torch.nn.Module):
+    """A buffer and an input both named x: the lowered program's buffer write must land in the buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("x", torch.zeros(3))
+
+    def forward(self, x):
+        self.x.add_(x)
+        return x * 2
+
+
+def test_a_buffer_write_lands_in_the_buffer_when_an_input_has_its_name(tmp_path):
+    path = tmp_path / "s.pt2b"
+    export_model(SameNames(), (torch.ones(3),), path)
+    lowered = load_for_backend(path, "core", cache=False)
+    x = torch.arange(3.0)
+    assert torch.equal(lowered(x), x * 2) and torch.equal(x, torch.arange(3.0))
+    assert torch.equal(lowered.exported_program().state_dict["x"], torch.arange(3.0))
+
+
 def test_a_lowered_program_writes_its_state_back(tmp_path):
     """The lowered program is functional: its buffer and input writes are outputs, copied back."""
     path, args, kwargs = _pair(tmp_path)
