@@ -9,5 +9,16 @@ from torch.utils._python_dispatch import _disable_current_modes as disable_curre
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 __all__ = ["FakeTensor", "FakeTensorMode", "HigherOrderOperator", "OpOverload", "OpOverloadPacket",
-           "TorchDispatchMode", "disable_current_modes", "get_dispatch_mode_pre_dispatch", "is_traceable_wrapper_subclass",
-           "unset_fake_temporarily"]
+           "TorchDispatchMode", "disable_current_modes", "drop_cached_dispatches", "get_dispatch_mode_pre_dispatch",
+           "is_traceable_wrapper_subclass", "unset_fake_temporarily"]
+
+
+def drop_cached_dispatches(fake_mode) -> None:
+    """Forget the results fake tensors cached on ``fake_mode``'s ShapeEnv (``fake_tensor_cache``, where
+    torch keeps the outputs of ops on symbolic shapes). Their keys do not hold the symbolic-shape config
+    they were computed under: a consumer retracing under ``backed_size_oblivious=True`` (torch.onnx)
+    would reuse a size computed without it (a mamba2 slice of size ``Max(0, L - Max(0, L - 1))``, which
+    then fails to broadcast against ``L``). Releases without the cache have nothing to drop."""
+    cache = getattr(getattr(fake_mode, "shape_env", None), "fake_tensor_cache", None)
+    if cache is not None:
+        cache.clear()

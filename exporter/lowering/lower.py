@@ -11,7 +11,8 @@ from typing import Callable
 import torch
 
 from ..errors import LoweringError, OpsetError, UnknownOpsWarning
-from ..functionalize import forced_ops
+from .._torch.dispatch import drop_cached_dispatches
+from ..functionalize import forced_ops, program_fake_mode
 from ..ops import OpMatcher, op_name, resolve_op
 from . import presets as _presets
 from . import tables
@@ -248,6 +249,8 @@ def lower(source_ep, preset: str = "core", *, supported_ops=None, decompositions
                                  decompose=decompose, strict=strict)
     with deferred():  # the programs made on the way generate no code (deferred_codegen.py)
         lowered, reused = lower_program(source_ep, plan.table)  # (lowering/engines/)
+    # what the lowering's traces cached is not for the backend's own retrace (another config)
+    drop_cached_dispatches(program_fake_mode(lowered.graph_module))
     compiled(lowered)
     result = finish(plan, lowered, source_ep=source_ep, source=source)
     result.reused = reused  # the lowering cache stores its collapsed form

@@ -108,6 +108,31 @@ def test_a_dynamic_program_runs_at_other_sizes(artifacts, backend):
         torch.testing.assert_close(compiled(*args), _eager(case, args), **TOL)
 
 
+class _Chunks(torch.nn.Module):
+    """mamba2's chunked scan in small: a dynamic sequence padded to chunks of 8, a running sum per
+    chunk, each chunk's last sum minus the running sums (a slice of size 1 broadcast against 8)."""
+
+    def forward(self, x):
+        x = torch.nn.functional.pad(x, (0, 0, 0, (8 - x.shape[1] % 8) % 8))
+        cs = torch.cumsum(x.reshape(x.shape[0], -1, 8, x.shape[2]).permute(0, 3, 1, 2), -1)
+        return cs[:, :, :, -1:] - cs
+
+
+def test_a_lowered_program_carries_no_shape_results_of_its_lowering(tmp_path):
+    """torch.onnx retraces with backed_size_oblivious=True; fake-tensor results cached on the program's
+    ShapeEnv by pt2b's lowering (keyed without that setting) made it size the slice
+    Max(0, L - Max(0, L - 1)) instead of 1, and the subtraction failed to broadcast (mamba2, bamba,
+    falcon_h1). The lowered program hands over a ShapeEnv without them, and runs at other lengths."""
+    model, x = _Chunks(), torch.randn(2, 12, 4)
+    ep = torch.export.export(model, (x,), dynamic_shapes=({1: torch.export.Dim.DYNAMIC},))
+    path = str(tmp_path / "chunks.pt2b")
+    export_model(ep, path=path)
+    compiled = backends.to_backend("onnx", load_for_backend(path, "onnx", cache=False))
+    for n in (12, 21):
+        x = torch.randn(2, n, 4)
+        torch.testing.assert_close(compiled(x), model(x), **TOL)
+
+
 def test_openvino_lowers_train_mode_batch_norm_as_convert_model_does(artifacts):
     """Read as an op list (core + ops_to_not_decompose), OpenVINO cannot be reached from train-mode batch
     norm (its decompositions end at prims); its own table leaves _native_batch_norm_legit_functional,
