@@ -10,6 +10,7 @@ from ...functionalize import forced_decompositions
 from ..decompose import shared_trace_table
 from .whole_program import needs_functionalization, retrace
 from .reuse import Reused, expand, lower_with_reuse, valid_recipe
+from .view_sizes import size_views
 
 __all__ = ["Reused", "expand", "functionalized", "lower_program", "run_decompositions", "valid_recipe"]
 
@@ -35,7 +36,9 @@ def run_decompositions(ep, table: dict, *, local: bool = True):
     from .local import lower_locally
 
     full = shared_trace_table(table)
-    return (local and lower_locally(ep, full)) or retrace(ep, full)
+    lowered = (local and lower_locally(ep, full)) or retrace(ep, full)
+    size_views(lowered.graph_module)
+    return lowered
 
 
 def functionalized(ep):
@@ -44,8 +47,7 @@ def functionalized(ep):
     without a retrace of the whole program), else in one retrace."""
     from .local import lower_locally
 
-    if needs_functionalization(ep):
-        lowered = lower_locally(ep, forced_decompositions())
-        if lowered is not None:
-            return lowered
-    return retrace(ep)
+    lowered = lower_locally(ep, forced_decompositions()) if needs_functionalization(ep) else None
+    lowered = lowered if lowered is not None else retrace(ep)
+    size_views(lowered.graph_module)
+    return lowered
