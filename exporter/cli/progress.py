@@ -2,7 +2,8 @@
 
 Bars are tqdm's, drawn on stderr (stdout stays machine-readable), and only when stderr is a terminal
 and pt2b is not quiet: ``pt2b --quiet`` (:func:`set_quiet`) or ``PT2B_QUIET=1`` in the environment
-turns them off. Library functions stay silent: their long loops take an optional ``track`` argument
+turns them off. tqdm is imported when a bar is first drawn (a command without bars, such as
+``pt2b verify`` in a script, does not pay for it). Library functions stay silent: their long loops take an optional ``track`` argument
 (what :func:`tracker` returns), which the command line passes.
 """
 
@@ -16,8 +17,6 @@ import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
-
-from tqdm import tqdm
 
 _quiet: bool | None = None  # None: $PT2B_QUIET decides
 
@@ -56,8 +55,19 @@ def enabled() -> bool:
         return False
 
 
-def _bar(desc: str, total=None, unit: str = "it", **kw) -> tqdm:
-    return tqdm(desc=desc, total=total, unit=unit, file=sys.stderr, disable=not enabled(), dynamic_ncols=True, **kw)
+def _bar(desc: str, total=None, unit: str = "it", **kw):
+    """A tqdm bar, or None where bars are not drawn (tqdm then stays unimported)."""
+    if not enabled():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(desc=desc, total=total, unit=unit, file=sys.stderr, dynamic_ncols=True, **kw)
+
+
+def _tqdm():
+    """tqdm's class where a bar may be on screen (tqdm imported), else None."""
+    module = sys.modules.get("tqdm")
+    return getattr(module, "tqdm", None)
 
 
 def track(items: Iterable, desc: str, *, total: int | None = None, unit: str = "it",
@@ -70,7 +80,7 @@ def track(items: Iterable, desc: str, *, total: int | None = None, unit: str = "
         except TypeError:
             pass
     b = _bar(desc, total, unit)
-    if b.disable:
+    if b is None:
         yield from items
         return
     try:
@@ -97,7 +107,7 @@ def tracker(desc: str, unit: str = "it") -> Callable[..., Iterator]:
 def close_all() -> None:
     """Close the bars still open (a command that failed inside a loop), so that what is written next
     starts on a line of its own."""
-    for inst in list(getattr(tqdm, "_instances", ())):
+    for inst in list(getattr(_tqdm(), "_instances", ())):
         inst.close()
 
 
@@ -105,7 +115,7 @@ def close_all() -> None:
 def status(desc: str) -> Iterator[None]:
     """One long step with nothing to count: ``desc`` and a running clock while it runs, erased after."""
     b = _bar(desc, None, bar_format="{desc} [{elapsed}]", leave=False)
-    if b.disable:
+    if b is None:
         yield
         return
     done = threading.Event()
@@ -126,13 +136,19 @@ def status(desc: str) -> Iterator[None]:
 
 def write(line: str = "", file=None) -> None:
     """print() for lines written while a bar may be on screen (the bar is cleared, then redrawn)."""
-    tqdm.write(line, file=sys.stdout if file is None else file)
+    tqdm = _tqdm()
+    if tqdm is None:
+        print(line, file=sys.stdout if file is None else file)
+    else:
+        tqdm.write(line, file=sys.stdout if file is None else file)
 
 
 @contextlib.contextmanager
 def printing(file=None) -> Iterator[None]:
     """Around several print() calls made while a bar may be on screen."""
-    with tqdm.external_write_mode(file=sys.stdout if file is None else file):
+    tqdm = _tqdm()
+    with contextlib.nullcontext() if tqdm is None else tqdm.external_write_mode(
+            file=sys.stdout if file is None else file):
         yield
 
 

@@ -234,3 +234,14 @@ def test_each_private_torch_module_has_one_importer():
     assert "torch._export.serde.serialize" in importers  # (the scan sees the door)
     wrong = sorted(f"{t}: {sorted(ms)}" for t, ms in importers.items() if len(ms) > 1)
     assert not wrong, wrong
+
+
+def test_the_command_line_imports_no_tqdm_until_a_bar_is_drawn():
+    """`pt2b verify` starts hashing before torch is imported (cli/verify.py); tqdm, imported by
+    the command modules, delayed that start: it is imported when a bar is first drawn."""
+    import subprocess
+    import sys
+
+    code = "import sys, exporter.cli, exporter.cli.verify, exporter.cli.progress\nprint('tqdm' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          check=True).stdout.strip() == "False"
