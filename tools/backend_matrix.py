@@ -10,6 +10,7 @@ fails too it is the backend's (owner:B in the record).
 
   .venv/bin/python -m tools.backend_matrix --backends onnx,openvino --out bench/records/backends@2.13.json.gz
   .venv/bin/python -m tools.backend_matrix --out bench/records/backends@2.13.json.gz --summary-only
+  .venv/bin/python -m tools.backend_matrix --out ... --resume --redo   # again: pt2b's failures, timeouts
 """
 
 from __future__ import annotations
@@ -178,6 +179,15 @@ def owner(rec: dict, b: str):
     return "pt2b" if failed else "?"
 
 
+def redo(rec: dict, backends) -> bool:
+    """Whether ``--redo`` runs a case again: a backend failed on it as pt2b's, did not run it ('?'), or
+    a stage hit the timeout. A case torch.export cannot capture is not run again."""
+    if rec["stages"].get("capture", {}).get("status") != "ok":
+        return False
+    return any(owner(rec, b) in ("pt2b", "?") for b in backends) or any(
+        "timeout" in str(st.get("error", "")) for st in rec["stages"].values())
+
+
 def summarize(records: list[dict], backends, file=sys.stdout) -> dict:
     """Per backend: cases run through pt2b and close to eager, of those torch.export captures; the
     failures grouped by owner and error."""
@@ -273,6 +283,9 @@ def main(argv=None):
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--out", default="/tmp/backend_matrix.json.gz")
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--redo", action="store_true",
+                    help="with --resume: run again the cases some backend failed on as pt2b's, not at all ('?'), "
+                         "or by the timeout (a sweep resumed on newer code, or after a pause)")
     ap.add_argument("--summary-only", action="store_true")
     ap.add_argument("--markdown", action="store_true", help="print docs/results/backends.md of --out and exit")
     ap.add_argument("--also", nargs="*", default=[], metavar="FILE",
@@ -306,6 +319,8 @@ def main(argv=None):
     if args.resume and os.path.exists(args.out):
         with rm._open_json(args.out) as f:
             resume = {r["name"]: r for r in json.load(f)["records"]}
+        if args.redo:
+            resume = {n: r for n, r in resume.items() if not redo(r, backends)}
     log_dir = args.out + ".logs"
     os.makedirs(log_dir, exist_ok=True)
     rm.STAGE_ORDER[:] = _stages(backends)
