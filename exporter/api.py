@@ -15,7 +15,7 @@ from .errors import ArtifactError, ExportError
 from .program import OperatorInfo, Pt2bProgram
 from .serialize import reader, writer
 from .util.gc_pause import gc_paused
-from .lowering.deferred_codegen import compiled, deferred
+from .lowering.deferred_codegen import deferred
 from .serialize.generated import pt2b_generated as G
 from .versioning.formats import parse_version
 
@@ -201,8 +201,8 @@ def _program_of(art, *, verify: bool) -> Pt2bProgram:
 
     def build():
         c = checked.get()
-        with gc_paused(), deferred():  # torch's deserializer's graph module generates no code: the
-            return compiled(reader.build(art, c))  # program's is generated once (two: 0.05 s per 700 nodes)
+        with gc_paused(), deferred():  # the graph modules made generate their code on first use: torch's
+            return reader.build(art, c)  # deserializer's never, the program's once (0.05 s per 700 nodes)
 
     prog = art.program
     ops = [OperatorInfo(q, o, s, _KIND_NAMES.get(k, "?"), int(r.count))
@@ -266,7 +266,7 @@ def load_for_backend(path: StrPath, preset: str = "core", *, supported_ops: Iter
     default method's LoweredProgram is returned, the others are in its ``.methods`` (``lowered["decode"]``).
     """
     from .lowering import cache as _cache
-    from .lowering.deferred_codegen import compiled, deferred
+    from .lowering.deferred_codegen import deferred
     from .lowering.lower import finish, lower, plan_lowering
 
     plan = plan_lowering(preset, supported_ops=supported_ops, decompositions=decompositions, keep=keep,

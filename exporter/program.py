@@ -107,7 +107,9 @@ class ProgramHandle:
         if self._module is None:
             if self._direct is None:
                 from .lifted import DirectCall, Unbindable
+                from .lowering.deferred_codegen import compiled
 
+                compiled(self._ep)  # a program read from a file generates its code at its first use
                 try:
                     self._direct = DirectCall(self._ep)
                 except Unbindable:
