@@ -109,11 +109,12 @@ class ProgramHandle:
                 from .lifted import DirectCall, Unbindable
                 from .lowering.deferred_codegen import compiled
 
-                compiled(self._ep)  # a program read from a file generates its code at its first use
                 try:
                     self._direct = DirectCall(self._ep)
-                except Unbindable:
+                except Unbindable:  # (ep.module() runs a copy of the graph: this one's code is not needed)
                     self._direct = False
+                else:
+                    compiled(self._ep)  # a program read from a file generates its code here, once
             if self._direct:
                 out = self._direct(args, kwargs)
                 if out is not NotImplemented:
