@@ -129,6 +129,22 @@ def first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {lines[0] if lines else ''}"
 
 
+def retraceable(ops) -> tuple[str, ...]:
+    """The names of ``ops`` (a backend's list) that a program handed to the backend may hold: every
+    hand-off retraces its program (torch.onnx.export and aoti_compile_and_package run torch's
+    functionalizing trace over it), and torch's functionalization refuses a non-ATen op whose output
+    is a view of an input ("Found a custom (non-ATen) operator whose output has alias annotations:
+    prims::broadcast_in_dim"). A backend translates such a PrimTorch view where its own
+    decompositions emit it, never where it comes in the program: those prims are left out, and the
+    closure reaches ATen's views instead (lowering/tables.view_prims_via_aten, from the running torch's
+    schemas)."""
+    from ..lowering.tables import view_prims_via_aten
+    from ..ops import op_name
+
+    views = {op_name(op) for op in view_prims_via_aten()}
+    return tuple(name for name in ops if name not in views)
+
+
 def exported_program(lowered):
     """The ExportedProgram of load_for_backend's result (or ``lowered`` itself when it is one)."""
     return lowered.exported_program() if hasattr(lowered, "exported_program") else lowered

@@ -12,14 +12,14 @@ import tempfile
 
 import torch
 
-from . import Backend
+from . import Backend, retraceable
 
 
 def _supported_ops() -> tuple[str, ...]:
     from torch._inductor.lowering import fallbacks, lowerings
 
     ops = (op for op in (*lowerings, *fallbacks) if isinstance(op, torch._ops.OpOverload))
-    return tuple(sorted({f"{op.namespace}::{op._opname}.{op._overloadname}" for op in ops}))
+    return retraceable(sorted({f"{op.namespace}::{op._opname}.{op._overloadname}" for op in ops}))
 
 
 def _views_as_reshapes(ep):

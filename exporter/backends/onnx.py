@@ -13,7 +13,7 @@ import functools
 
 import torch
 
-from . import Backend, calling, quiet_logger
+from . import Backend, calling, quiet_logger, retraceable
 
 
 def _qualified(name: str) -> str:
@@ -45,7 +45,7 @@ def _supported_ops() -> tuple[str, ...]:
     api = getattr(_framework_apis, "torch_2_5")
     ops.update(_qualified(meta.qualified_name) for meta in api.get_torchlib_ops()
                if meta.qualified_name.startswith(("aten::", "prims::")))
-    return tuple(sorted(ops))
+    return retraceable(sorted(ops))
 
 
 def hand_off(ep, *, opset_version: int | None = None, optimize: bool = True):

@@ -168,7 +168,7 @@ def plan_lowering(preset: str = "core", *, supported_ops=None, decompositions=No
     elif supported_ops is not None:
         sup_m, unknown = _foreign_supported_ops(supported_ops, strict, warn=backend is None)
         names = {}
-        available = tables.available_decompositions()
+        available = tables.closure_decompositions()
         if backend is not None:  # what the backend decomposes itself, as it does it
             available.update(backend.decompositions())
         table = {op: fn for op, fn in available.items() if op not in sup_m and not kept(op)}

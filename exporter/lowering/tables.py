@@ -97,3 +97,54 @@ def available_names() -> dict[str, object]:
 
 def is_core(op) -> bool:
     return isinstance(op, torch._ops.OpOverload) and torch.Tag.core in op.tags
+
+
+_ROUTING: set = set()  # the PrimTorch views whose ATen implementation is being traced (view_prims_via_aten)
+
+
+@functools.cache
+def view_prims_via_aten() -> dict:
+    """Every PrimTorch op that returns a view of its input (prims::broadcast_in_dim, prims::squeeze,
+    prims::collapse_view, ...) -> its own ATen implementation, the CompositeExplicitAutograd kernel
+    torch._prims registers for it (broadcast_in_dim: unsqueeze, then expand). torch's references emit
+    these views (aten::var.correction -> prims::var + prims::broadcast_in_dim), nothing in torch's
+    tables decomposes them, and no backend can be handed a program that holds one: every hand-off
+    retraces the program, and torch's functionalization refuses a non-ATen op whose output aliases
+    an input. A supported_ops closure uses these to reach the ATen views a backend accepts (a route
+    that would come back to the same prim declines, and the prim stays: an OpsetError names it)."""
+    from ..functionalize import returns_alias
+
+    routes = {}
+    for qualified in torch._C._dispatch_get_all_op_names():
+        ns, _, rest = qualified.partition("::")
+        if ns != "prims" or not torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "CompositeExplicitAutograd"):
+            continue
+        name, _, overload = rest.partition(".")
+        op = getattr(getattr(torch.ops.prims, name), overload or "default")
+        if returns_alias(op) and not op._schema.is_mutable:
+            routes[op] = _via_aten(op)
+    return routes
+
+
+def _via_aten(op):
+    def decomposition(*args, **kwargs):
+        if op in _ROUTING:  # its ATen route came back to it: no route, the prim stays
+            return NotImplemented
+        _ROUTING.add(op)
+        try:
+            return op._op_dk(torch._C.DispatchKey.CompositeExplicitAutograd, *args, **kwargs)
+        finally:
+            _ROUTING.discard(op)
+
+    decomposition.__name__ = f"{op._opname}_via_aten"
+    return decomposition
+
+
+def closure_decompositions() -> dict:
+    """What a supported_ops closure decomposes with (a fresh dict): every decomposition the running torch
+    offers (available_decompositions), and the ATen implementations of the PrimTorch views its references
+    emit (view_prims_via_aten), used only for ops the backend does not accept."""
+    table = available_decompositions()
+    for op, fn in view_prims_via_aten().items():
+        table.setdefault(op, fn)
+    return table

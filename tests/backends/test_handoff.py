@@ -50,10 +50,13 @@ def _eager(case, args=None, kwargs=None):
 def test_the_onnx_backend_is_torchlibs_registry():
     from torch.onnx._internal.exporter import _registration
 
+    from exporter.lowering import tables
+
     b = backends.get("onnx")
     registry = {op_name(m.fx_target) for metas in _registration.ONNXRegistry.from_torchlib().functions.values()
                 for m in metas if isinstance(m.fx_target, torch._ops.OpOverload)}
-    assert registry <= set(b.supported_ops)
+    views = {op_name(op) for op in tables.view_prims_via_aten()}  # never handed over (backends.retraceable)
+    assert registry - views <= set(b.supported_ops) and not views & set(b.supported_ops)
     assert {"aten::convolution.default", "aten::abs.default", "aten::scaled_dot_product_attention.default"} <= registry
     assert b.version.startswith(__import__("onnxscript").__version__)
 
@@ -131,6 +134,51 @@ def test_a_lowered_program_carries_no_shape_results_of_its_lowering(tmp_path):
     for n in (12, 21):
         x = torch.randn(2, n, 4)
         torch.testing.assert_close(compiled(x), model(x), **TOL)
+
+
+class _RmsByVariance(torch.nn.Module):
+    """xlstm's layer norm in small: a weight, then var over the last dimension, kept. var.dim has no
+    ONNX function; torch's reference makes it prims::var and prims::broadcast_in_dim."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(8))
+
+    def forward(self, x):
+        return (x * self.w).var(dim=-1, keepdim=True, unbiased=False) + x
+
+
+def test_a_backend_is_never_handed_a_primtorch_view(tmp_path):
+    """torch.onnx retraces the program it is handed, and torch's functionalization refuses a non-ATen op
+    returning a view ("Found a custom (non-ATen) operator whose output has alias annotations:
+    prims::broadcast_in_dim", xlstm on onnx). The ONNX preset does not accept the view prims although
+    onnxscript lists two; the closure reaches ATen's unsqueeze and expand through the prim's own ATen
+    implementation, and the program runs on onnxruntime close to eager."""
+    from exporter.lowering import tables
+
+    assert "prims::broadcast_in_dim.default" in {_qualified(m.qualified_name) for m in _torchlib_declared()}
+    for name in ("onnx", "inductor"):
+        listed = set(backends.get(name).supported_ops)
+        assert not {op_name(op) for op in tables.view_prims_via_aten()} & listed
+        assert "prims::var.default" in listed  # not a view: translated as it comes
+    model, x = _RmsByVariance(), torch.randn(2, 3, 8)
+    path = str(tmp_path / "rms.pt2b")
+    export_model(model, (x,), path)
+    lp = load_for_backend(path, "onnx", cache=False)
+    assert "prims::broadcast_in_dim.default" not in lp.ops()
+    assert {"prims::var.default", "aten::unsqueeze.default", "aten::expand.default"} <= set(lp.ops())
+    with torch.no_grad():
+        torch.testing.assert_close(backends.to_backend("onnx", lp)(x), model(x), **TOL)
+
+
+def _torchlib_declared():
+    from onnxscript._framework_apis import torch_2_5
+
+    return torch_2_5.get_torchlib_ops()
+
+
+def _qualified(name: str) -> str:
+    return name if "." in name.partition("::")[2] else f"{name}.default"
 
 
 def test_openvino_lowers_train_mode_batch_norm_as_convert_model_does(artifacts):

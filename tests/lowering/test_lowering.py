@@ -180,6 +180,30 @@ def test_supported_ops_closure_and_globs(tmp_path):
     torch.testing.assert_close(lowered(x), case.model(x), rtol=1e-5, atol=1e-5)
 
 
+class _Variance(torch.nn.Module):
+    def forward(self, x):
+        return x.var(dim=-1, keepdim=True) * x
+
+
+@pytest.mark.parametrize("listed", [["aten::unsqueeze.default", "aten::expand.default"], []])
+def test_a_closure_goes_past_primtorch_views_to_the_aten_views_it_accepts(tmp_path, listed):
+    """torch's only decomposition of var.correction is its reference, which emits prims::var and
+    prims::broadcast_in_dim; nothing in torch's tables decomposes the view prim. The closure reaches
+    it through the prim's own ATen implementation (unsqueeze, expand) where those are accepted; where
+    they are not, the route comes back to the prim, which stays and is named (no endless recursion)."""
+    x = torch.randn(2, 3, 8)
+    path = str(tmp_path / "var.pt2b")
+    export_model(_Variance(), (x,), path)
+    supported = ["aten::mul.Tensor", "prims::var.default", *listed]
+    if not listed:
+        with pytest.raises(OpsetError, match=r"prims::broadcast_in_dim\.default"):
+            load_for_backend(path, supported_ops=supported, cache=False)
+        return
+    lowered = load_for_backend(path, supported_ops=supported, cache=False)
+    assert set(lowered.ops()) == {"aten::mul.Tensor", "prims::var.default", *listed}
+    torch.testing.assert_close(lowered(x), _Variance()(x), rtol=1e-5, atol=1e-6)
+
+
 def test_unreachable_supported_set_lists_every_op_with_route(tmp_path):
     path, _ = _export(tmp_path, "transformer_encoder")
     with pytest.raises(OpsetError) as e:

@@ -21,6 +21,7 @@ from exporter.errors import LoweringError
 from exporter.explorer.corpus import artifact_corpus, corpus_routes, default_corpus, shipped_routes
 from exporter.explorer.page import build_data, write_page
 from exporter.explorer.selection import Selection, evaluate
+from exporter.lowering import tables
 from exporter.lowering.lower import lower, plan_lowering
 from exporter.lowering.presets import torch_minor
 
@@ -427,5 +428,6 @@ def test_the_page_offers_each_installed_backend_as_a_preset(corpus):
         assert p["key"] == b.key and b.version in p["description"]
         plan = plan_lowering(name)
         assert set(p["table"]) == {n for n in (op_name(op) for op in plan.table) if n in set(data["available"])
-                                   or n in {op_name(op) for op in b.decompositions()}}
+                                   or n in {op_name(op) for op in b.decompositions()}
+                                   or n in {op_name(op) for op in tables.view_prims_via_aten()}}
         assert (p["opset"] is None) == b.takes_what_its_table_leaves
