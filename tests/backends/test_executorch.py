@@ -67,3 +67,21 @@ def test_what_the_runtime_cannot_take_is_a_typed_error(tmp_path):
     lp = load_for_backend(tmp_path / "w.pt2b", "executorch", cache=False)
     with pytest.raises(BackendHandOffError, match="executorch@.* could not take the program: .*while_loop"):
         backends.to_backend("executorch", lp)
+
+
+def test_a_cache_filled_eagerly_is_written_back_on_the_runtime(tmp_path):
+    """A buffer that required grad when captured (a KV cache filled outside no_grad; transformers'
+    static-cache decoders) made to_executorch refuse its write-back ("a leaf Variable that requires grad
+    is being used in an in-place operation"), on torch's own program too. pt2b reads the buffer back as
+    stored, without requires_grad, and the runtime writes the cache and returns what eager does."""
+    from tests.support.helpers import CacheFilledEagerly
+
+    model, args = CacheFilledEagerly.made()
+    ep = torch.export.export(model, args)
+    with pytest.raises(BackendHandOffError, match="leaf Variable that requires grad"):
+        backends.to_backend("executorch", ep)
+    export_model(ep, path=tmp_path / "cache.pt2b")
+    compiled = backends.to_backend("executorch", load_for_backend(tmp_path / "cache.pt2b", "executorch", cache=False))
+    again, _ = CacheFilledEagerly.made()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*args), again(*args), rtol=1e-5, atol=1e-5)

@@ -269,3 +269,25 @@ def test_a_dynamic_dim_outside_its_range_is_named_by_the_loaded_program(tmp_path
     with pytest.raises(RuntimeInputError, match=rf"dim 1 of input 'x' is {size}, outside the range \[2, 8\] of its "
                                                 r"dynamic dim seq \(s\d+\)"):
         prog(torch.randn(2, size))
+
+
+def test_a_buffer_that_requires_grad_is_read_back_as_stored(tmp_path):
+    """The format records requires_grad for parameters only: a buffer is read back without it, and its
+    placeholder's value says the same (torch.export records the eager buffer's requires_grad there;
+    ExecuTorch then refuses to write the cache back: tests/backends/test_executorch.py). The program
+    still computes what the model does."""
+    from tests.support.helpers import CacheFilledEagerly
+
+    model, args = CacheFilledEagerly.made()
+    ep = torch.export.export(model, args)
+    buffer = next(s.arg.name for s in ep.graph_signature.input_specs if s.target == "cache")
+    placeholders = lambda e: {n.name: n.meta["val"] for n in e.graph.nodes if n.op == "placeholder"}  # noqa: E731
+    assert placeholders(ep)[buffer].requires_grad
+    export_model(ep, path=tmp_path / "cache.pt2b")
+    prog = load(tmp_path / "cache.pt2b")
+    read = prog.exported_program()
+    assert not placeholders(read)[buffer].requires_grad and not read.constants["cache"].requires_grad
+    assert placeholders(read)["p_proj_weight"].requires_grad  # a parameter keeps it
+    again, _ = CacheFilledEagerly.made()  # the model's state at export, called once more
+    with torch.no_grad():
+        assert_bitwise(prog(*args), again(*args))

@@ -129,3 +129,27 @@ def assert_close_to_eager(out, eager, rtol: float, atol: float) -> None:
             torch.testing.assert_close(x, y, rtol=rtol, atol=atol, equal_nan=True)
         else:
             assert x == y
+
+
+class CacheFilledEagerly(torch.nn.Module):
+    """A static KV cache in small: a buffer written in place with a value computed from parameters.
+    ``made()`` calls it once eagerly outside no_grad first, as a user filling the cache would: the
+    buffer then requires grad, and torch.export records that in its placeholder's value."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+        self.register_buffer("cache", torch.zeros(2, 8, 4), persistent=False)
+
+    def forward(self, x, pos):
+        self.cache.index_copy_(1, pos, self.proj(x))
+        return self.cache.sum(1)
+
+    @classmethod
+    def made(cls):
+        """(model, its inputs, the model's state before the call to export, as a fresh copy's)."""
+        torch.manual_seed(0)
+        model, args = cls(), (torch.randn(2, 3, 4), torch.tensor([0, 1, 2]))
+        model(*args)
+        assert model.cache.requires_grad
+        return model, args

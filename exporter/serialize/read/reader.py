@@ -437,6 +437,7 @@ def build(art: Artifact, c: Checked) -> torch.export.ExportedProgram:
         ) from e
     _check_inputs_match_placeholders(ep, where)
     _restore_unused_ranges(ep, c.serialized)
+    _state_values_as_stored(ep)
     if module_stacks.PROVENANCE_KEY in read_provenance(art):
         module_stacks.unescape(ep)
     return ep
@@ -505,6 +506,25 @@ def _check_state_matches_signature(serialized: S.ExportedProgram, state_dict, co
             raise CorruptArtifactError(
                 f"{where}: the graph signature needs {spec.type} {name!r} but the artifact stores no such "
                 f"tensor in its {label}.")
+
+
+def _state_values_as_stored(ep) -> None:
+    """A buffer or tensor constant is read back without requires_grad (the format records it for
+    parameters only), and its placeholder's value says so too. A model called eagerly before its
+    export can hold a buffer that requires grad (an in-place write of a value computed from its
+    parameters: a static KV cache filled outside no_grad); torch.export records that in the
+    placeholder's value, and a backend that retraces the program refuses to write the mutation back
+    into it ("a leaf Variable that requires grad is being used in an in-place operation":
+    ExecuTorch's to_executorch, on torch's own program too)."""
+    from torch.export.graph_signature import InputKind
+
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    for spec in ep.graph_signature.input_specs:
+        node = placeholders.get(spec.arg.name) if spec.kind in (InputKind.BUFFER, InputKind.CONSTANT_TENSOR) else None
+        val = node.meta.get("val") if node is not None else None
+        if isinstance(val, torch.Tensor) and val.requires_grad and getattr(val, "fake_mode", None) is not None:
+            with val.fake_mode:
+                node.meta["val"] = val.detach()
 
 
 def _restore_unused_ranges(ep, serialized: S.ExportedProgram) -> None:
