@@ -204,6 +204,11 @@ def _program_of(art, *, verify: bool) -> Pt2bProgram:
         with gc_paused(), deferred():  # the graph modules made generate their code on first use: torch's
             return reader.build(art, c)  # deserializer's never, the program's once (0.05 s per 700 nodes)
 
+    def build_for_call():  # what a first call runs, where the ExportedProgram is not built yet
+        c = checked.get()
+        with gc_paused(), deferred():
+            return reader.build_for_call(art, c)
+
     prog = art.program
     ops = [OperatorInfo(q, o, s, _KIND_NAMES.get(k, "?"), int(r.count))
            for (q, o, s, k), r in zip(reader.operator_records(art), prog.operators or [])]
@@ -223,7 +228,7 @@ def _program_of(art, *, verify: bool) -> Pt2bProgram:
         Lazy(build), path=art.path, format_version=art.version, torch_version=reader.text(prog.torchVersion),
         producer=reader.text(prog.producer), ir_level=reader.text(prog.irLevel), operators=ops,
         metadata=reader.read_metadata(art), provenance=Lazy(upgraded), lowering=reader.read_lowering(art),
-        checked=checked, method=art.method,
+        checked=checked, method=art.method, for_call=Lazy(build_for_call),
     )
     program.dim_names = dims.from_provenance(provenance, art.method)
     return program

@@ -54,7 +54,7 @@ PATCHES: tuple[Patch, ...] = (
           "inside deferred(), the graph modules a lowering's traces make are _LazyGraphModules too, unless "
           "torch's own switch forbids it; torch's own choice elsewhere"),
     Patch("torch.fx.experimental.symbolic_shapes:_free_unbacked_symbols_with_path", "process",
-          "exporter/serialize/read/deserialize.py::deserialize_program",
+          "exporter/serialize/read/deserialize.py::_reading",
           "while pt2b's deserializer runs in this thread, a walk with nothing pending returns {} at once "
           "(it would find and change nothing): 2% of a cold lowering"),
     Patch("torch._decomp.decompositions_for_rng:PhiloxState.reset", "per-trace",
@@ -69,6 +69,11 @@ PATCHES: tuple[Patch, ...] = (
           "the deserializer pt2b makes for one program gets cheaper fake tensors, memoized symbolic "
           "expressions and module stacks split once (torch's class is final: no subclass)",
           ("deserialize_tensor_meta", "_parse_sym_expr", "deserialize_metadata")),
+    Patch("torch._export.serde.serialize:GraphModuleDeserializer", "per-instance",
+          "exporter/serialize/read/deserialize.py::deserialize_for_call",
+          "the deserializer a first call's graph is built by gives fake values to the graph's inputs only and "
+          "reads no node metadata (a call needs neither)",
+          ("sync_fx_node", "deserialize_metadata")),
     Patch("torch._subclasses.fake_tensor:FakeTensorMode", "per-instance",
           "exporter/serialize/read/deserialize.py::_deserialize_program",
           "the fake mode of the program read back allows fallback kernels, as torch.export's tracing did, "

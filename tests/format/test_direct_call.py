@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from exporter import export_model, load, load_for_backend
+from exporter.corpus.zoo import make_case, zoo_names
+from tests.support.helpers import assert_bitwise
 
 
 class Counter(torch.nn.Module):
@@ -154,9 +156,11 @@ def test_a_dynamic_batch_runs_directly(tmp_path):
     assert prog._direct(((torch.randn(1, 4),)), {}) is NotImplemented  # below the range: the module path
 
 
-def test_a_loaded_programs_code_is_generated_once(tmp_path, monkeypatch):
-    """torch's deserializer makes a graph module that ExportedProgram then makes again: the first one's
-    code is never generated (0.05 s per 700 nodes), the program's once, and calls run it."""
+def test_a_first_call_builds_no_exported_program_and_generates_code_once(tmp_path, monkeypatch):
+    """A loaded program's first call runs the lifted graph torch's deserializer builds without fake values,
+    metadata or an ExportedProgram (reader.build_for_call): its code is generated once (0.05 s per 700
+    nodes), calls run it, and no ExportedProgram is made until asked for; the one made then computes
+    the same, and its graph module's code is generated only when used."""
     path, args, kwargs = _pair(tmp_path)
     generated = []
     real = torch.fx.Graph.python_code
@@ -164,6 +168,39 @@ def test_a_loaded_programs_code_is_generated_once(tmp_path, monkeypatch):
                         lambda self, *a, **k: generated.append(self) or real(self, *a, **k))
     prog = load(path)
     out, _ = _call(prog, args, kwargs)
-    assert len(generated) == 1 and generated[0] is prog.exported_program().graph
-    assert "def forward" in prog.exported_program().graph_module.code
-    assert torch.equal(out["y"], _call(prog.module(), args, kwargs)[0]["y"])  # (the module: a second program)
+    assert not prog._built.done and len(generated) == 1 and generated[0] is prog._for_call.get().graph
+    assert all(n.meta["val"] is None for n in generated[0].nodes if n.op == "call_function")
+    ep = prog.exported_program()
+    assert len(generated) == 1 and "def forward" in ep.graph_module.code
+    fresh = load(path)
+    fresh.exported_program()  # an ExportedProgram built before the first call: the call runs its graph
+    again, _ = _call(fresh, args, kwargs)
+    assert fresh._direct.gm is fresh.exported_program().graph_module and not fresh._for_call.done
+    assert torch.equal(out["y"], again["y"])
+    assert torch.equal(out["y"], _call(load(path).module(), args, kwargs)[0]["y"])
+
+
+def _calls(gm) -> list:
+    """Every node of ``gm`` but the getitems (op, name, target, arguments with nodes by name)."""
+    import operator
+
+    from tests.support.helpers import _norm_arg
+
+    return [(n.op, n.name, str(n.target), _norm_arg(n.args), _norm_arg(n.kwargs)) for n in gm.graph.nodes
+            if n.target is not operator.getitem]
+
+
+@pytest.mark.parametrize("name", zoo_names())
+def test_the_first_calls_graph_is_the_exported_programs(tmp_path, name):
+    """The graph a first call runs (reader.build_for_call) has the nodes, targets and arguments of the
+    ExportedProgram's, getitems aside (ExportedProgram drops repeated ones), and computes the same."""
+    case = make_case(name)
+    path = tmp_path / f"{name}.pt2b"
+    export_model(case.model, case.args, path, kwargs=case.kwargs, dynamic_shapes=case.dynamic_shapes)
+    prog = load(path)
+    lean = prog._for_call.get()
+    assert _calls(lean.graph_module) == _calls(prog.exported_program().graph_module)
+    assert lean.graph_signature == prog.exported_program().graph_signature
+    a, k = case.args, case.kwargs or {}
+    with torch.no_grad():
+        assert_bitwise(load(path)(*a, **k), load(path).module()(*a, **k))

@@ -423,9 +423,34 @@ def build(art: Artifact, c: Checked) -> torch.export.ExportedProgram:
     from . import deserialize  # (torch.export's serializer imports torch._dynamo: not for inspect or check)
 
     where = _where(art.path)
+    ep = _by_torchs_deserializer(lambda: deserialize.deserialize_program(
+        c.serialized, c.state_dict, c.constants, c.example_inputs), where)
+    _check_inputs_match_placeholders(ep, where)
+    _restore_unused_ranges(ep, c.serialized)
+    _state_values_as_stored(ep)
+    if module_stacks.PROVENANCE_KEY in read_provenance(art):
+        module_stacks.unescape(ep)
+    return ep
+
+
+def build_for_call(art: Artifact, c: Checked):
+    """The program's lifted graph module and what a direct call binds it by (deserialize.CallableGraph), from
+    a program that passed ``check``: torch's deserializer without fake values, metadata or the
+    ExportedProgram (a loaded program's first call; ``build`` makes the ExportedProgram when asked)."""
+    from . import deserialize
+
+    where = _where(art.path)
+    graph = _by_torchs_deserializer(lambda: deserialize.deserialize_for_call(c.serialized, c.state_dict, c.constants),
+                                    where)
+    _check_inputs_match_placeholders(graph, where)
+    return graph
+
+
+def _by_torchs_deserializer(run, where: str):
+    """``run()`` (torch's deserializer, one at a time: it holds process-wide state), its failures typed."""
     try:
         with _DESERIALIZE_LOCK:
-            ep = deserialize.deserialize_program(c.serialized, c.state_dict, c.constants, c.example_inputs)
+            return run()
     except ArtifactError:
         raise
     except Exception as e:
@@ -435,12 +460,6 @@ def build(art: Artifact, c: Checked) -> torch.export.ExportedProgram:
         raise CorruptArtifactError(
             f"{where}: the program could not be rebuilt by torch ({type(e).__name__}: {e})."
         ) from e
-    _check_inputs_match_placeholders(ep, where)
-    _restore_unused_ranges(ep, c.serialized)
-    _state_values_as_stored(ep)
-    if module_stacks.PROVENANCE_KEY in read_provenance(art):
-        module_stacks.unescape(ep)
-    return ep
 
 
 def _argument_name(arg) -> str:
