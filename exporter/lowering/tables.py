@@ -4,6 +4,7 @@ torch.export's default table, torch._decomp's registry and CompositeImplicitAuto
 from __future__ import annotations
 
 import functools
+import threading
 
 import torch
 
@@ -99,7 +100,7 @@ def is_core(op) -> bool:
     return isinstance(op, torch._ops.OpOverload) and torch.Tag.core in op.tags
 
 
-_ROUTING: set = set()  # the PrimTorch views whose ATen implementation is being traced (view_prims_via_aten)
+_ROUTING = threading.local()  # .ops: the PrimTorch views whose ATen implementation this thread traces
 
 
 @functools.cache
@@ -128,13 +129,14 @@ def view_prims_via_aten() -> dict:
 
 def _via_aten(op):
     def decomposition(*args, **kwargs):
-        if op in _ROUTING:  # its ATen route came back to it: no route, the prim stays
+        routing = _ROUTING.__dict__.setdefault("ops", set())  # per thread: lowerings run in several at once
+        if op in routing:  # its ATen route came back to it: no route, the prim stays
             return NotImplemented
-        _ROUTING.add(op)
+        routing.add(op)
         try:
             return op._op_dk(torch._C.DispatchKey.CompositeExplicitAutograd, *args, **kwargs)
         finally:
-            _ROUTING.discard(op)
+            routing.discard(op)
 
     decomposition.__name__ = f"{op._opname}_via_aten"
     return decomposition

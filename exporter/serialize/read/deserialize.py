@@ -285,7 +285,8 @@ def deserialize_for_call(serialized, state_dict, constants) -> CallableGraph:
         res = d.deserialize(serialized.graph_module, state_dict, constants, None, ranges)
         range_constraints = _serde.ExportedProgramDeserializer().deserialize_range_constraints(
             ranges, res.names_to_symbols)
-    root = res.module_call_graph[0].signature if res.module_call_graph else None
+    # as ExportedProgram.call_spec reads it: the root module's entry, named ""
+    root = res.module_call_graph[0].signature if res.module_call_graph and res.module_call_graph[0].fqn == "" else None
     call_spec = CallSpec(root.in_spec if root else None, root.out_spec if root else None)
     return CallableGraph(res.graph_module, res.signature, res.state_dict, res.constants, call_spec,
                          range_constraints, list(serialized.guards_code or []))
