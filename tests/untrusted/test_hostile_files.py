@@ -185,11 +185,32 @@ def test_many_long_guards_are_checked_in_linear_time(tmp_path):
     assert torch.equal(prog(x), x * 2)
     assert time.perf_counter() - start < SECONDS
 
-    def more(serialized, program):  # the issue's fifty 4 KB guards (107 s at the first call): refused, quickly
-        serialized.guards_code = [guard] * 50
+    def more(serialized, program):  # one guard past the cap: refused, quickly
+        serialized.guards_code = [guard] * (count + 1)
 
     rewrite_artifact(path, path, edit=more)
-    _every_command(path, CorruptArtifactError, "guards of .* characters in all, more than")
+    _every_command(path, CorruptArtifactError, "guards of .* characters in all, more than 524288")
+
+
+def test_a_program_with_as_many_guards_as_a_real_one_is_written_and_runs(tmp_path):
+    """transformers' olmo_hybrid exports with 546 guards of 171 KB in all (its linear-attention chunking
+    pads the sequence to a multiple of 64); pt2b refused to write it when all guards were capped at 64 KB.
+    The same number of guards of the same text, over this program's input: written, loaded, run."""
+    x = torch.randn(4, 3)
+    ep = torch.export.export(Dyn(), (x,), dynamic_shapes={"x": {0: torch.export.Dim("b", min=2, max=64)}})
+    s = "L['x'].size()[0]"
+    padded = f"({s} + ((64 + (-1)*({s} % 64)) % 64))"
+    guards = [f"max(1, {padded} // 64) <= {padded} + {i}" for i in range(546)]  # true for any size
+    assert sum(map(len, guards)) > 64 * 1024
+    ep._guards_code = guards
+    path = tmp_path / "many_guards.pt2b"
+    start = time.perf_counter()
+    export_model(ep, path=path)
+    prog = load(path)
+    y = torch.randn(5, 3)
+    assert torch.equal(prog(y), y * 2)
+    assert prog.exported_program()._guards_code == guards
+    assert time.perf_counter() - start < 3 * SECONDS
 
 
 def test_guard_and_expression_checks_are_linear():
