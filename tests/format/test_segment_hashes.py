@@ -63,6 +63,31 @@ def test_early_hashes_are_used_only_for_the_extents_the_table_names(tmp_path):
     assert segment_hashes.Early(not_ours).result(extents, sha256=True) is None  # the reader refuses it, not this
 
 
+def test_the_caller_hashes_what_is_left_beside_the_early_thread(tmp_path, monkeypatch):
+    """`pt2b verify`'s early hashing is one thread (the main thread imports torch meanwhile); once the
+    caller asks for the result it hashes the segments left beside that thread, and the hashes are the
+    same whichever thread made them."""
+    import threading
+    import time
+
+    path = _artifact(tmp_path)
+    art = reader.open_artifact(path)
+    extents = [(art.header.data_offset + int(s.offset), int(s.nbytes)) for s in art.program.segments]
+    expected = segment_hashes.compute(art.mm, extents, sha256=True)
+    by, sha256 = [], hashlib.sha256
+
+    def slow_sha256(data):
+        by.append(threading.current_thread().name)
+        time.sleep(0.2)
+        return sha256(data)
+
+    monkeypatch.setattr(segment_hashes.hashlib, "sha256", slow_sha256)
+    got = segment_hashes.Early(path).result(extents, sha256=True)
+    monkeypatch.undo()
+    assert got == expected
+    assert len(extents) >= 3 and set(by) == {"pt2b-early-hash", threading.current_thread().name}, by
+
+
 def test_a_damaged_segment_is_named_whichever_thread_hashed_it(tmp_path):
     """A file that records digests (format 1.3+) is checked by sha256 alone, from the early thread or
     the reader's own hashing; `pt2b verify` names the segment."""
@@ -100,7 +125,7 @@ def test_early_hashing_imports_no_torch(tmp_path):
     path = _artifact(tmp_path)
     code = ("import sys\nfrom exporter.serialize.read import segment_hashes\n"
             f"e = segment_hashes.Early({str(path)!r})\ne._thread.join()\n"
-            "assert e._hashes, 'nothing hashed'\nassert 'torch' not in sys.modules\nprint('ok')")
+            "assert e._done, 'nothing hashed'\nassert 'torch' not in sys.modules\nprint('ok')")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "ok", done.stderr[-2000:]
 

@@ -59,45 +59,81 @@ def compute(buf, extents: list[tuple[int, int]], *, sha256: bool, workers: int |
 
 class Early:
     """Hashing of a file's weight segments started before anything else is imported or checked (a
-    thread reads the header and the program table with flatbuffers alone). ``result(extents)`` gives
-    the Hashes when the file's extents are the ones it hashed, else None: nothing read here is trusted."""
+    thread reads the header and the program table with flatbuffers alone). One thread hashes, the
+    segments largest first, so that the caller's own work (importing torch, checking the program)
+    keeps a core; ``result(extents)`` then hashes what is left beside that thread and gives the
+    Hashes when the file's extents are the ones hashed, else None: nothing read here is trusted."""
 
     def __init__(self, path):
         self._extents: list[tuple[int, int]] | None = None
-        self._hashes: list[Hashes] | None = None
+        self._sha256 = False
+        self._mm = None
+        self._todo: list[int] = []  # the segments no thread has taken yet, the largest last
+        self._done: dict[int, Hashes] = {}
+        self._failed = False
+        self._lock = threading.Lock()
+        self._ready = threading.Event()  # the extents are read (or cannot be)
         self._thread = threading.Thread(target=self._run, args=(os.fspath(path),), daemon=True,
                                         name="pt2b-early-hash")
         self._thread.start()
 
     def _run(self, path: str) -> None:
         try:
-            from ..generated import pt2b_generated as G
-            from ..layout.container import HEADER_SIZE, unpack_header
-
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                header = unpack_header(f.read(HEADER_SIZE), path, size)
-                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            try:
-                program = G.Program.GetRootAs(mm[header.program_offset:header.program_offset + header.program_size], 0)
-                extents = []
-                for i in range(program.SegmentsLength()):
-                    seg = program.Segments(i)
-                    start = header.data_offset + seg.Offset()
-                    extents.append((start, seg.Nbytes()))
-                if any(s + n > size or s < 0 for s, n in extents):
-                    return
-                self._hashes = compute(mm, extents, sha256=not program.WeightDigestsIsNone())
-                self._extents = extents
-            finally:
-                mm.close()
+            self._read_extents(path)
         except Exception:  # noqa: BLE001 -- a file this cannot read is the reader's to refuse, with its error
+            self._failed = True
+        finally:
+            self._ready.set()
+        self._hash_until_done()
+
+    def _read_extents(self, path: str) -> None:
+        from ..generated import pt2b_generated as G
+        from ..layout.container import HEADER_SIZE, unpack_header
+
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            header = unpack_header(f.read(HEADER_SIZE), path, size)
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        program = G.Program.GetRootAs(mm[header.program_offset:header.program_offset + header.program_size], 0)
+        extents = []
+        for i in range(program.SegmentsLength()):
+            seg = program.Segments(i)
+            extents.append((header.data_offset + seg.Offset(), seg.Nbytes()))
+        if any(s + n > size or s < 0 for s, n in extents):
+            mm.close()
+            self._failed = True
             return
+        self._mm, self._extents, self._sha256 = mm, extents, not program.WeightDigestsIsNone()
+        self._todo = sorted(range(len(extents)), key=lambda i: extents[i][1])
+
+    def _take(self) -> int | None:
+        with self._lock:
+            return self._todo.pop() if self._todo and not self._failed else None
+
+    def _hash_until_done(self) -> None:
+        """Hash segments until none is left to take (called by the thread, then by result())."""
+        if self._mm is None:
+            return
+        view = memoryview(self._mm)
+        try:
+            while (i := self._take()) is not None:
+                start, n = self._extents[i]
+                self._done[i] = (Hashes(None, hashlib.sha256(view[start:start + n]).digest()) if self._sha256
+                                 else Hashes(_crc_chain(view, start, start + n), None))
+        except Exception:  # noqa: BLE001 -- as in _run: the reader hashes again and reports
+            self._failed = True
+        finally:
+            view.release()
 
     def result(self, extents: list[tuple[int, int]], *, sha256: bool) -> list[Hashes] | None:
+        self._ready.wait()
+        self._hash_until_done()
         self._thread.join()
-        if self._extents != extents or self._hashes is None:
+        if self._mm is not None:
+            self._mm.close()
+            self._mm = None
+        if self._failed or self._extents != extents or len(self._done) != len(extents):
             return None
-        if any((h.sha256 is None) == sha256 for h in self._hashes):  # the other kind of checksum
+        if self._sha256 != sha256:  # the other kind of checksum
             return None
-        return self._hashes
+        return [self._done[i] for i in range(len(extents))]
