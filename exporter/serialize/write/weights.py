@@ -71,11 +71,12 @@ def storage_bytes(storage: torch.UntypedStorage) -> memoryview:
     return memoryview(t.numpy()).cast("B")
 
 
-def write_segments(f, wp: WeightPlan, data_start: int, *, digests: bool = True) -> None:
+def write_segments(f, wp: WeightPlan, data_start: int, *, digests: bool = True, written=None) -> None:
     """Write every segment at data_start + its offset, filling checksums (and with ``digests``, the
     sha256 digests) in the plan. They are computed on other threads while the segments are written
     (zlib, hashlib and file writes release the GIL on large buffers): a save of weights costs about
-    one pass over them, not three."""
+    one pass over them, not three. ``written()`` is called once the bytes are in the file, before the
+    checksums are waited for (the writer starts the disk's sync of the weights there)."""
     views = [storage_bytes(seg.storage) for seg in wp.segments]
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         sums = pool.map(zlib.crc32, views)
@@ -90,6 +91,8 @@ def write_segments(f, wp: WeightPlan, data_start: int, *, digests: bool = True) 
         end = data_start + wp.data_size
         if end > pos:
             f.write(b"\0" * (end - pos))
+        if written is not None:
+            written()
         for seg, checksum in zip(wp.segments, sums):
             seg.checksum = checksum
         for seg, d in zip(wp.segments, hashes):

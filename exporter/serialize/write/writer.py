@@ -314,19 +314,30 @@ def _write_artifact(methods: list[MethodSource], path, *, metadata, provenance, 
 
     data_offset = align(HEADER_SIZE)
     with atomic_path(dest) as tmp:
-        with open(tmp, "wb") as f:
-            _write_file(f, prog, wp, data_offset, version, dest)
-            f.flush()
-            # the disk syncs while the file is read back (fsync releases the GIL): both before the rename
-            with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="pt2b-fsync") as pool:
-                synced = pool.submit(os.fsync, f.fileno())
-                try:
-                    check_readable(tmp, dest)
-                    if check_written is not None:
-                        check_written(wp)
-                finally:
+        # the disk syncs on another thread (fsync releases the GIL): the weights' bytes while their
+        # checksums are computed, the rest while the file is read back; all before the rename
+        with open(tmp, "wb") as f, \
+                concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="pt2b-fsync") as pool:
+            syncs = []
+
+            def sync_weights():
+                f.flush()
+                syncs.append(pool.submit(_DATASYNC, f.fileno()))
+
+            try:
+                _write_file(f, prog, wp, data_offset, version, dest, sync_weights)
+                f.flush()
+                syncs.append(pool.submit(os.fsync, f.fileno()))
+                check_readable(tmp, dest)
+                if check_written is not None:
+                    check_written(wp)
+            finally:
+                for synced in syncs:
                     synced.result()
     return dest
+
+
+_DATASYNC = getattr(os, "fdatasync", os.fsync)  # the data alone (macOS and Windows have fsync only)
 
 
 def check_readable(tmp: str, dest: str) -> None:
@@ -346,11 +357,12 @@ def check_readable(tmp: str, dest: str) -> None:
 DIGESTS_SINCE = next(v for v, fields in FIELDS_ADDED.items() if "weight_digests" in fields)  # (1, 3)
 
 
-def _write_file(f, prog, wp, data_offset: int, version, dest: str) -> None:
-    """Header, weight segments and the packed program table, in that order."""
+def _write_file(f, prog, wp, data_offset: int, version, dest: str, weights_written=None) -> None:
+    """Header, weight segments and the packed program table, in that order (``weights_written()``
+    called once the segments' bytes are written, before their checksums are waited for)."""
     f.write(b"\0" * data_offset)
     digests = tuple(version) >= DIGESTS_SINCE
-    weights.write_segments(f, wp, data_offset, digests=digests)
+    weights.write_segments(f, wp, data_offset, digests=digests, written=weights_written)
     segs = []
     for s in wp.segments:
         t = G.SegmentT()
