@@ -153,9 +153,24 @@ def run_case(name: str, backends, conn, workdir: str) -> None:
     conn.send(rec)
 
 
+# pt2b's own stages between torch.export's capture and any backend: a case failing there fails every backend
+PT2B_STAGES = ("write", "load")
+
+
+def _pt2b_stage_failed(rec: dict) -> str | None:
+    """The pt2b stage (PT2B_STAGES) a captured case failed at before any backend saw it, or None."""
+    if rec["stages"].get("capture", {}).get("status") != "ok":
+        return None
+    return next((k for k in PT2B_STAGES if rec["stages"].get(k, {}).get("status") == "fail"), None)
+
+
 def failure_key(rec: dict, b: str) -> str:
     """Where and why backend ``b`` failed on a case, in one line: the stage and the backend's reason, or
     for a lowering the ops that could not reach the backend's op set."""
+    stage = _pt2b_stage_failed(rec)
+    if stage is not None:
+        st = rec["stages"][stage]
+        return re.sub(r"\s+", " ", f"{stage}: {st.get('cause') or st.get('error', '')}")[:200]
     for k, st in rec["stages"].items():
         if k.endswith(f":{b}") and st.get("status") == "fail":
             text = st.get("cause") or st.get("error_key") or st.get("error", "")
@@ -169,10 +184,13 @@ def failure_key(rec: dict, b: str) -> str:
 def owner(rec: dict, b: str):
     """Whose failure a case's backend ``b`` run is: None (it ran close to eager), "torch" (torch.export
     cannot capture it, its own ep.module() differs from eager as the backend's result does, or the
-    backend takes torch's program in memory but not once torch's own save/load read it back), "pt2b" (the backend runs torch.export's own program), "backend" (it fails that
+    backend takes torch's program in memory but not once torch's own save/load read it back), "pt2b" (the backend runs
+    torch.export's own program, or pt2b did not write or read back the captured program), "backend" (it fails that
     too, or crashed or hung the process in its own stages), or "?" (not run)."""
     if b in rec.get("owner", {}):
         return rec["owner"][b]
+    if _pt2b_stage_failed(rec) is not None:  # pt2b did not write or read back what torch.export captured
+        return "pt2b"
     failed = [k for k, st in rec["stages"].items() if k.endswith(f":{b}") and st.get("status") == "fail"]
     if failed and failed[0].startswith(("handoff:", "run:", "direct:")):
         return "backend"  # the backend crashed or hung its process (a signal, the timeout)
@@ -195,7 +213,8 @@ def summarize(records: list[dict], backends, file=sys.stdout) -> dict:
     built = [r for r in records if r["stages"].get("build", {}).get("status") == "ok"]
     out = {}
     for b in backends:
-        ran = [r for r in captured if b in r.get("owner", {}) or any(k.endswith(f":{b}") for k in r["stages"])]
+        ran = [r for r in captured if b in r.get("owner", {}) or any(k.endswith(f":{b}") for k in r["stages"])
+               or _pt2b_stage_failed(r) is not None]
         owners = collections.Counter(owner(r, b) for r in ran)
         groups = collections.defaultdict(list)  # (owner, where and why) -> case names
         for r in ran:

@@ -20,3 +20,23 @@ def test_redo_runs_again_pt2bs_failures_timeouts_and_cases_not_run():
     timed_out = {**ok, "handoff:onnx": {"status": "fail", "error": "timeout: 300s"}}
     assert bm.owner(_rec(timed_out, {}), "onnx") == "backend"
     assert bm.redo(_rec(timed_out, {"openvino": None}), BACKENDS)
+
+
+def test_a_case_pt2b_cannot_write_is_pt2bs_failure_on_every_backend():
+    """A captured case that fails at pt2b's write (or read-back) never reaches a backend: it counts as
+    captured and as pt2b's failure for each backend, with the write's reason (it was left out of both)."""
+    import io
+
+    wrote_not = _rec({"build": "ok", "capture": "ok", "eager": "ok",
+                      "write": {"status": "fail", "error": "ExportError: pt2b would refuse ...",
+                                "cause": "CorruptArtifactError: guards_code: 555 guards"}}, {})
+    ran = _rec({"build": "ok", "capture": "ok", "write": "ok", "lower:onnx": "ok", "lower:openvino": "ok"},
+               {"onnx": None, "openvino": None})
+    not_captured = _rec({"build": "ok", "capture": "fail"}, {"onnx": "torch", "openvino": "torch"})
+    for b in BACKENDS:
+        assert bm.owner(wrote_not, b) == "pt2b"
+        assert bm.failure_key(wrote_not, b) == "write: CorruptArtifactError: guards_code: 555 guards"
+    counts = bm.summarize([wrote_not, ran, not_captured], BACKENDS, file=io.StringIO())
+    for b in BACKENDS:
+        assert (counts[b]["captured"], counts[b]["ok"], counts[b]["pt2b_fails"]) == (2, 1, 1)
+    assert bm.redo(wrote_not, BACKENDS)
