@@ -168,14 +168,15 @@ def test_many_long_guards_are_checked_in_linear_time(tmp_path):
     path = _exported(tmp_path, model=Dyn(), args=(torch.randn(4, 3),),
                      dynamic_shapes={"x": {0: torch.export.Dim("b", min=2, max=64)}})
     clause = "L['x'].size()[0] <= 64"
-    guard = " and ".join([clause] * (untrusted.MAX_EXPR_LEN // (len(clause) + 5)))  # ~4 KB, ~160 reads of L
-    assert len(guard) <= untrusted.MAX_EXPR_LEN
+    guard = " and ".join([clause] * (untrusted.MAX_EXPR_LEN // (len(clause) + 5) - 1))  # ~4 KB, ~160 reads of L
+    guards = [f"{guard} and L['x'].size()[0] <= {64 + i}" for i in range(1000)]  # distinct (repeats count once)
+    assert all(len(g) <= untrusted.MAX_EXPR_LEN for g in guards)
 
-    count = untrusted.MAX_GUARDS_TEXT // len(guard)  # as many ~4 KB guards as fit: accepted, quickly
+    count = untrusted.MAX_GUARDS_TEXT // len(guards[-1])  # as many ~4 KB guards as fit: accepted, quickly
     assert count >= 10
 
     def edit(serialized, program):
-        serialized.guards_code = [guard] * count
+        serialized.guards_code = guards[:count]
 
     rewrite_artifact(path, path, edit=edit)
     start = time.perf_counter()
@@ -186,16 +187,42 @@ def test_many_long_guards_are_checked_in_linear_time(tmp_path):
     assert time.perf_counter() - start < SECONDS
 
     def more(serialized, program):  # one guard past the cap: refused, quickly
-        serialized.guards_code = [guard] * (count + 1)
+        serialized.guards_code = guards[:count + 1]
 
     rewrite_artifact(path, path, edit=more)
-    _every_command(path, CorruptArtifactError, "guards of .* characters in all, more than 524288")
+    _every_command(path, CorruptArtifactError, "distinct guards of .* characters in all, more than 262144")
+
+
+def test_a_guard_repeated_is_checked_and_compiled_once(tmp_path):
+    """torch writes a guard once per use: a deeper olmo_hybrid repeats the same 470 guards (145 KB) more
+    often (2,457 of them, 802 KB, at 8 layers). The writer stores each once; a file that repeats one
+    (written by torch's own save, or by hand) is read with it once, however often it repeats."""
+    x = torch.randn(4, 3)
+    ep = torch.export.export(Dyn(), (x,), dynamic_shapes={"x": {0: torch.export.Dim("b", min=2, max=64)}})
+    guards = [f"L['x'].size()[0] <= {64 + i % 3}" for i in range(30)]
+    ep._guards_code = guards
+    path = tmp_path / "repeats.pt2b"
+    export_model(ep, path=path)
+    assert load(path).exported_program()._guards_code == guards[:3]
+
+    def repeat(serialized, program):  # far past the cap in all, one guard
+        serialized.guards_code = [guards[0]] * (untrusted.MAX_GUARDS_TEXT // len(guards[0]) * 4)
+
+    rewrite_artifact(path, path, edit=repeat)
+    start = time.perf_counter()
+    prog = load(path)
+    y = torch.randn(5, 3)
+    assert torch.equal(prog(y), y * 2)
+    assert prog.exported_program()._guards_code == guards[:1]
+    assert time.perf_counter() - start < SECONDS
+    with pytest.raises(AssertionError, match="Guard failed"):
+        prog.module()(torch.randn(65, 3))  # the guard still holds
 
 
 def test_a_program_with_as_many_guards_as_a_real_one_is_written_and_runs(tmp_path):
     """transformers' olmo_hybrid exports with 546 guards of 171 KB in all (its linear-attention chunking
     pads the sequence to a multiple of 64); pt2b refused to write it when all guards were capped at 64 KB.
-    The same number of guards of the same text, over this program's input: written, loaded, run."""
+    As many distinct guards of the same text, over this program's input: written, loaded, run."""
     x = torch.randn(4, 3)
     ep = torch.export.export(Dyn(), (x,), dynamic_shapes={"x": {0: torch.export.Dim("b", min=2, max=64)}})
     s = "L['x'].size()[0]"

@@ -383,6 +383,7 @@ def check(art: Artifact, *, verify: bool = False) -> Checked:
     _check_signature_names_inputs(serialized, where)
     example_inputs = _example_inputs(art, tensors)
     root = serialized.graph_module.module_call_graph[0].signature
+    serialized.guards_code = untrusted.distinct_guards(serialized.guards_code)  # each checked, compiled, run once
     untrusted.check_guards(serialized.guards_code, example_inputs, list(root.forward_arg_names or []),
                            f"{where}: guards_code")
     return Checked(serialized, state_dict, constants, example_inputs)

@@ -85,9 +85,10 @@ MAX_EXPR_DEPTH = 128  # nested syntax nodes in one expression or guard (a sum of
 MAX_FACTORS = 5  # non-constant factors of one product
 MAX_CALL_NESTING = 8  # function calls (FloorDiv, Mod, Max, ...) inside one another (real programs: up to 6)
 MAX_SYMBOLS = 12  # distinct symbols in one expression
-# all of guards_code together: ep.module() compiles and runs every guard, pt2b checks each (both linear in
-# the text). The most a real program was seen to write: 171 KB (transformers' olmo_hybrid, 546 guards)
-MAX_GUARDS_TEXT = 512 * 1024
+# all distinct guards together: ep.module() compiles and runs every guard, pt2b checks each (both linear in
+# the text). torch repeats a guard per use; the most distinct guard text a real program was seen to hold:
+# 145 KB (transformers' olmo_hybrid, 470 guards at 4 and at 8 layers)
+MAX_GUARDS_TEXT = 256 * 1024
 
 
 def _nodes(tree, bad) -> list:
@@ -642,19 +643,29 @@ def _input_paths(nodes: list, inner: set) -> list[tuple]:
     return paths
 
 
+def distinct_guards(guards):
+    """``guards`` (guards_code: Python assertions) without repeats, in first-seen order: asserting the
+    same text twice checks nothing more. Anything but a list of strings is returned as it is (the
+    reader refuses it by name)."""
+    if isinstance(guards, list) and all(type(g) is str for g in guards):
+        return list(dict.fromkeys(guards))
+    return guards
+
+
 def check_guards(guards_code, example_inputs, forward_arg_names, where: str) -> None:
     """Every guard is a shape comparison (check_guard); when example inputs are stored (then
     ep.module() generates the guard function) each must also read only input leaves that function
     binds: torch rewrites L['<arg>']... of each example-input leaf (and L['flat_args'][i]) into
-    args[i] textually; any other L[...] is left for Python to fail on (NameError) at every call."""
+    args[i] textually; any other L[...] is left for Python to fail on (NameError) at every call.
+    ``guards_code``: without repeats (distinct_guards), as the reader hands it on."""
     from ..._torch.pytree import pytree
 
     total = sum(len(code) if isinstance(code, str) else 0 for code in guards_code or [])
     if total > MAX_GUARDS_TEXT:
         raise CorruptArtifactError(
-            f"{where}: {len(guards_code)} guards of {total} characters in all, more than {MAX_GUARDS_TEXT}; "
+            f"{where}: {len(guards_code)} distinct guards of {total} characters in all, more than {MAX_GUARDS_TEXT}; "
             f"ep.module() compiles and runs every guard on every call (the most a real program was seen to "
-            f"write: 546 guards of 171 KB).")
+            f"hold: 470 distinct guards of 145 KB).")
     reads = [(code, check_guard(code, set(forward_arg_names), where)) for code in guards_code or []]
     if not reads or example_inputs is None:
         return

@@ -25,6 +25,7 @@ from ...util.gc_pause import gc_paused
 from ..generated import pt2b_generated as G
 from ..layout.container import ALIGNMENT, FILE_IDENTIFIER, HEADER_SIZE, Header, align
 from ..mapping import module_stacks, return_types
+from ..read import untrusted
 from . import encode_schema, serde_repairs, weights
 
 MAX_METADATA_BYTES = 16 << 20
@@ -117,7 +118,7 @@ def _serialize_program(ep) -> S.ExportedProgram:
         schema_version=S.SchemaVersion(major=SCHEMA_VERSION[0], minor=SCHEMA_VERSION[1]),
         verifiers=[v.dialect for v in ep.verifiers],
         torch_version=torch.__version__,
-        guards_code=ep._guards_code,
+        guards_code=untrusted.distinct_guards(ep._guards_code),  # torch repeats a guard per use (olmo_hybrid: 1,317 of 470)
     )
 
 
