@@ -29,13 +29,13 @@ def test_a_case_pt2b_cannot_write_is_pt2bs_failure_on_every_backend():
 
     wrote_not = _rec({"build": "ok", "capture": "ok", "eager": "ok",
                       "write": {"status": "fail", "error": "ExportError: pt2b would refuse ...",
-                                "cause": "CorruptArtifactError: guards_code: 555 guards"}}, {})
+                                "cause": "CorruptArtifactError: /tmp/x_1/.m_a.pt2b.9b97.tmp: guards_code: 555 guards"}}, {})
     ran = _rec({"build": "ok", "capture": "ok", "write": "ok", "lower:onnx": "ok", "lower:openvino": "ok"},
                {"onnx": None, "openvino": None})
     not_captured = _rec({"build": "ok", "capture": "fail"}, {"onnx": "torch", "openvino": "torch"})
     for b in BACKENDS:
         assert bm.owner(wrote_not, b) == "pt2b"
-        assert bm.failure_key(wrote_not, b) == "write: CorruptArtifactError: guards_code: 555 guards"
+        assert bm.failure_key(wrote_not, b) == "write: CorruptArtifactError: FILE: guards_code: 555 guards"
     counts = bm.summarize([wrote_not, ran, not_captured], BACKENDS, file=io.StringIO())
     for b in BACKENDS:
         assert (counts[b]["captured"], counts[b]["ok"], counts[b]["pt2b_fails"]) == (2, 1, 1)
