@@ -38,21 +38,21 @@ def _crc_chain(view, lo: int, hi: int) -> int:
     return crc
 
 
+def _hash(view, start: int, n: int, sha256: bool) -> Hashes:
+    """The Hashes of ``view[start:start + n]``: its sha256 when asked for, else its CRC32."""
+    if sha256:
+        return Hashes(None, hashlib.sha256(view[start:start + n]).digest())
+    return Hashes(_crc_chain(view, start, start + n), None)
+
+
 def compute(buf, extents: list[tuple[int, int]], *, sha256: bool, workers: int | None = None) -> list[Hashes]:
     """The Hashes of each (start, nbytes) extent of ``buf`` (an mmap or bytes), in order."""
     view = memoryview(buf)
     workers = max(1, min(workers or os.cpu_count() or 1, 2 * len(extents) or 1))
     order = sorted(range(len(extents)), key=lambda i: -extents[i][1])  # the largest first: the pool ends together
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pt2b-hash") as pool:
-        done = {}
-        for i in order:
-            start, n = extents[i]
-            if sha256:
-                done[i] = pool.submit(lambda s=start, k=n: hashlib.sha256(view[s:s + k]).digest())
-            else:
-                done[i] = pool.submit(_crc_chain, view, start, start + n)
-        out = [Hashes(None, done[i].result()) if sha256 else Hashes(done[i].result(), None)
-               for i in range(len(extents))]
+        done = {i: pool.submit(_hash, view, *extents[i], sha256) for i in order}
+        out = [done[i].result() for i in range(len(extents))]
     view.release()
     return out
 
@@ -117,9 +117,7 @@ class Early:
         view = memoryview(self._mm)
         try:
             while (i := self._take()) is not None:
-                start, n = self._extents[i]
-                self._done[i] = (Hashes(None, hashlib.sha256(view[start:start + n]).digest()) if self._sha256
-                                 else Hashes(_crc_chain(view, start, start + n), None))
+                self._done[i] = _hash(view, *self._extents[i], self._sha256)
         except Exception:  # noqa: BLE001 -- as in _run: the reader hashes again and reports
             self._failed = True
         finally:
