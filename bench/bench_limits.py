@@ -4,9 +4,11 @@ targets: docs/benchmarks.md#big-models-against-the-physical-limits):
 - write: export_model's write of the captured program (the read-back check included) against writing
   the same number of bytes to a new file in the same directory, fsyncing it and renaming it over the
   last (what an atomic write costs the disk);
-- verify: `pt2b verify` (the command, interpreter start-up and imports included, with bytecode as an
-  installed package has it: bench_pt2b.installed_env) and in-process `load(path, verify=True)` against
-  reading the file and hashing its bytes with sha256 (verify checks each segment's sha256 digest);
+- verify: `pt2b verify` and `pt2b verify --checksums` (the commands, interpreter start-up and imports
+  included, with bytecode as an installed package has it: bench_pt2b.installed_env) and in-process
+  `load(path, verify=True)` against reading the file and hashing its bytes with sha256 (verify checks each
+  segment's sha256 digest); `python -c "import torch"` beside them is the floor of a command that checks
+  the program against torch;
 - lowering: load_for_backend(path, "core") cold, the default (validated) and validate=False, against
   torch.export.load + run_decompositions() of the same program;
 - first call: load(path) + the first call against eager's first call on the same weights (the model
@@ -133,12 +135,20 @@ def bench(name: str, layers: int, dtype: torch.dtype, repeat: int, tmp: str) -> 
         return run
 
     cmd = [sys.executable, "-m", "exporter", "--quiet", "verify", pt2b]
+    sums = cmd[:-1] + ["--checksums", pt2b]
+    imp = [sys.executable, "-c", "import torch"]
     env = installed_env(tmp, cmd)  # with bytecode, as an installed package starts
-    o_cmd, o_inproc, t_hash = interleaved([cold(lambda: subprocess.run(cmd, check=True, capture_output=True, env=env)),
-                                           cold(lambda: load(pt2b, verify=True)),
-                                           cold(lambda: raw_read_hash(pt2b))], repeat)
+
+    def command(argv):
+        return cold(lambda: subprocess.run(argv, check=True, capture_output=True, env=env))
+
+    o_cmd, o_sums, o_inproc, t_import, t_hash = interleaved(
+        [command(cmd), command(sums), cold(lambda: load(pt2b, verify=True)), command(imp),
+         cold(lambda: raw_read_hash(pt2b))], repeat)
     row("`pt2b verify` (the command, start-up included)", o_cmd, t_hash, "verify")
+    row("`pt2b verify --checksums` (the command, no torch)", o_sums, t_hash, "verify")
     row("load(path, verify=True) in process", o_inproc, t_hash, "")
+    row("`python -c 'import torch'` (any command's floor)", t_import, t_hash, "")
 
     # default cold core lowering against torch's load + run_decompositions
     o_val = median_time(lambda: load_for_backend(pt2b, "core", cache=False), repeat)

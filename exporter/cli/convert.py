@@ -13,7 +13,7 @@ from . import progress
 
 
 def _kind(path) -> str:
-    from ..serialize.read.reader import open_regular
+    from ..serialize.read.integrity import open_regular
 
     with open_regular(os.fspath(path), os.fspath(path)) as f:  # never blocks on a FIFO
         head = f.read(4)

@@ -1,4 +1,6 @@
-"""`pt2b verify ART.pt2b`: every checksum of an artifact (each method's graph and the weights)."""
+"""`pt2b verify ART.pt2b`: every checksum of an artifact (each method's graph and the weights) and every
+check a load makes against the running torch; with ``--checksums``, the file's own checks alone, without
+importing torch (serialize/read/integrity.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,14 @@ def run(ns) -> int:
     from ..serialize.read import segment_hashes  # no torch: the weights are hashed while torch is imported
 
     early = segment_hashes.Early(ns.artifact)
+    if ns.checksums:
+        from ..serialize.read import integrity
+
+        with progress.status(f"verifying {ns.artifact}'s checksums"):
+            done = integrity.verify_checksums(ns.artifact, early)
+        print(f"{ns.artifact}: file OK ({_methods(done.methods)} and {done.nbytes} bytes of weights; checksums "
+              "only: `pt2b verify` without --checksums also checks the program against torch)")
+        return 0
     from ..serialize import reader
 
     with progress.status(f"verifying {ns.artifact}"):
@@ -16,6 +26,9 @@ def run(ns) -> int:
         for name in art.method_names:  # every method's graph: its walk and checks, which load() leaves to first use
             reader.check(reader.method(art, name))
         n = reader.verify_weights(art, early)
-    methods = f"{len(art.method_names)} methods" if len(art.method_names) > 1 else "program"
-    print(f"{ns.artifact}: OK ({methods} and {n} bytes of weights verified)")
+    print(f"{ns.artifact}: OK ({_methods(len(art.method_names))} and {n} bytes of weights verified)")
     return 0
+
+
+def _methods(n: int) -> str:
+    return f"{n} methods" if n > 1 else "program"

@@ -12,9 +12,7 @@ import functools
 import hashlib
 import mmap
 import os
-import stat
 import threading
-import zlib
 
 import msgpack
 import torch
@@ -23,14 +21,13 @@ from ..._torch import compat
 from ..._torch.pytree import pytree
 from ..._torch.serde import schema as S
 from ... import names
-from ...errors import (ArtifactError, CorruptArtifactError, MethodNotFoundError, MissingPytreeTypeError,
-                      NotAnArtifactError)
-from ...versioning import formats, majors, schema_drift
+from ...errors import ArtifactError, CorruptArtifactError, MethodNotFoundError, MissingPytreeTypeError
+from ...versioning import schema_drift
 from ..generated import pt2b_generated as G
-from ..layout.container import FILE_IDENTIFIER, HEADER_SIZE, Header, read_preamble, unpack_header
-from ..layout.segments import DIGEST_SIZE, KIND_NAMES
+from ..layout.container import Header
+from ..layout.segments import KIND_NAMES
 from ..mapping import module_stacks, return_types
-from . import buffer_bounds, decode_schema, segment_hashes, unpack_tables, untrusted, weights
+from . import buffer_bounds, decode_schema, integrity, segment_hashes, unpack_tables, untrusted, weights
 
 return_types.register()  # torch.return_types (sort, topk, ...) in pytree specs: named, to write and read
 
@@ -64,70 +61,12 @@ def _where(path) -> str:
     return f"{os.fspath(path)!s}"
 
 
-def open_regular(path: str, where: str):
-    """``path`` opened for binary reading if it is a regular file. The open never blocks (O_NONBLOCK:
-    a FIFO named like an artifact would wait forever for a writer); a directory, FIFO, device or
-    socket is a NotAnArtifactError."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
-    except FileNotFoundError:
-        raise ArtifactError(f"{where}: no such file.") from None
-    except IsADirectoryError:
-        raise NotAnArtifactError(f"{where} is a directory, not a .pt2b file.") from None
-    except OSError as e:
-        raise ArtifactError(f"{where}: cannot open ({e.strerror or e}).") from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode)
-                else "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
-                else "not a regular file")
-        raise NotAnArtifactError(f"{where} is {kind}, not a .pt2b file; pt2b reads regular files only.")
-    if hasattr(os, "set_blocking"):
-        os.set_blocking(fd, True)
-    return os.fdopen(fd, "rb")
-
-
-def _open_checked(path, *, mapped: bool):
-    """(where, header, file mapping or None, program bytes) after the preamble, version, header
-    and program checksum checks; the mapping is made only when ``mapped``."""
-    try:
-        path = os.fspath(path)
-    except TypeError:
-        raise ArtifactError(f"path must be str or os.PathLike, got {type(path).__name__}.") from None
-    where = _where(path)
-    f = open_regular(path, where)
-    with f:
-        size = os.fstat(f.fileno()).st_size
-        head = f.read(HEADER_SIZE)
-        major, minor = read_preamble(head, where)
-        majors.check_readable((major, minor), where)  # older majors only when steps reach today's
-        header = (majors.header_reader(major) or unpack_header)(head, where, size)  # today's unless a step says
-        if mapped:
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-            program_bytes = mm[header.program_offset : header.program_offset + header.program_size]
-        else:
-            mm = None
-            f.seek(header.program_offset)
-            program_bytes = f.read(header.program_size)
-    if zlib.crc32(program_bytes) != header.program_crc32:
-        raise CorruptArtifactError(
-            f"{where}: program section checksum mismatch; the file is damaged (re-export or re-copy it)."
-        )
-    return path, header, mm, program_bytes
-
-
 def open_artifact(path) -> Artifact:
     """Open and verify ``path``: preamble, version, header, program checksum, program table."""
-    path, header, mm, program_bytes = _open_checked(path, mapped=True)
+    path, header, mm, program_bytes = integrity.open_checked(path, mapped=True)
     where = _where(path)
     digest = hashlib.sha256(program_bytes).hexdigest()
-    notes = []
-    if header.major < formats.FORMAT_MAJOR:  # an older major: its steps bring the program to today's
-        raw, notes = majors.upgrade(majors.RawProgram((header.major, header.minor), header, program_bytes), where)
-        program_bytes = raw.program
-    if len(program_bytes) < 8 or not G.Program.ProgramBufferHasIdentifier(program_bytes, 0):
-        raise CorruptArtifactError(f"{where}: program section lacks the file identifier {FILE_IDENTIFIER!r}.")
+    program_bytes, notes = integrity.current_program(header, program_bytes, where)
     # bounds, enums, depth, work: before any unpacking; the graph's own walk runs at its first read
     budget = buffer_bounds.Budget(len(program_bytes))  # one for the file: every graph's walk below draws on it
     skipped = buffer_bounds.check_buffer(program_bytes, where, skip=(_GRAPH_FIELD,), budget=budget)
@@ -200,7 +139,7 @@ _GRAPH_FIELD = "exported_program"  # the Program table's field holding torch's s
 def program_digest(path) -> str:
     """sha256 of the program section, which records every tensor and weight-segment checksum:
     an identity for the artifact's content that costs no weight reads (checked like open_artifact)."""
-    _, _, _, program_bytes = _open_checked(path, mapped=False)
+    _, _, _, program_bytes = integrity.open_checked(path, mapped=False)
     return hashlib.sha256(program_bytes).hexdigest()
 
 
@@ -228,15 +167,7 @@ def text(b) -> str:
 def weight_digests(art: Artifact) -> list[bytes] | None:
     """The sha256 digest of each weight segment as the file records it (format 1.3+), or None for a
     file that records none (written by an older pt2b, or as an older format)."""
-    raw = art.program.weightDigests
-    if raw is None:
-        return None
-    raw = bytes(raw)
-    n = len(art.program.segments or [])
-    if len(raw) != n * DIGEST_SIZE:
-        raise CorruptArtifactError(f"{_where(art.path)}: the program records {len(raw)} bytes of weight digests for "
-                                   f"{n} segments ({DIGEST_SIZE} bytes each); the file is damaged.")
-    return [raw[i:i + DIGEST_SIZE] for i in range(0, len(raw), DIGEST_SIZE)]
+    return integrity.digests(art.program.weightDigests, len(art.program.segments or []), _where(art.path))
 
 
 def segment_views(art: Artifact) -> list[torch.Tensor]:
@@ -274,11 +205,9 @@ def _check_segments(art: Artifact, early: segment_hashes.Early | None = None) ->
     Each segment's bounds are checked first (segment_views, in load_tensors)."""
     segments = art.program.segments or []
     digests = weight_digests(art)
-    extents = [(art.header.data_offset + int(s.offset), int(s.nbytes)) for s in segments]
-    hashes = early.result(extents, sha256=digests is not None) if early is not None else None
-    if hashes is None:
-        hashes = segment_hashes.compute(art.mm, extents, sha256=digests is not None)
-    weights.check_segment_hashes(hashes, segments, digests, _where(art.path))
+    extents = integrity.segment_extents(art.header, segments, _where(art.path))
+    integrity.check_segment_hashes(integrity.hash_segments(art.mm, extents, digests, early), segments, digests,
+                                   _where(art.path))
 
 
 def verify_weights(art: Artifact, early: segment_hashes.Early | None = None) -> int:

@@ -5,7 +5,7 @@ the segments largest first (docs/benchmarks.md#big-models-against-the-physical-l
 ``pt2b verify`` starts hashing the file (``early``) while it imports torch and checks the program, and
 uses the result only for the segments the verified program table then names.
 
-What a result is checked against is the reader's business (weights.check_segment_hashes); this module
+What a result is checked against is the reader's business (integrity.check_segment_hashes); this module
 only computes."""
 
 from __future__ import annotations

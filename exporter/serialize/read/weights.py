@@ -11,38 +11,17 @@ import torch
 
 from ...errors import CorruptArtifactError
 from ..mapping.dtypes import enum_to_dtype
+from .integrity import check_segment_bounds
 from .untrusted import extent_problem
 
 
 def segment_view(mm, data_offset: int, data_size: int, seg, index: int, where: str) -> torch.Tensor:
     """A uint8 tensor over one segment of the mapped file (no copy)."""
     off, n = int(seg.offset), int(seg.nbytes)
-    if off + n > data_size:
-        raise CorruptArtifactError(
-            f"{where}: segment {index} [{off}, {off + n}) lies outside the data section "
-            f"({data_size} bytes); the file is truncated or damaged."
-        )
+    check_segment_bounds(off, n, data_size, index, where)
     if n == 0:
         return torch.empty(0, dtype=torch.uint8)
     return torch.frombuffer(mm, dtype=torch.uint8, count=n, offset=data_offset + off)
-
-
-def check_segment_hashes(hashes, segments, digests: list[bytes] | None, where: str) -> None:
-    """Each segment's computed Hashes (segment_hashes) against the file's record: its sha256 digest
-    where the file records digests (format 1.3+), else its CRC32. The CRC32 of a 1.3 file is left to
-    readers of older formats: bytes its digest accepts are the bytes the writer hashed. The first
-    damaged segment is named."""
-    for index, (got, seg) in enumerate(zip(hashes, segments)):
-        if digests is not None:
-            failed = "sha256" if got.sha256 != digests[index] else None
-        else:
-            failed = "CRC32" if int(seg.nbytes) and got.crc32 != int(seg.checksum) else None
-        if failed:
-            raise CorruptArtifactError(
-                f"{where}: checksum mismatch in weight segment {index} ({failed}); "
-                f"the weights are damaged or are not the ones the program section records "
-                f"(re-export or re-copy the file)."
-            )
 
 
 def materialize(record, views: list[torch.Tensor], where: str, file_size: int | None = None) -> torch.Tensor:
