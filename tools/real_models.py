@@ -169,8 +169,9 @@ def _ops_of(ep) -> list[str]:
     return sorted(ops)
 
 
-def run_case(name: str, stop_after: str | None, conn, workdir: str) -> None:
-    """Run the stages for ``name``, sending the (growing) record through ``conn`` after each stage."""
+def run_case(name: str, stop_after: str | None, conn, workdir: str, presets: tuple[str, ...] = PRESETS) -> None:
+    """Run the stages for ``name``, sending the (growing) record through ``conn`` after each stage
+    (``presets``: the lowerings to run, of PRESETS)."""
     _quiet_everything()
     import torch
 
@@ -291,7 +292,7 @@ def run_case(name: str, stop_after: str | None, conn, workdir: str) -> None:
     if done("bitwise"):
         return send()
 
-    for preset in PRESETS:
+    for preset in presets:
         ok, lp = stage(f"lower:{preset}", lambda: exporter.load_for_backend(path, preset, cache=False))
         if not ok:
             rec["stages"][f"run:{preset}"] = rec["stages"][f"match:{preset}"] = {"status": "skip",

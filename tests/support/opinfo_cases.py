@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import io
 import itertools
 import logging
@@ -299,9 +300,13 @@ def _quiet():
             lg.setLevel(level)
 
 
+@functools.cache
 def opinfo_cases(limit: int | None = None) -> list[OpCase]:
     """One case per OpInfo entry that torch.export.export(case.module, case.args, case.kwargs) can export on CPU,
-    deterministic order (sorted by op_name), deterministic inputs (seeded)."""
+    deterministic order (sorted by op_name), deterministic inputs (seeded). Built once a process: two test
+    modules collect over it (tests/lowering/test_lowering.py, tests/corpora/test_opinfo_roundtrip.py), and
+    building it exports some 1,300 programs (most of a pytest worker's collection time). Callers share the
+    cases: none may change a case's module or inputs."""
     cases = []
     with _quiet(), _seeded(0):  # also hands the caller's RNG states back untouched
         for opinfo in _candidates():
