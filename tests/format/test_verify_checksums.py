@@ -5,14 +5,21 @@ the running torch."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
+import zlib
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from exporter import cli, export_model
+from exporter.errors import Pt2bError
 from exporter.serialize import reader
+from exporter.serialize.layout.container import HEADER_SIZE
+from exporter.serialize.read import integrity
 from tests.support.artifact_surgery import add_op_record, damage_graph_table, rewrite_artifact
 
 # `pt2b ...` in a fresh interpreter where importing torch fails: what runs there needs no torch
@@ -121,3 +128,48 @@ def test_every_method_is_walked(tmp_path):
     done = verify_without_torch(damaged)
     assert done.returncode == 2
     assert "Program.methods[0].exported_program (ExportedProgram) vtable at byte" in done.stderr
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    path = _artifact(tmp_path_factory.mktemp("pristine"))
+    art = reader.open_artifact(path)
+    header = art.header
+    art.mm.close()
+    return path.read_bytes(), header
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                   HealthCheck.too_slow])
+@given(data=st.data())
+def test_a_crafted_program_section_is_refused_by_type_or_passes(pristine, tmp_path_factory, data):
+    """A program section changed and its checksums made to match again (what a crafted file does): the
+    checks without torch refuse it with a typed error or pass it, never fail otherwise; a weight byte
+    changed is always refused."""
+    raw, header = pristine
+    buf = bytearray(raw)
+    lo, hi = header.program_offset, header.program_offset + header.program_size
+    for _ in range(data.draw(st.integers(1, 8))):
+        buf[data.draw(st.integers(lo, hi - 1))] = data.draw(st.integers(0, 255))
+    weight_byte = data.draw(st.one_of(st.none(), st.integers(header.data_offset, header.data_offset + 200)))
+    if weight_byte is not None:
+        buf[weight_byte] ^= 0x80
+    fixed = dataclasses.replace(header, program_crc32=zlib.crc32(bytes(buf[lo:hi])))
+    buf[:HEADER_SIZE] = fixed.pack()
+    path = tmp_path_factory.getbasetemp() / "crafted.pt2b"
+    path.write_bytes(bytes(buf))
+    try:
+        integrity.verify_checksums(path)
+    except Pt2bError:
+        return
+    assert weight_byte is None or not any(
+        s.offset <= weight_byte - header.data_offset < s.offset + s.nbytes for s in _segments(bytes(buf), header)), \
+        "a changed weight byte passed"
+
+
+def _segments(raw: bytes, header):
+    from exporter.serialize.generated import pt2b_generated as G
+
+    root = G.Program.GetRootAs(raw[header.program_offset:header.program_offset + header.program_size], 0)
+    return [integrity._Segment(s.Offset(), s.Nbytes(), s.Checksum())
+            for s in (root.Segments(i) for i in range(root.SegmentsLength()))]
