@@ -164,17 +164,24 @@ def _pt2b_stage_failed(rec: dict) -> str | None:
     return next((k for k in PT2B_STAGES if rec["stages"].get(k, {}).get("status") == "fail"), None)
 
 
+def _plain(text: str) -> str:
+    """An error text without what differs between machines and runs: a temporary artifact's path (FILE),
+    the folder holding site-packages, an object's address."""
+    text = re.sub(r"\S*/\.?[\w.@-]+?\.pt2b(\.\w+\.tmp)?", "FILE", text)
+    text = re.sub(r"(?:/[\w.@+-]+)+/site-packages/", "site-packages/", text)
+    return re.sub(r" at 0x[0-9a-f]+", "", text)
+
+
 def failure_key(rec: dict, b: str) -> str:
     """Where and why backend ``b`` failed on a case, in one line: the stage and the backend's reason, or
     for a lowering the ops that could not reach the backend's op set."""
     stage = _pt2b_stage_failed(rec)
     if stage is not None:
         st = rec["stages"][stage]
-        text = re.sub(r"\S*/\.?[\w.@-]+?\.pt2b(\.\w+\.tmp)?", "FILE", st.get("cause") or st.get("error", ""))
-        return re.sub(r"\s+", " ", f"{stage}: {text}")[:200]
+        return re.sub(r"\s+", " ", f"{stage}: {_plain(st.get('cause') or st.get('error', ''))}")[:200]
     for k, st in rec["stages"].items():
         if k.endswith(f":{b}") and st.get("status") == "fail":
-            text = st.get("cause") or st.get("error_key") or st.get("error", "")
+            text = _plain(st.get("cause") or st.get("error_key") or st.get("error", ""))
             ops = re.findall(r"^\s+(\S+::\S+) \(\d+ call sites\)", st.get("error", ""), re.M)
             if k.startswith("lower:") and ops:
                 text = "cannot reach the backend's ops: " + ", ".join(ops)

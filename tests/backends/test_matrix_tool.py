@@ -40,3 +40,19 @@ def test_a_case_pt2b_cannot_write_is_pt2bs_failure_on_every_backend():
     for b in BACKENDS:
         assert (counts[b]["captured"], counts[b]["ok"], counts[b]["pt2b_fails"]) == (2, 1, 1)
     assert bm.redo(wrote_not, BACKENDS)
+
+
+def test_a_backends_reason_is_grouped_without_machine_paths_or_addresses():
+    """The same failure on two machines or runs is one group, and the page names no path of the machine
+    that ran the sweep (a backend's error quotes its stack trace and a function's repr)."""
+    def failed(venv, address):
+        return _rec({"build": "ok", "capture": "ok", "write": "ok",
+                     "handoff:iree": {"status": "fail", "error": (
+                         f"NotImplementedError: FIX ME: target=<function sym_not at 0x{address}>, "
+                         f"'stack_trace': 'File \"{venv}/lib/python3.11/site-packages/transformers/x.py\"'")}},
+                    {"iree": "backend"})
+
+    keys = {bm.failure_key(failed(v, a), "iree") for v, a in (("/opt/sweeps/iree", "7f3cace8ae80"),
+                                                                ("/srv/ci/.venv", "7ff45b632de0"))}
+    assert keys == {"handoff:iree: NotImplementedError: FIX ME: target=<function sym_not>, 'stack_trace': "
+                    "'File \"site-packages/transformers/x.py\"'"}

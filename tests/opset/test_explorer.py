@@ -138,15 +138,16 @@ def test_closure_cli_reports_unreachable_ops_with_routes(corpus, tmp_path, capsy
     sel = SELECTIONS["supported"]
     ops_file = tmp_path / "ops.txt"
     ops_file.write_text("\n".join(sel.supported) + "\n")
-    assert cli.main(["opset", "closure", "--supported", str(ops_file), "--keep", *sel.keep,
-                     "--corpus", str(folder)]) == 0
+    zoo = sorted(str(p) for p in folder.glob("zoo__*.pt2b"))  # the zoo's models: the closure traces each one's routes
+    assert cli.main(["opset", "closure", "--supported", str(ops_file), "--keep", *sel.keep, "--corpus", *zoo]) == 0
     out = capsys.readouterr().out
-    res = evaluate(data, sel)
-    n = len(res["models"])
-    assert f"supported ops (5): " in out and f"{res['covered']} of {n} corpus models lower to accepted ops only" in out
+    models = {name: r for name, r in evaluate(data, sel)["models"].items() if name.startswith("zoo__")}
+    covered = sum(1 for r in models.values() if not r["missing"])
+    assert len(models) == len(zoo) >= 20
+    assert f"supported ops (5): " in out and f"{covered} of {len(zoo)} corpus models lower to accepted ops only" in out
     assert "cannot reach the accepted set" in out
     # every unreachable op is listed, and the bmm a matmul decomposes into is shown on its route
-    missing = {o for r in res["models"].values() for o in r["missing"]}
+    missing = {o for r in models.values() for o in r["missing"]}
     for op in missing:
         assert f"  {op}: needed by" in out
     assert re.search(r"aten::matmul\.default  ->\n(.*\n)*?\s+aten::bmm\.default", out)
