@@ -18,7 +18,9 @@ from hypothesis import strategies as st
 from exporter import cli, export_model
 from exporter.errors import Pt2bError
 from exporter.serialize import reader
+from exporter.serialize.generated import pt2b_generated as G
 from exporter.serialize.layout.container import HEADER_SIZE
+from exporter.serialize.layout.segments import read_segments
 from exporter.serialize.read import integrity
 from tests.support.artifact_surgery import add_op_record, damage_graph_table, rewrite_artifact
 
@@ -163,13 +165,5 @@ def test_a_crafted_program_section_is_refused_by_type_or_passes(pristine, tmp_pa
     except Pt2bError:
         return
     assert weight_byte is None or not any(
-        s.offset <= weight_byte - header.data_offset < s.offset + s.nbytes for s in _segments(bytes(buf), header)), \
-        "a changed weight byte passed"
-
-
-def _segments(raw: bytes, header):
-    from exporter.serialize.generated import pt2b_generated as G
-
-    root = G.Program.GetRootAs(raw[header.program_offset:header.program_offset + header.program_size], 0)
-    return [integrity._Segment(s.Offset(), s.Nbytes(), s.Checksum())
-            for s in (root.Segments(i) for i in range(root.SegmentsLength()))]
+        s.offset <= weight_byte - header.data_offset < s.offset + s.nbytes
+        for s in read_segments(G.Program.GetRootAs(bytes(buf[lo:hi]), 0))), "a changed weight byte passed"

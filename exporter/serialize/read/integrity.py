@@ -20,7 +20,7 @@ from ...errors import ArtifactError, CorruptArtifactError, NotAnArtifactError
 from ...versioning import formats, majors
 from ..generated import pt2b_generated as G
 from ..layout.container import FILE_IDENTIFIER, HEADER_SIZE, Header, read_preamble, unpack_header
-from ..layout.segments import DIGEST_SIZE
+from ..layout.segments import DIGEST_SIZE, read_segments
 from . import buffer_bounds, segment_hashes
 
 
@@ -148,13 +148,6 @@ def hash_segments(buf, extents, digests_, early: segment_hashes.Early | None) ->
 
 
 @dataclasses.dataclass(frozen=True)
-class _Segment:
-    offset: int
-    nbytes: int
-    checksum: int
-
-
-@dataclasses.dataclass(frozen=True)
 class Checksums:
     """What verify_checksums checked: the format version, the methods and the weight bytes."""
 
@@ -172,8 +165,7 @@ def verify_checksums(path, early: segment_hashes.Early | None = None) -> Checksu
     program_bytes, _ = current_program(header, program_bytes, where)
     buffer_bounds.check_buffer(program_bytes, where)  # every table, every graph: nothing left for later
     root = G.Program.GetRootAs(program_bytes, 0)
-    segments = [_Segment(s.Offset(), s.Nbytes(), s.Checksum())
-                for s in (root.Segments(i) for i in range(root.SegmentsLength()))]
+    segments = read_segments(root)
     recorded = digests(None if root.WeightDigestsIsNone() else root.WeightDigestsAsNumpy().tobytes(),
                        len(segments), where)
     extents = segment_extents(header, segments, where)

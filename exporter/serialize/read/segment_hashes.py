@@ -89,16 +89,14 @@ class Early:
     def _read_extents(self, path: str) -> None:
         from ..generated import pt2b_generated as G
         from ..layout.container import HEADER_SIZE, unpack_header
+        from ..layout.segments import read_segments
 
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             header = unpack_header(f.read(HEADER_SIZE), path, size)
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         program = G.Program.GetRootAs(mm[header.program_offset:header.program_offset + header.program_size], 0)
-        extents = []
-        for i in range(program.SegmentsLength()):
-            seg = program.Segments(i)
-            extents.append((header.data_offset + seg.Offset(), seg.Nbytes()))
+        extents = [(header.data_offset + seg.offset, seg.nbytes) for seg in read_segments(program)]
         if any(s + n > size or s < 0 for s, n in extents):
             mm.close()
             self._failed = True
