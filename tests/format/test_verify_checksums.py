@@ -15,8 +15,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporter import cli, export_model
-from exporter.errors import Pt2bError
+from exporter import cli, export_model, load_for_backend
+from exporter.errors import CorruptArtifactError, Pt2bError
 from exporter.serialize import reader
 from exporter.serialize.generated import pt2b_generated as G
 from exporter.serialize.layout.container import HEADER_SIZE
@@ -167,3 +167,34 @@ def test_a_crafted_program_section_is_refused_by_type_or_passes(pristine, tmp_pa
     assert weight_byte is None or not any(
         s.offset <= weight_byte - header.data_offset < s.offset + s.nbytes
         for s in read_segments(G.Program.GetRootAs(bytes(buf[lo:hi]), 0))), "a changed weight byte passed"
+
+
+def test_segments_claiming_the_same_bytes_again_are_refused_before_hashing(tmp_path, monkeypatch):
+    """A crafted table of many segments over the same bytes would make a small file cost hashing many
+    times its size (2,000 segments over 0.26 MB: 0.5 GB); together they claim more than the data section
+    holds, which no written file does, and both verify paths refuse it before hashing anything."""
+    from exporter.serialize.generated import pt2b_generated as G
+    from exporter.serialize.read import segment_hashes
+
+    torch.manual_seed(0)
+    export_model(torch.nn.Linear(256, 256), (torch.randn(2, 256),), tmp_path / "m.pt2b")
+    art = reader.open_artifact(tmp_path / "m.pt2b")
+    size = art.header.data_size
+    art.mm.close()
+
+    def overlap(_, program):
+        program.segments = [G.SegmentT() for _ in range(2000)]
+        for s in program.segments:
+            s.offset, s.nbytes, s.checksum = 0, size, 0
+        program.weightDigests = None
+
+    path = rewrite_artifact(tmp_path / "m.pt2b", tmp_path / "overlap.pt2b", edit=overlap, keep_graph=True)
+    monkeypatch.setattr(segment_hashes, "_hash", lambda *a: pytest.fail("a segment was hashed"))
+    want = rf"the weight segments claim {2000 * size} bytes in all, more than the data section's {size}"
+    with pytest.raises(CorruptArtifactError, match=want):
+        integrity.verify_checksums(path, segment_hashes.Early(path))
+    with pytest.raises(CorruptArtifactError, match=want):
+        reader.verify_weights(reader.open_artifact(path), segment_hashes.Early(path))
+    monkeypatch.setenv("PT2B_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(CorruptArtifactError, match=want):  # the lowering cache reads every segment for its key
+        load_for_backend(path, "core", cache=True)

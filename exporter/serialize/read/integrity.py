@@ -129,12 +129,19 @@ def check_segment_hashes(hashes, segments, digests: list[bytes] | None, where: s
 
 
 def segment_extents(header: Header, segments, where: str) -> list[tuple[int, int]]:
-    """(file offset, nbytes) of each segment, each checked to lie within the data section."""
+    """(file offset, nbytes) of each segment, each checked to lie within the data section, and all of
+    them together no larger than it: the writer never overlaps segments, and hashing segments that
+    claim the same bytes over and over would make a small file cost hashing many times its size."""
     out = []
     for i, seg in enumerate(segments):
         off, n = int(seg.offset), int(seg.nbytes)
         check_segment_bounds(off, n, header.data_size, i, where)
         out.append((header.data_offset + off, n))
+    claimed = sum(n for _, n in out)
+    if claimed > header.data_size:
+        raise CorruptArtifactError(
+            f"{where}: the weight segments claim {claimed} bytes in all, more than the data section's "
+            f"{header.data_size}; segments never overlap, so the file is damaged or crafted.")
     return out
 
 

@@ -171,8 +171,11 @@ def weight_digests(art: Artifact) -> list[bytes] | None:
 
 
 def segment_views(art: Artifact) -> list[torch.Tensor]:
-    """A uint8 tensor over each weight segment of the mapped file (no copy, nothing read)."""
+    """A uint8 tensor over each weight segment of the mapped file (no copy, nothing read). The segments
+    together may claim no more than the data section (integrity.segment_extents): whatever hashes or
+    reads every segment (verify, the lowering cache's keys) then costs at most the file's size."""
     where = _where(art.path)
+    integrity.segment_extents(art.header, art.program.segments or [], where)
     return [weights.segment_view(art.mm, art.header.data_offset, art.header.data_size, seg, i, where)
             for i, seg in enumerate(art.program.segments or [])]
 

@@ -97,7 +97,7 @@ class Early:
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         program = G.Program.GetRootAs(mm[header.program_offset:header.program_offset + header.program_size], 0)
         extents = [(header.data_offset + seg.offset, seg.nbytes) for seg in read_segments(program)]
-        if any(s + n > size or s < 0 for s, n in extents):
+        if any(s + n > size or s < 0 for s, n in extents) or sum(n for _, n in extents) > header.data_size:
             mm.close()
             self._failed = True
             return
