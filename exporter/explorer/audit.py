@@ -6,7 +6,6 @@ docs/lowering.md#decompositions-are-measured-the-audit-and-stricttrue."""
 from __future__ import annotations
 
 import functools
-import itertools
 import warnings
 
 import torch
@@ -48,7 +47,7 @@ def _opinfos_reaching() -> dict:
     for info in testing.op_db():
         try:
             torch.manual_seed(0)
-            s = next(iter(info.sample_inputs("cpu", torch.float32, requires_grad=False)))
+            s = testing.samples(info, torch.float32, 1)[0]
             with warnings.catch_warnings(), _Record() as rec:
                 warnings.simplefilter("ignore")
                 info.op(s.input, *s.args, **s.kwargs)
@@ -74,8 +73,7 @@ def _samples(op):
                 continue
             try:
                 torch.manual_seed(0)  # samples are random tensors: the same ones on every run
-                samples = list(itertools.islice(info.sample_inputs("cpu", dtype, requires_grad=False),
-                                                SAMPLES_PER_DTYPE))
+                samples = testing.samples(info, dtype, SAMPLES_PER_DTYPE)
             except Exception:  # noqa: BLE001 - a sample generator torch cannot run here: no samples
                 continue
             for s in samples:

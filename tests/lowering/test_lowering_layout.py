@@ -197,13 +197,13 @@ def test_each_repaired_op_really_disagrees_with_its_fake_kernel(op):
 def test_no_other_core_op_disagrees_with_its_fake_kernel_on_opinfo_samples():
     """Every core op the OpInfo samples reach, with each tensor argument also transposed, permuted
     and channels-last: the kernel's result strides equal the fake kernel's, except for the repaired ops."""
-    import itertools
     import warnings
 
     import torch.utils._pytree as pytree
     from torch.testing._internal.common_methods_invocations import op_db
     from torch.utils._python_dispatch import TorchDispatchMode
 
+    from exporter._torch import testing
     from exporter.lowering import presets
     from exporter.ops import resolve_op
 
@@ -235,7 +235,7 @@ def test_no_other_core_op_disagrees_with_its_fake_kernel_on_opinfo_samples():
     for info in op_db:
         try:
             torch.manual_seed(0)
-            samples = list(itertools.islice(info.sample_inputs("cpu", torch.float32), 4))
+            samples = testing.samples(info, torch.float32, 4)
         except Exception:  # noqa: BLE001 - a sample generator that cannot run here
             continue
         for s in samples:

@@ -75,10 +75,7 @@ def test_readme_states_the_stored_totals():
         len(STORED["ops"]), t["exact"], t["ulp"], STORED["ulp_limit"], t["lossy"], t["wrong"], t["untested"])
 
 
-# _log_softmax's fresh audit takes 70-100 s on 2 cores: behind the slow marker (-m slow runs it),
-# to keep the default suite under 15 minutes
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "aten::_log_softmax.default" else n
-                                  for n in sorted(KNOWN)])
+@pytest.mark.parametrize("name", sorted(KNOWN))
 def test_known_cases_fresh_audit_matches_stored_and_expected(name):
     fresh = audit.audit_op(_op(name), applied(_op(name), TABLE[_op(name)]))
     assert fresh["verdict"] == STORED["ops"][name]["verdict"] == KNOWN[name], fresh
@@ -358,3 +355,27 @@ def test_the_audit_command_writes_beside_the_user_never_into_the_package(tmp_pat
     assert written["ops"].keys() == STORED["ops"].keys()
     assert written["ops"]["aten::hardtanh.default"]["verdict"] == STORED["ops"]["aten::hardtanh.default"]["verdict"]
     assert shipped.read_bytes() == before
+
+
+def test_samples_drawn_on_a_fresh_thread_are_the_ones_torch_draws_here():
+    """exporter._torch.testing.samples draws on its own thread (a shallow stack for torch's
+    inspect.stack walk); the audit's verdicts rest on it drawing exactly the samples torch's
+    own iterator draws on the caller's thread."""
+    import itertools
+
+    from exporter._torch import testing
+
+    info = next(i for i in testing.op_db() if i.name == "softmax" and not i.variant_test_name)
+    for dtype in (torch.float32, torch.bfloat16):
+        here = list(itertools.islice(info.sample_inputs("cpu", dtype, requires_grad=False), 3))
+        there = testing.samples(info, dtype, 3)
+        assert len(here) == len(there) == 3
+        for a, b in zip(here, there):
+            flat_a = [a.input, *a.args, *a.kwargs.values()]
+            flat_b = [b.input, *b.args, *b.kwargs.values()]
+            assert len(flat_a) == len(flat_b)
+            for x, y in zip(flat_a, flat_b):
+                if isinstance(x, torch.Tensor):
+                    assert x.dtype == y.dtype and torch.equal(x, y)
+                else:
+                    assert x == y

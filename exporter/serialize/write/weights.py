@@ -71,11 +71,18 @@ def storage_bytes(storage: torch.UntypedStorage) -> memoryview:
     return memoryview(t.numpy()).cast("B")
 
 
-def write_segments(f, wp: WeightPlan, data_start: int, *, digests: bool = True, written=None) -> None:
+WRITE_PIECE = 64 << 20  # bytes per write call: a big segment goes to the file in pieces
+
+
+def write_segments(f, wp: WeightPlan, data_start: int, *, digests: bool = True, written=None,
+                   progress=None) -> None:
     """Write every segment at data_start + its offset, filling checksums (and with ``digests``, the
     sha256 digests) in the plan. They are computed on other threads while the segments are written
     (zlib, hashlib and file writes release the GIL on large buffers): a save of weights costs about
-    one pass over them, not three. ``written()`` is called once the bytes are in the file, before the
+    one pass over them, not three. Segments go to the file in pieces of WRITE_PIECE bytes, straight
+    from the tensors' memory, ``progress(nbytes)`` called after each (the writer starts the disk's
+    sync of what is written so far there, so that dirty pages never pile up to the kernel's limit,
+    where it stalls the writer). ``written()`` is called once the bytes are in the file, before the
     checksums are waited for (the writer starts the disk's sync of the weights there)."""
     views = [storage_bytes(seg.storage) for seg in wp.segments]
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
@@ -86,7 +93,11 @@ def write_segments(f, wp: WeightPlan, data_start: int, *, digests: bool = True, 
             target = data_start + seg.offset
             if target > pos:
                 f.write(b"\0" * (target - pos))
-            f.write(mv)
+            for start in range(0, len(mv), WRITE_PIECE):
+                piece = mv[start:start + WRITE_PIECE]
+                f.write(piece)
+                if progress is not None:
+                    progress(len(piece))
             pos = target + seg.nbytes
         end = data_start + wp.data_size
         if end > pos:

@@ -315,8 +315,9 @@ def _write_artifact(methods: list[MethodSource], path, *, metadata, provenance, 
 
     data_offset = align(HEADER_SIZE)
     with atomic_path(dest) as tmp:
-        # the disk syncs on another thread (fsync releases the GIL): the weights' bytes while their
-        # checksums are computed, the rest while the file is read back; all before the rename
+        # the disk syncs on another thread (fsync releases the GIL): the weights' bytes as they are
+        # written and while their checksums are computed, the rest while the file is read back; all
+        # before the rename
         with open(tmp, "wb") as f, \
                 concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="pt2b-fsync") as pool:
             syncs = []
@@ -325,8 +326,16 @@ def _write_artifact(methods: list[MethodSource], path, *, metadata, provenance, 
                 f.flush()
                 syncs.append(pool.submit(_DATASYNC, f.fileno()))
 
+            unsynced = [0]
+
+            def sync_behind(nbytes):  # big weights: a sync of what is written so far, one at a time
+                unsynced[0] += nbytes
+                if unsynced[0] >= SYNC_BEHIND and (not syncs or syncs[-1].done()):
+                    unsynced[0] = 0
+                    sync_weights()
+
             try:
-                _write_file(f, prog, wp, data_offset, version, dest, sync_weights)
+                _write_file(f, prog, wp, data_offset, version, dest, sync_weights, sync_behind)
                 f.flush()
                 syncs.append(pool.submit(os.fsync, f.fileno()))
                 check_readable(tmp, dest)
@@ -339,6 +348,7 @@ def _write_artifact(methods: list[MethodSource], path, *, metadata, provenance, 
 
 
 _DATASYNC = getattr(os, "fdatasync", os.fsync)  # the data alone (macOS and Windows have fsync only)
+SYNC_BEHIND = 256 << 20  # weights written since the last sync that start the next one
 
 
 def check_readable(tmp: str, dest: str) -> None:
@@ -358,12 +368,15 @@ def check_readable(tmp: str, dest: str) -> None:
 DIGESTS_SINCE = next(v for v, fields in FIELDS_ADDED.items() if "weight_digests" in fields)  # (1, 3)
 
 
-def _write_file(f, prog, wp, data_offset: int, version, dest: str, weights_written=None) -> None:
-    """Header, weight segments and the packed program table, in that order (``weights_written()``
-    called once the segments' bytes are written, before their checksums are waited for)."""
+def _write_file(f, prog, wp, data_offset: int, version, dest: str, weights_written=None,
+                weights_progress=None) -> None:
+    """Header, weight segments and the packed program table, in that order (``weights_progress(n)``
+    called with the size of each piece of the weights written, ``weights_written()`` once all are,
+    before their checksums are waited for)."""
     f.write(b"\0" * data_offset)
     digests = tuple(version) >= DIGESTS_SINCE
-    weights.write_segments(f, wp, data_offset, digests=digests, written=weights_written)
+    weights.write_segments(f, wp, data_offset, digests=digests, written=weights_written,
+                           progress=weights_progress)
     segs = []
     for s in wp.segments:
         t = G.SegmentT()

@@ -1,0 +1,51 @@
+"""Weights go to the file in pieces, and the disk syncs what is written as they go
+(serialize/write/weights.write_segments, writer.SYNC_BEHIND): the same bytes as one write per
+segment, and a sync started before the last weight is written."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from exporter import export_model, load
+from exporter.serialize.write import weights, writer
+
+
+class Stack(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(256, 256) for _ in range(6))  # 6 x 257 KiB
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x).relu()
+        return x
+
+
+def test_weights_written_in_pieces_are_the_same_bytes_synced_as_they_go(tmp_path, monkeypatch):
+    torch.manual_seed(0)
+    m = Stack().eval()
+    x = torch.randn(3, 256)
+    whole, pieces = str(tmp_path / "whole.pt2b"), str(tmp_path / "pieces.pt2b")
+    export_model(m, (x,), path=whole)
+
+    sizes = []  # the file's size at each sync of the weights
+
+    def datasync(fd):
+        sizes.append(os.fstat(fd).st_size)
+        os.fsync(fd)
+
+    monkeypatch.setattr(weights, "WRITE_PIECE", 40 << 10)  # 257 KiB weights: 7 pieces each
+    monkeypatch.setattr(writer, "SYNC_BEHIND", 300 << 10)
+    monkeypatch.setattr(writer, "_DATASYNC", datasync)
+    export_model(m, (x,), path=pieces)
+
+    with open(whole, "rb") as a, open(pieces, "rb") as b:
+        assert a.read() == b.read()
+    final = os.path.getsize(pieces)
+    weights_bytes = sum(p.numel() * p.element_size() for p in m.parameters())
+    assert len(sizes) >= 2, sizes  # a sync behind the writes (one at a time), then the one after the weights
+    assert sizes == sorted(sizes) and sizes[0] < weights_bytes // 2 < final, (sizes, weights_bytes)
+    got = load(pieces).module()(x)
+    assert torch.equal(got, m(x))
