@@ -4,11 +4,14 @@ segment, and a sync started before the last weight is written."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import zlib
 
 import torch
 
 from exporter import export_model, load
+from exporter.serialize import reader
 from exporter.serialize.write import weights, writer
 
 
@@ -49,3 +52,24 @@ def test_weights_written_in_pieces_are_the_same_bytes_synced_as_they_go(tmp_path
     assert sizes == sorted(sizes) and sizes[0] < weights_bytes // 2 < final, (sizes, weights_bytes)
     got = load(pieces).module()(x)
     assert torch.equal(got, m(x))
+
+
+def test_written_checksums_are_zlibs_crc32_and_sha256_of_the_bytes(tmp_path):
+    """The writer's CRC32 (zlib-ng's where installed) is the standard one: what zlib, and so any
+    reader of an older format, computes over the segment's bytes in the file."""
+    torch.manual_seed(0)
+    path = str(tmp_path / "m.pt2b")
+    export_model(Stack().eval(), (torch.randn(3, 256),), path=path)
+    art = reader.open_artifact(path)
+    try:
+        data = open(path, "rb").read()
+        segments = list(art.program.segments)
+        digests = bytes(art.program.weightDigests)
+        assert len(segments) == 13 and len(digests) == 32 * 13  # 12 weights, the example input
+        for i, seg in enumerate(segments):
+            start = art.header.data_offset + int(seg.offset)
+            body = data[start:start + int(seg.nbytes)]
+            assert int(seg.checksum) == zlib.crc32(body)
+            assert digests[32 * i:32 * (i + 1)] == hashlib.sha256(body).digest()
+    finally:
+        art.mm.close()

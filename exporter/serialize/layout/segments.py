@@ -1,6 +1,6 @@
 """What both directions agree on about weight segments: the names of the tensor kinds a record
-carries, the digest format 1.3 records of every segment's bytes, and a segment record as read
-straight from a program buffer."""
+carries, the checksum (CRC32) and digest (sha256, format 1.3+) recorded of every segment's bytes,
+and a segment record as read straight from a program buffer."""
 
 from __future__ import annotations
 
@@ -13,6 +13,11 @@ KIND_NAMES = {G.TensorKind.PARAMETER: "parameter", G.TensorKind.BUFFER: "buffer"
               G.TensorKind.CONSTANT: "constant", G.TensorKind.EXAMPLE_INPUT: "example input"}
 
 DIGEST_SIZE = 32  # sha256
+
+try:  # zlib-ng's CRC32 (carry-less multiplication): the same checksum as zlib's, 5x as fast here
+    from zlib_ng.zlib_ng import crc32
+except ImportError:  # a platform without its wheel: the standard library's
+    from zlib import crc32
 
 
 def digest(data) -> bytes:

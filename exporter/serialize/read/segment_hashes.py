@@ -1,6 +1,6 @@
 """Each weight segment's checksum, computed in parallel: its sha256 where the file records digests
 (format 1.3+; the CRC32 is then not computed, the digest being the stronger check of the same bytes),
-else its CRC32. zlib and hashlib release the GIL on large buffers, so the threads hash on every core,
+else its CRC32. The CRC32 (layout.segments.crc32) and hashlib release the GIL on large buffers, so the threads hash on every core,
 the segments largest first (docs/benchmarks.md#big-models-against-the-physical-limits). Imports no torch:
 ``pt2b verify`` starts hashing the file (``early``) while it imports torch and checks the program, and
 uses the result only for the segments the verified program table then names.
@@ -16,7 +16,8 @@ import hashlib
 import mmap
 import os
 import threading
-import zlib
+
+from ..layout.segments import crc32
 
 # the bytes one task hashes at most: a CRC32 of a large segment is the CRC of its pieces chained in
 # order, so a segment of several GB is not one core's work alone (its sha256 is: the hash is sequential)
@@ -34,7 +35,7 @@ class Hashes:
 def _crc_chain(view, lo: int, hi: int) -> int:
     crc = 0
     for at in range(lo, hi, CRC_PIECE):
-        crc = zlib.crc32(view[at:min(hi, at + CRC_PIECE)], crc)
+        crc = crc32(view[at:min(hi, at + CRC_PIECE)], crc)
     return crc
 
 

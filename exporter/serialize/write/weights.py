@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import zlib
 
 import torch
 
 from ..generated import pt2b_generated as G
 from ..layout.container import align
-from ..layout.segments import digest
+from ..layout.segments import crc32, digest
 from ..mapping.dtypes import dtype_to_enum
 
 
@@ -78,7 +77,7 @@ def write_segments(f, wp: WeightPlan, data_start: int, *, digests: bool = True, 
                    progress=None) -> None:
     """Write every segment at data_start + its offset, filling checksums (and with ``digests``, the
     sha256 digests) in the plan. They are computed on other threads while the segments are written
-    (zlib, hashlib and file writes release the GIL on large buffers): a save of weights costs about
+    (the CRC32, hashlib and file writes release the GIL on large buffers): a save of weights costs about
     one pass over them, not three. Segments go to the file in pieces of WRITE_PIECE bytes, straight
     from the tensors' memory, ``progress(nbytes)`` called after each (the writer starts the disk's
     sync of what is written so far there, so that dirty pages never pile up to the kernel's limit,
@@ -86,7 +85,7 @@ def write_segments(f, wp: WeightPlan, data_start: int, *, digests: bool = True, 
     checksums are waited for (the writer starts the disk's sync of the weights there)."""
     views = [storage_bytes(seg.storage) for seg in wp.segments]
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        sums = pool.map(zlib.crc32, views)
+        sums = pool.map(crc32, views)
         hashes = pool.map(digest, views) if digests else ()
         pos = data_start
         for seg, mv in zip(wp.segments, views):
