@@ -24,6 +24,7 @@ Usage: python bench/bench_limits.py [--models llama1b-bf16,llama1b-fp32] [--repe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import hashlib
 import json
@@ -40,6 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.bench_pt2b import installed_env, interleaved, median_time  # noqa: E402
 from exporter import load, load_for_backend  # noqa: E402
 from exporter.serialize import writer  # noqa: E402
+from exporter.serialize.write import weights  # noqa: E402
 
 TARGETS = {"write": 1.5, "verify": 1.5, "lower": 0.3, "first_call": 1.1}
 SEQ = 32
@@ -96,6 +98,44 @@ def drop_page_cache(path: str) -> None:
         os.close(fd)
 
 
+@contextlib.contextmanager
+def write_steps(out: list):
+    """While active, each writer.write_artifact call appends to ``out`` its time split into steps: the
+    weights written and hashed (weights.write_segments), the read-back check (writer.check_readable)
+    and the rest. The functions are wrapped here, for the bench alone."""
+    originals = {(weights, "write_segments"): weights.write_segments,
+                 (writer, "check_readable"): writer.check_readable,
+                 (writer, "write_artifact"): writer.write_artifact}
+    current: dict = {}
+
+    def timed(key, fn):
+        def run(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                current[key] = current.get(key, 0.0) + time.perf_counter() - t
+        return run
+
+    def write(*args, **kwargs):
+        current.clear()
+        t = time.perf_counter()
+        result = originals[(writer, "write_artifact")](*args, **kwargs)
+        total = time.perf_counter() - t
+        w, r = current.get("weights", 0.0), current.get("read_back", 0.0)
+        out.append({"total": total, "weights": w, "read_back": r, "rest": total - w - r})
+        return result
+
+    weights.write_segments = timed("weights", originals[(weights, "write_segments")])
+    writer.check_readable = timed("read_back", originals[(writer, "check_readable")])
+    writer.write_artifact = write
+    try:
+        yield out
+    finally:
+        for (module, name), fn in originals.items():
+            setattr(module, name, fn)
+
+
 def bench(name: str, layers: int, dtype: torch.dtype, repeat: int, tmp: str) -> list[dict]:
     rows = []
 
@@ -120,9 +160,16 @@ def bench(name: str, layers: int, dtype: torch.dtype, repeat: int, tmp: str) -> 
     # write: the program's write (read-back check included) against the same bytes written and fsynced
     writer.write_artifact(ep, pt2b, ir_level="training")
     size = os.path.getsize(pt2b)
-    o_write, t_raw = interleaved([lambda: writer.write_artifact(ep, pt2b, ir_level="training"),
-                                  lambda: raw_write(raw, size)], repeat)
+    steps: list[dict] = []
+    with write_steps(steps):
+        o_write, t_raw = interleaved([lambda: writer.write_artifact(ep, pt2b, ir_level="training"),
+                                      lambda: raw_write(raw, size)], repeat)
     row(f"write {size / 1e9:.2f} GB (export_model's write step)", o_write, t_raw, "write")
+    rows[-1]["steps"] = steps
+    for i, st in enumerate(steps):
+        print(f"    write {i + 1}: {st['total']:.2f} s = the weights written and hashed {st['weights']:.2f} s, "
+              f"the read-back check {st['read_back']:.2f} s, the rest {st['rest']:.2f} s (the graph "
+              f"serialized, the program table packed, the syncs waited for)", flush=True)
     os.remove(raw)
     t_save = median_time(lambda: torch.export.save(ep, pt2), 1)
     row("write, against torch.export.save", o_write, t_save, "", "torch.export.save")
