@@ -100,9 +100,10 @@ def drop_page_cache(path: str) -> None:
 
 @contextlib.contextmanager
 def write_steps(out: list):
-    """While active, each writer.write_artifact call appends to ``out`` its time split into steps: the
-    weights written and hashed (weights.write_segments), the read-back check (writer.check_readable)
-    and the rest. The functions are wrapped here, for the bench alone."""
+    """While active, each writer.write_artifact call appends to ``out`` its time and its steps: the
+    weights written and hashed (weights.write_segments, on a thread of its own beside the graph's
+    serialization), the read-back check (writer.check_readable) and the time outside both. The
+    functions are wrapped here, for the bench alone."""
     originals = {(weights, "write_segments"): weights.write_segments,
                  (writer, "check_readable"): writer.check_readable,
                  (writer, "write_artifact"): writer.write_artifact}
@@ -167,9 +168,10 @@ def bench(name: str, layers: int, dtype: torch.dtype, repeat: int, tmp: str) -> 
     row(f"write {size / 1e9:.2f} GB (export_model's write step)", o_write, t_raw, "write")
     rows[-1]["steps"] = steps
     for i, st in enumerate(steps):
-        print(f"    write {i + 1}: {st['total']:.2f} s = the weights written and hashed {st['weights']:.2f} s, "
-              f"the read-back check {st['read_back']:.2f} s, the rest {st['rest']:.2f} s (the graph "
-              f"serialized, the program table packed, the syncs waited for)", flush=True)
+        print(f"    write {i + 1}: {st['total']:.2f} s: the weights written and hashed {st['weights']:.2f} s (on "
+              f"their own thread, while the graph is serialized), the read-back check {st['read_back']:.2f} s, "
+              f"outside both {st['rest']:.2f} s (the rest of the graph's serialization, the program table "
+              f"packed, the syncs waited for)", flush=True)
     os.remove(raw)
     t_save = median_time(lambda: torch.export.save(ep, pt2), 1)
     row("write, against torch.export.save", o_write, t_save, "", "torch.export.save")

@@ -77,8 +77,8 @@ def write_segments(f, wp: WeightPlan, data_start: int, *, digests: bool = True, 
                    progress=None) -> None:
     """Write every segment at data_start + its offset, filling checksums (and with ``digests``, the
     sha256 digests) in the plan. They are computed on other threads while the segments are written
-    (the CRC32, hashlib and file writes release the GIL on large buffers): a save of weights costs about
-    one pass over them, not three. Segments go to the file in pieces of WRITE_PIECE bytes, straight
+    (the CRC32, hashlib and file writes release the GIL on large buffers): a save of weights costs
+    about one pass over them, not three. Segments go to the file in pieces of WRITE_PIECE bytes, straight
     from the tensors' memory, ``progress(nbytes)`` called after each (the writer starts the disk's
     sync of what is written so far there, so that dirty pages never pile up to the kernel's limit,
     where it stalls the writer). ``written()`` is called once the bytes are in the file, before the
@@ -87,23 +87,32 @@ def write_segments(f, wp: WeightPlan, data_start: int, *, digests: bool = True, 
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         sums = pool.map(crc32, views)
         hashes = pool.map(digest, views) if digests else ()
-        pos = data_start
-        for seg, mv in zip(wp.segments, views):
-            target = data_start + seg.offset
-            if target > pos:
-                f.write(b"\0" * (target - pos))
-            for start in range(0, len(mv), WRITE_PIECE):
-                piece = mv[start:start + WRITE_PIECE]
-                f.write(piece)
-                if progress is not None:
-                    progress(len(piece))
-            pos = target + seg.nbytes
-        end = data_start + wp.data_size
-        if end > pos:
-            f.write(b"\0" * (end - pos))
+        try:
+            _write_views(f, wp, views, data_start, progress)
+        except BaseException:
+            pool.shutdown(cancel_futures=True)  # a write that failed or was given up: hash no more
+            raise
         if written is not None:
             written()
         for seg, checksum in zip(wp.segments, sums):
             seg.checksum = checksum
         for seg, d in zip(wp.segments, hashes):
             seg.digest = d
+
+
+def _write_views(f, wp: WeightPlan, views: list, data_start: int, progress) -> None:
+    """The segments' bytes at their offsets, zeros between them and to the data section's end."""
+    pos = data_start
+    for seg, mv in zip(wp.segments, views):
+        target = data_start + seg.offset
+        if target > pos:
+            f.write(b"\0" * (target - pos))
+        for start in range(0, len(mv), WRITE_PIECE):
+            piece = mv[start:start + WRITE_PIECE]
+            f.write(piece)
+            if progress is not None:
+                progress(len(piece))
+        pos = target + seg.nbytes
+    end = data_start + wp.data_size
+    if end > pos:
+        f.write(b"\0" * (end - pos))

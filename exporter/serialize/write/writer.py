@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import os
+import threading
 import zlib
 
 import flatbuffers
@@ -229,7 +231,17 @@ class _Parts:
     tensors: list  # (name, kind, tensor)
 
 
-def _method_parts(m: MethodSource, force_escape: bool, target_torch, provenance: dict) -> _Parts:
+def _method_tensors(m: MethodSource) -> tuple[str, bytes, list]:
+    """(example inputs' treespec, their msgpack leaves, every tensor to store) of one method: what its
+    weight segments need, known before its graph is serialized. The checks that refuse a value .pt2b
+    cannot store as a tensor run first."""
+    _refuse_tensor_subclasses(m.ep)
+    _refuse_python_calls(m.ep)
+    spec_str, leaves_bytes, example_tensors = example_inputs_payload(m.ep)
+    return spec_str, leaves_bytes, collect_tensors(m.ep) + example_tensors
+
+
+def _method_parts(m: MethodSource, force_escape: bool, target_torch, provenance: dict, tensors) -> _Parts:
     with module_stacks.escaped(m.ep, force=force_escape):  # module names torch's metadata format cannot split
         serialized = serialize_graph(m.ep)
     operators = op_table.collect(m.ep.graph_module)
@@ -239,8 +251,8 @@ def _method_parts(m: MethodSource, force_escape: bool, target_torch, provenance:
         serialized, operators, notes = retarget.retarget(serialized, operators, target_torch)
         provenance["target_torch"] = retarget.registry_for(target_torch).torch_version
         provenance.update({f"retargeted_op:{op}": what for op, _, what in (n.partition(": ") for n in notes)})
-    spec_str, leaves_bytes, example_tensors = example_inputs_payload(m.ep)
-    return _Parts(serialized, operators, spec_str, leaves_bytes, collect_tensors(m.ep) + example_tensors)
+    spec_str, leaves_bytes, stored = tensors
+    return _Parts(serialized, operators, spec_str, leaves_bytes, stored)
 
 
 def _lowering_table(lowering: dict):
@@ -287,15 +299,75 @@ def _write_artifact(methods: list[MethodSource], path, *, metadata, provenance, 
     escape = any(module_stacks.needs_escape(m.ep) for m in methods)
     if escape:
         provenance[module_stacks.PROVENANCE_KEY] = module_stacks.PROVENANCE_VALUE
-    parts = [_method_parts(m, escape, target_torch, provenance) for m in methods]
+    tensors = [_method_tensors(m) for m in methods]
     meta_bytes = pack_metadata(metadata)
     # one segment per distinct storage across all methods: shared weights and state are stored once
-    wp = weights.plan([t for p in parts for t in p.tensors], ALIGNMENT)
+    wp = weights.plan([t for ts in tensors for t in ts[2]], ALIGNMENT)
     records, at = [], 0
-    for p in parts:
-        records.append(wp.records[at:at + len(p.tensors)])
-        at += len(p.tensors)
+    for ts in tensors:
+        records.append(wp.records[at:at + len(ts[2])])
+        at += len(ts[2])
 
+    data_offset = align(HEADER_SIZE)
+    digests = tuple(version) >= DIGESTS_SINCE
+    with atomic_path(dest) as tmp:
+        # the weights go out on a thread while this one serializes the graphs (the copy, the hashes and
+        # the syncs release the GIL); the disk syncs on another: the weights' bytes as they are written
+        # and while their checksums are computed, the rest while the file is read back; all before the
+        # rename
+        with open(tmp, "wb") as f, \
+                concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="pt2b-fsync") as pool, \
+                concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="pt2b-weights") as out:
+            syncs, stop = [], threading.Event()
+
+            def sync_weights():
+                f.flush()
+                syncs.append(pool.submit(_DATASYNC, f.fileno()))
+
+            unsynced = [0]
+
+            def sync_behind(nbytes):  # big weights: a sync of what is written so far, one at a time
+                if stop.is_set():  # the program cannot be written: no more weights either
+                    raise _Stopped()
+                unsynced[0] += nbytes
+                if unsynced[0] >= SYNC_BEHIND and (not syncs or syncs[-1].done()):
+                    unsynced[0] = 0
+                    sync_weights()
+
+            def write_weights():
+                f.write(b"\0" * data_offset)
+                weights.write_segments(f, wp, data_offset, digests=digests, written=sync_weights,
+                                       progress=sync_behind)
+
+            written = out.submit(write_weights)
+            try:
+                parts = [_method_parts(m, escape, target_torch, provenance, ts) for m, ts in zip(methods, tensors)]
+                prog = _program(methods, parts, records, meta_bytes, provenance, used)
+                written.result()
+                _write_program(f, prog, wp, data_offset, version, dest)
+                f.flush()
+                syncs.append(pool.submit(os.fsync, f.fileno()))
+                check_readable(tmp, dest)
+                if check_written is not None:
+                    check_written(wp)
+            except BaseException:
+                stop.set()
+                raise
+            finally:
+                with contextlib.suppress(_Stopped):
+                    written.result()
+                for synced in syncs:
+                    synced.result()
+    return dest
+
+
+class _Stopped(Exception):
+    """The weights' write given up: the program failed to serialize."""
+
+
+def _program(methods: list[MethodSource], parts: list[_Parts], records: list, meta_bytes: bytes,
+             provenance: dict, used: dict):
+    """The Program table's object tree (its segments and digests are added once the weights are written)."""
     prog = G.ProgramT()
     prog.producer = f"pt2b {__version__}"
     prog.torchVersion = torch.__version__
@@ -312,39 +384,7 @@ def _write_artifact(methods: list[MethodSource], path, *, metadata, provenance, 
             t.name = m.name
             _fill(t, m, p, recs)
             prog.methods.append(t)
-
-    data_offset = align(HEADER_SIZE)
-    with atomic_path(dest) as tmp:
-        # the disk syncs on another thread (fsync releases the GIL): the weights' bytes as they are
-        # written and while their checksums are computed, the rest while the file is read back; all
-        # before the rename
-        with open(tmp, "wb") as f, \
-                concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="pt2b-fsync") as pool:
-            syncs = []
-
-            def sync_weights():
-                f.flush()
-                syncs.append(pool.submit(_DATASYNC, f.fileno()))
-
-            unsynced = [0]
-
-            def sync_behind(nbytes):  # big weights: a sync of what is written so far, one at a time
-                unsynced[0] += nbytes
-                if unsynced[0] >= SYNC_BEHIND and (not syncs or syncs[-1].done()):
-                    unsynced[0] = 0
-                    sync_weights()
-
-            try:
-                _write_file(f, prog, wp, data_offset, version, dest, sync_weights, sync_behind)
-                f.flush()
-                syncs.append(pool.submit(os.fsync, f.fileno()))
-                check_readable(tmp, dest)
-                if check_written is not None:
-                    check_written(wp)
-            finally:
-                for synced in syncs:
-                    synced.result()
-    return dest
+    return prog
 
 
 _DATASYNC = getattr(os, "fdatasync", os.fsync)  # the data alone (macOS and Windows have fsync only)
@@ -368,15 +408,10 @@ def check_readable(tmp: str, dest: str) -> None:
 DIGESTS_SINCE = next(v for v, fields in FIELDS_ADDED.items() if "weight_digests" in fields)  # (1, 3)
 
 
-def _write_file(f, prog, wp, data_offset: int, version, dest: str, weights_written=None,
-                weights_progress=None) -> None:
-    """Header, weight segments and the packed program table, in that order (``weights_progress(n)``
-    called with the size of each piece of the weights written, ``weights_written()`` once all are,
-    before their checksums are waited for)."""
-    f.write(b"\0" * data_offset)
+def _write_program(f, prog, wp, data_offset: int, version, dest: str) -> None:
+    """The packed program table after the weight segments (written, their checksums in ``wp``), then
+    the header at the file's start."""
     digests = tuple(version) >= DIGESTS_SINCE
-    weights.write_segments(f, wp, data_offset, digests=digests, written=weights_written,
-                           progress=weights_progress)
     segs = []
     for s in wp.segments:
         t = G.SegmentT()
