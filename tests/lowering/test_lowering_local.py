@@ -517,7 +517,7 @@ def test_only_decomposed_calls_are_traced():
 
 
 class ConvStack(nn.Module):
-    """Nearly every call decomposed (conv, batch norm): tracing them alone costs what a retrace does."""
+    """Every call decomposed (conv, batch norm), the layers equal: two distinct calls to trace."""
 
     def __init__(self):
         super().__init__()
@@ -540,10 +540,29 @@ class ManyKeptCalls(nn.Module):
         return self.b(self.a(x).tanh())
 
 
+class DistinctConvs(nn.Module):
+    """Every call decomposed and each one distinct (widths 4, 5, 6, 7, 8): tracing them alone costs
+    what a retrace does."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(*[m for c in range(4, 8) for m in (nn.Conv2d(c, c + 1, 3, padding=1),
+                                                                     nn.BatchNorm2d(c + 1))])
+
+    def forward(self, x):
+        return self.body(x)
+
+
 def test_the_node_local_lowering_is_taken_where_it_pays_off():
     table = trace_table(tables.torch_default_table())
-    conv = torch.export.export(ConvStack().eval(), (torch.randn(1, 4, 8, 8),))
-    assert local.lower_locally(conv, table) is None
+    distinct = torch.export.export(DistinctConvs().eval(), (torch.randn(1, 4, 8, 8),))
+    assert local.lower_locally(distinct, table) is None
+    x = torch.randn(1, 4, 8, 8)
+    conv = torch.export.export(ConvStack().eval(), (x,))
+    ours = local.lower_locally(conv, table)
+    assert ours is not None
+    whole = run_decompositions(conv, tables.torch_default_table(), local=False)
+    _assert_same(ours, whole, conv.run_decompositions(), x)
     kept = torch.export.export(ManyKeptCalls(), (torch.randn(2, 8),))
     ours = local.lower_locally(kept, table)
     assert ours is not None
@@ -872,3 +891,29 @@ def test_torchs_retrace_keeps_each_op_pt2b_keeps_for_it():
         for table in (tables.torch_default_table(), tables.available_decompositions()):
             kept = [n.target for n in ep.run_decompositions(dict(table)).graph.nodes if n.op == "call_function"]
             assert kept == [op], (name, kept)
+
+
+class HeadWithDropoutInPlace(nn.Module):
+    """A classifier head as transformers' MobileNetV2 writes it: pooled, flattened (a view), then
+    nn.Dropout(inplace=True), which in eval mode writes nothing."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8)
+        self.pool, self.drop, self.fc = nn.AdaptiveAvgPool2d(1), nn.Dropout(0.2, inplace=True), nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.fc(self.drop(torch.flatten(self.pool(self.bn(self.conv(x))), 1)))
+
+
+def test_an_idle_dropout_in_place_is_no_write_for_the_node_local_lowering():
+    x, m = torch.randn(2, 3, 10, 10), HeadWithDropoutInPlace().eval()
+    ep = torch.export.export(m, (x,))
+    assert any(n.target is torch.ops.aten.dropout_.default for n in ep.graph.nodes)
+    ours = local.lower_locally(ep, trace_table(tables.torch_default_table()))
+    assert ours is not None
+    assert not any(n.target is torch.ops.aten.dropout_.default for n in ours.graph.nodes)
+    whole = run_decompositions(ep, tables.torch_default_table(), local=False)
+    _assert_same(ours, whole, ep.run_decompositions(), x)
+    with torch.no_grad():
+        torch.testing.assert_close(_outputs(ours, x)[0], m(x), rtol=1e-6, atol=1e-6)
