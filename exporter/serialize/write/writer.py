@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import dataclasses
 import os
 import threading
@@ -354,8 +353,7 @@ def _write_artifact(methods: list[MethodSource], path, *, metadata, provenance, 
                 stop.set()
                 raise
             finally:
-                with contextlib.suppress(_Stopped):
-                    written.result()
+                concurrent.futures.wait([written])  # (its error, where it failed first, was raised above)
                 for synced in syncs:
                     synced.result()
     return dest
