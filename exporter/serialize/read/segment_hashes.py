@@ -1,9 +1,10 @@
 """Each weight segment's checksum, computed in parallel: its sha256 where the file records digests
 (format 1.3+; the CRC32 is then not computed, the digest being the stronger check of the same bytes),
-else its CRC32. The CRC32 (layout.segments.crc32) and hashlib release the GIL on large buffers, so the threads hash on every core,
-the segments largest first (docs/benchmarks.md#big-models-against-the-physical-limits). Imports no torch:
-``pt2b verify`` starts hashing the file (``early``) while it imports torch and checks the program, and
-uses the result only for the segments the verified program table then names.
+else its CRC32. The CRC32 (layout.segments.crc32) and hashlib release the GIL on large buffers, so the
+threads hash on every core, the segments largest first
+(docs/benchmarks.md#big-models-against-the-physical-limits). Imports no torch: ``pt2b verify`` starts
+hashing the file (``early``) while it imports torch and checks the program, and uses the result only
+for the segments the verified program table then names.
 
 What a result is checked against is the reader's business (integrity.check_segment_hashes); this module
 only computes."""

@@ -6,6 +6,7 @@ import concurrent.futures
 import dataclasses
 import os
 import threading
+import typing
 import zlib
 
 import flatbuffers
@@ -79,9 +80,8 @@ def _refuse_python_calls(ep) -> None:
 
 
 def serialize_graph(ep: torch.export.ExportedProgram):
-    """torch's own export schema for the program, without any pickled payload."""
-    _refuse_tensor_subclasses(ep)
-    _refuse_python_calls(ep)
+    """torch's own export schema for the program, without any pickled payload (the writer has refused
+    tensor-subclass weights and Python calls before: _method_tensors)."""
     for name, value in ep.constants.items():
         if not isinstance(value, torch.Tensor):
             raise UnsupportedValueError(
@@ -230,17 +230,24 @@ class _Parts:
     tensors: list  # (name, kind, tensor)
 
 
-def _method_tensors(m: MethodSource) -> tuple[str, bytes, list]:
-    """(example inputs' treespec, their msgpack leaves, every tensor to store) of one method: what its
-    weight segments need, known before its graph is serialized. The checks that refuse a value .pt2b
-    cannot store as a tensor run first."""
+class _Stored(typing.NamedTuple):
+    """What one method's weight segments need, known before its graph is serialized."""
+
+    spec: str  # the example inputs' treespec
+    leaves: bytes  # their msgpack leaves
+    tensors: list  # every tensor to store: (name, kind, tensor)
+
+
+def _method_tensors(m: MethodSource) -> _Stored:
+    """One method's _Stored, after the checks that refuse a value .pt2b cannot store as a tensor (a
+    tensor subclass, a Python function called through flat_apply)."""
     _refuse_tensor_subclasses(m.ep)
     _refuse_python_calls(m.ep)
     spec_str, leaves_bytes, example_tensors = example_inputs_payload(m.ep)
-    return spec_str, leaves_bytes, collect_tensors(m.ep) + example_tensors
+    return _Stored(spec_str, leaves_bytes, collect_tensors(m.ep) + example_tensors)
 
 
-def _method_parts(m: MethodSource, force_escape: bool, target_torch, provenance: dict, tensors) -> _Parts:
+def _method_parts(m: MethodSource, force_escape: bool, target_torch, provenance: dict, stored: _Stored) -> _Parts:
     with module_stacks.escaped(m.ep, force=force_escape):  # module names torch's metadata format cannot split
         serialized = serialize_graph(m.ep)
     operators = op_table.collect(m.ep.graph_module)
@@ -250,8 +257,7 @@ def _method_parts(m: MethodSource, force_escape: bool, target_torch, provenance:
         serialized, operators, notes = retarget.retarget(serialized, operators, target_torch)
         provenance["target_torch"] = retarget.registry_for(target_torch).torch_version
         provenance.update({f"retargeted_op:{op}": what for op, _, what in (n.partition(": ") for n in notes)})
-    spec_str, leaves_bytes, stored = tensors
-    return _Parts(serialized, operators, spec_str, leaves_bytes, stored)
+    return _Parts(serialized, operators, *stored)
 
 
 def _lowering_table(lowering: dict):
@@ -298,14 +304,14 @@ def _write_artifact(methods: list[MethodSource], path, *, metadata, provenance, 
     escape = any(module_stacks.needs_escape(m.ep) for m in methods)
     if escape:
         provenance[module_stacks.PROVENANCE_KEY] = module_stacks.PROVENANCE_VALUE
-    tensors = [_method_tensors(m) for m in methods]
+    stored = [_method_tensors(m) for m in methods]
     meta_bytes = pack_metadata(metadata)
     # one segment per distinct storage across all methods: shared weights and state are stored once
-    wp = weights.plan([t for ts in tensors for t in ts[2]], ALIGNMENT)
+    wp = weights.plan([t for st in stored for t in st.tensors], ALIGNMENT)
     records, at = [], 0
-    for ts in tensors:
-        records.append(wp.records[at:at + len(ts[2])])
-        at += len(ts[2])
+    for st in stored:
+        records.append(wp.records[at:at + len(st.tensors)])
+        at += len(st.tensors)
 
     data_offset = align(HEADER_SIZE)
     digests = tuple(version) >= DIGESTS_SINCE
@@ -340,10 +346,10 @@ def _write_artifact(methods: list[MethodSource], path, *, metadata, provenance, 
 
             written = out.submit(write_weights)
             try:
-                parts = [_method_parts(m, escape, target_torch, provenance, ts) for m, ts in zip(methods, tensors)]
+                parts = [_method_parts(m, escape, target_torch, provenance, st) for m, st in zip(methods, stored)]
                 prog = _program(methods, parts, records, meta_bytes, provenance, used)
                 written.result()
-                _write_program(f, prog, wp, data_offset, version, dest)
+                _write_program(f, prog, wp, data_offset, version, digests, dest)
                 f.flush()
                 syncs.append(pool.submit(os.fsync, f.fileno()))
                 check_readable(tmp, dest)
@@ -406,10 +412,9 @@ def check_readable(tmp: str, dest: str) -> None:
 DIGESTS_SINCE = next(v for v, fields in FIELDS_ADDED.items() if "weight_digests" in fields)  # (1, 3)
 
 
-def _write_program(f, prog, wp, data_offset: int, version, dest: str) -> None:
-    """The packed program table after the weight segments (written, their checksums in ``wp``), then
-    the header at the file's start."""
-    digests = tuple(version) >= DIGESTS_SINCE
+def _write_program(f, prog, wp, data_offset: int, version, digests: bool, dest: str) -> None:
+    """The packed program table after the weight segments (written, their checksums in ``wp``, and with
+    ``digests`` their sha256), then the header at the file's start."""
     segs = []
     for s in wp.segments:
         t = G.SegmentT()
