@@ -261,7 +261,8 @@ def load_for_backend(path: StrPath, preset: str = "core", *, supported_ops: Iter
     OpsetError naming the op and its measured error otherwise.
 
     ``validate=True`` (the default) runs the lowered program and the unlowered one on the example
-    inputs the artifact stores and on a second input derived from them, and compares them
+    inputs the artifact stores and compares them, then checks a second input derived from them, op
+    by op (each decomposed op against its decomposition) or on both programs, whichever costs less
     (``.validation``; exporter/lowering/validate.py): on a difference, each decomposition applied is
     checked on the values its op receives in the program; a wrong one is kept undecomposed where the
     backend accepts the op, else OpsetError names it. A lowering served from the cache carries the verdict stored with it.

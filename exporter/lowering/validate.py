@@ -1,6 +1,7 @@
 """Validation of a lowering on the artifact's own inputs: load_for_backend runs the lowered and the
-unlowered program on the stored example inputs and a permuted second input, compares their outputs in
-the audit's words (verdicts.py), and on a wrong output checks each decomposition where it runs.
+unlowered program on the stored example inputs and compares their outputs in the audit's words
+(verdicts.py), then checks a permuted second input op by op or on both programs, whichever costs
+less; on a wrong output it checks each decomposition where it runs.
 Why and the bounds: docs/lowering.md#a-lowering-is-validated-on-the-artifacts-own-inputs."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 
 from .._torch.pytree import pytree
 from ..errors import OpsetError
+from ..functionalize import LOCK
 from ..ops import op_name
 
 __all__ = ["Validation", "validate", "validated"]
@@ -27,7 +29,10 @@ class Validation:
     verdict: str = ""  # the worst output, in the audit's words: exact, ulp, lossy, wrong
     max_rel: float = 0.0  # the largest relative difference from the unlowered program
     bound: float = 0.0  # a float output farther than this is wrong
-    inputs: int = 0  # input sets run (the stored example inputs, a derived one)
+    inputs: int = 0  # input sets checked (the stored example inputs, a derived one)
+    # how the derived input was checked: "program" (both programs run on it) or "ops" (each decomposed
+    # op against its decomposition on the values its first calls receive, permuted); "" where it was not
+    derived: str = ""
     seconds: float = 0.0
     why: str = ""  # what failed, or why it was skipped
     kept: dict = dataclasses.field(default_factory=dict)  # op -> why, kept undecomposed after a failure
@@ -49,7 +54,8 @@ class Validation:
                     f"layers compound it in a low-precision dtype), as any other implementation of the ops would; "
                     f"{self.seconds:.2f} s")
         word = {"ulp": "ulp (float rounding)", "lossy": "lossy (beyond float rounding, within the bound)"}
-        text = (f"validation {self.status} on {self.inputs} input set(s) against the unlowered program: "
+        how = {"ops": " (the derived one op by op)"}.get(self.derived, "")
+        text = (f"validation {self.status} on {self.inputs} input set(s){how} against the unlowered program: "
                 f"{word.get(self.verdict, self.verdict)}, largest relative difference {self.max_rel:.3g} (wrong beyond {self.bound:.3g}), "
                 f"{self.seconds:.2f} s")
         if self.why:
@@ -123,6 +129,17 @@ def _bounds(applied: list) -> dict:
 # Above this many elements a tensor's values are rotated by a random offset instead of shuffled: a
 # random permutation of 33M elements costs 2.3 s, eight times the program's two runs (issue 37, case 5)
 SHUFFLE_LIMIT = 1 << 20
+
+# The copies a recording run keeps of the values the decomposed ops receive, at most (the calls past it
+# are not recorded: a derived input is then checked on the whole programs)
+RECORD_LIMIT = 256 << 20
+
+# What checking a decomposition op by op costs per distinct call (its trace on fake tensors, the calls
+# run), about (seconds; measured on 2 cores: 16 ms on a diffusion U-Net, 23 on a Llama, 31 on an
+# encoder): _derived_at_ops checks a derived input op by op where that costs less than BUDGET times
+# the two programs' runs on the stored inputs (what running them on the derived input costs)
+TRACE_ESTIMATE = 0.025
+BUDGET = 1.0
 
 
 def _derived(inputs):
@@ -214,29 +231,46 @@ class _Runner:
         return [next(user) if kind == "user" else value.detach().clone() if kind == "buffer" else value
                 for kind, value in self.slots]
 
-    def calls_of(self, inputs, ops, limit: int = 8) -> dict:
-        """op -> the (args, kwargs) of its first ``limit`` calls in the program's own graph when it runs on
-        ``inputs``, for each op of ``ops`` that it calls there (copies, but for the program's unwritten
-        weights, which are shared); {} for a program run through ep.module()."""
+    def record(self, inputs, ops, seed: int = 0, limit: int = 8) -> tuple[list, dict]:
+        """(the user outputs on ``inputs``, as __call__ gives them; op -> the (args, kwargs) of its first
+        ``limit`` calls in the program's own graph, for each op of ``ops`` it calls there), from one run
+        (copies of the values, but for the program's unwritten weights, which are shared; no more than
+        RECORD_LIMIT bytes of copies, the calls past it left out). A program run through ep.module()
+        records nothing ({})."""
         if self.module is not None:
-            return {}
+            return self(inputs, seed), {}
         ops, calls = set(ops), {}
         shared = {id(value) for kind, value in self.slots if kind == "state"}
+        room = [RECORD_LIMIT]
 
         def keep(v):
-            return v.detach().clone() if isinstance(v, torch.Tensor) and id(v) not in shared else v
+            if isinstance(v, torch.Tensor) and id(v) not in shared:
+                room[0] -= v.numel() * v.element_size()
+                return v.detach().clone()
+            return v
+
+        def size(v):
+            return v.numel() * v.element_size() if isinstance(v, torch.Tensor) and id(v) not in shared else 0
 
         class Recorder(torch.fx.Interpreter):
             def call_function(self, target, args, kwargs):
                 if target in ops and len(calls.setdefault(target, [])) < limit:
-                    calls[target].append(pytree.tree_map(keep, (args, kwargs)))
+                    leaves = pytree.tree_leaves((args, kwargs))
+                    need = sum(size(v) for v in leaves)
+                    # (a call inside a vmap region receives batched tensors, which mean nothing outside it)
+                    if need <= room[0] and not any(isinstance(v, torch.Tensor) and _wrapped(v) for v in leaves):
+                        calls[target].append(pytree.tree_map(keep, (args, kwargs)))
                 return super().call_function(target, args, kwargs)
 
         args, kwargs = copy.deepcopy(inputs)
-        torch.manual_seed(0)
+        torch.manual_seed(seed)
         with torch.no_grad():
-            Recorder(self.ep.graph_module).run(*self._flat(args, kwargs))
-        return calls
+            out = Recorder(self.ep.graph_module).run(*self._flat(args, kwargs))
+        return self._user(out), {op: c for op, c in calls.items() if c}
+
+    def _user(self, out) -> list:
+        out = out if isinstance(out, (list, tuple)) else [out]
+        return [out[i] for i in self.user_outputs]  # the leaves, as tree_leaves gives (None included)
 
     def __call__(self, inputs, seed: int = 0):
         args, kwargs = copy.deepcopy(inputs)
@@ -246,9 +280,12 @@ class _Runner:
                 for sub, name, buf in self.state:
                     sub._buffers[name] = buf.detach().clone()
                 return pytree.tree_leaves(self.module(*args, **kwargs))
-            out = self.ep.graph_module(*self._flat(args, kwargs))
-            out = out if isinstance(out, (list, tuple)) else [out]
-            return [out[i] for i in self.user_outputs]  # the leaves, as tree_leaves gives (None included)
+            return self._user(self.ep.graph_module(*self._flat(args, kwargs)))
+
+
+def _wrapped(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a functorch wrapper (a batched tensor of a vmap region, a grad-tracking one)."""
+    return torch._C._functorch.is_functorch_wrapped_tensor(t)
 
 
 def _same(a, b) -> bool:
@@ -303,53 +340,79 @@ class SourceRuns:
     """The unlowered program's side of a validation, computed once and shared by every validation of
     one request (the first, the one after a repair, the bisection's steps): its outputs on each input
     set (the stored example inputs and one derived from them, or the sets given with their outputs),
-    each ("ok", outputs), ("random", None) where a second seed changes them, or ("error", exception).
+    each ("ok", outputs), ("random", None) where a second seed changes them, or ("error", exception),
+    computed when first asked for (``result(i)``). The run on the stored inputs records the values the
+    first calls of each op of ``record`` receive (``recorded``; the decomposed ops) and its time
+    (``seconds``): what a check of the derived input op by op works on, and what it must cost less than.
     (Run in a thread beside the lowering instead, they made the default lowering slower on 2 cores:
     the encoder 0.34 s -> 0.41-0.51 s, the kernels and the trace contending for the cores.)"""
 
-    def __init__(self, source_ep, input_sets=None, wanted=None):
+    def __init__(self, source_ep, input_sets=None, wanted=None, record=()):
         self.ep, self.random = source_ep, _random_ops(source_ep)
-        if input_sets is not None:  # with the outputs source_ep gave on them
+        self.record, self.recorded, self.seconds, self._runner = list(record), None, 0.0, None
+        self.given = input_sets is not None
+        if self.given:  # with the outputs source_ep gave on them
             self.inputs = list(input_sets)
             self._results = [("ok", w) for w in wanted]
         else:
             self.inputs = [source_ep.example_inputs, None]  # the derived set made when first needed
-            self._results = None
+            self._results = []
 
-    def results(self) -> list:
-        if self._results is not None:
-            return self._results
-        runner, results = _Runner(self.ep), []
-        for i in range(len(self.inputs)):
-            try:
-                if self.inputs[i] is None:
-                    self.inputs[i] = _derived(self.ep.example_inputs)
-                want = runner(self.inputs[i])
+    def result(self, i: int) -> tuple:
+        """(outcome, outputs) of input set ``i``; ("skip", None) past a random or failing first set."""
+        while len(self._results) <= i:
+            k = len(self._results)
+            if k and self._results[0][0] != "ok":
+                return "skip", None
+            self._results.append(self._run(k))
+        return self._results[i]
+
+    def _run(self, i: int) -> tuple:
+        self._runner = self._runner or _Runner(self.ep)
+        try:
+            if self.inputs[i] is None:
+                self.inputs[i] = _derived(self.ep.example_inputs)
+            if i == 0:
+                t = time.perf_counter()
+                want, self.recorded = self._runner.record(self.inputs[0], self.record)
+                self.seconds = time.perf_counter() - t
                 # an op that can draw (dropout, sdpa) may draw nothing (eval mode): a second seed tells
-                if i == 0 and self.random and not _same(want, runner(self.inputs[i], seed=1)):
-                    results.append(("random", None))
-                    break
-                results.append(("ok", want))
-            except Exception as e:  # noqa: BLE001 -- a derived input outside the program's domain (its own checks)
-                results.append(("error", e))
-                if i == 0:
-                    break
-        self._results = results
-        return results
+                if self.random and not _same(want, self._runner(self.inputs[0], seed=1)):
+                    return "random", None
+            else:
+                want = self._runner(self.inputs[i])
+            return "ok", want
+        except Exception as e:  # noqa: BLE001 -- a derived input outside the program's domain (its own checks)
+            return "error", e
 
 
 def validate(source_ep, lowered_ep, table: dict, runs: SourceRuns | None = None) -> Validation:
-    """Run ``lowered_ep`` on the input sets of ``runs`` (by default the stored example inputs and a
-    derived input) and compare with ``source_ep``'s outputs on them
-    (docs/lowering.md#a-lowering-is-validated-on-the-artifacts-own-inputs)."""
+    """Run ``lowered_ep`` on the stored example inputs and compare with ``source_ep``'s outputs on them;
+    then check a derived input: op by op where that costs less (_derived_at_ops), else by running both
+    programs on it (docs/lowering.md#a-lowering-is-validated-on-the-artifacts-own-inputs). ``runs``
+    given: on its input sets."""
     t0 = time.perf_counter()
     if source_ep.example_inputs is None:
         return Validation("skipped", why="the artifact stores no example inputs")
     applied = _applied(source_ep, table)
     bounds = _bounds(applied)
     result = Validation("passed", verdict="exact", bound=bounds[torch.float32])
-    runs, theirs = runs or SourceRuns(source_ep), None
-    for i, (outcome, want) in enumerate(runs.results()):
+    runs, theirs = runs or SourceRuns(source_ep, record=applied), None
+    t_lowered = 0.0
+    for i in range(len(runs.inputs)):
+        if i == 1 and not runs.given:
+            local = _derived_at_ops(runs, applied, table, bounds, budget=BUDGET * (runs.seconds + t_lowered))
+            if local is not None:
+                result.inputs += 1
+                result.derived = "ops"
+                wrong = [op for op in applied if op in local and local[op][0] is None]
+                if wrong:
+                    result.status, result.verdict = "failed", "wrong"
+                    result.why = f"on a derived input, where {op_name(wrong[0])} runs: {local[wrong[0]][1]}"
+                    result.culprits = wrong  # (not a field: for validated())
+                break
+            result.derived = "program"
+        outcome, want = runs.result(i)
         if outcome == "random":
             return Validation("skipped", why=f"the program's outputs are random ({', '.join(runs.random[:3])})",
                               seconds=time.perf_counter() - t0)
@@ -363,7 +426,9 @@ def validate(source_ep, lowered_ep, table: dict, runs: SourceRuns | None = None)
         inputs = runs.inputs[i]
         try:
             theirs = theirs or _Runner(lowered_ep)
+            t = time.perf_counter()
             got = theirs(inputs)
+            t_lowered = time.perf_counter() - t
         except Exception as e:  # noqa: BLE001 -- the lowered program fails where the unlowered one runs
             verdict, rel, why = "wrong", float("inf"), f"the lowered program raises {type(e).__name__}: {str(e)[:200]}"
         else:
@@ -388,15 +453,19 @@ def validated(lowered, plan, source_ep, relower):
     all are right, the program amplifies their rounding and passes, naming them. Only where some
     cannot be recorded (in a subgraph) is the responsible one found by bisection.
     ``relower(plan)`` lowers the source again with another plan."""
-    runs = SourceRuns(source_ep)
+    applied = _applied(source_ep, plan.table)
+    runs = SourceRuns(source_ep, record=applied)
     lowered.validation = validate(source_ep, lowered.exported_program(), plan.table, runs)
     if lowered.validation.status != "failed":
         return lowered
     failure = lowered.validation
-    applied = _applied(source_ep, plan.table)
     t0 = time.perf_counter()
+    if getattr(failure, "culprits", None):  # found op by op on the derived input: named already
+        return _repaired(failure, failure.culprits, plan, source_ep, relower, runs)
     failed_on, wanted = failure.failed_on
-    local = _right_where_they_run(source_ep, applied, plan.table, _bounds(applied), failed_on)
+    # on the stored inputs, the run that gave the outputs recorded the calls already
+    known = runs.recorded if failed_on is runs.inputs[0] else None
+    local = _right_where_they_run(source_ep, applied, plan.table, _bounds(applied), failed_on, known)
     culprits = [op for op in applied if op in local and local[op] is None]
     unexplained = OpsetError(f"lowering with {plan.label}: the lowered program does not compute what the program "
                              f"does ({failure.why}), and no single decomposition is responsible. Lower with fewer "
@@ -415,14 +484,21 @@ def validated(lowered, plan, source_ep, relower):
         if culprit is None:
             raise unexplained
         culprits = [culprit]
+    return _repaired(failure, culprits, plan, source_ep, relower, runs)
+
+
+def _repaired(failure: Validation, culprits: list, plan, source_ep, relower, runs: SourceRuns):
+    """The lowering that keeps ``culprits`` (the decompositions found wrong) undecomposed, validated;
+    OpsetError where the backend does not accept one of them or keeping them does not validate."""
     found = {}
     for op in culprits:
         fn = plan.table[op]
         where = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
         node = next((n.name for n in source_ep.graph.nodes if n.target is op), "(in a subgraph)")
+        measured = ("" if failure.derived == "ops" and failure.why.startswith("on a derived input, where")
+                    else f" (largest relative difference {failure.max_rel:.3g}, wrong beyond {failure.bound:.3g})")
         found[op] = (where, node, f"lowering with {plan.label}: the decomposition of {op_name(op)} ({where}) makes "
-                                  f"the program wrong at node {node}: {failure.why} (largest relative difference "
-                                  f"{failure.max_rel:.3g}, wrong beyond {failure.bound:.3g}).")
+                                  f"the program wrong at node {node}: {failure.why}{measured}.")
     for op in culprits:
         if not plan.accepts(op):
             raise OpsetError(f"{found[op][2]} The backend does not accept {op_name(op)} undecomposed; implement it "
@@ -451,11 +527,24 @@ class _Decomposed:
     def __init__(self, table: dict):
         self.table, self.traced = table, {}
 
-    def __call__(self, fn, args, kwargs):
-        from torch.fx.experimental.proxy_tensor import make_fx
-
+    @staticmethod
+    def _split(args, kwargs):
         flat, spec = pytree.tree_flatten((args, kwargs))
-        at = [i for i, v in enumerate(flat) if isinstance(v, torch.Tensor)]
+        return flat, spec, [i for i, v in enumerate(flat) if isinstance(v, torch.Tensor)]
+
+    def key(self, fn, args, kwargs):
+        """What makes two calls of ``fn`` trace alike (None: no stable key, traced on their values)."""
+        flat, spec, at = self._split(args, kwargs)
+        try:
+            key = (fn, str(spec), tuple((flat[i].shape, flat[i].dtype, flat[i].stride(), flat[i].device) for i in at),
+                   repr([v for i, v in enumerate(flat) if i not in at]))
+            hash(key)
+        except Exception:  # noqa: BLE001 -- an argument without a stable key
+            return None
+        return key
+
+    def __call__(self, fn, args, kwargs):
+        flat, spec, at = self._split(args, kwargs)
 
         def call(*tensors):
             values = list(flat)
@@ -465,53 +554,130 @@ class _Decomposed:
             return fn(*a, **k)
 
         tensors = [flat[i] for i in at]
-        try:
-            key = (fn, str(spec), tuple((t.shape, t.dtype, t.stride(), t.device) for t in tensors),
-                   repr([v for i, v in enumerate(flat) if i not in at]))
-            hash(key)
-        except Exception:  # noqa: BLE001 -- an argument without a stable key: traced on its values
-            key = None
+        key = self.key(fn, args, kwargs)
         gm = self.traced.get(key) if key is not None else None
         if gm is None:
-            try:
-                gm = make_fx(call, decomposition_table=self.table, tracing_mode="fake")(*tensors)
-                if key is not None:
-                    self.traced[key] = gm
-            except Exception:  # noqa: BLE001 -- a decomposition that reads values: traced on these
-                try:
-                    gm = make_fx(call, decomposition_table=self.table)(*[t.clone() for t in tensors])
-                except Exception:  # noqa: BLE001 -- a call make_fx cannot trace: its first-level decomposition
-                    return call(*tensors)
+            with LOCK:  # (a trace in another thread, another lowering's, sees this one's modes otherwise)
+                gm = self._trace(call, tensors, key)
+            if gm is None:
+                return call(*tensors)
         return gm(*tensors)
 
+    def _trace(self, call, tensors, key):
+        """``call`` traced with the table, on fake tensors, else on ``tensors``; None where it cannot be."""
+        from torch.fx.experimental.proxy_tensor import make_fx
 
-def _right_where_they_run(source_ep, ops, table: dict, bounds: dict, inputs) -> dict:
-    """op -> the largest relative difference of its decomposition (``table[op]``, lowered further with
-    ``table``) from op itself on the values op receives when the program runs on ``inputs`` (its first
-    calls; what an in-place op writes is compared too), or None where it is wrong on one (the
-    decomposition is wrong where it runs). Ops not recorded (called in a subgraph only, or a program
-    run through ep.module()) are left out."""
+        try:
+            gm = make_fx(call, decomposition_table=self.table, tracing_mode="fake")(*tensors)
+            if key is not None:
+                self.traced[key] = gm
+            return gm
+        except Exception:  # noqa: BLE001 -- a decomposition that reads values: traced on these
+            try:
+                return make_fx(call, decomposition_table=self.table)(*[t.clone() for t in tensors])
+            except Exception:  # noqa: BLE001 -- a call make_fx cannot trace: its first-level decomposition runs
+                return None
+
+
+def _check_call(op, fn, decomposed: _Decomposed, args, kwargs, bounds: dict) -> tuple[str, float, str] | None:
+    """(verdict, largest relative difference, why) of ``fn`` (op's decomposition, lowered further as
+    ``decomposed`` does) against ``op`` on one call's values, what an in-place op writes compared too;
+    None where op itself raises on them (values outside its domain: no check); verdict "error" where
+    the decomposition cannot be run here (the lowering traced it its own way: nothing known)."""
     from ..functionalize import is_mutating
 
+    writes = is_mutating(op)  # (a functional op's arguments are shared by both calls)
+    want_in, got_in = ((copy.deepcopy((args, kwargs)), copy.deepcopy((args, kwargs))) if writes
+                       else ((args, kwargs), (args, kwargs)))
+    with torch.no_grad():
+        try:
+            torch.manual_seed(0)  # (an op that draws, drawing as the program's run does: same seed both sides)
+            want = op(*want_in[0], **want_in[1])
+        except Exception:  # noqa: BLE001 -- the op's own check
+            return None
+        try:
+            torch.manual_seed(0)
+            got = decomposed(fn, *got_in)
+        except Exception as e:  # noqa: BLE001 -- this check cannot run it (the lowering's own trace did)
+            return "error", float("inf"), f"its decomposition raises {type(e).__name__}: {str(e)[:200]}"
+    if writes:
+        want, got = (want, want_in), (got, got_in)
+    if _uninitialized(op):  # its values are whatever memory held: the layout is all there is to compare
+        want, got = (pytree.tree_map_only(torch.Tensor, torch.zeros_like, x) for x in (want, got))
+    return _compare(got, want, bounds)
+
+
+def _uninitialized(op) -> bool:
+    """Whether ``op`` returns memory it does not fill (aten::empty, empty_like, new_empty_strided, ...)."""
+    return op.__name__.split(".")[0] in {"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided",
+                                         "empty_permuted"}
+
+
+def _right_where_they_run(source_ep, ops, table: dict, bounds: dict, inputs, recorded: dict | None = None) -> dict:
+    """op -> the largest relative difference of its decomposition (``table[op]``, lowered further with
+    ``table``) from op itself on the values op receives when the program runs on ``inputs`` (its first
+    calls, ``recorded`` where they are known already), or None where it is wrong on one (the
+    decomposition is wrong where it runs). Ops not recorded (called in a subgraph only, or a program
+    run through ep.module()) are left out."""
     out, decomposed = {}, _Decomposed(table)
-    try:
-        recorded = _Runner(source_ep).calls_of(inputs, ops)
-    except Exception:  # noqa: BLE001 -- not recorded: nothing known
-        return out
+    if recorded is None:
+        try:
+            _, recorded = _Runner(source_ep).record(inputs, ops)
+        except Exception:  # noqa: BLE001 -- not recorded: nothing known
+            return out
     for op, calls in recorded.items():
-        writes = is_mutating(op)  # (a functional op's arguments are shared by both calls)
+        if op not in ops:
+            continue
         for args, kwargs in calls:
-            want_in, got_in = ((copy.deepcopy((args, kwargs)), copy.deepcopy((args, kwargs))) if writes
-                               else ((args, kwargs), (args, kwargs)))
-            with torch.no_grad():
-                want = op(*want_in[0], **want_in[1])
-                got = decomposed(table[op], *got_in)
-            if writes:
-                want, got = (want, want_in), (got, got_in)
-            verdict, rel, _ = _compare(got, want, bounds)
+            checked = _check_call(op, table[op], decomposed, args, kwargs, bounds)
+            if checked is None:  # (the op ran on these values in the program: not expected)
+                continue
+            verdict, rel, _ = checked
+            if verdict == "error":  # not known: left out, as an op not recorded is
+                out.pop(op, None)
+                break
             out[op] = None if verdict == "wrong" else max(out.get(op, 0.0), rel)
             if out[op] is None:
                 break
+    return out
+
+
+def _derived_at_ops(runs: SourceRuns, applied: list, table: dict, bounds: dict, budget: float) -> dict | None:
+    """op -> (largest relative difference, "") or (None, why it is wrong) of each decomposition applied
+    against its op on the values the op's first calls received in the run on the stored inputs, each
+    tensor's values permuted (_derived): the derived input, checked where the decompositions run. None
+    where this cannot stand for running both programs on a derived input (an op applied was not
+    recorded: it runs in a subgraph, or the recording was full), or costs more than ``budget`` seconds
+    (the traces, TRACE_ESTIMATE each by the count of distinct calls, or as measured on the way)."""
+    t0 = time.perf_counter()
+    recorded = runs.recorded
+    if recorded is None or any(op not in recorded for op in applied):
+        return None
+    decomposed = _Decomposed(table)
+    keys = {decomposed.key(table[op], *call) for op in applied for call in recorded[op]}
+    if len(keys) * TRACE_ESTIMATE > budget:
+        return None
+    out = {}
+    for op in applied:
+        fn = table[op]
+        for args, kwargs in recorded[op]:
+            if time.perf_counter() - t0 > budget:
+                return None
+            try:
+                derived = _derived((args, kwargs))
+            except Exception:  # noqa: BLE001 -- values this cannot permute: the whole programs run instead
+                return None
+            checked = _check_call(op, fn, decomposed, *derived, bounds)
+            if checked is None:  # permuted values outside the op's own domain: not a check
+                continue
+            verdict, rel, why = checked
+            if verdict == "error":  # the whole programs run on the derived input instead
+                return None
+            if verdict == "wrong":
+                where = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+                out[op] = (None, f"its decomposition ({where}) differs from it: {why or 'a value differs'}")
+                break
+            out[op] = (max(out.get(op, (0.0,))[0], rel), "")
     return out
 
 

@@ -343,3 +343,108 @@ def test_an_op_called_only_in_a_subgraph_is_found_by_bisection(tmp_path):
     with pytest.raises(OpsetError, match=r"the decomposition of aten::hardswish\.default .* makes the program wrong "
                                          r"at node \(in a subgraph\)"):
         load_for_backend(path, "max", cache=False, decompositions={aten.hardswish.default: lambda x: x * 0.25})
+
+
+class _Gelu2(torch.nn.Module):
+    def forward(self, x):
+        return torch.nn.functional.gelu(x) * 2
+
+
+def _gelu_of_sorted(x, approximate="none"):
+    """gelu, right only where each row of x is sorted already (as the stored inputs are)."""
+    x = x.sort(-1).values
+    return 0.5 * x * (1 + torch.erf(x * 0.7071067811865476))
+
+
+def _runs_counted(monkeypatch) -> list:
+    """Counts the whole-program runs of a validation (each program's run on one input set)."""
+    runs = []
+    run, record = V._Runner.__call__, V._Runner.record
+    monkeypatch.setattr(V._Runner, "__call__", lambda self, *a, **k: runs.append("run") or run(self, *a, **k))
+    monkeypatch.setattr(V._Runner, "record", lambda self, *a, **k: runs.append("record") or record(self, *a, **k))
+    return runs
+
+
+@pytest.mark.parametrize("at_ops", [True, False])
+def test_a_decomposition_right_only_on_the_stored_values_is_found_on_the_derived_input(tmp_path, monkeypatch, at_ops):
+    """The derived input (the stored values permuted) is checked op by op where that costs less than
+    running both programs on it, else on the whole programs: either way the decomposition right only
+    on the stored values is found, named and kept (gelu is in the core opset)."""
+    monkeypatch.setattr(V, "BUDGET", 1e9 if at_ops else 0.0)
+    x = torch.randn(5, 6).sort(-1).values
+    _, _, path = _artifact(tmp_path, _Gelu2(), (x,))
+    lp = load_for_backend(path, "core", cache=False, decompositions={aten.gelu.default: _gelu_of_sorted})
+    assert list(lp.validation.kept) == ["aten::gelu.default"], lp.validation.describe()
+    assert "_gelu_of_sorted" in lp.validation.kept["aten::gelu.default"]
+    where = "on a derived input, where aten::gelu.default runs" if at_ops else "on the derived input"
+    assert where in lp.validation.kept["aten::gelu.default"]
+    torch.testing.assert_close(Runtime(lp)(x), _Gelu2()(x))
+    supported = ["aten::mul.Tensor", "aten::erf.default", "aten::sort.default", "aten::add.Tensor"]
+    with pytest.raises(OpsetError, match=r"the decomposition of aten::gelu\.default \(.*_gelu_of_sorted\) makes the "
+                                         r"program wrong at node gelu: " + where):
+        load_for_backend(path, supported_ops=supported, cache=False,
+                         decompositions={aten.gelu.default: _gelu_of_sorted})
+
+
+def test_checked_op_by_op_a_validation_runs_each_program_once(tmp_path, monkeypatch):
+    """Two whole-program runs (the unlowered one recording what its decomposed ops receive, the lowered
+    one) where the derived input is checked op by op; four where it is run on both programs."""
+    model, args, path = _artifact(tmp_path)
+    for budget, derived, n in ((1e9, "ops", ["record", "run"]), (0.0, "program", ["record", "run", "run", "run"])):
+        monkeypatch.setattr(V, "BUDGET", budget)
+        runs = _runs_counted(monkeypatch)
+        v = load_for_backend(path, "core", cache=False).validation
+        assert (v.status, v.inputs, v.derived, runs) == ("passed", 2, derived, n), v.describe()
+        monkeypatch.undo()
+    monkeypatch.setattr(V, "BUDGET", 1e9)
+    assert "on 2 input set(s) (the derived one op by op) against" in load_for_backend(path, "core", cache=False).validation.describe()
+
+
+def test_an_op_called_only_in_a_subgraph_is_checked_on_the_whole_programs(tmp_path, monkeypatch):
+    """A decomposed op the recording cannot see (inside a torch.cond branch): the derived input runs
+    on both programs, whatever the traces would cost."""
+    monkeypatch.setattr(V, "BUDGET", 1e9)
+    _, _, path = _artifact(tmp_path, _WrongInABranch(), (torch.rand(3, 4) + 0.1,))
+    v = load_for_backend(path, "max", cache=False).validation
+    assert (v.status, v.inputs, v.derived) == ("passed", 2, "program"), v.describe()
+
+
+def test_the_failure_on_the_stored_inputs_reuses_their_recording(tmp_path, monkeypatch):
+    """The amplified-rounding program: one recording run (the one that gave the outputs), the lowered
+    program's run, and the run of the lowering that keeps the decomposed ops: three in all."""
+    torch.manual_seed(0)
+    export_model(_Amplifies(), (torch.randn(4096),), tmp_path / "m.pt2b")
+    runs = _runs_counted(monkeypatch)
+    v = load_for_backend(tmp_path / "m.pt2b", "core", cache=False).validation
+    assert v.status == "passed" and list(v.amplified) == ["aten::silu.default"]
+    assert runs == ["record", "run", "run"]
+
+
+def test_the_recording_keeps_at_most_its_limit(tmp_path, monkeypatch):
+    """Past RECORD_LIMIT bytes of copies the calls are not recorded, and the derived input is then run
+    on the whole programs."""
+    monkeypatch.setattr(V, "BUDGET", 1e9)
+    monkeypatch.setattr(V, "RECORD_LIMIT", 5 * 8 * 4 - 1)  # less than one call of gelu on a 5x8 float32
+    _, _, path = _artifact(tmp_path)
+    source = load(path).exported_program()
+    assert V._Runner(source).record(source.example_inputs, [aten.gelu.default])[1] == {}
+    v = load_for_backend(path, "core", cache=False).validation
+    assert (v.status, v.derived) == ("passed", "program")
+
+
+class _EmptyFilled(torch.nn.Module):
+    def forward(self, x):
+        e = torch.empty_like(x)
+        e.fill_(1.0)
+        return x + e
+
+
+def test_checked_op_by_op_an_op_returning_unfilled_memory_is_compared_on_its_layout(tmp_path, monkeypatch):
+    """empty_like's values are whatever memory held (its decomposition's differ by 1e18 in a run):
+    op by op, only its shape, dtype and layout are compared."""
+    monkeypatch.setattr(V, "BUDGET", 1e9)
+    model, args, path = _artifact(tmp_path, _EmptyFilled(), (torch.randn(4, 4),))
+    lp = load_for_backend(path, "core", cache=False)
+    assert aten.empty_like.default in V._applied(load(path).exported_program(), lp.table)
+    assert (lp.validation.status, lp.validation.derived, lp.validation.kept) == ("passed", "ops", {})
+    torch.testing.assert_close(Runtime(lp)(*args), model(*args))
