@@ -109,8 +109,18 @@ def _random_ops(ep) -> list[str]:
 
 
 def _applied(source_ep, table: dict) -> list:
-    """The ops of the program the table decomposes, in a stable order."""
-    return sorted((op for op in _called_ops(source_ep) if op in table), key=op_name)
+    """The ops of the program the table decomposes, in a stable order (not those the lowering keeps
+    whatever the table says: decompose.trace_table)."""
+    full = _lowering_table(table)
+    return sorted((op for op in _called_ops(source_ep) if op in table and op in full), key=op_name)
+
+
+def _lowering_table(table: dict) -> dict:
+    """What the lowering applies for ``table``, op -> fn (decompose.trace_table: each entry as the
+    lowering calls it, on dense inputs where it needs them; less the ops torch's retrace keeps)."""
+    from .decompose import shared_trace_table
+
+    return shared_trace_table(table)
 
 
 def _bounds(applied: list) -> dict:
@@ -582,7 +592,8 @@ class _Decomposed:
 def _check_call(op, fn, decomposed: _Decomposed, args, kwargs, bounds: dict) -> tuple[str, float, str] | None:
     """(verdict, largest relative difference, why) of ``fn`` (op's decomposition, lowered further as
     ``decomposed`` does) against ``op`` on one call's values, what an in-place op writes compared too;
-    None where op itself raises on them (values outside its domain: no check); verdict "error" where
+    None where op itself raises on them (values outside its domain) or ``fn`` declines the call (the
+    lowering keeps the op there): no check; verdict "error" where
     the decomposition cannot be run here (the lowering traced it its own way: nothing known)."""
     from ..functionalize import is_mutating
 
@@ -600,11 +611,16 @@ def _check_call(op, fn, decomposed: _Decomposed, args, kwargs, bounds: dict) -> 
             got = decomposed(fn, *got_in)
         except Exception as e:  # noqa: BLE001 -- this check cannot run it (the lowering's own trace did)
             return "error", float("inf"), f"its decomposition raises {type(e).__name__}: {str(e)[:200]}"
+    if got is NotImplemented:  # the entry declines this call: the lowering keeps the op there
+        return None
     if writes:
         want, got = (want, want_in), (got, got_in)
     if _uninitialized(op):  # its values are whatever memory held: the layout is all there is to compare
         want, got = (pytree.tree_map_only(torch.Tensor, torch.zeros_like, x) for x in (want, got))
-    return _compare(got, want, bounds)
+    try:
+        return _compare(got, want, bounds)
+    except Exception as e:  # noqa: BLE001 -- values this cannot compare (float8 has no equal on CPU): nothing known
+        return "error", float("inf"), f"its values cannot be compared here ({type(e).__name__}: {str(e)[:200]})"
 
 
 def _uninitialized(op) -> bool:
@@ -619,7 +635,8 @@ def _right_where_they_run(source_ep, ops, table: dict, bounds: dict, inputs, rec
     calls, ``recorded`` where they are known already), or None where it is wrong on one (the
     decomposition is wrong where it runs). Ops not recorded (called in a subgraph only, or a program
     run through ep.module()) are left out."""
-    out, decomposed = {}, _Decomposed(table)
+    full = _lowering_table(table)
+    out, decomposed = {}, _Decomposed(full)
     if recorded is None:
         try:
             _, recorded = _Runner(source_ep).record(inputs, ops)
@@ -629,8 +646,8 @@ def _right_where_they_run(source_ep, ops, table: dict, bounds: dict, inputs, rec
         if op not in ops:
             continue
         for args, kwargs in calls:
-            checked = _check_call(op, table[op], decomposed, args, kwargs, bounds)
-            if checked is None:  # (the op ran on these values in the program: not expected)
+            checked = _check_call(op, full[op], decomposed, args, kwargs, bounds)
+            if checked is None:  # (the op ran on these values in the program, or the lowering keeps this call)
                 continue
             verdict, rel, _ = checked
             if verdict == "error":  # not known: left out, as an op not recorded is
@@ -653,13 +670,14 @@ def _derived_at_ops(runs: SourceRuns, applied: list, table: dict, bounds: dict, 
     recorded = runs.recorded
     if recorded is None or any(op not in recorded for op in applied):
         return None
-    decomposed = _Decomposed(table)
-    keys = {decomposed.key(table[op], *call) for op in applied for call in recorded[op]}
+    full = _lowering_table(table)
+    decomposed = _Decomposed(full)
+    keys = {decomposed.key(full[op], *call) for op in applied for call in recorded[op]}
     if len(keys) * TRACE_ESTIMATE > budget:
         return None
     out = {}
     for op in applied:
-        fn = table[op]
+        fn = full[op]
         for args, kwargs in recorded[op]:
             if time.perf_counter() - t0 > budget:
                 return None
@@ -674,7 +692,8 @@ def _derived_at_ops(runs: SourceRuns, applied: list, table: dict, bounds: dict, 
             if verdict == "error":  # the whole programs run on the derived input instead
                 return None
             if verdict == "wrong":
-                where = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+                named = table[op]  # (the table's entry, as the user or the preset gave it)
+                where = f"{getattr(named, '__module__', '?')}.{getattr(named, '__qualname__', type(named).__name__)}"
                 out[op] = (None, f"its decomposition ({where}) differs from it: {why or 'a value differs'}")
                 break
             out[op] = (max(out.get(op, (0.0,))[0], rel), "")

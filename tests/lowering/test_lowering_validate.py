@@ -448,3 +448,19 @@ def test_checked_op_by_op_an_op_returning_unfilled_memory_is_compared_on_its_lay
     assert aten.empty_like.default in V._applied(load(path).exported_program(), lp.table)
     assert (lp.validation.status, lp.validation.derived, lp.validation.kept) == ("passed", "ops", {})
     torch.testing.assert_close(Runtime(lp)(*args), model(*args))
+
+
+def test_a_call_whose_values_cannot_be_compared_tells_nothing():
+    """float8 has no equal on CPU: a decomposed call with a float8 result is not a check (the derived
+    input then runs on the whole programs), never a wrong decomposition."""
+    from exporter.lowering.decompose import shared_trace_table
+
+    full = shared_trace_table(tables.available_decompositions())
+    op = aten._to_copy.default
+
+    def off_by_one(x, dtype=None, **kwargs):
+        return (x + 1).to(dtype)
+
+    x = torch.randn(4, 4)
+    verdict, _, why = V._check_call(op, off_by_one, V._Decomposed(full), (x,), {"dtype": torch.float8_e4m3fn}, {})
+    assert verdict == "error" and "cannot be compared" in why
