@@ -663,13 +663,14 @@ def _derived_at_ops(runs: SourceRuns, applied: list, table: dict, bounds: dict, 
     """op -> (largest relative difference, "") or (None, why it is wrong) of each decomposition applied
     against its op on the values the op's first calls received in the run on the stored inputs, each
     tensor's values permuted (_derived): the derived input, checked where the decompositions run. None
-    where this cannot stand for running both programs on a derived input (an op applied was not
-    recorded: it runs in a subgraph, or the recording was full), or costs more than ``budget`` seconds
-    (the traces, TRACE_ESTIMATE each by the count of distinct calls, or as measured on the way)."""
+    where this cannot stand for running both programs on a derived input (no op is decomposed, or an
+    op applied was not recorded: it runs in a subgraph, or the recording was full), or costs more than
+    ``budget`` seconds (the traces, TRACE_ESTIMATE each by the count of distinct calls, or as measured
+    on the way)."""
     t0 = time.perf_counter()
     recorded = runs.recorded
-    if recorded is None or any(op not in recorded for op in applied):
-        return None
+    if not applied or recorded is None or any(op not in recorded for op in applied):
+        return None  # (no decomposition applied: what the derived input checks is the rest of the lowering)
     full = _lowering_table(table)
     decomposed = _Decomposed(full)
     keys = {decomposed.key(full[op], *call) for op in applied for call in recorded[op]}
