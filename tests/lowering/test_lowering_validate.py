@@ -464,3 +464,16 @@ def test_a_call_whose_values_cannot_be_compared_tells_nothing():
     x = torch.randn(4, 4)
     verdict, _, why = V._check_call(op, off_by_one, V._Decomposed(full), (x,), {"dtype": torch.float8_e4m3fn}, {})
     assert verdict == "error" and "cannot be compared" in why
+
+
+@pytest.mark.parametrize("estimate, budget, derived", [
+    (1e9, 1e9, "program"),  # the estimate alone is past the budget: no trace is tried
+    (0.0, 1e-12, "program"),  # within the estimate, past the budget on the way: given up, the programs run
+    (0.0, 1e9, "ops"),
+])
+def test_the_derived_input_is_checked_op_by_op_only_within_its_budget(tmp_path, monkeypatch, estimate, budget, derived):
+    monkeypatch.setattr(V, "TRACE_ESTIMATE", estimate)
+    monkeypatch.setattr(V, "BUDGET", budget)
+    _, _, path = _artifact(tmp_path)
+    v = load_for_backend(path, "core", cache=False).validation
+    assert (v.status, v.inputs, v.derived) == ("passed", 2, derived), v.describe()
