@@ -16,6 +16,7 @@ import torch
 from .._torch.pytree import pytree
 from ..errors import OpsetError
 from ..functionalize import LOCK
+from .decompose import shared_trace_table
 from ..ops import op_name
 
 __all__ = ["Validation", "validate", "validated"]
@@ -111,16 +112,13 @@ def _random_ops(ep) -> list[str]:
 def _applied(source_ep, table: dict) -> list:
     """The ops of the program the table decomposes, in a stable order (not those the lowering keeps
     whatever the table says: decompose.trace_table)."""
-    full = _lowering_table(table)
+    full = shared_trace_table(table)
     return sorted((op for op in _called_ops(source_ep) if op in table and op in full), key=op_name)
 
 
-def _lowering_table(table: dict) -> dict:
-    """What the lowering applies for ``table``, op -> fn (decompose.trace_table: each entry as the
-    lowering calls it, on dense inputs where it needs them; less the ops torch's retrace keeps)."""
-    from .decompose import shared_trace_table
-
-    return shared_trace_table(table)
+def _where(fn) -> str:
+    """A decomposition's name in messages: module.qualname."""
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
 
 
 def _bounds(applied: list) -> dict:
@@ -253,22 +251,20 @@ class _Runner:
         shared = {id(value) for kind, value in self.slots if kind == "state"}
         room = [RECORD_LIMIT]
 
-        def keep(v):
-            if isinstance(v, torch.Tensor) and id(v) not in shared:
-                room[0] -= v.numel() * v.element_size()
-                return v.detach().clone()
-            return v
+        def copied(v) -> bool:
+            return isinstance(v, torch.Tensor) and id(v) not in shared
 
-        def size(v):
-            return v.numel() * v.element_size() if isinstance(v, torch.Tensor) and id(v) not in shared else 0
+        def keep(v):
+            return v.detach().clone() if copied(v) else v
 
         class Recorder(torch.fx.Interpreter):
             def call_function(self, target, args, kwargs):
                 if target in ops and len(calls.setdefault(target, [])) < limit:
                     leaves = pytree.tree_leaves((args, kwargs))
-                    need = sum(size(v) for v in leaves)
+                    need = sum(v.numel() * v.element_size() for v in leaves if copied(v))
                     # (a call inside a vmap region receives batched tensors, which mean nothing outside it)
                     if need <= room[0] and not any(isinstance(v, torch.Tensor) and _wrapped(v) for v in leaves):
+                        room[0] -= need
                         calls[target].append(pytree.tree_map(keep, (args, kwargs)))
                 return super().call_function(target, args, kwargs)
 
@@ -369,12 +365,9 @@ class SourceRuns:
             self._results = []
 
     def result(self, i: int) -> tuple:
-        """(outcome, outputs) of input set ``i``; ("skip", None) past a random or failing first set."""
+        """(outcome, outputs) of input set ``i`` (validate asks for the next set only after an "ok")."""
         while len(self._results) <= i:
-            k = len(self._results)
-            if k and self._results[0][0] != "ok":
-                return "skip", None
-            self._results.append(self._run(k))
+            self._results.append(self._run(len(self._results)))
         return self._results[i]
 
     def _run(self, i: int) -> tuple:
@@ -503,9 +496,9 @@ def _repaired(failure: Validation, culprits: list, plan, source_ep, relower, run
     found = {}
     for op in culprits:
         fn = plan.table[op]
-        where = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+        where = _where(fn)
         node = next((n.name for n in source_ep.graph.nodes if n.target is op), "(in a subgraph)")
-        measured = ("" if failure.derived == "ops" and failure.why.startswith("on a derived input, where")
+        measured = ("" if getattr(failure, "culprits", None)  # found op by op: the why holds the difference
                     else f" (largest relative difference {failure.max_rel:.3g}, wrong beyond {failure.bound:.3g})")
         found[op] = (where, node, f"lowering with {plan.label}: the decomposition of {op_name(op)} ({where}) makes "
                                   f"the program wrong at node {node}: {failure.why}{measured}.")
@@ -544,7 +537,10 @@ class _Decomposed:
 
     def key(self, fn, args, kwargs):
         """What makes two calls of ``fn`` trace alike (None: no stable key, traced on their values)."""
-        flat, spec, at = self._split(args, kwargs)
+        return self._key(fn, *self._split(args, kwargs))
+
+    @staticmethod
+    def _key(fn, flat, spec, at):
         try:
             key = (fn, str(spec), tuple((flat[i].shape, flat[i].dtype, flat[i].stride(), flat[i].device) for i in at),
                    repr([v for i, v in enumerate(flat) if i not in at]))
@@ -564,7 +560,7 @@ class _Decomposed:
             return fn(*a, **k)
 
         tensors = [flat[i] for i in at]
-        key = self.key(fn, args, kwargs)
+        key = self._key(fn, flat, spec, at)
         gm = self.traced.get(key) if key is not None else None
         if gm is None:
             with LOCK:  # (a trace in another thread, another lowering's, sees this one's modes otherwise)
@@ -635,7 +631,7 @@ def _right_where_they_run(source_ep, ops, table: dict, bounds: dict, inputs, rec
     calls, ``recorded`` where they are known already), or None where it is wrong on one (the
     decomposition is wrong where it runs). Ops not recorded (called in a subgraph only, or a program
     run through ep.module()) are left out."""
-    full = _lowering_table(table)
+    full = shared_trace_table(table)  # each entry as the lowering applies it
     out, decomposed = {}, _Decomposed(full)
     if recorded is None:
         try:
@@ -671,7 +667,7 @@ def _derived_at_ops(runs: SourceRuns, applied: list, table: dict, bounds: dict, 
     recorded = runs.recorded
     if not applied or recorded is None or any(op not in recorded for op in applied):
         return None  # (no decomposition applied: what the derived input checks is the rest of the lowering)
-    full = _lowering_table(table)
+    full = shared_trace_table(table)  # each entry as the lowering applies it
     decomposed = _Decomposed(full)
     keys = {decomposed.key(full[op], *call) for op in applied for call in recorded[op]}
     if len(keys) * TRACE_ESTIMATE > budget:
@@ -693,8 +689,7 @@ def _derived_at_ops(runs: SourceRuns, applied: list, table: dict, bounds: dict, 
             if verdict == "error":  # the whole programs run on the derived input instead
                 return None
             if verdict == "wrong":
-                named = table[op]  # (the table's entry, as the user or the preset gave it)
-                where = f"{getattr(named, '__module__', '?')}.{getattr(named, '__qualname__', type(named).__name__)}"
+                where = _where(table[op])  # (the table's entry, as the user or the preset gave it)
                 out[op] = (None, f"its decomposition ({where}) differs from it: {why or 'a value differs'}")
                 break
             out[op] = (max(out.get(op, (0.0,))[0], rel), "")
