@@ -1,13 +1,15 @@
 """Validation of a lowering on the artifact's own inputs: load_for_backend runs the lowered and the
 unlowered program on the stored example inputs and compares their outputs in the audit's words
 (verdicts.py), then checks a permuted second input op by op or on both programs, whichever costs
-less; on a wrong output it checks each decomposition where it runs.
+less, for the decompositions not right whatever the values (_value_free); on a wrong output it
+checks each decomposition where it runs.
 Why and the bounds: docs/lowering.md#a-lowering-is-validated-on-the-artifacts-own-inputs."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 import time
 
@@ -32,7 +34,9 @@ class Validation:
     bound: float = 0.0  # a float output farther than this is wrong
     inputs: int = 0  # input sets checked (the stored example inputs, a derived one)
     # how the derived input was checked: "program" (both programs run on it) or "ops" (each decomposed
-    # op against its decomposition on the values its first calls receive, permuted); "" where it was not
+    # op against its decomposition on the values its first calls receive, permuted); "eager" where no
+    # check is needed (each decomposition applied runs eager's kernels for its op, or lays out a view as
+    # they do: _value_free); "" where it was not
     derived: str = ""
     seconds: float = 0.0
     why: str = ""  # what failed, or why it was skipped
@@ -55,7 +59,10 @@ class Validation:
                     f"layers compound it in a low-precision dtype), as any other implementation of the ops would; "
                     f"{self.seconds:.2f} s")
         word = {"ulp": "ulp (float rounding)", "lossy": "lossy (beyond float rounding, within the bound)"}
-        how = {"ops": " (the derived one op by op)"}.get(self.derived, "")
+        how = {"ops": " (the derived one op by op)",
+               "eager": " (no derived input needed: each decomposition applied runs the kernels eager runs for its "
+                        "op, or lays out a view as they do)"
+               }.get(self.derived, "")
         text = (f"validation {self.status} on {self.inputs} input set(s){how} against the unlowered program: "
                 f"{word.get(self.verdict, self.verdict)}, largest relative difference {self.max_rel:.3g} (wrong beyond {self.bound:.3g}), "
                 f"{self.seconds:.2f} s")
@@ -391,8 +398,8 @@ class SourceRuns:
 
 def validate(source_ep, lowered_ep, table: dict, runs: SourceRuns | None = None) -> Validation:
     """Run ``lowered_ep`` on the stored example inputs and compare with ``source_ep``'s outputs on them;
-    then check a derived input: op by op where that costs less (_derived_at_ops), else by running both
-    programs on it (docs/lowering.md#a-lowering-is-validated-on-the-artifacts-own-inputs). ``runs``
+    then check a derived input, where a decomposition applied needs one: op by op where that costs less
+    (_derived_at_ops), else by running both programs on it (docs/lowering.md#a-lowering-is-validated-on-the-artifacts-own-inputs). ``runs``
     given: on its input sets."""
     t0 = time.perf_counter()
     if source_ep.example_inputs is None:
@@ -406,6 +413,10 @@ def validate(source_ep, lowered_ep, table: dict, runs: SourceRuns | None = None)
         if i == 1 and not runs.given:
             local = _derived_at_ops(runs, applied, table, bounds, budget=BUDGET * (runs.seconds + t_lowered))
             if local is not None:
+                local, checked = local
+                if not checked:  # each lowered form right whatever the values: nothing a derived input finds
+                    result.derived = "eager"
+                    break
                 result.inputs += 1
                 result.derived = "ops"
                 wrong = [op for op in applied if op in local and local[op][0] is None]
@@ -655,25 +666,32 @@ def _right_where_they_run(source_ep, ops, table: dict, bounds: dict, inputs, rec
     return out
 
 
-def _derived_at_ops(runs: SourceRuns, applied: list, table: dict, bounds: dict, budget: float) -> dict | None:
-    """op -> (largest relative difference, "") or (None, why it is wrong) of each decomposition applied
-    against its op on the values the op's first calls received in the run on the stored inputs, each
-    tensor's values permuted (_derived): the derived input, checked where the decompositions run. None
+def _derived_at_ops(runs: SourceRuns, applied: list, table: dict, bounds: dict, budget: float) -> tuple | None:
+    """(op -> (largest relative difference, "") or (None, why it is wrong), the ops checked): each
+    decomposition applied against its op on the values the op's first calls received in the run on
+    the stored inputs, each tensor's values permuted (_derived): the derived input, checked where the
+    decompositions run; not those whose lowered form is right whatever the values (_value_free). None
     where this cannot stand for running both programs on a derived input (no op is decomposed, or an
     op applied was not recorded: it runs in a subgraph, or the recording was full), or costs more than
     ``budget`` seconds (the traces, TRACE_ESTIMATE each by the count of distinct calls, or as measured
     on the way)."""
+    from .._torch.dispatch import FakeTensorMode
+
     t0 = time.perf_counter()
     recorded = runs.recorded
     if not applied or recorded is None or any(op not in recorded for op in applied):
         return None  # (no decomposition applied: what the derived input checks is the rest of the lowering)
     full = shared_trace_table(table)  # each entry as the lowering applies it
     decomposed = _Decomposed(full)
-    keys = {decomposed.key(full[op], *call) for op in applied for call in recorded[op]}
-    if len(keys) * TRACE_ESTIMATE > budget:
+    mode = FakeTensorMode()
+    needed = [op for op in applied if not _value_free(op, table[op], full, recorded[op], decomposed, mode)]
+    if not needed:
+        return {}, needed
+    keys = {decomposed.key(full[op], *call) for op in needed for call in recorded[op]}
+    if len(keys) * TRACE_ESTIMATE > budget - (time.perf_counter() - t0):
         return None
     out = {}
-    for op in applied:
+    for op in needed:
         fn = full[op]
         for args, kwargs in recorded[op]:
             if time.perf_counter() - t0 > budget:
@@ -693,7 +711,87 @@ def _derived_at_ops(runs: SourceRuns, applied: list, table: dict, bounds: dict, 
                 out[op] = (None, f"its decomposition ({where}) differs from it: {why or 'a value differs'}")
                 break
             out[op] = (max(out.get(op, (0.0,))[0], rel), "")
-    return out
+    return out, needed
+
+
+def _eagers_own(op, fn) -> bool:
+    """Whether ``fn`` is op's own CompositeImplicitAutograd kernel as torch's table holds it
+    (``_get_decomp_for_cia``: the C++ code eager runs for op)."""
+    return (isinstance(fn, functools.partial) and fn.keywords.get("kernel") is op
+            and getattr(fn.func, "__qualname__", "").endswith("_get_decomp_for_cia.<locals>._special_op_to_decompose_cia")
+            and torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"))
+
+
+def _same_layout_view(want, got) -> bool:
+    """Whether ``got`` and ``want`` are each the same view of the same storage (shape, strides, offset):
+    the same elements whatever they hold. Two values computed anew are not (each has its own storage)."""
+    w, g = pytree.tree_leaves(want), pytree.tree_leaves(got)
+    return len(w) == len(g) and all(
+        isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.shape == y.shape and x.dtype == y.dtype
+        and x.stride() == y.stride() and x.storage_offset() == y.storage_offset()
+        and x.untyped_storage()._cdata == y.untyped_storage()._cdata for x, y in zip(w, g))
+
+
+def _value_free(op, fn, full: dict, calls: list, decomposed: _Decomposed, mode=None) -> bool:
+    """Whether op's lowered form computes what op does whatever the values, on the shapes of ``calls``,
+    as told on fake tensors (shapes, no values): ``fn`` is eager's own kernel for op (_eagers_own), or op
+    is not a composite one, and every op that eager dispatches for op and the table decomposes (op
+    itself, where it is not composite) returns a view its decomposition lays out as the op's own
+    kernel does (the same elements of the same storage, whatever they hold: linear's t, which the
+    lowering makes a permute; transpose), and the same ops with the Python dispatcher on as without it
+    (a trace may run the Python kernel matmul has where eager runs C++); or no call has a tensor
+    argument (arange). A derived input
+    can find nothing wrong there that the stored one does not (a trace cannot branch on values). False
+    where this cannot be told, for an op that writes in place, and for any that computes values anew.
+    ``mode``: the FakeTensorMode to run in (one for all the ops of a program: the weights made fake once)."""
+    from .._torch.dispatch import FakeTensorMode, TorchDispatchMode, enable_python_dispatcher
+    from ..functionalize import is_mutating
+
+    if not any(isinstance(v, torch.Tensor) for call in calls for v in pytree.tree_leaves(call)):
+        return True  # (arange, ones: the derived input gives these calls the arguments the stored one did)
+    if is_mutating(op) or not (_eagers_own(op, fn) or not torch._C._dispatch_has_kernel_for_dispatch_key(
+            op.name(), "CompositeImplicitAutograd")):
+        return False
+    bad, seen = [], []
+
+    class Views(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            seen.append((func, [(t.shape, t.stride()) for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]))
+            if func in full and not bad:
+                if is_mutating(func):
+                    bad.append(func)
+                else:
+                    with self:  # (its decomposition's own calls checked alike)
+                        got = full[func](*args, **kwargs)
+                    if got is not NotImplemented and not _same_layout_view(out, got):
+                        bad.append(func)
+            return out
+
+    done = set()
+    for args, kwargs in calls:
+        key = decomposed.key(fn, args, kwargs)
+        if key is not None and key in done:
+            continue
+        done.add(key)
+        try:
+            mode = mode or FakeTensorMode()
+            with LOCK, mode:
+                fake = pytree.tree_map_only(torch.Tensor, mode.from_tensor, (args, kwargs))
+                with Views():
+                    op(*fake[0], **fake[1])
+                plain, seen[:] = list(seen), []
+                # a trace may run the Python kernels some composite ops have (matmul's) where eager runs
+                # C++: the same calls either way, or not known
+                with enable_python_dispatcher(), Views():
+                    op(*fake[0], **fake[1])
+        except Exception:  # noqa: BLE001 -- not known: checked as any other
+            return False
+        if bad or key is None or seen != plain:
+            return False
+        seen.clear()
+    return True
 
 
 def _without(plan, ops):

@@ -30,6 +30,17 @@ class _GeluMlp(torch.nn.Module):
         return self.b(torch.nn.functional.gelu(self.a(x))).softmax(-1)
 
 
+class _SiluMlp(torch.nn.Module):
+    """A decomposition that computes values (silu -> x * sigmoid(x)): what a derived input checks."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(6, 8), torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.b(torch.nn.functional.silu(self.a(x)))
+
+
 def _artifact(tmp_path, model=None, args=None):
     torch.manual_seed(0)
     model = model or _GeluMlp().eval()
@@ -44,7 +55,7 @@ def _half_gelu(x, approximate="none"):  # a decomposition that computes somethin
 
 
 def test_a_lowering_is_validated_on_the_stored_inputs(tmp_path):
-    model, args, path = _artifact(tmp_path)
+    model, args, path = _artifact(tmp_path, _SiluMlp())
     lp = load_for_backend(path, "core", cache=False)
     v = lp.validation
     assert (v.status, v.inputs, v.kept) == ("passed", 2, {})
@@ -389,7 +400,7 @@ def test_a_decomposition_right_only_on_the_stored_values_is_found_on_the_derived
 def test_checked_op_by_op_a_validation_runs_each_program_once(tmp_path, monkeypatch):
     """Two whole-program runs (the unlowered one recording what its decomposed ops receive, the lowered
     one) where the derived input is checked op by op; four where it is run on both programs."""
-    model, args, path = _artifact(tmp_path)
+    model, args, path = _artifact(tmp_path, _SiluMlp())
     for budget, derived, n in ((1e9, "ops", ["record", "run"]), (0.0, "program", ["record", "run", "run", "run"])):
         monkeypatch.setattr(V, "BUDGET", budget)
         runs = _runs_counted(monkeypatch)
@@ -474,6 +485,89 @@ def test_a_call_whose_values_cannot_be_compared_tells_nothing():
 def test_the_derived_input_is_checked_op_by_op_only_within_its_budget(tmp_path, monkeypatch, estimate, budget, derived):
     monkeypatch.setattr(V, "TRACE_ESTIMATE", estimate)
     monkeypatch.setattr(V, "BUDGET", budget)
-    _, _, path = _artifact(tmp_path)
+    _, _, path = _artifact(tmp_path, _SiluMlp())
     v = load_for_backend(path, "core", cache=False).validation
     assert (v.status, v.inputs, v.derived) == ("passed", 2, derived), v.describe()
+
+
+def test_no_derived_input_where_each_lowered_form_is_right_whatever_the_values(tmp_path, monkeypatch):
+    """linear's lowered form is eager's own kernel for it (t, addmm; t laid out as a permute that views
+    the same elements): a derived input can find nothing the stored one does not. The validation is
+    then the two runs on the stored inputs, and says so."""
+    model, args, path = _artifact(tmp_path)  # (gelu is in the core opset: linear alone is decomposed)
+    runs = _runs_counted(monkeypatch)
+    v = load_for_backend(path, "core", cache=False).validation
+    assert (v.status, v.inputs, v.derived, runs) == ("passed", 1, "eager", ["record", "run"]), v.describe()
+    assert "on 1 input set(s) (no derived input needed: each decomposition applied runs the kernels eager runs" \
+        in v.describe()
+
+
+def _call(x, *rest):
+    return [((x, *rest), {})]
+
+
+def test_what_is_right_whatever_the_values_is_told_on_fake_tensors():
+    """_value_free: eager's own composite kernels (linear, conv2d), views laid out as eager lays them out
+    (transpose as permute), calls without tensors (arange): yes. A decomposition that computes values
+    (silu), one given by the user for a composite op, a view laid out otherwise, an op writing in
+    place: no."""
+    from exporter.lowering.decompose import shared_trace_table
+
+    table = plan_lowering("core").table
+    full = shared_trace_table(table)
+    d = V._Decomposed(full)
+    x, w = torch.randn(3, 4), torch.randn(5, 4)
+
+    def free(op, calls, table=table, full=full):
+        return V._value_free(op, table[op], full, calls, V._Decomposed(full))
+
+    assert free(aten.linear.default, _call(x, w, torch.randn(5)))
+    assert free(aten.linear.default, _call(torch.randn(2, 3, 4), w))  # (3-d: matmul, _unsafe_view as view)
+    assert free(aten.conv2d.default, _call(torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3)))
+    assert free(aten.transpose.int, _call(x, 0, 1))
+    assert free(aten.arange.start, [((0, 5), {})])
+    assert not free(aten.silu.default, _call(x))
+    assert not free(aten.add_.Tensor, _call(x, x)) if aten.add_.Tensor in table else True
+    mine = dict(table)
+    mine[aten.linear.default] = lambda x, w, b=None: x @ w.t() + (0 if b is None else b)  # right, yet not eager's
+    assert not free(aten.linear.default, _call(x, w), mine, shared_trace_table(mine))
+    wrong = dict(table)
+    wrong[aten.t.default] = lambda x: x  # the same storage, laid out untransposed
+    assert not free(aten.t.default, _call(torch.randn(4, 4)), wrong, shared_trace_table(wrong))
+    assert not free(aten.linear.default, _call(torch.randn(4, 4), torch.randn(4, 4)), wrong, shared_trace_table(wrong))
+    assert d.traced == {}  # (told without tracing)
+
+
+def test_a_python_kernel_the_trace_may_run_is_not_taken_for_eagers(monkeypatch):
+    """linear on a batched input laid out otherwise calls matmul, whose Python kernel (what a trace with
+    the Python dispatcher runs) calls other ops than eager's C++ one: not known to be eager's kernels."""
+    import contextlib
+
+    from exporter._torch import dispatch
+    from exporter.lowering.decompose import shared_trace_table
+
+    table = plan_lowering("core").table
+    full = shared_trace_table(table)
+    call = _call(torch.randn(2, 3, 4).transpose(0, 1), torch.randn(5, 4))
+    assert not V._value_free(aten.linear.default, table[aten.linear.default], full, call, V._Decomposed(full))
+    monkeypatch.setattr(dispatch, "enable_python_dispatcher", contextlib.nullcontext)  # what tells them apart
+    assert V._value_free(aten.linear.default, table[aten.linear.default], full, call, V._Decomposed(full))
+
+
+class _Permutes(torch.nn.Module):
+    def forward(self, x):
+        return x.permute(1, 0) * 2
+
+
+@pytest.mark.parametrize("budget", [1e9, 0.0])
+def test_a_view_laid_out_wrongly_is_found_on_the_derived_input(tmp_path, monkeypatch, budget):
+    """permute decomposed to its input unpermuted, a view of the same storage: right on a symmetric
+    stored matrix, so the stored run passes; laid out otherwise than eager's, so not right whatever the
+    values: the derived input (op by op, or on both programs) finds it wrong, and permute is kept."""
+    monkeypatch.setattr(V, "BUDGET", budget)
+    a = torch.randn(4, 4)
+    _, _, path = _artifact(tmp_path, _Permutes(), (a + a.t(),))
+    lp = load_for_backend(path, "core", cache=False, decompositions={aten.permute.default: lambda x, dims: x.view(x.shape)})
+    assert list(lp.validation.kept) == ["aten::permute.default"], lp.validation.describe()
+    b = torch.randn(4, 4)
+    torch.testing.assert_close(Runtime(lp)(b), b.t() * 2)
