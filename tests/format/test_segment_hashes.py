@@ -76,7 +76,7 @@ def test_the_caller_hashes_what_is_left_beside_the_early_thread(tmp_path, monkey
     expected = segment_hashes.compute(art.mm, extents, sha256=True)
     by, sha256 = [], hashlib.sha256
 
-    def slow_sha256(data):
+    def slow_sha256(data=b""):
         by.append(threading.current_thread().name)
         time.sleep(0.2)
         return sha256(data)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import hashlib
-import mmap
 import os
 import threading
 
@@ -47,6 +46,27 @@ def _hash(view, start: int, n: int, sha256: bool) -> Hashes:
     return Hashes(_crc_chain(view, start, start + n), None)
 
 
+READ_PIECE = 16 << 20  # bytes one pread brings in for Early's hashing
+
+
+def _hash_read(fd: int, start: int, n: int, sha256: bool, buf: bytearray) -> Hashes:
+    """The Hashes of the ``n`` bytes at ``start`` of the file ``fd``, read in pieces into ``buf``."""
+    view, h, crc, at, end = memoryview(buf), hashlib.sha256() if sha256 else None, 0, start, start + n
+    try:
+        while at < end:
+            got = os.preadv(fd, [view[:min(len(buf), end - at)]], at)
+            if got <= 0:
+                raise OSError(f"the file ends at {at}, inside a segment")
+            if h is not None:
+                h.update(view[:got])
+            else:
+                crc = crc32(view[:got], crc)
+            at += got
+    finally:
+        view.release()
+    return Hashes(None, h.digest()) if h is not None else Hashes(crc, None)
+
+
 def compute(buf, extents: list[tuple[int, int]], *, sha256: bool, workers: int | None = None) -> list[Hashes]:
     """The Hashes of each (start, nbytes) extent of ``buf`` (an mmap or bytes), in order."""
     view = memoryview(buf)
@@ -69,7 +89,7 @@ class Early:
     def __init__(self, path):
         self._extents: list[tuple[int, int]] | None = None
         self._sha256 = False
-        self._mm = None
+        self._fd: int | None = None  # (a descriptor of its own: the caller's may close)
         self._todo: list[int] = []  # the segments no thread has taken yet, the largest last
         self._done: dict[int, Hashes] = {}
         self._failed = False
@@ -96,14 +116,14 @@ class Early:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             header = unpack_header(f.read(HEADER_SIZE), path, size)
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        program = G.Program.GetRootAs(mm[header.program_offset:header.program_offset + header.program_size], 0)
-        extents = [(header.data_offset + seg.offset, seg.nbytes) for seg in read_segments(program)]
-        if any(s + n > size or s < 0 for s, n in extents) or sum(n for _, n in extents) > header.data_size:
-            mm.close()
-            self._failed = True
-            return
-        self._mm, self._extents, self._sha256 = mm, extents, not program.WeightDigestsIsNone()
+            f.seek(header.program_offset)
+            program = G.Program.GetRootAs(f.read(header.program_size), 0)
+            extents = [(header.data_offset + seg.offset, seg.nbytes) for seg in read_segments(program)]
+            if any(s + n > size or s < 0 for s, n in extents) or sum(n for _, n in extents) > header.data_size:
+                self._failed = True
+                return
+            self._fd = os.dup(f.fileno())
+        self._extents, self._sha256 = extents, not program.WeightDigestsIsNone()
         self._todo = sorted(range(len(extents)), key=lambda i: extents[i][1])
 
     def _take(self) -> int | None:
@@ -111,25 +131,26 @@ class Early:
             return self._todo.pop() if self._todo and not self._failed else None
 
     def _hash_until_done(self) -> None:
-        """Hash segments until none is left to take (called by the thread, then by result())."""
-        if self._mm is None:
+        """Hash segments until none is left to take (called by the thread, then by result()). Read with
+        pread into a buffer, not through the mapping: a file just copied is not in the page cache, and
+        page faults read it a little at a time, each waited for (2.6-3.2 s for 2.07 GB, against 1.7 s
+        read in 16 MiB pieces, as the raw read-and-hash the benchmark compares with does)."""
+        if self._fd is None:
             return
-        view = memoryview(self._mm)
+        buf = bytearray(READ_PIECE)
         try:
             while (i := self._take()) is not None:
-                self._done[i] = _hash(view, *self._extents[i], self._sha256)
+                self._done[i] = _hash_read(self._fd, *self._extents[i], self._sha256, buf)
         except Exception:  # noqa: BLE001 -- as in _run: the reader hashes again and reports
             self._failed = True
-        finally:
-            view.release()
 
     def result(self, extents: list[tuple[int, int]], *, sha256: bool) -> list[Hashes] | None:
         self._ready.wait()
         self._hash_until_done()
         self._thread.join()
-        if self._mm is not None:
-            self._mm.close()
-            self._mm = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
         if self._failed or self._extents != extents or len(self._done) != len(extents):
             return None
         if self._sha256 != sha256:  # the other kind of checksum
