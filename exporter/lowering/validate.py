@@ -716,10 +716,12 @@ def _derived_at_ops(runs: SourceRuns, applied: list, table: dict, bounds: dict, 
 
 def _eagers_own(op, fn) -> bool:
     """Whether ``fn`` is op's own CompositeImplicitAutograd kernel as torch's table holds it
-    (``_get_decomp_for_cia``: the C++ code eager runs for op)."""
+    (``_get_decomp_for_cia``), and the C++ code eager runs for op: op has no kernel of a device's own
+    (native_channel_shuffle has a CPU one, which eager runs instead)."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
     return (isinstance(fn, functools.partial) and fn.keywords.get("kernel") is op
             and getattr(fn.func, "__qualname__", "").endswith("_get_decomp_for_cia.<locals>._special_op_to_decompose_cia")
-            and torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"))
+            and has(op.name(), "CompositeImplicitAutograd") and not has(op.name(), "CPU") and not has(op.name(), "CUDA"))
 
 
 def _same_layout_view(want, got) -> bool:

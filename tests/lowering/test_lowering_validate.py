@@ -527,6 +527,9 @@ def test_what_is_right_whatever_the_values_is_told_on_fake_tensors():
     assert free(aten.transpose.int, _call(x, 0, 1))
     assert free(aten.arange.start, [((0, 5), {})])
     assert not free(aten.silu.default, _call(x))
+    # (composite, yet with a CPU kernel of its own, which eager runs instead)
+    assert not V._eagers_own(aten.native_channel_shuffle.default, table[aten.native_channel_shuffle.default])
+    assert V._eagers_own(aten.linear.default, table[aten.linear.default])
     assert not free(aten.add_.Tensor, _call(x, x)) if aten.add_.Tensor in table else True
     mine = dict(table)
     mine[aten.linear.default] = lambda x, w, b=None: x @ w.t() + (0 if b is None else b)  # right, yet not eager's
