@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import json
 import time
 
@@ -716,11 +715,13 @@ def _derived_at_ops(runs: SourceRuns, applied: list, table: dict, bounds: dict, 
 
 def _eagers_own(op, fn) -> bool:
     """Whether ``fn`` is op's own CompositeImplicitAutograd kernel as torch's table holds it
-    (``_get_decomp_for_cia``), and the C++ code eager runs for op: op has no kernel of a device's own
-    (native_channel_shuffle has a CPU one, which eager runs instead)."""
+    (functionalize.runs_cia_kernel: the lowering's trace runs that C++ kernel, and the ops it calls from
+    C++ are decomposed by their own C++ kernels too, as in eager), and the code eager runs for op: op
+    has no kernel of a device's own (native_channel_shuffle has a CPU one, which eager runs instead)."""
+    from ..functionalize import runs_cia_kernel
+
     has = torch._C._dispatch_has_kernel_for_dispatch_key
-    return (isinstance(fn, functools.partial) and fn.keywords.get("kernel") is op
-            and getattr(fn.func, "__qualname__", "").endswith("_get_decomp_for_cia.<locals>._special_op_to_decompose_cia")
+    return (runs_cia_kernel(fn) and fn.keywords.get("kernel") is op
             and has(op.name(), "CompositeImplicitAutograd") and not has(op.name(), "CPU") and not has(op.name(), "CUDA"))
 
 
