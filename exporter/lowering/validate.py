@@ -786,7 +786,8 @@ def _value_free(op, fn, full: dict, calls: list, decomposed: _Decomposed, mode=N
                     op(*fake[0], **fake[1])
                 plain, seen[:] = list(seen), []
                 # a trace may run the Python kernels some composite ops have (matmul's) where eager runs
-                # C++: the same calls either way, or not known
+                # C++: the same calls either way, or not known (the decompositions' own calls included:
+                # the second run checks the layouts again so that its calls compare with the first's)
                 with enable_python_dispatcher(), Views():
                     op(*fake[0], **fake[1])
         except Exception:  # noqa: BLE001 -- not known: checked as any other

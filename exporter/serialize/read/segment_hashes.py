@@ -132,9 +132,11 @@ class Early:
 
     def _hash_until_done(self) -> None:
         """Hash segments until none is left to take (called by the thread, then by result()). Read with
-        pread into a buffer, not through the mapping: a file just copied is not in the page cache, and
-        page faults read it a little at a time, each waited for (2.6-3.2 s for 2.07 GB, against 1.7 s
-        read in 16 MiB pieces, as the raw read-and-hash the benchmark compares with does)."""
+        pread into a buffer, as the raw read-and-hash the benchmark compares with does, not through a
+        mapping, whose page faults read a file not in the page cache a little at a time (on a busy
+        machine the mapped hashing of a 2.07 GB file took 2.6-3.2 s where the raw one took 1.7 s).
+        `pt2b verify` did not get faster for it: the hashing is not its critical path
+        (docs/benchmarks.md#big-models-against-the-physical-limits)."""
         if self._fd is None:
             return
         buf = bytearray(READ_PIECE)
