@@ -10,7 +10,11 @@ from . import progress
 def run(ns) -> int:
     from ..serialize.read import segment_hashes  # no torch: the weights are hashed while torch is imported
 
-    early = segment_hashes.Early(ns.artifact)
+    with segment_hashes.Early(ns.artifact) as early:
+        return _verify(ns, early)
+
+
+def _verify(ns, early) -> int:
     if ns.checksums:
         from ..serialize.read import integrity
 

@@ -82,7 +82,7 @@ def test_the_caller_hashes_what_is_left_beside_the_early_thread(tmp_path, monkey
         return sha256(data)
 
     monkeypatch.setattr(segment_hashes.hashlib, "sha256", slow_sha256)
-    got = segment_hashes.Early(path).result(extents, sha256=True)
+    got = segment_hashes.Early(path, process=False).result(extents, sha256=True)
     monkeypatch.undo()
     assert got == expected
     assert len(extents) >= 3 and set(by) == {"pt2b-early-hash", threading.current_thread().name}, by
@@ -121,13 +121,57 @@ def test_a_digest_checked_file_does_not_hash_crc32(tmp_path, monkeypatch):
     assert reader.verify_weights(art) == sum(int(s.nbytes) for s in art.program.segments)
 
 
-def test_early_hashing_imports_no_torch(tmp_path):
+def _extents_and_hashes(path):
+    art = reader.open_artifact(path)
+    extents = [(art.header.data_offset + int(s.offset), int(s.nbytes)) for s in art.program.segments]
+    return extents, segment_hashes.compute(art.mm, extents, sha256=True)
+
+
+def _run(code: str, *, torch_free: bool = True) -> None:
+    """Run ``code`` in a new interpreter (where torch is not imported first); with ``torch_free``, it
+    must not import torch either."""
+    check = "\nimport sys\nassert 'torch' not in sys.modules" if torch_free else ""
+    done = subprocess.run([sys.executable, "-c", code + check + "\nprint('ok')"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
+def test_early_hashing_forks_a_child_and_imports_no_torch(tmp_path):
+    """Before torch is imported (as `pt2b verify` starts) a child process hashes, so that the GIL an
+    import of torch holds does not stall it; its results are the segments' sha256 digests, and the
+    child is reaped once they are read."""
     path = _artifact(tmp_path)
-    code = ("import sys\nfrom exporter.serialize.read import segment_hashes\n"
-            f"e = segment_hashes.Early({str(path)!r})\ne._thread.join()\n"
-            "assert e._done, 'nothing hashed'\nassert 'torch' not in sys.modules\nprint('ok')")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.stdout.strip() == "ok", done.stderr[-2000:]
+    extents, expected = _extents_and_hashes(path)
+    _run(
+        "import os, sys\nfrom exporter.serialize.read import segment_hashes as sh\n"
+        f"e = sh.Early({str(path)!r})\npid = e._pid\nassert pid is not None and e._thread is None\n"
+        f"got = e.result({extents!r}, sha256=True)\n"
+        f"assert [h.sha256.hex() for h in got] == {[h.sha256.hex() for h in expected]!r}, got\n"
+        "try:\n    os.waitpid(pid, os.WNOHANG)\n    raise AssertionError('the child was not reaped')\n"
+        "except ChildProcessError:\n    pass\n"
+        f"assert sh.Early({str(path)!r}).result({extents[1:]!r}, sha256=True) is None")
+
+
+def test_closing_early_stops_a_child_still_hashing(tmp_path):
+    """A caller that fails before it asks for the result (a damaged program table) leaves no child
+    hashing the file behind it."""
+    path = _artifact(tmp_path)
+    _run(
+        "import os, sys, time\nfrom exporter.serialize.read import segment_hashes as sh\n"
+        "sh._hash_read = lambda *a: time.sleep(600)\n"
+        f"with sh.Early({str(path)!r}) as e:\n    pid = e._pid\n    time.sleep(0.2)\n"
+        "try:\n    os.kill(pid, 0)\n    raise AssertionError('the child still runs')\n"
+        "except ProcessLookupError:\n    pass")
+
+
+def test_the_command_hashes_in_a_child(tmp_path):
+    path = _artifact(tmp_path)
+    _run(
+        "from exporter.serialize.read import segment_hashes as sh\nforked = []\n"
+        "fork = sh.Early._fork\nsh.Early._fork = lambda self, p: (forked.append(p), fork(self, p))\n"
+        "from exporter.cli import main\n"
+        f"assert main(['--quiet', 'verify', {str(path)!r}]) == 0\nassert forked == [{str(path)!r}], forked",
+        torch_free=False)
 
 
 def test_verifying_a_program_of_operators_imports_neither_torch_export_serializer_nor_dynamo(tmp_path):

@@ -15,6 +15,9 @@ import concurrent.futures
 import dataclasses
 import hashlib
 import os
+import signal
+import struct
+import sys
 import threading
 
 from ..layout.segments import crc32
@@ -80,13 +83,21 @@ def compute(buf, extents: list[tuple[int, int]], *, sha256: bool, workers: int |
 
 
 class Early:
-    """Hashing of a file's weight segments started before anything else is imported or checked (a
-    thread reads the header and the program table with flatbuffers alone). One thread hashes, the
-    segments largest first, so that the caller's own work (importing torch, checking the program)
-    keeps a core; ``result(extents)`` then hashes what is left beside that thread and gives the
-    Hashes when the file's extents are the ones hashed, else None: nothing read here is trusted."""
+    """Hashing of a file's weight segments started before anything else is imported or checked (the
+    header and the program table are read with flatbuffers alone). Nothing read here is trusted:
+    ``result(extents)`` gives the Hashes only when the file's extents are the ones the caller's
+    verified table names, else None (the caller then hashes them itself).
 
-    def __init__(self, path):
+    Where the process can fork (Linux, no other thread running yet), a child process hashes, on every
+    core but one (the caller's own work, importing torch and checking the program, keeps that one).
+    A thread of this process would hash the same bytes, but between its pieces it has to take the GIL
+    back from an import of torch that holds it through long C calls: on 2 cores the 2.07 GB of a
+    bfloat16 Llama hashed alone in 1.5 s took 2.3 s beside the import, and `pt2b verify` waited for it.
+    Elsewhere (``process=False``) one thread hashes, the segments largest first, and ``result()``
+    hashes what is left beside it. ``close()`` (or leaving a ``with`` block) stops a child the caller no
+    longer needs."""
+
+    def __init__(self, path, *, process: bool | None = None):
         self._extents: list[tuple[int, int]] | None = None
         self._sha256 = False
         self._fd: int | None = None  # (a descriptor of its own: the caller's may close)
@@ -95,9 +106,21 @@ class Early:
         self._failed = False
         self._lock = threading.Lock()
         self._ready = threading.Event()  # the extents are read (or cannot be)
-        self._thread = threading.Thread(target=self._run, args=(os.fspath(path),), daemon=True,
-                                        name="pt2b-early-hash")
-        self._thread.start()
+        self._pid: int | None = None
+        self._pipe: int | None = None  # the child's results, read by result()
+        self._thread: threading.Thread | None = None
+        if _can_fork() if process is None else process:
+            self._fork(os.fspath(path))
+        else:
+            self._thread = threading.Thread(target=self._run, args=(os.fspath(path),), daemon=True,
+                                            name="pt2b-early-hash")
+            self._thread.start()
+
+    def __enter__(self) -> "Early":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def _run(self, path: str) -> None:
         try:
@@ -107,6 +130,44 @@ class Early:
         finally:
             self._ready.set()
         self._hash_until_done()
+
+    def _fork(self, path: str) -> None:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: hash, send the results, exit without running anything of the caller's
+            code = 1
+            try:
+                os.close(r)
+                self._child(path, w)
+                code = 0
+            except BaseException:  # noqa: BLE001 -- any failure: the parent finds no results and hashes itself
+                pass
+            finally:
+                os._exit(code)
+        os.close(w)
+        self._pid, self._pipe = pid, r
+
+    def _child(self, path: str, out: int) -> None:
+        self._read_extents(path)
+        if self._failed or self._extents is None:
+            return
+        workers = max(1, min((os.cpu_count() or 1) - 1, len(self._extents)))
+        # in the file's order, read ahead sequentially: `pt2b verify --checksums` of the 2.07 GB bfloat16
+        # Llama, cold, took 4.6-5.3 s with the largest segments first, 2.7-3.3 s in order (the raw read
+        # and hash: 2.2-3.4 s)
+        self._todo = sorted(range(len(self._extents)), key=lambda i: -self._extents[i][0])
+        with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+            for _ in range(workers):
+                pool.submit(self._hash_until_done)
+        if self._failed:
+            return
+        data = bytearray(_COUNT.pack(len(self._extents), self._sha256))
+        for i, (start, n) in enumerate(self._extents):
+            h = self._done[i]
+            data += _RECORD.pack(start, n, h.crc32 or 0, h.sha256 or bytes(32))
+        view = memoryview(data)
+        while view:
+            view = view[os.write(out, view):]
 
     def _read_extents(self, path: str) -> None:
         from ..generated import pt2b_generated as G
@@ -131,12 +192,11 @@ class Early:
             return self._todo.pop() if self._todo and not self._failed else None
 
     def _hash_until_done(self) -> None:
-        """Hash segments until none is left to take (called by the thread, then by result()). Read with
-        pread into a buffer, as the raw read-and-hash the benchmark compares with does, not through a
-        mapping, whose page faults read a file not in the page cache a little at a time (on a busy
-        machine the mapped hashing of a 2.07 GB file took 2.6-3.2 s where the raw one took 1.7 s).
-        `pt2b verify` did not get faster for it: the hashing is not its critical path
-        (docs/benchmarks.md#big-models-against-the-physical-limits)."""
+        """Hash segments until none is left to take (called by the hashing threads, then, without a
+        child, by result()). Read with pread into a buffer, as the raw read-and-hash the benchmark
+        compares with does, not through a mapping, whose page faults read a file not in the page
+        cache a little at a time (on a busy machine the mapped hashing of a 2.07 GB file took
+        2.6-3.2 s where the raw one took 1.7 s)."""
         if self._fd is None:
             return
         buf = bytearray(READ_PIECE)
@@ -146,15 +206,68 @@ class Early:
         except Exception:  # noqa: BLE001 -- as in _run: the reader hashes again and reports
             self._failed = True
 
+    def _child_results(self) -> None:
+        """Read the child's results (waiting for it) into _extents/_sha256/_done, or mark them failed."""
+        chunks = []
+        while chunk := os.read(self._pipe, 1 << 16):
+            chunks.append(chunk)
+        data = b"".join(chunks)
+        self.close()
+        self._failed = True
+        if len(data) < _COUNT.size:
+            return
+        n, sha256 = _COUNT.unpack_from(data)
+        if len(data) != _COUNT.size + n * _RECORD.size:
+            return
+        extents, done = [], {}
+        for i in range(n):
+            start, nbytes, crc, digest = _RECORD.unpack_from(data, _COUNT.size + i * _RECORD.size)
+            extents.append((start, nbytes))
+            done[i] = Hashes(None, digest) if sha256 else Hashes(crc, None)
+        self._extents, self._sha256, self._done, self._failed = extents, bool(sha256), done, False
+
     def result(self, extents: list[tuple[int, int]], *, sha256: bool) -> list[Hashes] | None:
-        self._ready.wait()
-        self._hash_until_done()
-        self._thread.join()
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        if self._pipe is not None:
+            self._child_results()
+        elif self._thread is not None:
+            self._ready.wait()
+            self._hash_until_done()
+            self._thread.join()
+        self.close()
         if self._failed or self._extents != extents or len(self._done) != len(extents):
             return None
         if self._sha256 != sha256:  # the other kind of checksum
             return None
         return [self._done[i] for i in range(len(extents))]
+
+    def close(self) -> None:
+        """Stop the child if it still runs (the caller failed before it asked for the result) and
+        release what this holds. A thread is left to finish: it is a daemon, and reads one piece at a
+        time."""
+        if self._pid is not None:
+            try:
+                if os.waitpid(self._pid, os.WNOHANG) == (0, 0):
+                    os.kill(self._pid, signal.SIGKILL)
+                    os.waitpid(self._pid, 0)
+            except ChildProcessError:
+                pass
+            self._pid = None
+        if self._pipe is not None:
+            os.close(self._pipe)
+            self._pipe = None
+        if self._fd is not None and (self._thread is None or not self._thread.is_alive()):
+            os.close(self._fd)
+            self._fd = None
+
+
+def _can_fork() -> bool:
+    """Whether Early may hash in a forked child: on Linux, before torch is imported and while no other
+    thread runs (a fork copies only the calling thread; a lock another thread held, torch's thread
+    pools' included, would stay held in the child)."""
+    return (sys.platform.startswith("linux") and hasattr(os, "fork") and threading.active_count() == 1
+            and "torch" not in sys.modules)
+
+
+# the child's results: (segment count, sha256?), then per segment (start, nbytes, CRC32, sha256 digest)
+_COUNT = struct.Struct("<Q?")
+_RECORD = struct.Struct("<QQI32s")
