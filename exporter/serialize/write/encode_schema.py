@@ -141,6 +141,15 @@ class Packed:
 
     def __init__(self, obj):
         self.obj = obj
+        self._packed: tuple[object, int] | None = None  # (builder, offset) of pack_early
+
+    def pack_early(self, builder) -> None:
+        """Write the table into ``builder`` now (between two of its objects, nothing begun); the
+        generated Pack then takes its offset: the writer packs the graph while the weights are still
+        being written."""
+        self._packed = (builder, pack(builder, self.obj))
 
     def Pack(self, builder) -> int:  # noqa: N802 (flatc's name)
+        if self._packed is not None and self._packed[0] is builder:
+            return self._packed[1]
         return pack(builder, self.obj)

@@ -348,8 +348,11 @@ def _write_artifact(methods: list[MethodSource], path, *, metadata, provenance, 
             try:
                 parts = [_method_parts(m, escape, target_torch, provenance, st) for m, st in zip(methods, stored)]
                 prog = _program(methods, parts, records, meta_bytes, provenance, used)
+                builder = flatbuffers.Builder(1 << 16)
+                for table in [prog] + list(prog.methods or []):  # the graphs, while the weights go out
+                    _pack_text(lambda: table.exportedProgram.pack_early(builder))
                 written.result()
-                _write_program(f, prog, wp, data_offset, version, digests, dest)
+                _write_program(f, prog, builder, wp, data_offset, version, digests, dest)
                 f.flush()
                 syncs.append(pool.submit(os.fsync, f.fileno()))
                 check_readable(tmp, dest)
@@ -412,9 +415,21 @@ def check_readable(tmp: str, dest: str) -> None:
 DIGESTS_SINCE = next(v for v, fields in FIELDS_ADDED.items() if "weight_digests" in fields)  # (1, 3)
 
 
-def _write_program(f, prog, wp, data_offset: int, version, digests: bool, dest: str) -> None:
-    """The packed program table after the weight segments (written, their checksums in ``wp``, and with
-    ``digests`` their sha256), then the header at the file's start."""
+def _pack_text(pack):
+    """Run ``pack`` (a FlatBuffers packing): text that is not valid Unicode is an ExportError."""
+    try:
+        return pack()
+    except UnicodeEncodeError as e:
+        bad = e.object[max(0, e.start - 40): e.end + 40]
+        raise ExportError(f"the program holds text that is not valid Unicode ({bad!r}: {e.reason}), e.g. a "
+                          f"module or argument name with a lone surrogate; .pt2b stores text as UTF-8. "
+                          f"Rename it.") from None
+
+
+def _write_program(f, prog, builder, wp, data_offset: int, version, digests: bool, dest: str) -> None:
+    """The packed program table (into ``builder``, which may hold its graphs already) after the weight
+    segments (written, their checksums in ``wp``, and with ``digests`` their sha256), then the header at
+    the file's start."""
     segs = []
     for s in wp.segments:
         t = G.SegmentT()
@@ -423,14 +438,7 @@ def _write_program(f, prog, wp, data_offset: int, version, digests: bool, dest: 
     prog.segments = segs
     if digests:
         prog.weightDigests = np.frombuffer(b"".join(s.digest for s in wp.segments), dtype=np.uint8)
-    builder = flatbuffers.Builder(1 << 16)
-    try:
-        builder.Finish(prog.Pack(builder), file_identifier=FILE_IDENTIFIER)
-    except UnicodeEncodeError as e:
-        bad = e.object[max(0, e.start - 40): e.end + 40]
-        raise ExportError(f"the program holds text that is not valid Unicode ({bad!r}: {e.reason}), e.g. a "
-                          f"module or argument name with a lone surrogate; .pt2b stores text as UTF-8. "
-                          f"Rename it.") from None
+    _pack_text(lambda: builder.Finish(prog.Pack(builder), file_identifier=FILE_IDENTIFIER))
     program = builder.Output()
     program_offset = align(data_offset + wp.data_size, 8)
     same_major = version[0] == FORMAT_VERSION[0]
