@@ -10,7 +10,8 @@ import torch
 
 from ..._torch.pytree import pytree
 from ...functionalize import (LOCK, functional_variant, functionalize_graph, insert_runtime_asserts, is_mutating,
-                              materialize_conj, program_fake_mode, returns_alias, signature_of, updates_hidden_state)
+                              materialize_conj, program_fake_mode, returns_alias, signature_of, trace_plain,
+                              updates_hidden_state)
 from . import functorch_regions
 
 __all__ = ["lower_locally"]
@@ -716,7 +717,9 @@ class _Lowering:
         mini.output(tuple(outputs))
         gm = torch.fx.GraphModule(torch.nn.Module(), mini)
         try:
-            new_gm, aot_sig = functionalize_graph(gm, placeholders, self.table)
+            # without functionalization where that gives what it gives (a third of the time), else with it
+            new_gm, aot_sig = (trace_plain(gm, placeholders, self.table)
+                               or functionalize_graph(gm, placeholders, self.table))
         except Exception as e:  # noqa: BLE001 -- the whole retrace decides (and reports what fails there)
             raise _Declined(f"the trace of the calls failed: {type(e).__name__}: {e}") from e
         if aot_sig.input_tokens or aot_sig.output_tokens or aot_sig.user_inputs_to_mutate or \
