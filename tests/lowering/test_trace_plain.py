@@ -1,0 +1,134 @@
+"""The node-local lowering traces its calls without functionalization where that gives what the
+functionalizing trace gives (functionalize.trace_plain): on every trace the lowering of real programs
+makes, the graph, its values and the metadata carried over are those of functionalize_graph; where the
+trace writes in place, reads a size from data or runs on symbolic sizes, trace_plain declines (None)
+and functionalization does the work."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from exporter import functionalize
+from exporter.lowering import tables
+from exporter.lowering.decompose import trace_table
+from exporter.lowering.engines import local
+
+from .test_lowering_local import Attention
+
+
+@pytest.fixture(autouse=True)
+def always_local(monkeypatch):
+    monkeypatch.setattr(local, "_pays_off", lambda *counts: True)
+
+
+class ConvNet(nn.Module):
+    """What convolutional classifiers call: conv2d (with padding="same" too), batch norm, SiLU, an idle
+    dropout, adaptive pooling, a cast to the dtype a tensor has already, a linear head."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.same = nn.Conv2d(8, 8, 3, padding="same", groups=8)
+        self.bn = nn.BatchNorm2d(8)
+        self.drop = nn.Dropout(0.2)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = self.drop(nn.functional.silu(self.bn(self.same(self.conv(x)))))
+        y = nn.functional.adaptive_avg_pool2d(y, 1).flatten(1)
+        return self.head(y.to(torch.float32))
+
+
+def _bert():
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    cfg = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                     vocab_size=100, max_position_embeddings=32)
+    return BertModel(cfg).eval(), (torch.randint(0, 100, (1, 8)),)
+
+
+def _traces(ep) -> list:
+    """The (graph module, placeholders) of each trace the node-local lowering of ``ep`` makes."""
+    seen = []
+
+    def recording(gm, placeholders, table):
+        seen.append((gm, placeholders, table))
+        return None  # (functionalize_graph lowers)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(local, "trace_plain", recording)
+        assert local.lower_locally(ep, trace_table(tables.torch_default_table())) is not None
+    return seen
+
+
+def _value(v):
+    if isinstance(v, torch.Tensor):
+        return (tuple(v.shape), v.stride(), v.storage_offset(), v.dtype)
+    if isinstance(v, (list, tuple)):
+        return tuple(_value(x) for x in v)
+    return repr(v)
+
+
+def _nodes(graph: torch.fx.Graph) -> list:
+    # (original_aten differs, and is read by nothing: the op the proxy mode saw first, reshape where
+    # functionalization decomposed it to view first)
+    keys = ("nn_module_stack", "stack_trace", "torch_fn", "from_node")
+    return [(n.op, str(n.target), str(n.args), str(n.kwargs), _value(n.meta.get("val")),
+             tuple(str(n.meta.get(k)) for k in keys) if n.op != "placeholder" else ())
+            for n in graph.nodes]
+
+
+@pytest.mark.parametrize("build", [
+    pytest.param(lambda: (ConvNet().eval(), (torch.randn(2, 3, 16, 16),)), id="convnet"),
+    pytest.param(lambda: (Attention().eval(), (torch.randn(2, 5, 16),)), id="attention"),
+    pytest.param(_bert, id="bert"),
+])
+def test_plain_traces_are_the_functionalizing_traces(build):
+    model, args = build()
+    ep = torch.export.export(model, args)
+    traces = _traces(ep)
+    assert traces
+    for gm, placeholders, table in traces:
+        plain = functionalize.trace_plain(gm, placeholders, table)
+        assert plain is not None, gm.graph
+        functional, _ = functionalize.functionalize_graph(gm, placeholders, table)
+        plain_gm, sig = plain
+        for g in (plain_gm.graph, functional.graph):
+            g.eliminate_dead_code(is_impure_node=lambda n: n.is_impure(impure_random=False))
+        assert _nodes(plain_gm.graph) == _nodes(functional.graph)
+        assert len(sig.user_inputs) == len(placeholders) and not sig.user_inputs_to_mutate
+
+
+def _program(fn, *args, dynamic_shapes=None):
+    class M(nn.Module):
+        def forward(self, *xs):
+            return fn(*xs)
+
+    ep = torch.export.export(M(), args, dynamic_shapes=dynamic_shapes)
+    return ep.graph_module, [n for n in ep.graph.nodes if n.op == "placeholder"]
+
+
+def _writing_relu(x):
+    out = torch.empty_like(x)
+    out.copy_(x.clamp_min(0))
+    return out
+
+
+def test_a_decomposition_writing_in_place_is_left_to_functionalization():
+    gm, placeholders = _program(torch.relu, torch.randn(4))
+    table = {torch.ops.aten.relu.default: _writing_relu}
+    assert functionalize.trace_plain(gm, placeholders, table) is None
+    functional, _ = functionalize.functionalize_graph(gm, placeholders, table)
+    targets = {n.target for n in functional.graph.nodes if n.op == "call_function"}
+    assert torch.ops.aten.copy_.default not in targets and torch.ops.aten.clamp_min.default in targets
+
+
+def test_sizes_read_from_data_and_symbolic_sizes_are_left_to_functionalization():
+    gm, placeholders = _program(torch.nonzero, torch.tensor([0.0, 1.0, 2.0]))
+    assert functionalize.trace_plain(gm, placeholders, {}) is None
+    batch = torch.export.Dim("batch", min=2)
+    gm, placeholders = _program(torch.relu, torch.randn(3, 4), dynamic_shapes=(({0: batch},),))
+    assert functionalize.trace_plain(gm, placeholders, {}) is None
