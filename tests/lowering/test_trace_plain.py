@@ -6,6 +6,8 @@ and functionalization does the work."""
 
 from __future__ import annotations
 
+import operator
+
 import pytest
 import torch
 from torch import nn
@@ -126,9 +128,23 @@ def test_a_decomposition_writing_in_place_is_left_to_functionalization():
     assert torch.ops.aten.copy_.default not in targets and torch.ops.aten.clamp_min.default in targets
 
 
-def test_sizes_read_from_data_and_symbolic_sizes_are_left_to_functionalization():
+def test_sizes_read_from_data_lists_out_and_symbolic_sizes_are_left_to_functionalization():
     gm, placeholders = _program(torch.nonzero, torch.tensor([0.0, 1.0, 2.0]))
     assert functionalize.trace_plain(gm, placeholders, {}) is None
+    # a call returning a list, as the lowering's trace returns it (the program unpacks it)
+    gm, (x,) = _program(lambda x: torch.histogramdd(x, bins=[3, 3]), torch.randn(10, 2))
+    hist = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.histogramdd.default)
+    mini = torch.fx.Graph()
+    ph = mini.placeholder("in_0")
+    ph.meta["val"] = x.meta["val"]
+    call = mini.node_copy(hist, lambda _: ph)
+    outs = []
+    for i in range(2):
+        outs.append(mini.call_function(operator.getitem, (call, i)))
+        outs[-1].meta["val"] = hist.meta["val"][i]
+    mini.output(tuple(outs))
+    table = trace_table(tables.torch_default_table())
+    assert functionalize.trace_plain(torch.fx.GraphModule(torch.nn.Module(), mini), [ph], table) is None
     batch = torch.export.Dim("batch", min=2)
     gm, placeholders = _program(torch.relu, torch.randn(3, 4), dynamic_shapes=(({0: batch},),))
     assert functionalize.trace_plain(gm, placeholders, {}) is None
