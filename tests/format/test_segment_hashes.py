@@ -164,6 +164,27 @@ def test_closing_early_stops_a_child_still_hashing(tmp_path):
         "except ProcessLookupError:\n    pass")
 
 
+def test_once_the_result_is_asked_for_the_child_hashes_on_the_callers_core_too(tmp_path):
+    """The child hashes on every core but one while the caller imports torch and checks the program;
+    once the caller asks for the result, its core is free, and the child's own main thread hashes too
+    (on 2 cores: two threads, as the in-process hashing has)."""
+    path = _artifact(tmp_path)
+    extents, expected = _extents_and_hashes(path)
+    log = tmp_path / "threads.txt"
+    _run(
+        "import os, sys, threading, time\nfrom exporter.serialize.read import segment_hashes as sh\n"
+        "os.cpu_count = lambda: 2\nhash_read = sh._hash_read\n"
+        "def slow(*a):\n"
+        f"    with open({str(log)!r}, 'a') as f:\n        f.write(threading.current_thread().name + '\\n')\n"
+        "    time.sleep(0.3)\n    return hash_read(*a)\n"
+        "sh._hash_read = slow\n"
+        f"e = sh.Early({str(path)!r})\ntime.sleep(0.1)\n"
+        f"got = e.result({extents!r}, sha256=True)\n"
+        f"assert [h.sha256.hex() for h in got] == {[h.sha256.hex() for h in expected]!r}, got")
+    names = log.read_text().split()
+    assert len(names) == len(extents) >= 3 and "MainThread" in names and len(set(names)) == 2, names
+
+
 def test_the_command_hashes_in_a_child(tmp_path):
     path = _artifact(tmp_path)
     _run(

@@ -15,6 +15,7 @@ import concurrent.futures
 import dataclasses
 import hashlib
 import os
+import select
 import signal
 import struct
 import sys
@@ -89,7 +90,8 @@ class Early:
     verified table names, else None (the caller then hashes them itself).
 
     Where the process can fork (Linux, no other thread running yet), a child process hashes, on every
-    core but one (the caller's own work, importing torch and checking the program, keeps that one).
+    core but one (the caller's own work, importing torch and checking the program, keeps that one),
+    and on that one too once the caller asks for the result.
     A thread of this process would hash the same bytes, but between its pieces it has to take the GIL
     back from an import of torch that holds it through long C calls: on 2 cores the 2.07 GB of a
     bfloat16 Llama hashed alone in 1.5 s took 2.3 s beside the import, and `pt2b verify` waited for it.
@@ -108,6 +110,7 @@ class Early:
         self._ready = threading.Event()  # the extents are read (or cannot be)
         self._pid: int | None = None
         self._pipe: int | None = None  # the child's results, read by result()
+        self._help: int | None = None  # to the child: the caller's core is free (result() was called)
         self._thread: threading.Thread | None = None
         if _can_fork() if process is None else process:
             self._fork(os.fspath(path))
@@ -133,21 +136,26 @@ class Early:
 
     def _fork(self, path: str) -> None:
         r, w = os.pipe()
+        help_r, help_w = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: hash, send the results, exit without running anything of the caller's
             code = 1
             try:
                 os.close(r)
-                self._child(path, w)
+                os.close(help_w)
+                self._child(path, w, help_r)
                 code = 0
             except BaseException:  # noqa: BLE001 -- any failure: the parent finds no results and hashes itself
                 pass
             finally:
                 os._exit(code)
         os.close(w)
-        self._pid, self._pipe = pid, r
+        os.close(help_r)
+        self._pid, self._pipe, self._help = pid, r, help_w
 
-    def _child(self, path: str, out: int) -> None:
+    def _child(self, path: str, out: int, help_fd: int) -> None:
+        """Hash on every core but the caller's; once the caller asks for the result (a byte on
+        ``help_fd``), on its core too: this thread joins the hashing."""
         self._read_extents(path)
         if self._failed or self._extents is None:
             return
@@ -157,8 +165,13 @@ class Early:
         # and hash: 2.2-3.4 s)
         self._todo = sorted(range(len(self._extents)), key=lambda i: -self._extents[i][0])
         with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-            for _ in range(workers):
-                pool.submit(self._hash_until_done)
+            running = [pool.submit(self._hash_until_done) for _ in range(workers)]
+            waiting = True
+            while waiting and not all(f.done() for f in running):
+                if select.select([help_fd], [], [], 0.02)[0]:
+                    waiting = False
+                    if os.read(help_fd, 1):  # (nothing: the caller closed it, having failed)
+                        self._hash_until_done()
         if self._failed:
             return
         data = bytearray(_COUNT.pack(len(self._extents), self._sha256))
@@ -228,6 +241,10 @@ class Early:
 
     def result(self, extents: list[tuple[int, int]], *, sha256: bool) -> list[Hashes] | None:
         if self._pipe is not None:
+            try:
+                os.write(self._help, b"\1")  # this core is free: the child hashes on it too
+            except OSError:  # (the child is done and gone)
+                pass
             self._child_results()
         elif self._thread is not None:
             self._ready.wait()
@@ -252,9 +269,10 @@ class Early:
             except ChildProcessError:
                 pass
             self._pid = None
-        if self._pipe is not None:
-            os.close(self._pipe)
-            self._pipe = None
+        for fd in (self._pipe, self._help):
+            if fd is not None:
+                os.close(fd)
+        self._pipe = self._help = None
         if self._fd is not None and (self._thread is None or not self._thread.is_alive()):
             os.close(self._fd)
             self._fd = None
