@@ -21,7 +21,7 @@ from .graph_walk import iter_graphs
 
 __all__ = ["LOCK", "forced_decompositions", "forced_ops", "functional_variant", "functionalize_graph",
            "insert_runtime_asserts", "is_mutating", "materialize_conj", "may_mutate", "program_fake_mode",
-           "returns_alias", "runs_cia_kernel", "signature_of", "updates_hidden_state"]
+           "returns_alias", "runs_cia_kernel", "signature_of", "trace_plain", "updates_hidden_state"]
 
 # Lowerings are serialized: two threads lowering programs that share a FakeTensorMode (one
 # loaded program lowered twice at once) would interleave inside it.

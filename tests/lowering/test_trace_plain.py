@@ -75,11 +75,12 @@ def _value(v):
 
 
 def _nodes(graph: torch.fx.Graph) -> list:
-    # (original_aten differs, and is read by nothing: the op the proxy mode saw first, reshape where
-    # functionalization decomposed it to view first)
+    # the metadata of the calls, which the lowering copies (original_aten differs, and is read by
+    # nothing: the op the proxy mode saw first, reshape where functionalization decomposed it to view
+    # first; the output node's is not copied: aot_export's may hold what an earlier trace left behind)
     keys = ("nn_module_stack", "stack_trace", "torch_fn", "from_node")
     return [(n.op, str(n.target), str(n.args), str(n.kwargs), _value(n.meta.get("val")),
-             tuple(str(n.meta.get(k)) for k in keys) if n.op != "placeholder" else ())
+             tuple(str(n.meta.get(k)) for k in keys) if n.op == "call_function" else ())
             for n in graph.nodes]
 
 
