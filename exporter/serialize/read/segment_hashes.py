@@ -205,8 +205,8 @@ class Early:
             return self._todo.pop() if self._todo and not self._failed else None
 
     def _hash_until_done(self) -> None:
-        """Hash segments until none is left to take (called by the hashing threads, then, without a
-        child, by result()). Read with pread into a buffer, as the raw read-and-hash the benchmark
+        """Hash segments until none is left to take (called by the hashing threads; then by result(),
+        in process, or by the child's main thread once the caller's core is free). Read with pread into a buffer, as the raw read-and-hash the benchmark
         compares with does, not through a mapping, whose page faults read a file not in the page
         cache a little at a time (on a busy machine the mapped hashing of a 2.07 GB file took
         2.6-3.2 s where the raw one took 1.7 s)."""
@@ -220,12 +220,12 @@ class Early:
             self._failed = True
 
     def _child_results(self) -> None:
-        """Read the child's results (waiting for it) into _extents/_sha256/_done, or mark them failed."""
+        """Read the child's results (until it closes the pipe, exiting) into _extents/_sha256/_done, or
+        mark them failed; result() then reaps it (close)."""
         chunks = []
         while chunk := os.read(self._pipe, 1 << 16):
             chunks.append(chunk)
         data = b"".join(chunks)
-        self.close()
         self._failed = True
         if len(data) < _COUNT.size:
             return
