@@ -94,22 +94,28 @@ def test_real_model_sample(name, tmp_path):
 
 
 # issue 39: the workloads people bring, one of each variant in the default run (corpus/variants.py); the
-# whole sample in each is `python -m tools.real_models --sample --variants bf16,fp16,int8wo,fp8wo,pt2e`
-VARIANT_CASES = ["llama@bf16", "llama@fp16", "llama@int8wo", "llama@fp8wo", "llama@pt2e"]
+# whole sample in each is `python -m tools.real_models --sample --variants bf16,fp16,int8wo,fp8wo,pt2e`.
+# bf16 (the variant that failed the default lowering) is lowered with every preset; the others with the
+# default preset, core (max, half of a case's time, runs in the command above)
+VARIANT_CASES = {"llama@bf16": rm.PRESETS, "llama@fp16": ("core",), "llama@int8wo": ("core",),
+                 "llama@fp8wo": ("core",), "llama@pt2e": ("core",)}
 
 
 @pytest.mark.parametrize("name", VARIANT_CASES)
 def test_real_model_variant_passes_with_default_settings(name, tmp_path):
-    """Each variant builds, captures, writes, reads back bitwise, lowers with every preset with validation
+    """Each variant builds, captures, writes, reads back bitwise, lowers with its presets with validation
     on (the default) and runs on runtime_ref close to eager in its own dtype: nothing skipped or xfailed."""
     if name.endswith(("@int8wo", "@fp8wo", "@pt2e")):
         pytest.importorskip("torchao")
     sink = _Collector()
-    rm.run_case(name, None, sink, str(tmp_path))
+    presets = VARIANT_CASES[name]
+    rm.run_case(name, None, sink, str(tmp_path), presets)
     stages = sink.record["stages"]
     bad = {k: _stage_error(v) for k, v in stages.items() if v["status"] != "ok" and not k.startswith("ratio:")}
     assert not bad, f"{name}: {bad}"
-    assert all(sink.record["validation"][p]["status"] == "passed" for p in ("core", "max")), sink.record["validation"]
+    assert {f"lower:{p}" for p in presets} <= set(stages), stages
+    checked = [p for p in presets if p != "none"]
+    assert all(sink.record["validation"][p]["status"] == "passed" for p in checked), sink.record["validation"]
 
 
 def test_a_variant_name_is_checked():
