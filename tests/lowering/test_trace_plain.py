@@ -1,8 +1,8 @@
 """The node-local lowering traces its calls without functionalization where that gives what the
 functionalizing trace gives (functionalize.trace_plain): on every trace the lowering of real programs
-makes, the graph, its values and the metadata carried over are those of functionalize_graph; where the
-trace writes in place, reads a size from data or runs on symbolic sizes, trace_plain declines (None)
-and functionalization does the work."""
+makes, static or of symbolic sizes, the graph, its values and the metadata carried over are those of
+functionalize_graph; where the trace writes in place or reads a size from data, trace_plain declines
+(None) and functionalization does the work."""
 
 from __future__ import annotations
 
@@ -43,6 +43,16 @@ class ConvNet(nn.Module):
         return self.head(y.to(torch.float32))
 
 
+def _dynamic(build):
+    """``build``'s model and inputs, exported with a dynamic length (dim 1 of each input)."""
+    def export():
+        model, args = build()
+        length = torch.export.Dim("length", min=2, max=32)
+        return model, args, tuple({1: length} for _ in args)
+
+    return export
+
+
 def _bert():
     from transformers import BertConfig, BertModel
 
@@ -77,10 +87,19 @@ def _value(v):
 def _nodes(graph: torch.fx.Graph) -> list:
     # the metadata of the calls, which the lowering copies (original_aten differs, and is read by
     # nothing: the op the proxy mode saw first, reshape where functionalization decomposed it to view
-    # first; the output node's is not copied: aot_export's may hold what an earlier trace left behind)
+    # first; the output node's is not copied: aot_export's may hold what an earlier trace left behind).
+    # A node is named by its place: on symbolic sizes the functionalizing trace numbers the arithmetic
+    # of sizes after more of it that it then drops (mul_6 for mul). A sym_size node's metadata is not
+    # compared: the plain trace makes it where a size is first read, without a call's metadata.
+    place = {n: f"%{i}" for i, n in enumerate(graph.nodes)}
     keys = ("nn_module_stack", "stack_trace", "torch_fn", "from_node")
-    return [(n.op, str(n.target), str(n.args), str(n.kwargs), _value(n.meta.get("val")),
-             tuple(str(n.meta.get(k)) for k in keys) if n.op == "call_function" else ())
+
+    def named(a):
+        return str(torch.fx.node.map_arg(a, place.get))
+
+    return [(n.op, str(n.target), named(n.args), named(n.kwargs), _value(n.meta.get("val")),
+             tuple(str(n.meta.get(k)) for k in keys)
+             if n.op == "call_function" and n.target is not torch.ops.aten.sym_size.int else ())
             for n in graph.nodes]
 
 
@@ -88,10 +107,12 @@ def _nodes(graph: torch.fx.Graph) -> list:
     pytest.param(lambda: (ConvNet().eval(), (torch.randn(2, 3, 16, 16),)), id="convnet"),
     pytest.param(lambda: (Attention().eval(), (torch.randn(2, 5, 16),)), id="attention"),
     pytest.param(_bert, id="bert"),
+    pytest.param(_dynamic(lambda: (Attention().eval(), (torch.randn(2, 5, 16),))), id="attention-dynamic"),
+    pytest.param(_dynamic(_bert), id="bert-dynamic"),
 ])
 def test_plain_traces_are_the_functionalizing_traces(build):
-    model, args = build()
-    ep = torch.export.export(model, args)
+    model, args, *dynamic = build()
+    ep = torch.export.export(model, args, dynamic_shapes=dynamic[0] if dynamic else None)
     traces = _traces(ep)
     assert traces
     for gm, placeholders, table in traces:
@@ -129,8 +150,10 @@ def test_a_decomposition_writing_in_place_is_left_to_functionalization():
     assert torch.ops.aten.copy_.default not in targets and torch.ops.aten.clamp_min.default in targets
 
 
-def test_sizes_read_from_data_lists_out_and_symbolic_sizes_are_left_to_functionalization():
+def test_sizes_read_from_data_and_lists_out_are_left_to_functionalization():
     gm, placeholders = _program(torch.nonzero, torch.tensor([0.0, 1.0, 2.0]))
+    assert functionalize.trace_plain(gm, placeholders, {}) is None
+    gm, placeholders = _program(lambda x: x.sum().item(), torch.tensor([0.0, 1.0, 2.0]))
     assert functionalize.trace_plain(gm, placeholders, {}) is None
     # a call returning a list, as the lowering's trace returns it (the program unpacks it)
     gm, (x,) = _program(lambda x: torch.histogramdd(x, bins=[3, 3]), torch.randn(10, 2))
@@ -146,6 +169,24 @@ def test_sizes_read_from_data_lists_out_and_symbolic_sizes_are_left_to_functiona
     mini.output(tuple(outs))
     table = trace_table(tables.torch_default_table())
     assert functionalize.trace_plain(torch.fx.GraphModule(torch.nn.Module(), mini), [ph], table) is None
+
+
+def test_symbolic_sizes_are_traced_plain_with_the_programs_symbols():
     batch = torch.export.Dim("batch", min=2)
-    gm, placeholders = _program(torch.relu, torch.randn(3, 4), dynamic_shapes=(({0: batch},),))
+    gm, placeholders = _program(lambda x: torch.relu(x).reshape(-1), torch.randn(3, 4), dynamic_shapes=(({0: batch},),))
+    table = trace_table(tables.torch_default_table())
+    plain, _ = functionalize.trace_plain(gm, placeholders, table)
+    out = plain.graph.output_node().args[0][0].meta["val"]
+    (symbol,) = placeholders[0].meta["val"].shape[0].node.expr.free_symbols
+    assert str(out.shape[0]) == f"4*{symbol}"
+    functional, _ = functionalize.functionalize_graph(gm, placeholders, table)
+    assert _nodes(plain.graph) == _nodes(functional.graph)
+
+
+def test_an_index_on_integer_indices_is_traced_plain_and_an_item_call_is_not():
+    """index.Tensor may make its shape from data (a mask): what tells is its value's symbols, not the
+    op's tag; on integer indices its sizes are the indices', and the trace is taken."""
+    gm, placeholders = _program(lambda x, i: x[i], torch.randn(5, 3), torch.tensor([0, 2, 4]))
+    assert functionalize.trace_plain(gm, placeholders, {}) is not None
+    gm, placeholders = _program(lambda x, m: x[m], torch.randn(5, 3), torch.tensor([True, False] * 2 + [True]))
     assert functionalize.trace_plain(gm, placeholders, {}) is None
