@@ -164,6 +164,38 @@ def test_closing_early_stops_a_child_still_hashing(tmp_path):
         "except ProcessLookupError:\n    pass")
 
 
+def test_closing_early_while_its_thread_hashes_stops_it_and_closes_its_file(tmp_path, monkeypatch):
+    """In-process (a caller with torch imported): a close before the result stops the thread after the
+    segment it holds, and the thread closes the file it read once it returns."""
+    import os
+    import threading
+
+    path = _artifact(tmp_path)
+    started, release, hashed = threading.Event(), threading.Event(), []
+    real = segment_hashes._hash_read
+
+    def held(*args):
+        hashed.append(args[1])
+        started.set()
+        release.wait(10)
+        return real(*args)
+
+    monkeypatch.setattr(segment_hashes, "_hash_read", held)
+    early = segment_hashes.Early(path, process=False)
+    assert started.wait(10)
+    fd = early._fd
+    os.fstat(fd)  # open while the thread reads it
+    early.close()
+    os.fstat(fd)  # still the thread's: closing it under the thread would fail its read
+    release.set()
+    early._thread.join(10)
+    assert not early._thread.is_alive() and early._fd is None
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    assert len(hashed) == 1  # no segment taken after the close
+    assert len(reader.open_artifact(path).program.segments) > 1
+
+
 def test_once_the_result_is_asked_for_the_child_hashes_on_the_callers_core_too(tmp_path):
     """The child hashes on every core but one while the caller imports torch and checks the program;
     once the caller asks for the result, its core is free, and the child's own main thread hashes too

@@ -112,6 +112,8 @@ class Early:
         self._pipe: int | None = None  # the child's results, read by result()
         self._help: int | None = None  # to the child: the caller's core is free (result() was called)
         self._thread: threading.Thread | None = None
+        self._closed = False  # close() was called: the thread takes no more segments
+        self._thread_done = False  # the thread has returned (it no longer reads _fd)
         if _can_fork() if process is None else process:
             self._fork(os.fspath(path))
         else:
@@ -132,7 +134,13 @@ class Early:
             self._failed = True
         finally:
             self._ready.set()
-        self._hash_until_done()
+        try:
+            self._hash_until_done()
+        finally:
+            with self._lock:
+                self._thread_done = True
+                if self._closed:  # close() left the descriptor to this thread, which was still reading
+                    self._release_fd()
 
     def _fork(self, path: str) -> None:
         r, w = os.pipe()
@@ -202,7 +210,7 @@ class Early:
 
     def _take(self) -> int | None:
         with self._lock:
-            return self._todo.pop() if self._todo and not self._failed else None
+            return self._todo.pop() if self._todo and not (self._failed or self._closed) else None
 
     def _hash_until_done(self) -> None:
         """Hash segments until none is left to take (called by the hashing threads; then by result(),
@@ -259,8 +267,8 @@ class Early:
 
     def close(self) -> None:
         """Stop the child if it still runs (the caller failed before it asked for the result) and
-        release what this holds. A thread is left to finish: it is a daemon, and reads one piece at a
-        time."""
+        release what this holds. A thread still hashing takes no further segment and closes the file
+        itself once it returns (it is a daemon, and finishes the segment it holds)."""
         if self._pid is not None:
             try:
                 if os.waitpid(self._pid, os.WNOHANG) == (0, 0):
@@ -273,7 +281,13 @@ class Early:
             if fd is not None:
                 os.close(fd)
         self._pipe = self._help = None
-        if self._fd is not None and (self._thread is None or not self._thread.is_alive()):
+        with self._lock:
+            self._closed = True
+            if self._thread is None or self._thread_done:
+                self._release_fd()
+
+    def _release_fd(self) -> None:
+        if self._fd is not None:
             os.close(self._fd)
             self._fd = None
 
