@@ -95,7 +95,7 @@ class Early:
     A thread of this process would hash the same bytes, but between its pieces it has to take the GIL
     back from an import of torch that holds it through long C calls: on 2 cores the 2.07 GB of a
     bfloat16 Llama hashed alone in 1.5 s took 2.3 s beside the import, and `pt2b verify` waited for it.
-    Elsewhere (``process=False``) one thread hashes, the segments largest first, and ``result()``
+    Elsewhere (``process=False``) one thread hashes, the segments in the file's order, and ``result()``
     hashes what is left beside it. ``close()`` (or leaving a ``with`` block) stops a child the caller no
     longer needs."""
 
@@ -103,7 +103,7 @@ class Early:
         self._extents: list[tuple[int, int]] | None = None
         self._sha256 = False
         self._fd: int | None = None  # (a descriptor of its own: the caller's may close)
-        self._todo: list[int] = []  # the segments no thread has taken yet, the largest last
+        self._todo: list[int] = []  # the segments no thread has taken yet, the next one to take last
         self._done: dict[int, Hashes] = {}
         self._failed = False
         self._lock = threading.Lock()
@@ -168,10 +168,6 @@ class Early:
         if self._failed or self._extents is None:
             return
         workers = max(1, min((os.cpu_count() or 1) - 1, len(self._extents)))
-        # in the file's order, read ahead sequentially: `pt2b verify --checksums` of the 2.07 GB bfloat16
-        # Llama, cold, took 4.6-5.3 s with the largest segments first, 2.7-3.3 s in order (the raw read
-        # and hash: 2.2-3.4 s)
-        self._todo = sorted(range(len(self._extents)), key=lambda i: -self._extents[i][0])
         with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
             running = [pool.submit(self._hash_until_done) for _ in range(workers)]
             waiting = True
@@ -206,7 +202,10 @@ class Early:
                 return
             self._fd = os.dup(f.fileno())
         self._extents, self._sha256 = extents, not program.WeightDigestsIsNone()
-        self._todo = sorted(range(len(extents)), key=lambda i: extents[i][1])
+        # in the file's order (the first taken last in the list), read ahead sequentially: `pt2b verify
+        # --checksums` of the 2.07 GB bfloat16 Llama, cold, took 4.6-5.3 s with the largest segments
+        # first, 2.7-3.3 s in order (the raw read and hash: 2.2-3.4 s)
+        self._todo = sorted(range(len(extents)), key=lambda i: -extents[i][0])
 
     def _take(self) -> int | None:
         with self._lock:
