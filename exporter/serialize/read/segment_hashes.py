@@ -213,10 +213,10 @@ class Early:
 
     def _hash_until_done(self) -> None:
         """Hash segments until none is left to take (called by the hashing threads; then by result(),
-        in process, or by the child's main thread once the caller's core is free). Read with pread into a buffer, as the raw read-and-hash the benchmark
-        compares with does, not through a mapping, whose page faults read a file not in the page
-        cache a little at a time (on a busy machine the mapped hashing of a 2.07 GB file took
-        2.6-3.2 s where the raw one took 1.7 s)."""
+        in process, or by the child's main thread once the caller's core is free). Read with pread
+        into a buffer, as the raw read-and-hash the benchmark compares with does, not through a
+        mapping, whose page faults read a file not in the page cache a little at a time (on a busy
+        machine the mapped hashing of a 2.07 GB file took 2.6-3.2 s where the raw one took 1.7 s)."""
         if self._fd is None:
             return
         buf = bytearray(READ_PIECE)
