@@ -3,7 +3,8 @@ targets: docs/benchmarks.md#big-models-against-the-physical-limits):
 
 - write: export_model's write of the captured program (the read-back check included) against writing
   the same number of bytes to a new file in the same directory, fsyncing it and renaming it over the
-  last (what an atomic write costs the disk);
+  last (what an atomic write costs the disk); beside it the same bytes written with O_DIRECT, around
+  the page cache, as pt2b writes big weight sections (serialize/write/direct.py): the disk alone;
 - verify: `pt2b verify` and `pt2b verify --checksums` (the commands, interpreter start-up and imports
   included, with bytecode as an installed package has it: bench_pt2b.installed_env) and in-process
   `load(path, verify=True)` against reading the file and hashing its bytes with sha256 (verify checks each
@@ -80,6 +81,29 @@ def raw_write(path: str, nbytes: int) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def raw_direct_write(path: str, nbytes: int) -> None:
+    """raw_write's bytes written with O_DIRECT from page-aligned memory (the disk's own speed, no page cache;
+    the last block rounded up)."""
+    import mmap
+
+    block = mmap.mmap(-1, CHUNK)
+    block.write(os.urandom(1 << 20) * (CHUNK >> 20))
+    view = memoryview(block)
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
+    try:
+        pos = 0
+        while pos < nbytes:
+            n = min(CHUNK, -(-(nbytes - pos) // 4096) * 4096)
+            os.pwrite(fd, view[:n], pos)
+            pos += n
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    view.release()
 
 
 def raw_read_hash(path: str) -> str:
@@ -167,10 +191,13 @@ def bench(name: str, layers: int, dtype: torch.dtype, repeat: int, tmp: str) -> 
     size = os.path.getsize(pt2b)
     steps: list[dict] = []
     with write_steps(steps):
-        o_write, t_raw = interleaved([lambda: writer.write_artifact(ep, pt2b, ir_level="training"),
-                                      lambda: raw_write(raw, size)], max(repeat, WRITE_REPEAT))
+        o_write, t_raw, t_direct = interleaved([lambda: writer.write_artifact(ep, pt2b, ir_level="training"),
+                                                lambda: raw_write(raw, size), lambda: raw_direct_write(raw, size)],
+                                               max(repeat, WRITE_REPEAT))
     row(f"write {size / 1e9:.2f} GB (export_model's write step)", o_write, t_raw, "write")
     rows[-1]["steps"] = steps
+    row("write, against the same bytes written with O_DIRECT (the disk alone)", o_write, t_direct, "",
+        "O_DIRECT write + fsync")
     for i, st in enumerate(steps):
         print(f"    write {i + 1}: {st['total']:.2f} s: the weights written and hashed {st['weights']:.2f} s (on "
               f"their own thread, while the graph is serialized), the read-back check {st['read_back']:.2f} s, "

@@ -61,8 +61,19 @@ def _child(argv: list[str]) -> None:
     """In the child: ``export PATH SEED LAYERS``, ``loop PATH LAYERS SEED...`` or ``upgrade PATH``
     (through the CLI). With $PT2B_TEST_STALL=fsync|replace it stops forever just before the
     first fsync / the rename onto PATH, after writing $PT2B_TEST_MARKER, so the parent can kill it
-    exactly there."""
+    exactly there. With $PT2B_TEST_DIRECT=1 every data section is written with O_DIRECT
+    (serialize/write/direct.py), which the folder must take."""
     what, path = argv[0], os.path.abspath(argv[1])
+    if os.environ.get("PT2B_TEST_DIRECT"):
+        from exporter.serialize.write import direct
+
+        probe = os.path.join(os.path.dirname(path), ".direct-probe")
+        open(probe, "wb").close()
+        fd = direct.open_direct(probe, 1 << 40)
+        assert fd is not None, "the folder refuses O_DIRECT"
+        os.close(fd)
+        os.remove(probe)
+        direct.DIRECT_FROM = 0
     stall = os.environ.get("PT2B_TEST_STALL")
     if stall:
         real = getattr(os, stall)
@@ -90,8 +101,11 @@ def _child(argv: list[str]) -> None:
         raise SystemExit(f"unknown child command {what!r}")
 
 
-def _spawn(*argv, stall: str | None = None, marker: Path | None = None, cli: bool = False) -> subprocess.Popen:
+def _spawn(*argv, stall: str | None = None, marker: Path | None = None, cli: bool = False,
+           direct: bool = False) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PT2B_TEST_")}
+    if direct:
+        env["PT2B_TEST_DIRECT"] = "1"
     if stall:
         env.update(PT2B_TEST_STALL=stall, PT2B_TEST_MARKER=str(marker))
     if cli:  # the real command line, nothing patched

@@ -28,7 +28,7 @@ from ..generated import pt2b_generated as G
 from ..layout.container import ALIGNMENT, FILE_IDENTIFIER, HEADER_SIZE, Header, align
 from ..mapping import module_stacks, return_types
 from ..read import untrusted
-from . import encode_schema, serde_repairs, weights
+from . import direct, encode_schema, serde_repairs, weights
 
 MAX_METADATA_BYTES = 16 << 20
 _SCALAR_LEAVES = (bool, int, float, str, type(None))
@@ -340,9 +340,28 @@ def _write_artifact(methods: list[MethodSource], path, *, metadata, provenance, 
                     sync_weights()
 
             def write_weights():
-                f.write(b"\0" * data_offset)
-                weights.write_segments(f, wp, data_offset, digests=digests, written=sync_weights,
-                                       progress=sync_behind)
+                fd = direct.open_direct(tmp, data_offset + wp.data_size)
+                if fd is None:  # through the page cache
+                    f.write(b"\0" * data_offset)
+                    weights.write_segments(f, wp, data_offset, digests=digests, written=sync_weights,
+                                           progress=sync_behind)
+                    return
+                sink = direct.DirectSink(fd)  # around it: the file from offset 0 to the data's end
+
+                def written():
+                    sink.close()
+                    f.seek(data_offset + wp.data_size)  # the program table follows, through f
+                    sync_weights()
+
+                def go_on(nbytes):
+                    if stop.is_set():
+                        raise _Stopped()
+
+                try:
+                    sink.write(b"\0" * data_offset)
+                    weights.write_segments(sink, wp, data_offset, digests=digests, written=written, progress=go_on)
+                finally:
+                    sink.abandon()
 
             written = out.submit(write_weights)
             try:
@@ -449,5 +468,6 @@ def _write_program(f, prog, builder, wp, data_offset: int, version, digests: boo
         header, program = raw.header, raw.program
     f.write(b"\0" * (program_offset - data_offset - wp.data_size))
     f.write(program)
+    f.truncate()  # a direct write of the weights (direct.py) ends on a block's end, maybe past the program's
     f.seek(0)
     f.write(header.pack())

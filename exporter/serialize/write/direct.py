@@ -1,0 +1,131 @@
+"""Big weight sections written around the page cache (O_DIRECT, Linux).
+
+A buffered write of gigabytes is mostly the kernel's own work: each page is allocated in the page
+cache, copied into and, once the cache is full, reclaimed from under some other file, which on a
+shared machine costs 2-3 s of kernel time per GB. The same bytes written with O_DIRECT go from the
+process's memory to the disk by DMA: on the machine the big-model bench runs on, 2.07 GB took 1.1-1.6
+s that way against 5.3-7.2 s buffered (with fsync both), with 0.1 s of CPU time against 4-6 s.
+
+O_DIRECT wants the memory, the file offset and the length aligned to the disk's block. Tensor
+memory is not page-aligned (torch's allocator aligns to 64 bytes), so the bytes pass through two
+page-aligned buffers: one is filled (a memcpy, on torch's threads, without the GIL) while the other
+is written. The stream covers the file from offset 0 to the data section's end rounded up to the
+block; the header and the program table are written after it through the ordinary file, which then
+cuts the file to its length.
+
+Where O_DIRECT is missing (macOS, Windows) or refused (tmpfs before Linux 6.6, some network or FUSE
+filesystems), or the data section is small enough for the page cache to be the cheaper road, the
+writer keeps its buffered write (``open_direct`` returns None).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import mmap
+import os
+
+import torch
+
+DIRECT_FROM = 256 << 20  # data sections at least this big are written with O_DIRECT
+BLOCK = 4096  # the alignment asked of memory, offsets and lengths (a page: every common disk's block divides it)
+BUFFER = 16 << 20  # bytes per write: each of the two buffers
+
+
+def open_direct(path: str, nbytes: int) -> int | None:
+    """A file descriptor of ``path`` (created already) opened for direct writes, or None where the writer
+    should write ``nbytes`` of weights through the page cache instead (see the module's docstring).
+    The descriptor is proved by writing one block of zeros at offset 0 (filesystems that accept the
+    flag at open but not the write exist)."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag or nbytes < DIRECT_FROM:
+        return None
+    try:
+        fd = os.open(path, os.O_WRONLY | flag | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    probe = mmap.mmap(-1, BLOCK)
+    try:
+        os.pwrite(fd, probe, 0)
+    except OSError:
+        os.close(fd)
+        return None
+    finally:
+        probe.close()
+    return fd
+
+
+class DirectSink:
+    """A file-like ``write`` for the bytes from the file's offset 0 on, sent to ``fd`` (from open_direct)
+    in aligned blocks of BUFFER bytes. ``close()`` writes what is left, padded with zeros to the block;
+    the caller writes what follows through its buffered file and truncates the file to its length."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.pos = 0  # the file offset of the current buffer's first byte
+        self.fill = 0  # bytes in the current buffer
+        self._maps = [mmap.mmap(-1, BUFFER) for _ in range(2)]
+        self._views = [torch.frombuffer(m, dtype=torch.uint8) for m in self._maps]
+        self._turn = 0
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="pt2b-direct")
+        self._pending: concurrent.futures.Future | None = None
+
+    def write(self, data) -> int:
+        """Copy ``data`` (bytes or a memoryview of tensor memory) into the buffers, writing each as it fills."""
+        src = memoryview(data).cast("B")
+        n, done = len(src), 0
+        while done < n:
+            take = min(n - done, BUFFER - self.fill)
+            piece = src[done:done + take]
+            if piece.readonly:  # bytes (the few zeros between segments): a tensor views writable memory only
+                piece = memoryview(bytearray(piece))
+            self._views[self._turn][self.fill:self.fill + take].copy_(torch.frombuffer(piece, dtype=torch.uint8))
+            self.fill += take
+            done += take
+            if self.fill == BUFFER:
+                self._send(BUFFER)
+        return n
+
+    def _send(self, length: int) -> None:
+        """Write the current buffer's first ``length`` bytes (a multiple of BLOCK) on the I/O thread, after
+        the write before it; the next bytes go to the other buffer."""
+        self._wait()
+        view = memoryview(self._maps[self._turn])[:length]
+        self._pending = self._pool.submit(_pwrite_all, self.fd, view, self.pos)
+        self.pos += length
+        self.fill = 0
+        self._turn ^= 1
+
+    def _wait(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
+
+    def close(self) -> int:
+        """Write the rest, its last block padded with zeros; the file offset where the bytes given end."""
+        end = self.pos + self.fill
+        try:
+            if self.fill:
+                padded = -(-self.fill // BLOCK) * BLOCK
+                self._views[self._turn][self.fill:padded].zero_()
+                self._send(padded)
+            self._wait()
+        finally:
+            self.abandon()
+        return end
+
+    def abandon(self) -> None:
+        """Stop: no more writes (the one under way finishes), the buffers and the descriptor released."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pending = None
+        self._views, self._maps = [], []  # unmapped once nothing views them
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
+    while len(view):
+        n = os.pwrite(fd, view, offset)
+        if n <= 0:  # a disk that takes nothing raises ENOSPC at the next call; never loop on 0
+            raise OSError(28, "No space left on device")
+        view, offset = view[n:], offset + n
