@@ -1,8 +1,6 @@
 """`python -m exporter ...`: the same command line as `pt2b ...` (exporter/cli/)."""
 
-import sys
-
-from .cli import main
+from .cli import console
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import threading
 
 from ..errors import ArtifactError, ExportError, Pt2bError
 from . import progress
@@ -159,3 +161,23 @@ def main(argv=None) -> int:
         progress.close_all()
         raise
 
+
+
+def console(argv=None) -> None:
+    """The `pt2b` executable (and `python -m exporter`): ``main``, then the process ends at once, its
+    output flushed. Python's own shutdown would only take apart what the command built (torch's
+    modules, the program's objects): 0.4-0.7 s of a `pt2b verify` of a 22-layer Llama on 2 cores, more
+    than its check of the program. An exception out of ``main`` (a bug, Ctrl-C, argparse's exits) takes
+    Python's usual way out, and so does a command that leaves a thread of its own running (none does:
+    Python would wait for it)."""
+    code = main(argv)
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        sys.exit(code)
+    if "logging" in sys.modules:  # what its handlers hold (logging flushes them at exit)
+        sys.modules["logging"].shutdown()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):  # a reader gone (`pt2b inspect m.pt2b | head`): Python's own status then
+        os._exit(120)
+    os._exit(code)

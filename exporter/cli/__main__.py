@@ -1,8 +1,6 @@
 """`python -m exporter.cli ...`: the same command line as `pt2b ...`."""
 
-import sys
-
-from . import main
+from . import console
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

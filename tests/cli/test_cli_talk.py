@@ -200,3 +200,28 @@ def test_filters_are_scoped_to_pt2b_entry_points():
             warnings.warn("your model does something odd", FutureWarning)
         warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated, use ...", FutureWarning)
     assert [str(w.message)[:14] for w in seen] == ["your model doe", "`isinstance(tr"]
+
+
+def test_the_console_ends_the_process_at_once_once_the_command_returns(tmp_path):
+    """`pt2b` (exporter.cli.console) flushes what the command printed and exits with its status without
+    Python's shutdown (atexit handlers, module teardown: 0.4-0.7 s of `pt2b verify` after torch); a
+    command's error status is kept; a thread the command left running is waited for as Python would."""
+    path = tmp_path / "m.pt2b"
+    exporter.export_model(torch.nn.Linear(3, 2), (torch.randn(1, 3),), path)
+    code = ("import atexit, sys, threading, time\nimport exporter.cli as cli\n"
+            "atexit.register(lambda: print('python shut down', flush=True))\n"
+            "command = cli.main\n"
+            "def main(argv):  # the command, then (with 'thread') a thread of its own still running\n"
+            "    rc = command(argv)\n"
+            "    if sys.argv[1] == 'thread':\n"
+            "        threading.Thread(target=lambda: (time.sleep(0.3), print('thread done', flush=True))).start()\n"
+            "    return rc\n"
+            "cli.main = main\n"
+            "cli.console(sys.argv[2:])\n")
+    argv = [sys.executable, "-c", code]
+    rc, out, err = run(argv + ["none", "--quiet", "verify", str(path)], tty=False, tmp_path=tmp_path)
+    assert rc == 0 and out.startswith(f"{path}: OK") and "python shut down" not in out, (rc, out, err)
+    rc, out, err = run(argv + ["none", "verify", str(tmp_path / "absent.pt2b")], tty=False, tmp_path=tmp_path)
+    assert rc == 2 and "no such file" in err and "python shut down" not in out, (rc, out, err)
+    rc, out, err = run(argv + ["thread", "--quiet", "verify", str(path)], tty=False, tmp_path=tmp_path)
+    assert rc == 0 and out.splitlines()[1:] == ["thread done", "python shut down"], (rc, out, err)
