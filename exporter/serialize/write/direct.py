@@ -20,6 +20,7 @@ writer keeps its buffered write (``open_direct`` returns None).
 from __future__ import annotations
 
 import concurrent.futures
+import errno
 import mmap
 import os
 
@@ -125,5 +126,5 @@ def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
     while len(view):
         n = os.pwrite(fd, view, offset)
         if n <= 0:  # a disk that takes nothing raises ENOSPC at the next call; never loop on 0
-            raise OSError(28, "No space left on device")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         view, offset = view[n:], offset + n
