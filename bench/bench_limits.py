@@ -43,7 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.bench_pt2b import installed_env, interleaved, median_time  # noqa: E402
 from exporter import load, load_for_backend  # noqa: E402
 from exporter.serialize import writer  # noqa: E402
-from exporter.serialize.write import weights  # noqa: E402
+from exporter.serialize.write import direct, weights  # noqa: E402
 
 TARGETS = {"write": 1.5, "verify": 1.5, "lower": 0.3, "first_call": 1.1}
 SEQ = 32
@@ -81,21 +81,6 @@ def raw_write(path: str, nbytes: int) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-
-
-def direct_writes(folder: str) -> bool:
-    """Whether ``folder``'s filesystem takes O_DIRECT writes (pt2b's writer probes the same way)."""
-    from exporter.serialize.write import direct
-
-    probe = os.path.join(folder, ".direct-probe")
-    open(probe, "wb").close()
-    try:
-        fd = direct.open_direct(probe, 1 << 40)
-    finally:
-        os.remove(probe)
-    if fd is not None:
-        os.close(fd)
-    return fd is not None
 
 
 def raw_direct_write(path: str, nbytes: int) -> None:
@@ -207,7 +192,7 @@ def bench(name: str, layers: int, dtype: torch.dtype, repeat: int, tmp: str) -> 
     steps: list[dict] = []
     with write_steps(steps):
         fns = [lambda: writer.write_artifact(ep, pt2b, ir_level="training"), lambda: raw_write(raw, size)]
-        if direct_writes(tmp):
+        if direct.folder_takes_direct_writes(tmp):
             fns.append(lambda: raw_direct_write(raw, size))
         o_write, t_raw, *t_direct = interleaved(fns, max(repeat, WRITE_REPEAT))
     row(f"write {size / 1e9:.2f} GB (export_model's write step)", o_write, t_raw, "write")

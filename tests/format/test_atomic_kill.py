@@ -67,12 +67,7 @@ def _child(argv: list[str]) -> None:
     if os.environ.get("PT2B_TEST_DIRECT"):
         from exporter.serialize.write import direct
 
-        probe = os.path.join(os.path.dirname(path), ".direct-probe")
-        open(probe, "wb").close()
-        fd = direct.open_direct(probe, 1 << 40)
-        assert fd is not None, "the folder refuses O_DIRECT"
-        os.close(fd)
-        os.remove(probe)
+        assert direct.folder_takes_direct_writes(os.path.dirname(path)), "the folder refuses O_DIRECT"
         direct.DIRECT_FROM = 0
     stall = os.environ.get("PT2B_TEST_STALL")
     if stall:

@@ -54,6 +54,21 @@ def open_direct(path: str, nbytes: int) -> int | None:
     return fd
 
 
+def folder_takes_direct_writes(folder) -> bool:
+    """Whether the filesystem of ``folder`` takes direct writes (a probe file made, proved as open_direct
+    proves a descriptor, and removed): what the tests and the benchmark ask before they count on it."""
+    probe = os.path.join(os.fspath(folder), ".pt2b-direct-probe")
+    open(probe, "wb").close()
+    try:
+        fd = open_direct(probe, max(DIRECT_FROM, 1))
+    finally:
+        os.remove(probe)
+    if fd is None:
+        return False
+    os.close(fd)
+    return True
+
+
 class DirectSink:
     """A file-like ``write`` for the bytes from the file's offset 0 on, sent to ``fd`` (from open_direct)
     in aligned blocks of BUFFER bytes. ``close()`` writes what is left, padded with zeros to the block;
