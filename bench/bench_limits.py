@@ -96,7 +96,7 @@ def raw_direct_write(path: str, nbytes: int) -> None:
     try:
         pos = 0
         while pos < nbytes:
-            n = min(CHUNK, -(-(nbytes - pos) // 4096) * 4096)
+            n = min(CHUNK, -(-(nbytes - pos) // direct.BLOCK) * direct.BLOCK)
             os.pwrite(fd, view[:n], pos)
             pos += n
         os.fsync(fd)

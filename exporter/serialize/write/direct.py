@@ -8,9 +8,9 @@ s that way against 5.3-7.2 s buffered (with fsync both), with 0.1 s of CPU time 
 
 O_DIRECT wants the memory, the file offset and the length aligned to the disk's block. Tensor
 memory is not page-aligned (torch's allocator aligns to 64 bytes), so the bytes pass through two
-page-aligned buffers: one is filled (a memcpy, without the GIL) while the other is written. The stream covers the file from offset 0 to the data section's end rounded up to the
-block; the header and the program table are written after it through the ordinary file, which then
-cuts the file to its length.
+page-aligned buffers: one is filled (a memcpy, without the GIL) while the other is written. The stream
+covers the file from offset 0 to the data section's end, its last block padded with zeros and the file
+then cut back to that end; the header and the program table are written through the ordinary file.
 
 Where O_DIRECT is missing (macOS, Windows) or refused (tmpfs before Linux 6.6, some network or FUSE
 filesystems), or the data section is small enough for the page cache to be the cheaper road, the
@@ -60,7 +60,7 @@ def folder_takes_direct_writes(folder) -> bool:
     probe = os.path.join(os.fspath(folder), ".pt2b-direct-probe")
     open(probe, "wb").close()
     try:
-        fd = open_direct(probe, max(DIRECT_FROM, 1))
+        fd = open_direct(probe, DIRECT_FROM)
     finally:
         os.remove(probe)
     if fd is None:
@@ -71,8 +71,8 @@ def folder_takes_direct_writes(folder) -> bool:
 
 class DirectSink:
     """A file-like ``write`` for the bytes from the file's offset 0 on, sent to ``fd`` (from open_direct)
-    in aligned blocks of BUFFER bytes. ``close()`` writes what is left, padded with zeros to the block;
-    the caller writes what follows through its buffered file and truncates the file to its length."""
+    in aligned blocks of BUFFER bytes. ``close()`` writes what is left, padded with zeros to the block,
+    and cuts the file back to the bytes given; the caller writes what follows through its buffered file."""
 
     def __init__(self, fd: int):
         self.fd = fd
@@ -115,14 +115,18 @@ class DirectSink:
             pending.result()
 
     def close(self) -> int:
-        """Write the rest, its last block padded with zeros; the file offset where the bytes given end."""
-        end = self.pos + self.fill
+        """Write the rest (its last block padded with zeros, which the file is then cut back from); the file
+        offset where the bytes given end."""
+        fill = self.fill
+        end = self.pos + fill
         try:
-            if self.fill:
-                padded = -(-self.fill // BLOCK) * BLOCK
-                self._views[self._turn][self.fill:padded] = 0
+            padded = -(-fill // BLOCK) * BLOCK
+            if padded:
+                self._views[self._turn][fill:padded] = 0
                 self._send(padded)
             self._wait()
+            if padded != fill:
+                os.ftruncate(self.fd, end)
         finally:
             self.abandon()
         return end

@@ -331,9 +331,12 @@ def _write_artifact(methods: list[MethodSource], path, *, metadata, provenance, 
 
             unsynced = [0]
 
-            def sync_behind(nbytes):  # big weights: a sync of what is written so far, one at a time
+            def go_on(nbytes):  # after each piece of the weights
                 if stop.is_set():  # the program cannot be written: no more weights either
                     raise _Stopped()
+
+            def sync_behind(nbytes):  # big weights: a sync of what is written so far, one at a time
+                go_on(nbytes)
                 unsynced[0] += nbytes
                 if unsynced[0] >= SYNC_BEHIND and (not syncs or syncs[-1].done()):
                     unsynced[0] = 0
@@ -349,13 +352,8 @@ def _write_artifact(methods: list[MethodSource], path, *, metadata, provenance, 
                 sink = direct.DirectSink(fd)  # around it: the file from offset 0 to the data's end
 
                 def written():
-                    sink.close()
-                    f.seek(data_offset + wp.data_size)  # the program table follows, through f
+                    f.seek(sink.close())  # the program table follows, through f
                     sync_weights()
-
-                def go_on(nbytes):
-                    if stop.is_set():
-                        raise _Stopped()
 
                 try:
                     sink.write(b"\0" * data_offset)
@@ -468,6 +466,5 @@ def _write_program(f, prog, builder, wp, data_offset: int, version, digests: boo
         header, program = raw.header, raw.program
     f.write(b"\0" * (program_offset - data_offset - wp.data_size))
     f.write(program)
-    f.truncate()  # a direct write of the weights (direct.py) ends on a block's end, maybe past the program's
     f.seek(0)
     f.write(header.pack())
