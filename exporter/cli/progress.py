@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+
+from ..util.env_switch import env_switch
 
 _quiet: bool | None = None  # None: $PT2B_QUIET decides
 
@@ -42,7 +43,7 @@ def set_quiet(quiet: bool | None = True) -> None:
 def is_quiet() -> bool:
     if _quiet is not None:
         return _quiet
-    return os.environ.get("PT2B_QUIET", "").strip().lower() not in ("", "0", "off", "false", "no")
+    return env_switch("PT2B_QUIET", False)
 
 
 def enabled() -> bool:

@@ -16,6 +16,7 @@ import torch
 
 from ..version import __version__
 from ..errors import ArtifactError, ExportError
+from ..util.env_switch import env_switch
 from ..versioning.formats import FORMAT_VERSION
 
 CACHE_LAYOUT = 5  # bump when what an entry holds changes meaning (2: collapsed lowerings + recipe; 3: op counts;
@@ -30,7 +31,7 @@ def enabled(cache: bool | None) -> bool:
     """``cache`` as given, or when None: on unless $PT2B_CACHE is 0/off/false/no."""
     if cache is not None:
         return bool(cache)
-    return os.environ.get("PT2B_CACHE", "1").strip().lower() not in ("0", "off", "false", "no")
+    return env_switch("PT2B_CACHE", True)
 
 
 def cache_dir() -> pathlib.Path:

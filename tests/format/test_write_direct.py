@@ -109,13 +109,15 @@ def test_small_sections_stay_in_the_page_cache(tmp_path, monkeypatch):
     assert opened == []
 
 
-@pytest.mark.parametrize("how", ["no-flag", "open-refused", "write-refused"])
+@pytest.mark.parametrize("how", ["no-flag", "open-refused", "write-refused", "switched-off"])
 def test_a_filesystem_without_direct_writes_gets_the_buffered_write(tmp_path, direct_small, monkeypatch, how):
     m = Tied().eval()
     export_model(m, (IDS,), tmp_path / "want.pt2b")
     direct_small.clear()
     if how == "no-flag":  # macOS, Windows
         monkeypatch.delattr(os, "O_DIRECT")
+    elif how == "switched-off":  # a filesystem that takes direct writes slowly: the user's choice
+        monkeypatch.setenv("PT2B_DIRECT_WRITES", " Off ")
     elif how == "open-refused":
         real_open = os.open
 
@@ -134,6 +136,19 @@ def test_a_filesystem_without_direct_writes_gets_the_buffered_write(tmp_path, di
     export_model(m, (IDS,), tmp_path / "got.pt2b")
     assert direct_small == [] and _open_fds() == fds
     assert (tmp_path / "got.pt2b").read_bytes() == (tmp_path / "want.pt2b").read_bytes()
+
+
+@pytest.mark.parametrize("value, on", [(None, True), ("", True), ("1", True), ("yes", True), ("0", False),
+                                       ("off", False), ("FALSE", False), (" no ", False)])
+def test_direct_writes_switch(tmp_path, direct_small, monkeypatch, value, on):
+    """PT2B_DIRECT_WRITES as every pt2b switch is read: unset or empty is the default (on)."""
+    _needs_direct(tmp_path)
+    if value is None:
+        monkeypatch.delenv("PT2B_DIRECT_WRITES", raising=False)
+    else:
+        monkeypatch.setenv("PT2B_DIRECT_WRITES", value)
+    export_model(Tied().eval(), (IDS,), tmp_path / "m.pt2b")
+    assert bool(direct_small) == on
 
 
 def test_disk_full_during_a_direct_write(tmp_path, direct_small, monkeypatch):

@@ -14,7 +14,9 @@ then cut back to that end; the header and the program table are written through 
 
 Where O_DIRECT is missing (macOS, Windows) or refused (tmpfs before Linux 6.6, some network or FUSE
 filesystems), or the data section is small enough for the page cache to be the cheaper road, the
-writer keeps its buffered write (``open_direct`` returns None).
+writer keeps its buffered write (``open_direct`` returns None). ``PT2B_DIRECT_WRITES=0`` (or
+off/false/no) in the environment keeps it too: for a filesystem that takes direct writes but serves them
+slower than the page cache would (some network filesystems).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import mmap
 import os
 
 import numpy as np
+
+from ...util.env_switch import env_switch
 
 DIRECT_FROM = 256 << 20  # data sections at least this big are written with O_DIRECT
 BLOCK = 4096  # the alignment asked of memory, offsets and lengths (a page: every common disk's block divides it)
@@ -37,7 +41,7 @@ def open_direct(path: str, nbytes: int) -> int | None:
     The descriptor is proved by writing one block of zeros at offset 0 (filesystems that accept the
     flag at open but not the write exist)."""
     flag = getattr(os, "O_DIRECT", 0)
-    if not flag or nbytes < DIRECT_FROM:
+    if not flag or nbytes < DIRECT_FROM or not env_switch("PT2B_DIRECT_WRITES", True):
         return None
     try:
         fd = os.open(path, os.O_WRONLY | flag | getattr(os, "O_CLOEXEC", 0))
