@@ -15,7 +15,7 @@ from exporter.graph_walk import subgraph_of
 from .bindings import fast_callable, meta_args
 from .codegen import compile_steps
 from .getters import SlotRef, call_with_kwargs, has_slot, slots_getter, value_getter
-from .graphs import retarget_devices
+from .graphs import moved_call, moves_autocast, reads_cpu_scalars, retarget_devices, with_device_scalars
 from .nodes import NODES
 from .inplace import plan_in_place
 from .nested import leaves, map_leaves
@@ -31,6 +31,8 @@ class _Builder:
     device: torch.device
     n_user: int
     recorded: frozenset = frozenset()  # device types the program's tensors were recorded on
+    other_device: bool = False  # the runtime's device type is not among them (graphs.moved_call)
+    autocast_moved: bool = False  # an autocast region recorded for one of them runs for the runtime's
     constants: list = dataclasses.field(default_factory=list)  # values of slots n_user, n_user+1, ...
     slot_of: dict = dataclasses.field(default_factory=dict)  # fx.Node -> slot
     node_slots: set = dataclasses.field(default_factory=set)  # slots whose values can be freed
@@ -66,10 +68,11 @@ def _reads(template) -> set:
     return {int(t) for t in leaves(template) if type(t) is SlotRef}
 
 
-def _callable(node, cache: dict):
-    """The fastest equivalent callable for a node's target (see bindings.fast_callable); the
-    runtime's own runner for a grad-mode/autocast region higher-order op (regions.py)."""
-    target = node.target
+def _callable(node, cache: dict, target=None):
+    """The fastest equivalent callable for a node's target, or for ``target`` run in its place (see
+    bindings.fast_callable); the runtime's own runner for a grad-mode/autocast region higher-order op
+    (regions.py)."""
+    target = node.target if target is None else target
     if isinstance(target, OpOverload) and type(target).__call__ is OpOverload.__call__:
         return fast_callable(target, meta_args(node), cache)
     return region_callable(target) or target
@@ -89,7 +92,10 @@ class Plan:
     """
 
     def __init__(self, gm: torch.fx.GraphModule, user_inputs: list[str], state: dict, device: torch.device):
-        b = _Builder(device=device, n_user=len(user_inputs), recorded=recorded_device_types(gm))
+        recorded = recorded_device_types(gm)
+        b = _Builder(device=device, n_user=len(user_inputs), recorded=recorded,
+                     other_device=bool(recorded) and device.type not in recorded,
+                     autocast_moved=moves_autocast(gm, device, recorded))
         index = {name: i for i, name in enumerate(user_inputs)}
         self._trash = int(b.const_slot(None))  # result of ops that return nothing
         outputs = None
@@ -125,12 +131,17 @@ class Plan:
 
     def _add_step(self, b: _Builder, node) -> None:
         """Record the step; its callable is bound in _finish, once whether it runs in place is known."""
-        args = b.template(tuple(node.args))
-        if is_autocast_marker(node.target):
+        target, args, kwargs = moved_call(node.target, tuple(node.args), dict(node.kwargs),
+                                          other_device=b.other_device, autocast_moved=b.autocast_moved)
+        args = b.template(args)
+        if is_autocast_marker(target):
             args = retarget_autocast(args, b.recorded, b.device)
-        kwargs = b.template(dict(node.kwargs))
-        out = self._trash if _returns_nothing(node.target) else b.value_slot(node)
-        b.steps.append((node, _callable(node, b.bindings), args, kwargs, out, _reads((args, kwargs))))
+        kwargs = b.template(kwargs)
+        out = self._trash if _returns_nothing(target) else b.value_slot(node)
+        fn = _callable(node, b.bindings, target)
+        if b.other_device and reads_cpu_scalars(node):
+            fn = with_device_scalars(fn)
+        b.steps.append((node, fn, args, kwargs, out, _reads((args, kwargs))))
 
     @staticmethod
     def _bind(b: _Builder, fn, args, kwargs):
@@ -149,8 +160,10 @@ class Plan:
         last_use = self._last_uses(outs, reads, b.node_slots, {int(s) for s in out_slots})
         # a step whose first input dies there and is aliased by nothing alive writes into it (inplace.py)
         nodes = [st[0] for st in b.steps]
-        in_place = plan_in_place(nodes, outs, reads, b.slot_of, b.n_user, last_use,
-                                 skip=autocast_steps([n.target for n in nodes]))
+        # a moved autocast region's values may have other dtypes than recorded (graphs.py): no step writes
+        # into a value whose dtype the recording no longer tells
+        skip = set(range(len(nodes))) if b.autocast_moved else autocast_steps([n.target for n in nodes])
+        in_place = plan_in_place(nodes, outs, reads, b.slot_of, b.n_user, last_use, skip=skip)
         free = [[] for _ in b.steps]
         for slot, k in last_use.items():
             free[k].append(slot)

@@ -98,7 +98,7 @@ class FalconStyleRotary(torch.nn.Module):
         self.rotary = _Rotary()
 
     def forward(self, x):
-        pos = torch.arange(x.shape[1])[None].expand(x.shape[0], -1)
+        pos = torch.arange(x.shape[1], device=x.device)[None].expand(x.shape[0], -1)
         cos, sin = self.rotary(x, pos)
         q = self.q(x)
         q1, q2 = q.chunk(2, dim=-1)

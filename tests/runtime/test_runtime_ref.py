@@ -3,6 +3,7 @@ input checks, opset refusal, buffer mutation, memory planning, cpu and (when pre
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import operator
@@ -99,22 +100,43 @@ def test_zoo_matches_eager_and_module(name, device):
 
 
 def _check_zoo_case(case, lowered, device):
-    eager = copy.deepcopy(case.model).to(device)
+    """runtime_ref on ``device`` against eager on the CPU (the program was recorded there; the zoo's models
+    are not all device-portable: plain tensor attributes, factories without device=), twice, outputs and
+    mutated state compared on the CPU; on CUDA without TF32, so that float32 means float32 on both sides."""
+    eager = copy.deepcopy(case.model)
     rt = Runtime(lowered, device=device, extra_ops=CUSTOM_OPS)
     args, kwargs = _to(case.args, device), _to(case.kwargs or {}, device)
 
-    out = rt(*args, **kwargs)
-    assert_close_to_eager(out, _eager(eager, args, kwargs), case.rtol, case.atol)
+    with _full_float32():
+        out = rt(*args, **kwargs)
+        out2 = rt(*args, **kwargs)  # a second call: state carried over (mutation) or untouched
+    assert {t.device.type for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)} <= {device}, \
+        "an output left the runtime's device"
+    assert_close_to_eager(_to(out, "cpu"), _eager(eager, case.args, case.kwargs or {}), case.rtol, case.atol)
     if device == "cpu" and case.name not in MUTATING:
         # same graph, same kernels: bit for bit what torch's own GraphModule path gives
         assert_bitwise(out, _eager(lowered.module(), args, kwargs))
-
-    out2 = rt(*args, **kwargs)  # a second call: state carried over (mutation) or untouched
-    assert_close_to_eager(out2, _eager(eager, args, kwargs), case.rtol, case.atol)
+    assert_close_to_eager(_to(out2, "cpu"), _eager(eager, case.args, case.kwargs or {}), case.rtol, case.atol)
     if case.name in MUTATING:
         _assert_state_matches(rt, eager, case)
     else:
         assert_bitwise(out2, out)
+
+
+@contextlib.contextmanager
+def _full_float32():
+    """cuDNN's and cuBLAS's TF32 off (cuDNN's is on by default: RNNs and convolutions in float32 then round
+    their inputs to 10 bits of mantissa)."""
+    if not torch.cuda.is_available():
+        yield
+        return
+    matmul = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+            yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = matmul
 
 
 def _assert_state_matches(rt, eager, case):
@@ -122,7 +144,7 @@ def _assert_state_matches(rt, eager, case):
     expected = dict(eager.named_parameters()) | dict(eager.named_buffers())
     assert set(state) == set(expected)
     for k, v in expected.items():
-        torch.testing.assert_close(state[k], v.detach(), rtol=case.rtol, atol=case.atol, msg=k)
+        torch.testing.assert_close(state[k].cpu(), v.detach(), rtol=case.rtol, atol=case.atol, msg=k)
 
 
 @pytest.mark.parametrize("name", sorted(MUTATING))
@@ -447,12 +469,19 @@ def test_quantized_decomposed_ops_run_by_default(tmp_path, preset):
     import torch.ao.quantization.fx._decomposed  # noqa: F401
 
     from exporter import export_model, load_for_backend
+    from exporter.lowering import presets
 
     x = torch.randn(2, 4)
     model = QuantizedLinear()
     export_model(model, (x,), tmp_path / "q.pt2b")
     lowered = load_for_backend(tmp_path / "q.pt2b", preset, cache=False)
-    kept = {"quantized_decomposed::choose_qparams.tensor"} | ({"quantized_decomposed::quantize_per_tensor.tensor",
-            "quantized_decomposed::dequantize_per_tensor.tensor"} if preset == "core" else set())
-    assert {op for op in lowered.ops() if op.startswith("quantized_decomposed::")} == kept
+    used = {"quantized_decomposed::choose_qparams.tensor", "quantized_decomposed::quantize_per_tensor.tensor",
+            "quantized_decomposed::dequantize_per_tensor.tensor"}
+    ops = {op for op in lowered.ops() if op.startswith("quantized_decomposed::")}
+    if preset == "core" or presets.torch_minor() != "2.13":
+        # max decomposes what the running torch can: never choose_qparams (data-dependent); on 2.11 none of the three
+        assert "quantized_decomposed::choose_qparams.tensor" in ops and ops <= used
+        assert preset == "max" or ops == used
+    else:
+        assert ops == {"quantized_decomposed::choose_qparams.tensor"}
     assert torch.equal(Runtime(lowered)(x), model(x))
