@@ -25,6 +25,7 @@ import torch.fx
 from exporter._torch.pytree import pytree
 from exporter.graph_walk import walk_graphs
 
+from .nodes import NODES
 from .regions import is_autocast_marker, retarget_autocast
 
 __all__ = ["retarget_devices", "uses_other_device", "moves_autocast", "moved_call", "reads_cpu_scalars",
@@ -64,11 +65,13 @@ def uses_other_device(gm: torch.fx.GraphModule, device: torch.device, autocast_f
 
 
 def reads_cpu_scalars(node: torch.fx.Node) -> bool:
-    """Whether node is a prim reading a value recorded as a 0-dim CPU tensor (see the module's docstring)."""
+    """Whether node (an fx node or a table's) is a prim reading a value recorded as a 0-dim CPU tensor (see
+    the module's docstring)."""
     if not (isinstance(node.target, torch._ops.OpOverload) and node.target.namespace == "prims"):
         return False
+    inputs = [a for a in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(a, NODES)]
     return any(getattr(v, "shape", None) == () and getattr(v, "device", None) == torch.device("cpu")
-               for v in (n.meta.get("val") for n in node.all_input_nodes))
+               for v in (n.meta.get("val") for n in inputs))
 
 
 def with_device_scalars(fn):

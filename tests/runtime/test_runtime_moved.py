@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from runtime_ref import Runtime
+from runtime_ref.bindings import TensorSpec
 from runtime_ref.graphs import moved_call, reads_cpu_scalars, retarget_devices, with_device_scalars
+from runtime_ref.nodes import TableNode
 
 VIEW, RESHAPE = torch.ops.aten.view.default, torch.ops.aten.reshape.default
 ASSERT = torch.ops.aten._assert_tensor_metadata.default
@@ -93,6 +95,12 @@ def test_a_cpu_scalar_a_prim_reads_is_expanded_off_the_cpu(tmp_path):
     gm = load_for_backend(tmp_path / "m.pt2b", "max", cache=False).exported_program().graph_module
     readers = {n.target for n in gm.graph.nodes if reads_cpu_scalars(n)}
     assert {torch.ops.prims.where.default, torch.ops.prims.add.default} <= readers
+    # the same reading of a table's nodes (a lowered artifact load() returned is planned from its table)
+    scalar_node = TableNode("s", "call_function", torch.ops.aten.scalar_tensor.default, (0,),
+                            val=TensorSpec(torch.float32, (), ()))
+    where = TableNode("w", "call_function", torch.ops.prims.where.default, (None, scalar_node, None))
+    assert reads_cpu_scalars(where)
+    assert not reads_cpu_scalars(TableNode("a", "call_function", torch.ops.aten.add.Tensor, (scalar_node, None)))
     # off the CPU (the meta device here): the raw prim refuses the 0-dim tensor, the expanded call runs
     pred, x = torch.ones(2, 5, dtype=torch.bool, device="meta"), torch.ones(2, 5, device="meta")
     scalar = torch.zeros((), device="meta")
