@@ -5,6 +5,9 @@ Each model is captured and lowered (`core`) on the CPU, as pt2b's users do, and 
   torch running the same lowered program (its `.module().to(device)`: the target, <= 1.0x on large inputs
   and <= 0.6x on chain100, as on the CPU), against torch's own lowering of the model captured on the
   device (device-specific kernels, such as fused attention), and against eager;
+- runtime_ref on the same artifact lowered for the device (`load_for_backend(..., device=...)`: the graph
+  moved there before it is lowered, so decompositions pick the device's kernels, as a capture there does)
+  against torch's lowering of the model captured on the device;
 - each output's largest error against the model run in float64 on the device, with eager's beside it;
 - peak device memory of one call of each, over what was allocated before it;
 - ready to run: the lowered .pt2b file to its first output on the device (load + Runtime + call) against
@@ -67,6 +70,8 @@ def bench(name: str, device: torch.device, repeat: int, tmp: str) -> list[tuple[
     # run it there), and the model captured on the device and lowered there (device-specific kernels)
     same = _moved_module(lowered, device, dev_args)
     on_device = torch.export.export(dev_model, dev_args).run_decompositions()
+    # pt2b's way to the device's kernels: the same artifact lowered for the device (its graph moved there first)
+    for_device = _lowered_for(pt2b, device, dev_args)
 
     def synced(fn):
         def call():
@@ -77,6 +82,7 @@ def bench(name: str, device: torch.device, repeat: int, tmp: str) -> list[tuple[
         return call
 
     calls = {"runtime_ref": synced(rt), "same": synced(same) if same else None,
+             "for_device": synced(for_device[1]) if for_device else None,
              "on_device": synced(on_device.module()), "eager": synced(dev_model)}
     calls = {k: v for k, v in calls.items() if v is not None}
     rows = []
@@ -93,7 +99,14 @@ def bench(name: str, device: torch.device, repeat: int, tmp: str) -> list[tuple[
         rows += [("steady call, vs torch's lowering of the model captured on the device",
                   times["runtime_ref"], times["on_device"], "" if "same" in times else kind),
                  ("steady call, vs eager on the device", times["runtime_ref"], times["eager"], "")]
-        said = {"runtime_ref": "runtime_ref", "same": "torch's same program", "on_device": "torch's on-device lowering"}
+        if "for_device" in times:
+            rows.append(("steady call, runtime_ref on the artifact lowered for the device (`load_for_backend(..., "
+                         "device=)`), vs torch's lowering of the model captured on the device",
+                         times["for_device"], times["on_device"], ""))
+            rows.append(("graph calls, the artifact lowered for the device vs the on-device lowering's",
+                         _calls(for_device[0].exported_program()), _calls(on_device), ""))
+        said = {"runtime_ref": "runtime_ref", "same": "torch's same program", "on_device": "torch's on-device lowering",
+                "for_device": "runtime_ref lowered for the device"}
         for who, err in errors.items():
             if who != "eager":
                 rows.append((f"max abs error against float64, {said[who]} vs eager's", err, errors["eager"], ""))
@@ -116,6 +129,20 @@ def bench(name: str, device: torch.device, repeat: int, tmp: str) -> list[tuple[
             rows.append(("ready to run: lowered artifact to first output on the device, vs torch's .pt2 of it",
                          o_ready, t_ready, ""))
     return rows
+
+
+def _lowered_for(path: str, device: torch.device, dev_args):
+    """(``load_for_backend(path, "core", device=...)``, its Runtime on the device), or None (printed) where
+    that lowering or its first call fails."""
+    try:
+        lowered = load_for_backend(path, "core", device=str(device))
+        rt = Runtime(lowered, device=device)
+        with torch.no_grad():
+            rt(*dev_args)
+    except Exception as e:  # noqa: BLE001 (reported, not raised: the other rows still stand)
+        print(f"  lowering for {device} and running it failed: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+        return None
+    return lowered, rt
 
 
 def _calls(ep: torch.export.ExportedProgram) -> int:

@@ -32,6 +32,9 @@ def test_the_device_bench_compares_runtime_ref_with_torch_on_the_same_program(be
     assert ours == by_label["max abs error against float64, torch's same program vs eager's"][0]
     assert 0 < ours < 1e-5 and 0 < eager < 1e-5
     assert by_label["graph calls, runtime_ref's program vs the on-device lowering's"][:2] == (6, 6)
+    # the artifact lowered for the device (load_for_backend(device=...)): on the CPU the same program
+    assert by_label["graph calls, the artifact lowered for the device vs the on-device lowering's"][:2] == (6, 6)
+    assert by_label["max abs error against float64, runtime_ref lowered for the device vs eager's"][0] == ours
 
 
 def test_a_bf16_model_name_casts_the_model_and_its_floating_inputs(bench_device):
