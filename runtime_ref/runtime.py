@@ -79,6 +79,12 @@ class Runtime:
     Grad-mode and autocast regions of the program (no_grad/enable_grad/autocast in model code) run as
     torch's GraphModule runs them (regions.py); the caller's grad mode and autocast state are the same
     after a call as before, also when it raises, and outputs never carry autograd history.
+
+    A program recorded on one device type runs on another (captured and lowered on the CPU, run with
+    `device="cuda"`): every device baked into it follows `device`, a `view` runs as a `reshape` (the
+    other device's kernels may lay values out otherwise), a moved autocast region's dtype assertions
+    are dropped (each device type has its own autocast policy) and prims get their CPU scalars
+    expanded (graphs.py). Inputs must be on `device`.
     """
 
     def __init__(self, program: LoweredProgram | torch.export.ExportedProgram, device: str | torch.device = "cpu",
