@@ -18,6 +18,7 @@ from .._torch.pytree import pytree
 from ..errors import OpsetError
 from ..functionalize import LOCK
 from .decompose import shared_trace_table
+from ..graph_walk import call_nodes
 from ..ops import op_name
 
 __all__ = ["Validation", "validate", "validated"]
@@ -127,8 +128,11 @@ def _where(fn) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
 
 
-def _bounds(applied: list) -> dict:
-    """dtype -> the relative difference beyond which an output is wrong."""
+def _bounds(applied: list, source_ep=None) -> dict:
+    """dtype -> the relative difference beyond which an output is wrong. A program with an enabled
+    autocast region of a half-precision dtype computes part of its float32 and float64 values in that
+    dtype: theirs is then its bound (an op in the region decomposed into steps that each round to
+    bfloat16 is 0.1% off the op's one rounding: half precision's rounding, not an error)."""
     from . import verdicts
 
     extra = 0.0
@@ -137,7 +141,25 @@ def _bounds(applied: list) -> dict:
         rec = (stored or {}).get("ops", {}).get(op_name(op), {})
         if rec.get("verdict") == "lossy":
             extra = max(extra, rec.get("worst", {}).get("err_vs_f64", 0.0))
-    return {dt: max(limit, extra) for dt, limit in verdicts.WRONG_REL.items()}
+    bounds = {dt: max(limit, extra) for dt, limit in verdicts.WRONG_REL.items()}
+    for half in _autocast_dtypes(source_ep) if source_ep is not None else ():
+        for wide in (torch.float32, torch.float64):
+            bounds[wide] = max(bounds[wide], bounds[half])
+    return bounds
+
+
+def _autocast_dtypes(source_ep) -> set:
+    """The half-precision dtypes the program's enabled autocast regions compute in (`torch.autocast` in
+    model code, as flat markers or as wrapped bodies)."""
+    found = set()
+    for node in call_nodes(source_ep.graph_module):
+        target = node.target  # (named, not imported: runtime_ref/regions.py is the home of torch's region markers)
+        flat = getattr(target, "__module__", None) == "torch.amp.autocast_mode" and target.__name__ == "_enter_autocast"
+        if flat or (isinstance(target, torch._ops.HigherOrderOperator) and target.name() == "wrap_with_autocast"):
+            _, dtype, enabled = (*node.args, None, None, None)[:3]
+            if enabled and dtype in (torch.bfloat16, torch.float16):
+                found.add(dtype)
+    return found
 
 
 # Above this many elements a tensor's values are rotated by a random offset instead of shuffled: a
@@ -404,7 +426,7 @@ def validate(source_ep, lowered_ep, table: dict, runs: SourceRuns | None = None)
     if source_ep.example_inputs is None:
         return Validation("skipped", why="the artifact stores no example inputs")
     applied = _applied(source_ep, table)
-    bounds = _bounds(applied)
+    bounds = _bounds(applied, source_ep)
     result = Validation("passed", verdict="exact", bound=bounds[torch.float32])
     runs, theirs = runs or SourceRuns(source_ep, record=applied), None
     t_lowered = 0.0
@@ -478,7 +500,7 @@ def validated(lowered, plan, source_ep, relower):
     failed_on, wanted = failure.failed_on
     # on the stored inputs, the run that gave the outputs recorded the calls already
     known = runs.recorded if failed_on is runs.inputs[0] else None
-    local = _right_where_they_run(source_ep, applied, plan.table, _bounds(applied), failed_on, known)
+    local = _right_where_they_run(source_ep, applied, plan.table, _bounds(applied, source_ep), failed_on, known)
     culprits = [op for op in applied if op in local and local[op] is None]
     unexplained = OpsetError(f"lowering with {plan.label}: the lowered program does not compute what the program "
                              f"does ({failure.why}), and no single decomposition is responsible. Lower with fewer "

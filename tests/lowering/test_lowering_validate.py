@@ -574,3 +574,43 @@ def test_a_view_laid_out_wrongly_is_found_on_the_derived_input(tmp_path, monkeyp
     assert list(lp.validation.kept) == ["aten::permute.default"], lp.validation.describe()
     b = torch.randn(4, 4)
     torch.testing.assert_close(Runtime(lp)(b), b.t() * 2)
+
+
+class _Bf16Region(torch.nn.Module):
+    """float32 in and out, a bfloat16 autocast region between (mixed-precision inference)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        with torch.autocast(x.device.type, dtype=torch.bfloat16):
+            y = self.lin(x)
+            z = torch.relu((y @ y.transpose(-1, -2)) * 0.1)
+        return z.float() * 2.0
+
+
+def _half_relu(x):  # a decomposition that computes something else
+    return 0.5 * x
+
+
+def test_a_program_computing_in_bfloat16_is_judged_at_bfloat16s_bound(tmp_path):
+    """max decomposes linear inside a bfloat16 autocast region into steps that each round to bfloat16
+    (0.1% off the op's single rounding): half precision's rounding, judged at bfloat16's bound; a
+    wrong decomposition in the region is still found."""
+    torch.manual_seed(0)
+    model, args, path = _artifact(tmp_path, _Bf16Region().eval(), (torch.randn(2, 5, 8),))
+    lp = load_for_backend(path, "max", cache=False)
+    assert lp.validation.status == "passed" and lp.validation.bound == 5e-2
+    torch.testing.assert_close(Runtime(lp)(*args), model(*args), rtol=2e-2, atol=2e-2)
+    wrong = load_for_backend(path, "core", cache=False, decompositions={aten.relu.default: _half_relu})
+    assert list(wrong.validation.kept) == ["aten::relu.default"]
+    # a region that turns autocast off leaves float32's bound (falcon's rotary embedding does so)
+    class _Off(_Bf16Region):
+        def forward(self, x):
+            with torch.autocast(x.device.type, enabled=False):
+                return torch.relu(self.lin(x)) * 2.0
+
+    (tmp_path / "off").mkdir()
+    _, _, off = _artifact(tmp_path / "off", _Off().eval(), (torch.randn(2, 5, 8),))
+    assert load_for_backend(off, "max", cache=False).validation.bound == 1e-3
