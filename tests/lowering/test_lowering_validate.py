@@ -581,13 +581,13 @@ class _Bf16Region(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.lin = torch.nn.Linear(8, 8)
+        self.proj = torch.nn.Linear(8, 8)
 
     def forward(self, x):
         with torch.autocast(x.device.type, dtype=torch.bfloat16):
-            y = self.lin(x)
-            z = torch.relu((y @ y.transpose(-1, -2)) * 0.1)
-        return z.float() * 2.0
+            h = self.proj(x)
+            scores = torch.relu(torch.bmm(h, h.transpose(1, 2)) - 0.25)  # a linear's output fed to a matmul
+        return scores.float()
 
 
 def _half_relu(x):  # a decomposition that computes something else
@@ -609,7 +609,7 @@ def test_a_program_computing_in_bfloat16_is_judged_at_bfloat16s_bound(tmp_path):
     class _Off(_Bf16Region):
         def forward(self, x):
             with torch.autocast(x.device.type, enabled=False):
-                return torch.relu(self.lin(x)) * 2.0
+                return torch.relu(self.proj(x)) * 2.0
 
     (tmp_path / "off").mkdir()
     _, _, off = _artifact(tmp_path / "off", _Off().eval(), (torch.randn(2, 5, 8),))
