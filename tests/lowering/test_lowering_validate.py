@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from exporter import export_model, load, load_for_backend
-from exporter.errors import OpsetError
+from exporter.errors import LoweringError, OpsetError
 from exporter.corpus.zoo import make_case
 from exporter.lowering import tables
 from exporter.lowering import validate as V
@@ -577,17 +577,19 @@ def test_a_view_laid_out_wrongly_is_found_on_the_derived_input(tmp_path, monkeyp
 
 
 class _Bf16Region(torch.nn.Module):
-    """float32 in and out, a bfloat16 autocast region between (mixed-precision inference)."""
+    """float32 in and out, a bfloat16 autocast region between (mixed-precision inference): a linear's
+    output fed to a matmul, or (``returned``) returned as it is (autocast casts the linear's bias too)."""
 
-    def __init__(self):
+    def __init__(self, returned=False):
         super().__init__()
         self.proj = torch.nn.Linear(8, 8)
+        self.returned = returned
 
     def forward(self, x):
         with torch.autocast(x.device.type, dtype=torch.bfloat16):
             h = self.proj(x)
-            scores = torch.relu(torch.bmm(h, h.transpose(1, 2)) - 0.25)  # a linear's output fed to a matmul
-        return scores.float()
+            out = h if self.returned else torch.relu(torch.bmm(h, h.transpose(1, 2)) - 0.25)
+        return out.float()
 
 
 def _half_relu(x):  # a decomposition that computes something else
@@ -614,3 +616,15 @@ def test_a_program_computing_in_bfloat16_is_judged_at_bfloat16s_bound(tmp_path):
     (tmp_path / "off").mkdir()
     _, _, off = _artifact(tmp_path / "off", _Off().eval(), (torch.randn(2, 5, 8),))
     assert load_for_backend(off, "max", cache=False).validation.bound == 1e-3
+
+
+@pytest.mark.xfail(strict=True, raises=LoweringError, reason=(
+    "known (2026-12-04): max decomposes addmm inside an autocast region into mm + add; autocast casts "
+    "mm's inputs to bfloat16 but not add's, so the fp32 bias promotes the result to float32 where eager "
+    "gives bfloat16 (the recorded dtype assertion fails the lowering). torch's run_decompositions "
+    "lowers it; core keeps addmm and is right"))
+def test_max_lowers_a_linear_returned_from_a_bfloat16_region(tmp_path):
+    model, args, path = _artifact(tmp_path, _Bf16Region(returned=True).eval(), (torch.randn(2, 5, 8),))
+    assert load_for_backend(path, "core", cache=False).validation.status == "passed"
+    lp = load_for_backend(path, "max", cache=False)
+    torch.testing.assert_close(Runtime(lp)(*args), model(*args), rtol=2e-2, atol=2e-2)
