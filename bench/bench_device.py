@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench_pt2b import instance_norm_large, interleaved, tiny_case  # noqa: E402
+from bench_pt2b import instance_norm_large, interleaved, print_rows, tiny_case  # noqa: E402
 
 from exporter import export_model, load, load_for_backend  # noqa: E402
 from exporter.cli import progress  # noqa: E402
@@ -211,15 +211,7 @@ def main(argv=None) -> int:
         for name in [n for n in ns.models.split(",") if n]:
             rows = bench(name, device, ns.repeat, tmp)
             print(f"\n## {name} on {device}  (medians of {max(ns.repeat, 5)}; ratio = runtime_ref / anchor)")
-            print("| measure | runtime_ref | anchor | ratio | target |")
-            print("|---|---|---|---|---|")
-            for label, ours, anchor, key in rows:
-                target = TARGETS.get(key)
-                ratio = ours / anchor if anchor else float("nan")
-                verdict = "" if target is None else f"<= {target} {'met' if ratio <= target else 'MISSED'}"
-                unit = "" if any(w in label for w in ("MB", "error", "calls")) else " s"
-                print(f"| {label} | {ours:.4g}{unit} | {anchor:.4g}{unit} | {ratio:.3f} | {verdict} |")
-            sys.stdout.flush()
+            print_rows(rows, TARGETS, "runtime_ref")
     return 0
 
 

@@ -42,6 +42,20 @@ TARGETS = {"save": 0.25, "size": 1.01, "load": 0.05, "lower_core_cold": 0.3, "lo
            "runtime_tiny": 0.6, "methods_size": 1.01, "methods_rss": 1.1, "startup": 1.3}
 
 
+def print_rows(rows, targets: dict, ours_name: str) -> None:
+    """(label, ours, anchor, target key) rows as a markdown table with each ratio and its verdict; seconds
+    unless the label says the values are MB, errors or call counts."""
+    print(f"| measure | {ours_name} | anchor | ratio | target |")
+    print("|---|---|---|---|---|")
+    for label, ours, anchor, key in rows:
+        ratio = ours / anchor if anchor else float("nan")
+        target = targets.get(key)
+        verdict = "" if target is None else f"<= {target} {'met' if ratio <= target else 'MISSED'}"
+        unit = "" if any(w in label for w in ("MB", "error", "calls")) else " s"
+        print(f"| {label} | {ours:.4g}{unit} | {anchor:.4g}{unit} | {ratio:.3f} | {verdict} |")
+    sys.stdout.flush()
+
+
 def median_time(fn, repeat: int) -> float:
     times = []
     for _ in range(repeat):
@@ -455,15 +469,7 @@ def _run(ns) -> int:
             all_rows[name] = rows
             with progress.printing():
                 print(f"\n## {name}  (median of {repeat}; ratio = pt2b / anchor)")
-                print("| measure | pt2b | anchor | ratio | target |")
-                print("|---|---|---|---|---|")
-                for label, ours, anchor, key in rows:
-                    ratio = ours / anchor if anchor else float("nan")
-                    target = TARGETS.get(key)
-                    verdict = "" if target is None else (f"<= {target} {'met' if ratio <= target else 'MISSED'}")
-                    unit = "" if "MB" in label else " s"
-                    print(f"| {label} | {ours:.4g}{unit} | {anchor:.4g}{unit} | {ratio:.3f} | {verdict} |")
-                sys.stdout.flush()
+                print_rows(rows, TARGETS, "pt2b")
         if ns.real_models:
             import warnings
 
