@@ -95,7 +95,8 @@ class Plan:
         recorded = recorded_device_types(gm)
         b = _Builder(device=device, n_user=len(user_inputs), recorded=recorded,
                      other_device=bool(recorded) and device.type not in recorded,
-                     autocast_moved=moves_autocast(gm, device, recorded))
+                     # (a region moves only when recorded for a device type other than the runtime's)
+                     autocast_moved=bool(recorded - {device.type}) and moves_autocast(gm, device, recorded))
         index = {name: i for i, name in enumerate(user_inputs)}
         self._trash = int(b.const_slot(None))  # result of ops that return nothing
         outputs = None

@@ -478,10 +478,10 @@ def test_quantized_decomposed_ops_run_by_default(tmp_path, preset):
     used = {"quantized_decomposed::choose_qparams.tensor", "quantized_decomposed::quantize_per_tensor.tensor",
             "quantized_decomposed::dequantize_per_tensor.tensor"}
     ops = {op for op in lowered.ops() if op.startswith("quantized_decomposed::")}
-    if preset == "core" or presets.torch_minor() != "2.13":
-        # max decomposes what the running torch can: never choose_qparams (data-dependent); on 2.11 none of the three
-        assert "quantized_decomposed::choose_qparams.tensor" in ops and ops <= used
-        assert preset == "max" or ops == used
-    else:
+    if preset == "core":
+        assert ops == used
+    elif presets.torch_minor() == "2.13":
         assert ops == {"quantized_decomposed::choose_qparams.tensor"}
+    else:  # max decomposes what the running torch can: never choose_qparams (data-dependent); on 2.11 none of the three
+        assert "quantized_decomposed::choose_qparams.tensor" in ops and ops <= used
     assert torch.equal(Runtime(lowered)(x), model(x))
