@@ -15,6 +15,7 @@ from .errors import ArtifactError, ExportError
 from .program import OperatorInfo, Pt2bProgram
 from .serialize import reader, writer
 from .util.gc_pause import gc_paused
+from .util.process_state import preserved
 from .lowering.deferred_codegen import deferred
 from .serialize.generated import pt2b_generated as G
 from .versioning.formats import parse_version
@@ -159,6 +160,7 @@ def _methods(spec: Mapping[str, Any], dynamic_shapes, strict: bool,
     return methods, provenance
 
 
+@preserved()
 def load(path: StrPath, *, verify: bool = False) -> Pt2bProgram:
     """Read a .pt2b artifact at its recorded (undecomposed) level; weights are mmap'd.
 
@@ -239,6 +241,7 @@ def _dim_names(art, method: str) -> dict[str, str]:
     return dims.from_provenance(reader.read_provenance(art), method)
 
 
+@preserved()  # the lowering's traces, and validation's runs of both programs
 def load_for_backend(path: StrPath, preset: str = "core", *, supported_ops: Iterable[OpSpec] | None = None,
                      decompositions: Mapping[torch._ops.OpOverload, Callable[..., Any]] | None = None,
                      keep: Iterable[OpSpec] | None = None, decompose: Iterable[OpSpec] | None = None,
@@ -279,14 +282,11 @@ def load_for_backend(path: StrPath, preset: str = "core", *, supported_ops: Iter
                          decompose=decompose, strict=strict)
     use_cache = _cache.enabled(cache) and plan.fingerprint is not None and device == "cpu"
 
-    def key(digest: str) -> str:  # one slot for all methods, one per method asked for by name
-        return _cache.cache_key(digest if method is None else f"{digest}#method={method}", plan.fingerprint, device)
-
     with gc_paused():  # the trace allocates fx nodes and fake tensors by the 10^4 as well
         art = reader.open_artifact(path)  # looked up, and on a miss lowered and stored, from this one reading
-        if use_cache:
-            digest = _cache.content_digest(art)
-            entry = _cache.Entry(key(digest))
+        # one slot for all methods, one per method asked for by name; None: the cache is not usable (warned)
+        entry = _cache.Entry.of(art, plan, method=method, device=device) if use_cache else None
+        if entry is not None:
             hits = entry.open(verify=verify)  # each method's answers; graphs checked and built on first use
             if validate and hits is not None and any(h.validation is None for h in hits.values()):
                 hits = None  # stored without validation: lowered (and validated) again
@@ -318,7 +318,7 @@ def load_for_backend(path: StrPath, preset: str = "core", *, supported_ops: Iter
                 one = validated(one, plan, ep, lambda p, ep=ep, prog=prog: lower(ep, preset, source=prog, plan=p))
             one.dim_names = prog.dim_names
             lowered[name] = one
-        if use_cache:
+        if entry is not None:
             entry.store(lowered, source=art)  # refuses a source whose weights are not the ones it records
     return _linked(lowered)
 

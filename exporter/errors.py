@@ -41,6 +41,11 @@ class UnsupportedVersionError(ArtifactError):
     """The artifact's format version cannot be read by this pt2b."""
 
 
+class PickledContentError(ArtifactError):
+    """A torch.export.save archive (.pt2) holds content that reading it would unpickle, which can run any
+    code: `pt2b convert` names each such entry and reads it only with --trust-pickle."""
+
+
 class MethodNotFoundError(ArtifactError, KeyError):
     """The artifact holds no method of the name asked for (``prog["decode"]``, ``method="decode"``,
     ``--method``); the message lists the methods it holds. Also a KeyError, as for a mapping."""

@@ -10,6 +10,7 @@ import torch
 from .errors import ArtifactError, CorruptArtifactError, MethodNotFoundError
 from .lazy import Lazy
 from .lifted import finite_int
+from .util.process_state import preserved
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +103,7 @@ class ProgramHandle:
                     f"({type(e).__name__}: {e}); the artifact is malformed.") from e
         return self._module
 
+    @preserved()  # full: torch runs the autocast regions itself, and one a raise leaves open has set a dtype
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the program like the model it was captured from. A dynamic dim outside the range it was
         exported with is a RuntimeInputError naming it, as runtime_ref says it (torch's module ran a

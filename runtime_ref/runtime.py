@@ -11,6 +11,7 @@ from torch.export.graph_signature import InputKind
 
 from exporter import dims
 from exporter.graph_walk import call_nodes, count_calls
+from exporter.util.process_state import preserved
 
 from .inputs import InputChecker
 from .opset import Acceptor, check_program_ops
@@ -87,6 +88,7 @@ class Runtime:
     expanded (graphs.py). Inputs must be on `device`.
     """
 
+    @preserved()
     def __init__(self, program: LoweredProgram | torch.export.ExportedProgram, device: str | torch.device = "cpu",
                  opset: Iterable[OpSpec] | None = None, extra_ops: Iterable[OpSpec] = (), *,
                  _shared: dict | None = None) -> None:
@@ -104,6 +106,7 @@ class Runtime:
             autocast = autocast_devices(ep.graph_module)
             self._run = RegionGuard(autocast | {self.device.type} if autocast else ()).wrap(self.plan.run)
 
+    @preserved(full=False)
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the program on ``args``/``kwargs`` (checked against the program's inputs)."""
         leaves = self._inputs(args, kwargs)

@@ -9,7 +9,7 @@ import sys
 import threading
 
 from ..errors import ArtifactError, ExportError, Pt2bError
-from . import progress
+from . import progress, terminal
 
 # The command line's wiring: each command's code is the module of its name (exporter/cli/<command>.py,
 # with ``run(ns) -> int``), imported only when that command runs.
@@ -54,9 +54,16 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--strict", action="store_true", help="use torch.export's strict (dynamo) mode")
     i = sub.add_parser("inspect", help="summarize an artifact: versions, ops, signature, symbols, weights")
     i.add_argument("artifact")
-    c = sub.add_parser("convert", help="convert between torch.export.save's .pt2 and .pt2b (direction from the source file)")
+    c = sub.add_parser("convert", help="convert between torch.export.save's .pt2 and .pt2b (direction from the source "
+                                       "file); a .pt2 with pickled content is refused unless --trust-pickle",
+                       description="Convert between torch.export.save's .pt2 and .pt2b (the direction from the source "
+                                   "file). Reading a .pt2 can unpickle (torch.export.load), and unpickling can run "
+                                   "any code: a .pt2 holding pickled content is refused, naming what is pickled, "
+                                   "before anything of it is unpickled, unless you pass --trust-pickle.")
     c.add_argument("source")
     c.add_argument("dest")
+    c.add_argument("--trust-pickle", action="store_true",
+                   help="read a .pt2's pickled content all the same (it can run any code): only for files you trust")
     v = sub.add_parser("verify", help="check every checksum of an artifact, weights included")
     v.add_argument("artifact")
     v.add_argument("--checksums", action="store_true",
@@ -144,22 +151,25 @@ def main(argv=None) -> int:
     if ns.command is None:
         parser.error("the following arguments are required: command")
     progress.set_quiet(True if ns.quiet else None)
-    try:
-        for mod in ns.imports:
-            try:
-                importlib.import_module(mod)
-            except ImportError as e:
-                raise ExportError(f"--import {mod}: {e}") from e
-        with progress.torch_internals_quiet():
-            return importlib.import_module(f".{ns.command}", __name__).run(ns)
-    except Pt2bError as e:
-        progress.close_all()
-        kind = "artifact error" if isinstance(e, ArtifactError) else "error"
-        print(f"pt2b: {kind} ({type(e).__name__}): {e}", file=sys.stderr)
-        return 2
-    except BaseException:  # a bug, Ctrl-C: the traceback starts below the bars, not on their line
-        progress.close_all()
-        raise
+    # Strings from a file reach every line a command writes (its output, an error's message, the
+    # warnings of what it calls): a terminal shows their control characters as escapes, never obeys them.
+    with terminal.escaped_output():
+        try:
+            for mod in ns.imports:
+                try:
+                    importlib.import_module(mod)
+                except ImportError as e:
+                    raise ExportError(f"--import {mod}: {e}") from e
+            with progress.torch_internals_quiet():
+                return importlib.import_module(f".{ns.command}", __name__).run(ns)
+        except Pt2bError as e:
+            progress.close_all()
+            kind = "artifact error" if isinstance(e, ArtifactError) else "error"
+            print(f"pt2b: {kind} ({type(e).__name__}): {e}", file=sys.stderr)
+            return 2
+        except BaseException:  # a bug, Ctrl-C: the traceback starts below the bars, not on their line
+            progress.close_all()
+            raise
 
 
 

@@ -1,4 +1,5 @@
-"""`pt2b cache [--clear]`: where the lowering cache is and what it holds; --clear empties it."""
+"""`pt2b cache [--clear]`: where the lowering cache is and what it holds (entries, leftovers of killed
+stores, anything else named like them); --clear removes every entry and leftover."""
 
 from __future__ import annotations
 
@@ -7,11 +8,22 @@ def run(ns) -> int:
     from ..lowering import cache
 
     folder = cache.cache_dir()
-    if ns.clear:
-        print(f"removed {cache.clear()} entries from {folder}")
+    if folder is None:
+        print(f"lowering cache: none, {cache.NO_HOME}")
         return 0
-    files = cache.entries()
-    size = sum(p.stat().st_size for p in files if p.exists())
+    if ns.clear:
+        done = cache.clear(folder)
+        print(f"removed {done.entries} entries and {done.leftovers} leftover temporary files from {folder}")
+        for what in done.kept:
+            print(f"  kept {what}")
+        return 0
+    found = cache.contents(folder)
     state = "on" if cache.enabled(None) else "off (PT2B_CACHE)"
-    print(f"lowering cache {folder} ({state}): {len(files)} entries, {size / 1e6:.1f} MB")
+    why = cache.refusal(folder) if folder.exists() else None
+    if why is not None:
+        state = f"refused: {why}"
+    print(f"lowering cache {folder} ({state}): {len(found.entries)} entries, {len(found.leftovers)} leftover "
+          f"temporary files, {found.size / 1e6:.1f} MB")
+    for p in found.strays:
+        print(f"  not pt2b's (left as is): {p}")
     return 0

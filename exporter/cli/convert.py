@@ -4,10 +4,11 @@ both ways (the direction from the source file)."""
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 
-from ..errors import ArtifactError, ExportError, NotAnArtifactError
+from ..errors import ArtifactError, ExportError, NotAnArtifactError, PickledContentError
 from ..serialize.layout.container import MAGIC
 from . import progress
 
@@ -24,20 +25,31 @@ def _kind(path) -> str:
     raise NotAnArtifactError(f"{path}: neither a .pt2b artifact nor a torch.export .pt2 archive.")
 
 
-def convert(source, dest) -> str:
+def convert(source, dest, *, trust_pickle: bool = False) -> str:
     """Convert ``source`` to the other format at ``dest``; returns "pt2->pt2b" or "pt2b->pt2".
 
-    Reading a .pt2 uses torch.export.load, which unpickles: convert only files you trust.
+    A .pt2 is read by torch.export.load, which unpickles what the archive marks as pickled (weights,
+    constants, custom objects: any code can run). Without ``trust_pickle`` such an archive is a
+    PickledContentError naming each pickled entry and the globals it imports, before torch reads any
+    of it; the example inputs (always a torch.save pickle) are read only where torch's weights-only
+    unpickler takes them. ``trust_pickle=True`` reads everything: for files you trust.
     """
     from ..api import export_model, load
+    from ..serialize.read.integrity import open_regular
     from ..util.atomic import atomic_write
 
     kind = _kind(os.fspath(source))
     if kind == "pt2":
-        try:
-            ep = torch.export.load(source)
-        except Exception as e:
-            raise ArtifactError(f"{source}: torch.export.load failed: {type(e).__name__}: {e}") from e
+        # one open file for the checks and torch's read: what is checked is what torch reads
+        with open_regular(os.fspath(source), os.fspath(source)) as f:
+            if not trust_pickle:
+                _refuse_pickles(f, source)
+                f.seek(0)
+            try:
+                ep = torch.export.load(f)
+            except Exception as e:
+                raise ArtifactError(f"{source}: torch.export.load failed: {type(e).__name__}: {e}") from e
+        _check_state(ep, source)
         export_model(ep, path=dest, keep_unused_weights=True)  # a conversion keeps every name
         return "pt2->pt2b"
     ep = load(source).exported_program()
@@ -49,8 +61,42 @@ def convert(source, dest) -> str:
     return "pt2b->pt2"
 
 
+def _check_state(ep, source) -> None:
+    """What an unpickled weight or constant became must be a tensor (or a torchbind object, which the
+    writer refuses by name): anything else is the archive's error, not the writer's."""
+    for kind, values in (("weight", ep.state_dict), ("constant", ep.constants)):
+        for name, value in values.items():
+            if not isinstance(value, (torch.Tensor, torch.ScriptObject)):
+                raise ArtifactError(f"{source}: {kind} {name!r} was read as a {type(value).__name__}, not a tensor; "
+                                    "the archive is damaged or was not written by torch.export.save.")
+
+
+def _refuse_pickles(f, source) -> None:
+    """PickledContentError if torch.export.load would unpickle anything of the open archive ``f``
+    without restriction (exporter/cli/pt2_pickles.py finds it without unpickling)."""
+    from . import pt2_pickles
+
+    try:
+        found = pt2_pickles.refused(f)
+    except ArtifactError as e:
+        raise ArtifactError(f"{source}: {e}") from None
+    if found:
+        listed = "; ".join(p.describe() for p in found[:_LISTED])
+        more = f"; and {len(found) - _LISTED} more" if len(found) > _LISTED else ""
+        raise PickledContentError(
+            f"{source}: reading this .pt2 would unpickle {len(found)} entr{'y' if len(found) == 1 else 'ies'}, "
+            f"and unpickling can run any code: {listed}{more}. Nothing of it was unpickled. If you trust the file "
+            "and whoever made it, convert it with `pt2b convert --trust-pickle` (Python: "
+            "convert(..., trust_pickle=True)).")
+
+
+_LISTED = 8  # pickled entries named in the message; the rest are counted
+
+
 def run(ns) -> int:
+    if ns.trust_pickle and _kind(ns.source) == "pt2":
+        print(f"pt2b: --trust-pickle: unpickling what {ns.source} holds pickled; it can run any code", file=sys.stderr)
     with progress.status(f"converting {ns.source}"):
-        direction = convert(ns.source, ns.dest)
+        direction = convert(ns.source, ns.dest, trust_pickle=ns.trust_pickle)
     print(f"converted {ns.source} -> {ns.dest} ({direction})")
     return 0

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ..util.env_switch import env_switch
+from . import terminal
 
 _quiet: bool | None = None  # None: $PT2B_QUIET decides
 
@@ -62,7 +63,9 @@ def _bar(desc: str, total=None, unit: str = "it", **kw):
         return None
     from tqdm import tqdm
 
-    return tqdm(desc=desc, total=total, unit=unit, file=sys.stderr, dynamic_ncols=True, **kw)
+    # the bar's own control sequences go to the terminal as they are; its text is escaped like any output
+    return tqdm(desc=terminal.escape(desc), total=total, unit=unit, file=terminal.raw(sys.stderr),
+                dynamic_ncols=True, **kw)
 
 
 def _tqdm():
@@ -87,7 +90,7 @@ def track(items: Iterable, desc: str, *, total: int | None = None, unit: str = "
     try:
         for item in items:
             if label is not None:
-                b.set_postfix_str(label(item))  # refreshes: the name of a slow item shows while it runs
+                b.set_postfix_str(terminal.escape(label(item)))  # refreshes: the name of a slow item shows while it runs
             yield item
             b.update(1)
         b.set_postfix_str("", refresh=False)

@@ -8,7 +8,7 @@ import dataclasses
 import os
 import pathlib
 
-from ..errors import ArtifactError, ExportError
+from ..errors import ArtifactError, ExportError, UnsupportedVersionError
 from ..versioning import upgrade_plan
 from ..versioning.formats import FORMAT_VERSION, parse_version, version_str
 from . import progress
@@ -45,6 +45,7 @@ def upgrade_file(source, dest=None, *, check: bool = False, to: tuple[int, int] 
     source = os.fspath(source)
     dest = os.fspath(dest) if dest is not None else source
     prog = load(source)  # older formats and drifted op schemas are upgraded in memory here
+    _refuse_newer(source, prog.format_version)
     changes = list(dict.fromkeys(c for p in prog.methods.values() for c in upgrade_plan.changes(p, target)))
     result = UpgradeResult(source, dest, prog.format_version, target, changes, written=False)
     if check or (not changes and dest == source):
@@ -65,6 +66,19 @@ def upgrade_file(source, dest=None, *, check: bool = False, to: tuple[int, int] 
         del check_prog  # (its mapping of the temp file)
     result.written = True
     return result
+
+
+def _refuse_newer(source: str, version: tuple[int, int]) -> None:
+    """A file of a format newer than this pt2b's is never rewritten: a later minor holds fields this pt2b
+    does not know, and writing any version from here would drop them without a word. It is left as it
+    is, with an UnsupportedVersionError before anything is written. (A file this pt2b knows may be
+    written down with an explicit ``--to``: the writer refuses whatever the older version cannot hold.)"""
+    if version > FORMAT_VERSION:
+        have = version_str(version)
+        raise UnsupportedVersionError(
+            f"{source}: format {have} is newer than this pt2b's ({version_str(FORMAT_VERSION)}): a later pt2b "
+            f"wrote it, and rewriting it here would drop what {have} added. Left untouched; upgrade it with "
+            f"a pt2b that writes {have} or later.")
 
 
 def upgrade_path(path, dest=None, *, check: bool = False, to=None, track=None) -> list[UpgradeResult]:

@@ -28,9 +28,11 @@ def _verify(ns, early) -> int:
               "only: `pt2b verify` without --checksums also checks the program against torch)")
         return 0
     from ..serialize import reader
+    from ..util.process_state import preserved
 
-    with progress.status(f"verifying {ns.artifact}"):
+    with progress.status(f"verifying {ns.artifact}"), preserved():
         art = reader.open_artifact(ns.artifact)
+        reader.read_metadata(art)  # load() reads it too
         for name in art.method_names:  # every method's graph: its walk and checks, which load() leaves to first use
             reader.check(reader.method(art, name))
         n = reader.verify_weights(art, early)

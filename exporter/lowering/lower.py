@@ -18,6 +18,7 @@ from . import presets as _presets
 from . import tables
 from .deferred_codegen import compiled, deferred
 from ..lazy import Lazy
+from ..util.process_state import preserved
 from .engines import lower_program
 from .lowered import LoweredProgram
 from .opset_check import outside, route_lines
@@ -243,6 +244,7 @@ def _entries(entries) -> list:
     return [entries] if isinstance(entries, (str, torch._ops.OpOverload, torch._ops.OpOverloadPacket)) else list(entries)
 
 
+@preserved()
 def lower(source_ep, preset: str = "core", *, supported_ops=None, decompositions=None, keep=None,
           decompose=None, source=None, plan: LoweringPlan | None = None, strict: bool = False) -> LoweredProgram:
     plan = plan or plan_lowering(preset, supported_ops=supported_ops, decompositions=decompositions, keep=keep,

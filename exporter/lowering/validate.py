@@ -20,6 +20,7 @@ from ..functionalize import LOCK
 from .decompose import shared_trace_table
 from ..graph_walk import call_nodes
 from ..ops import op_name
+from ..util import nesting
 
 __all__ = ["Validation", "validate", "validated"]
 
@@ -78,6 +79,8 @@ class Validation:
     @classmethod
     def from_json(cls, text: str) -> "Validation | None":
         try:
+            if nesting.bracket_depth(text, '"') > 2:  # to_json writes maps of scalars in one map: read no deeper
+                return None
             fields = json.loads(text)
             return cls(**{f.name: fields[f.name] for f in dataclasses.fields(cls) if f.name in fields})
         except (ValueError, TypeError, KeyError):

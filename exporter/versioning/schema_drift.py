@@ -16,10 +16,22 @@ from .._torch.serde import schema as S
 from ..errors import CorruptArtifactError, MissingOperatorError, SchemaDriftError
 from ..graph_walk import iter_serialized_graphs
 from ..serialize.generated import pt2b_generated as G
+from ..util import nesting
 from . import op_table, upgraders
 
 MAX_CHAIN = 16
 MAX_SCHEMA_LEN = 1 << 16
+# torch's schema parser, and every walk of the types it builds, recurse in C++ without a limit on
+# nested brackets and on list/optional marks in a row ("int[][]?"): thousands of levels overflow the
+# stack and kill the process. Both caps leave torch's own schemas far below them (a test checks every
+# schema of the running torch).
+MAX_SCHEMA_DEPTH = 16
+MAX_TYPE_MARKS = 8
+_QUOTES = "\"'"
+# refused so that the bracket scan reads string literals as torch's lexer does (torch's own schemas
+# hold none): a comment, a line break or other control character, a triple-quoted string
+_UNLEXED = re.compile(r"#|\"\"\"|'''|[\x00-\x1f\x7f]")
+_MARKS = re.compile(r"[\[\]?\d\s]+")
 # the shape of an op-table record (operator names are identifiers, "__and__" included); whether it
 # names an operator is asked of torch's registry (exporter/ops.py), never read from the spelling
 _NAME = re.compile(r"[A-Za-z_]\w{0,1023}", re.ASCII)
@@ -28,9 +40,36 @@ _NO_DEFAULT = object()
 
 
 # ---- parsing and comparison ----
+def nesting_problem(schema: str) -> str | None:
+    """Why torch's schema parser must not see ``schema`` (MAX_SCHEMA_LEN, _UNLEXED, MAX_SCHEMA_DEPTH,
+    MAX_TYPE_MARKS), or None; in time linear in its length."""
+    if len(schema) > MAX_SCHEMA_LEN:
+        return f"is {len(schema)} characters long, more than {MAX_SCHEMA_LEN}"
+    if _UNLEXED.search(schema):
+        return "holds a comment, a control character or a triple quote"
+    depth = nesting.bracket_depth(schema, _QUOTES)
+    if depth > MAX_SCHEMA_DEPTH:
+        return f"nests brackets {depth} levels deep, more than {MAX_SCHEMA_DEPTH}"
+    marks = type_marks(schema)
+    if marks > MAX_TYPE_MARKS:
+        return f"puts {marks} list or optional marks in a row, more than {MAX_TYPE_MARKS}"
+    return None
+
+
+def type_marks(schema: str) -> int:
+    """The most list and optional marks (``[]``, ``[2]``, ``?``) in a row outside string literals, spaces
+    between them included (torch's lexer skips those)."""
+    return max((m.group().count("[") + m.group().count("?")
+                for m in _MARKS.finditer(nesting.outside_literals(schema, _QUOTES))), default=0)
+
+
 @functools.lru_cache(maxsize=4096)
 def parse(schema: str):
-    """torch._C.FunctionSchema of ``schema``; ValueError (with torch's reason) if it does not parse."""
+    """torch._C.FunctionSchema of ``schema``; ValueError (with torch's reason, or nesting_problem's) if
+    it does not parse or must not be parsed."""
+    why = nesting_problem(schema)
+    if why is not None:
+        raise ValueError(f"the schema {why}")
     try:
         return torch._C.parse_schema(schema)
     except RuntimeError as e:
@@ -261,6 +300,11 @@ def _plan_op(qname, overload, recorded_str, kind, where, side: Side = RUNNING):
         if running is not None:
             return None, None, False
         return None, _missing_line(label, qname, "?", kind, side), True
+    why = nesting_problem(recorded_str)
+    if why is not None:
+        raise CorruptArtifactError(f"{where}: the op table's schema of {label} {why}; pt2b never hands such text "
+                                   f"to torch's schema parser, which recurses without a limit (the file is "
+                                   f"damaged or crafted).")
     try:
         recorded = parse(recorded_str)
     except ValueError as e:
@@ -432,5 +476,5 @@ def _raise(where: str, problems: list[str], drifted: bool, side: Side = RUNNING)
     raise (SchemaDriftError if drifted else MissingOperatorError)(msg)
 
 
-__all__ = ["SchemaDriftError", "Drift", "Side", "compare", "same_schema", "parse", "find_upgrader",
-           "upgrade_program", "plan_ops", "reconcile", "op_target"]
+__all__ = ["SchemaDriftError", "Drift", "Side", "compare", "same_schema", "nesting_problem", "type_marks",
+           "parse", "find_upgrader", "upgrade_program", "plan_ops", "reconcile", "op_target"]

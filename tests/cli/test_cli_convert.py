@@ -5,6 +5,7 @@ import io
 import re
 import subprocess
 import sys
+import zipfile
 
 import pytest
 import torch
@@ -92,6 +93,45 @@ def test_convert_pt2_to_pt2b_equals_torch_load(tmp_path):
     assert_programs_equal(theirs, ours)
     x = torch.randn(5, 3, 8, 8)
     assert_bitwise(ours.module()(x), theirs.module()(x))
+
+
+def test_convert_reads_torchs_own_pt2_without_the_trust_flag(tmp_path):
+    """torch.export.save stores weights raw and example inputs for torch's weights-only unpickler: the
+    default (no unpickling of anything else) converts it, to the program --trust-pickle converts it to."""
+    from exporter.cli.convert import convert
+
+    model, args, _, dyn = make_model()
+    pt2 = tmp_path / "net.pt2"
+    torch.export.save(torch.export.export(model, args, dynamic_shapes=dyn), pt2)
+    assert convert(pt2, tmp_path / "a.pt2b") == "pt2->pt2b"
+    assert convert(pt2, tmp_path / "b.pt2b", trust_pickle=True) == "pt2->pt2b"
+    assert_programs_equal(load(tmp_path / "b.pt2b").exported_program(), load(tmp_path / "a.pt2b").exported_program())
+
+
+def test_convert_refuses_a_pickled_state_dict_unless_trusted(tmp_path):
+    """torch's legacy layout pickles the whole state dict (data/weights/<model>.pt): refused by default,
+    naming the entry and what its pickle imports; converted as before with --trust-pickle."""
+    from exporter.cli.convert import convert
+    from exporter.errors import PickledContentError
+    from tests.cli.test_cli_hostile import _rewrite_pt2
+
+    model, args, _, dyn = make_model()
+    ep = torch.export.export(model, args, dynamic_shapes=dyn)
+    torch.export.save(ep, tmp_path / "net.pt2")
+    state = io.BytesIO()
+    torch.save(dict(ep.state_dict), state)
+    with zipfile.ZipFile(tmp_path / "net.pt2") as z:
+        weights = [n.split("/", 1)[1] for n in z.namelist() if n.split("/", 1)[1].startswith("data/weights/")]
+    legacy = _rewrite_pt2(tmp_path / "net.pt2", tmp_path / "legacy.pt2",
+                          {**dict.fromkeys(weights), "data/weights/model.pt": state.getvalue()})
+    with pytest.raises(PickledContentError, match=r"data/weights/model\.pt \(the weights of model 'model' \(legacy "
+                                                  r"layout\); imports .*torch\._utils\._rebuild_tensor_v2"):
+        convert(legacy, tmp_path / "legacy.pt2b")
+    assert not (tmp_path / "legacy.pt2b").exists()
+    code, out, err = run_cli("convert", "--trust-pickle", str(legacy), str(tmp_path / "legacy.pt2b"))
+    assert code == 0 and "pt2->pt2b" in out and "--trust-pickle: unpickling" in err
+    x = torch.randn(3, 3, 8, 8)
+    assert_bitwise(load(tmp_path / "legacy.pt2b")(x), ep.module()(x))
 
 
 def test_convert_pt2b_to_pt2_equals_torch_save(tmp_path):

@@ -186,6 +186,8 @@ def test_cache_folder_resolution(monkeypatch, tmp_path):
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert cache.cache_dir() == tmp_path / "home" / ".cache" / "pt2b"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/xdg")  # the XDG specification: ignored
+    assert cache.cache_dir() == tmp_path / "home" / ".cache" / "pt2b"
 
 
 def test_unwritable_cache_warns_and_lowers(tmp_path, monkeypatch, artifact, case):
@@ -193,7 +195,7 @@ def test_unwritable_cache_warns_and_lowers(tmp_path, monkeypatch, artifact, case
     blocker.write_text("x")
     monkeypatch.setenv("PT2B_CACHE_DIR", str(blocker))
     monkeypatch.delenv("PT2B_CACHE", raising=False)
-    with pytest.warns(RuntimeWarning, match="lowering cache: cannot write"):
+    with pytest.warns(RuntimeWarning, match="lowering cache: not using .*not-a-folder: it is not a folder"):
         lowered = load_for_backend(artifact, "core")
     torch.testing.assert_close(_run(lowered, case), case.model(*case.args))
 
@@ -305,3 +307,121 @@ def test_an_entry_whose_graph_does_not_load_is_lowered_again(cache_dir, artifact
     hit = load_for_backend(artifact, "core")
     assert hit.from_cache and hit.ops() == fresh.ops()
     assert torch.equal(_run(hit, case), _run(fresh, case))
+
+
+# ---------------------------------------------------------------------------------------------
+# the user code in the key (exporter/lowering/user_code.py)
+
+
+def _user_function(source: str, namespace: dict | None = None, name: str = "f"):
+    """``name`` as a user's library defines it (code from outside torch and pt2b), and its globals."""
+    import textwrap
+
+    namespace = {"torch": torch} if namespace is None else namespace
+    exec(compile(textwrap.dedent(source), "<a user's library>", "exec"), namespace)
+    return namespace[name], namespace
+
+
+def test_user_code_is_keyed_by_what_it_computes():
+    from exporter.lowering.user_code import callable_digest
+
+    f2, _ = _user_function("def f(x):\n    return torch.ops.aten.mul.Tensor(x, 2)\n")
+    again, _ = _user_function("\n\n# reformatted\ndef f(x):\n    return torch.ops.aten.mul.Tensor(x, 2)\n")
+    f3, _ = _user_function("def f(x):\n    return torch.ops.aten.mul.Tensor(x, 3)\n")
+    assert callable_digest(f2) is not None
+    assert callable_digest(f2) == callable_digest(again)  # the bytecode, not the lines it sits on
+    assert callable_digest(f2) != callable_digest(f3)
+    # what it reaches through its globals: a plain constant, a helper function, a helper module's function
+    g, ns = _user_function("FACTOR = 2\ndef helper(x):\n    return x * FACTOR\ndef f(x):\n    return helper(x)\n")
+    before = callable_digest(g)
+    ns["FACTOR"] = 3
+    assert callable_digest(g) != before
+    ns["FACTOR"] = 2
+    assert callable_digest(g) == before
+    ns["helper"] = _user_function("def helper(x):\n    return x * 2 + 0\n", name="helper")[0]
+    assert callable_digest(g) != before
+    import types
+
+    module = types.ModuleType("users_helpers")
+    module.scale, _ = _user_function("def scale(x):\n    return x * 2\n", name="scale")
+    m, _ = _user_function("def f(x):\n    return users_helpers.scale(x)\n", {"users_helpers": module})
+    before = callable_digest(m)
+    module.scale, _ = _user_function("def scale(x):\n    return x * 3\n", name="scale")
+    assert callable_digest(m) != before
+    # defaults and closures
+    d2, _ = _user_function("def f(x, k=2):\n    return x * k\n")
+    d3, _ = _user_function("def f(x, k=3):\n    return x * k\n")
+    assert callable_digest(d2) != callable_digest(d3)
+    make, _ = _user_function("def make(k):\n    def f(x):\n        return x * k\n    return f\n", name="make")
+    assert callable_digest(make(2)) == callable_digest(make(2)) != callable_digest(make(3))
+    assert callable_digest(make(torch.ones(2))) != callable_digest(make(torch.zeros(2)))
+    # a callable object and a bound method: their class's code and their settings
+    cls, _ = _user_function("class Scale:\n    def __init__(self, k):\n        self.k = k\n"
+                            "    def __call__(self, x):\n        return x * self.k\n"
+                            "    def apply(self, x):\n        return x * self.k\n", name="Scale")
+    assert callable_digest(cls(2)) == callable_digest(cls(2)) != callable_digest(cls(3))
+    assert callable_digest(cls(2).apply) != callable_digest(cls(3).apply)
+    helper_user, ns = _user_function("class Helper:\n    @staticmethod\n    def go(x):\n        return x * 2\n"
+                                     "def f(x):\n    return Helper.go(x)\n")
+    before = callable_digest(helper_user)
+    ns["Helper"], _ = _user_function("class Helper:\n    @staticmethod\n    def go(x):\n        return x * 3\n",
+                                     name="Helper")
+    assert callable_digest(helper_user) != before
+    # a recursive function ends
+    r, _ = _user_function("def f(x, n):\n    return f(x, n - 1) if n else x\n")
+    assert callable_digest(r) == callable_digest(r)
+
+
+def test_torchs_own_code_is_keyed_by_its_version_and_what_it_wraps_by_content():
+    import functools
+
+    from torch._decomp import register_decomposition
+
+    from exporter.lowering import tables
+    from exporter.lowering.user_code import callable_digest, lowering_code_digest
+
+    table = tables.available_decompositions()
+    assert callable_digest(table[torch.ops.aten.gelu.default]) is None
+    assert lowering_code_digest(table, ["aten::addmm", "prims::add"]) == ""
+    f2, _ = _user_function("def f(x):\n    return torch.ops.aten.mul.Tensor(x, 2)\n")
+    f3, _ = _user_function("def f(x):\n    return torch.ops.aten.mul.Tensor(x, 3)\n")
+    registry = {}
+    register_decomposition(torch.ops.aten.relu.default, registry=registry)(f2)
+    wrapped = registry[torch.ops.aten.relu.default]
+    assert callable_digest(wrapped) is not None
+    assert callable_digest(functools.partial(f2)) != callable_digest(functools.partial(f3))
+    a = lowering_code_digest({**table, torch.ops.aten.relu.default: f2}, [])
+    b = lowering_code_digest({**table, torch.ops.aten.relu.default: f3}, [])
+    assert a and b and a != b
+
+
+def test_a_custom_ops_registered_functions_are_in_the_key():
+    from exporter.lowering.user_code import lowering_code_digest
+
+    @torch.library.custom_op("pt2b_test_user_code::scale", mutates_args=())
+    def scale(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    assert lowering_code_digest({}, ["pt2b_test_user_code::scale"])
+    before = lowering_code_digest({}, ["pt2b_test_user_code::scale"])
+    scale.register_fake(lambda x: torch.empty_like(x))
+    with_fake = lowering_code_digest({}, ["pt2b_test_user_code::scale"])
+    assert with_fake != before
+    scale.register_kernel("cpu")(lambda x: x * 3)
+    assert lowering_code_digest({}, ["pt2b_test_user_code::scale"]) not in (before, with_fake)
+
+
+def test_code_that_reaches_too_far_is_not_keyed(cache_dir, artifact):
+    import dataclasses
+
+    from exporter.lowering import user_code
+    from exporter.lowering.lower import plan_lowering
+
+    namespace = {}
+    for i in range(200):  # a chain of helpers deeper than the walk follows
+        _user_function(f"def h{i}(x):\n    return h{i + 1}(x) + 1\n", namespace, name=f"h{i}")
+    table = {torch.ops.aten.relu.default: namespace["h0"]}
+    assert user_code.lowering_code_digest(table, []) is None
+    plan = dataclasses.replace(plan_lowering("core"), table=table)
+    with pytest.warns(RuntimeWarning, match="reaches more code than the cache key can hold"):
+        assert cache.Entry.of(reader.open_artifact(artifact), plan, method=None, device="cpu") is None

@@ -17,6 +17,7 @@ Modules, by concern:
   values       mutated field values: hostile targets, expressions, code-injection payloads
   mutators     the mutation kinds (KINDS) and Mutator: mutant i of seed s
   oracle       running one mutant and the rule deciding which outcomes are allowed (allowed())
+  observe      the oracle's own observers: torch's process-global state, terminal output, resident memory
   worker       the worker process of both modes: references built once, then one mutant at a time
   campaign     the parent: a pool of workers with limits, totals, findings, report, replay
   cli          the command line (``python -m tools.fuzz`` runs cli.main)

@@ -1,6 +1,7 @@
 """The campaign driver (the parent): a pool of worker processes with a time limit per mutant, a
-worker that died or hung killed and restarted, totals per outcome class and kind, findings grouped
-by signature; the report, and the replay of one mutant."""
+worker that died or hung killed and restarted (a death by a signal is the outcome ``signal:<NAME>``;
+SIGKILL, the kernel's out-of-memory killer, ``memory``), totals per outcome class and kind, findings
+grouped by signature; the report, and the replay of one mutant."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import dataclasses
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -96,6 +98,19 @@ class Campaign:
         }
 
 
+def _death(code) -> tuple[str, str]:
+    """(outcome, words) of a worker that died with exit code ``code`` (negative: the signal)."""
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"SIG{-code}"
+        if -code == signal.SIGKILL:
+            return "memory", "killed by SIGKILL (the kernel's out-of-memory killer)"
+        return f"signal:{name}", f"killed by {name}"
+    return "crash", f"died with exit code {code}"
+
+
 def _total_key(res: dict) -> str:
     o = res["outcome"]
     if o in ("mismatch", "memory") or o.startswith(("lowering_error:", "run_error:", "other:")):
@@ -115,11 +130,12 @@ def finding_signature(res: dict) -> str:
 def run_campaign(seed: int, mutants: int, *, workers: int = 2, models=DEFAULT_MODELS, seeds_dir: str | None = None,
                  timeout: float = 20.0, mem_gib: float = 6.0, time_budget: float | None = None, start: int = 0,
                  indices=None, keep_results: bool = False, progress=None, log: str | None = None,
-                 threads: int = 1, semantic: bool = False) -> Campaign:
+                 threads: int = 1, semantic: bool = False, plant: dict | None = None) -> Campaign:
     """Run mutants ``start .. start+mutants-1`` (or the given ``indices``: ints, or (seed, index)
     pairs) of ``seed`` on ``workers`` worker processes. ``time_budget`` (seconds) stops dispatching new mutants once spent.
     ``semantic``: the semantic mode (tools/fuzz/semantic.py, semantic_oracle.py); there the pair
-    (semantic.ATTACK_SEED, i) is the i-th concrete attack of semantic_build.ATTACKS."""
+    (semantic.ATTACK_SEED, i) is the i-th concrete attack of semantic_build.ATTACKS. ``plant``: faults
+    planted in the semantic oracle's phases, {(seed, index): (phase, "module:function")} (worker.py)."""
     import multiprocessing as mp
     from multiprocessing.connection import wait
 
@@ -129,7 +145,8 @@ def run_campaign(seed: int, mutants: int, *, workers: int = 2, models=DEFAULT_MO
     seed_paths = export_seeds(models, seeds_dir)
     work = tempfile.mkdtemp(prefix="pt2b-fuzz-run-")  # workers' mutant files; removed even if one was killed
     cfg = {"seeds": seed_paths, "mem_bytes": int(mem_gib * 2**30) if mem_gib else 0, "log": log, "threads": threads,
-           "tmp": work, "semantic": semantic}
+           "tmp": work, "semantic": semantic,
+           "plant": {f"{k[0]}:{k[1]}": list(v) for k, v in (plant or {}).items()}}
     todo = [x if isinstance(x, tuple) else (seed, x)
             for x in (indices if indices is not None else range(start, start + mutants))]
     todo.reverse()
@@ -142,6 +159,9 @@ def run_campaign(seed: int, mutants: int, *, workers: int = 2, models=DEFAULT_MO
 
     def restart(i):
         pool[i].kill()
+        if not todo:  # nothing left for a new one
+            pool[i].job = None
+            return
         pool[i] = _Worker(ctx, cfg)
         camp.restarts += 1
 
@@ -165,7 +185,7 @@ def run_campaign(seed: int, mutants: int, *, workers: int = 2, models=DEFAULT_MO
             for i, w in enumerate(pool):
                 if w not in busy:
                     continue
-                dead = False
+                dead = retired = False
                 try:
                     while w.parent in ready and w.parent.poll():
                         kind, payload = w.parent.recv()
@@ -178,17 +198,24 @@ def run_campaign(seed: int, mutants: int, *, workers: int = 2, models=DEFAULT_MO
                             w.job[2], w.job[4] = payload
                         elif kind == "done":
                             camp.record(payload, keep_results)
+                            retired = bool(payload.get("retire"))  # its torch state could not be set back
+                            if retired:
+                                break
                             give(w)
                 except (EOFError, OSError):
                     dead = True
+                if retired:
+                    w.job = None
+                    restart(i)
+                    continue
                 if dead or (not w.proc.is_alive()):
                     w.proc.join(1)
                     code = w.proc.exitcode
                     if w.job is not None:
                         index, meta, phase, _, changed = w.job
-                        outcome = "memory" if code == -9 else "crash"
+                        outcome, how = _death(code)
                         res = dict(meta, index=index, outcome=outcome, changed=changed, phase=phase,
-                                   detail=f"worker died with exit code {code} during {phase}", traceback="")
+                                   detail=f"worker {how} during {phase}", traceback="")
                         camp.record(res, keep_results)
                         restart(i)
                     elif not w.ready:

@@ -25,7 +25,11 @@ Outcome classes and the rule that decides whether an outcome is allowed (``allow
                              verify=True accepted damaged weights; other:CodeExecution: text
                              from the file ran as Python (the worker's canary was called or an
                              os.system/subprocess audit event fired)
-  crash                      the worker died (signal, abort)                               never
+  crash                      the worker died (a non-zero exit)                             never
+  signal:<NAME>              the worker was killed by a signal (SIGSEGV, SIGABRT...;       never
+                             SIGKILL, the kernel's out-of-memory killer, is memory)
+  state_change               torch's process-global state (observe.py: grad mode,          never
+                             autocast, default dtype...) differs after the mutant
   timeout                    the mutant exceeded the per-mutant time limit                 allowed iff changed
                              (a changed size literal may ask torch for hours of compute,   and while torch
                              as any model format may: run untrusted models under limits)   runs the graph

@@ -32,6 +32,24 @@ Kinds (``SEMANTIC_KINDS``: name -> weight in percent), by family:
   guards:
     guards_many             50..500 true torch-like guards of ~1..4 KB each
     guards_false            the same with one guard false for the seed's inputs
+  nesting (every recursive structure of the file, 64..10,000 deep; NEST_DEPTHS):
+    nest_example_input      the stored example inputs' treespec (lists, tuples, dicts around a leaf),
+                            or a literal leaf's msgpack value (arrays or maps)
+    nest_metadata           the user metadata (msgpack) with a value nested in arrays or maps
+    nest_treespec           the module call graph's in_spec / out_spec
+    nest_schema             an op-table schema string whose argument type nests parentheses, lists,
+                            optionals, Dicts, tuples or Futures, up to the 64 KB a record holds
+    nest_graph              a node argument of as_string_to_argument maps inside maps, or a chain of
+                            cond subgraphs each inside the one before
+    nest_expr               a size expression of nested parentheses, unary minus, Max or FloorDiv
+  C++ parsers (what torch parses in C++ from the file's strings):
+    parser_schema           an op-table schema string of odd content (huge names and literals,
+                            control characters, unbalanced brackets, thousands of arguments), to 64 KB
+    parser_device           a TensorMeta's or a device argument's device type/index (odd strings,
+                            out-of-range indexes), or a dtype/layout/memory format out of its enum
+  regions (pairs that a file can break, and the state they leave behind):
+    region_unpaired         a lone _set_grad_enabled(False/True), a lone _enter_autocast("cpu",
+                            bfloat16...), an _exit_autocast without its enter, or two enters
   control:
     identity                the seed re-packed unchanged (must run as the seed does)
 """
@@ -45,35 +63,46 @@ import random
 from .mutators import Mutant
 from .seeds import Seed
 from .semantic_build import (
-    ATTACKS, add_ranges, attack_shared_subgraph, cond_dag, cond_inputs, first_tensor_input, hop_arguments, insert_node,
-    int_list, new_node, pack_schema, pack_shared_methods, pack_shared_schema, pack_tree, payload, positional,
+    ATTACKS, add_ranges, attack_shared_subgraph, cond_chain, cond_dag, cond_inputs, deep_recursion, first_tensor_input,
+    hop_arguments, insert_node, int_list, new_node, pack_schema, pack_shared_methods, pack_shared_schema, pack_tree, payload, positional,
     sym_int)
 from .semantic_values import (
-    ATEN_TARGETS, HOP_TARGETS, MADE_DIR, PYTHON_TARGETS, SAVED_FILE, SIZE_SHAPES, STORAGE_OFFSETS,
-    grow_expr, guard_text, symbols)
+    ATEN_TARGETS, HOP_TARGETS, MADE_DIR, NEST_DEPTHS, ODD_DEVICE_INDEXES, ODD_DEVICES, ODD_ENUMS, PYTHON_TARGETS,
+    SAVED_FILE, SCHEMA_MAX, SCHEMA_NESTINGS, SIZE_SHAPES, STORAGE_OFFSETS, grow_expr, guard_text, nested_msgpack,
+    nested_schema, nested_spec, odd_schemas, symbols)
 from .values import Retry
 
 SEMANTIC_KINDS = {
-    "callable_hop_operator": 14,
-    "callable_node_target": 8,
-    "callable_as_operator": 7,
-    "callable_save": 6,
-    "callable_hop_swap": 5,
-    "shared_methods": 8,
-    "shared_subgraph": 6,
-    "expr_max": 5,
-    "expr_nested": 5,
-    "expr_long": 4,
-    "size_graph_meta": 6,
-    "size_tensor_record": 6,
-    "size_example_input": 6,
-    "guards_many": 8,
+    "callable_hop_operator": 10,
+    "callable_node_target": 6,
+    "callable_as_operator": 5,
+    "callable_save": 4,
+    "callable_hop_swap": 4,
+    "shared_methods": 6,
+    "shared_subgraph": 5,
+    "expr_max": 4,
+    "expr_nested": 4,
+    "expr_long": 3,
+    "size_graph_meta": 5,
+    "size_tensor_record": 4,
+    "size_example_input": 4,
+    "guards_many": 6,
     "guards_false": 2,
+    "nest_example_input": 3,
+    "nest_metadata": 3,
+    "nest_treespec": 2,
+    "nest_schema": 3,
+    "nest_graph": 2,
+    "nest_expr": 2,
+    "parser_schema": 3,
+    "parser_device": 2,
+    "region_unpaired": 4,
     "identity": 4,
 }
 assert sum(SEMANTIC_KINDS.values()) == 100
 FAMILIES = {"callable": "callables", "shared": "shared tables", "expr": "expressions", "size": "sizes",
-            "guards": "guards", "identity": "control"}
+            "guards": "guards", "nest": "nesting", "parser": "C++ parsers", "region": "regions",
+            "identity": "control"}
 ATTACK_SEED = -1  # Mutant.seed of a named concrete attack (semantic_build.ATTACKS)
 
 
@@ -376,8 +405,159 @@ class SemanticMutator:
     def _m_guards_false(self, rng, s):
         return self._guards(rng, s, True)
 
+    # ---- nesting ----
+    def _m_nest_example_input(self, rng, s):
+        import msgpack
+
+        tree = s.program_tree()
+        depth = rng.choice(NEST_DEPTHS)
+        spec = tree.exampleInputsSpec.decode() if isinstance(tree.exampleInputsSpec, bytes) else tree.exampleInputsSpec
+        if not spec:
+            raise Retry
+        if rng.random() < 0.5:
+            kind = rng.choice(("list", "tuple", "dict"))
+            tree.exampleInputsSpec = nested_spec(spec, depth, kind)
+            return pack_tree(s, tree), f"example inputs' treespec: a leaf inside {depth} nested {kind}s"
+        leaves = msgpack.unpackb(bytes(tree.exampleInputsLeaves))
+        kind = rng.choice(("list", "map"))
+        body = b"".join(msgpack.packb(x) for x in leaves[1:])
+        tree.exampleInputsLeaves = _ubytes(bytes([0x90 | len(leaves)]) + b"\x81\xa1v" + nested_msgpack(depth, kind) + body)
+        return pack_tree(s, tree), f"example input 0: a literal value of {depth} nested msgpack {kind}s"
+
+    def _m_nest_metadata(self, rng, s):
+        tree = s.program_tree()
+        depth, kind = rng.choice(NEST_DEPTHS), rng.choice(("list", "map"))
+        tree.metadata = _ubytes(b"\x81\xa4user" + nested_msgpack(depth, kind))
+        return pack_tree(s, tree), f"metadata {{'user': {depth} nested msgpack {kind}s}}"
+
+    def _m_nest_treespec(self, rng, s):
+        tree = s.program_tree()
+        ep = s.schema_tree(tree)
+        sig = ep.graph_module.module_call_graph[0].signature
+        which, depth, kind = rng.choice(("in_spec", "out_spec")), rng.choice(NEST_DEPTHS), rng.choice(("list", "tuple", "dict"))
+        try:
+            setattr(sig, which, nested_spec(getattr(sig, which), depth, kind))
+        except ValueError:
+            raise Retry from None
+        return pack_schema(s, tree, ep), f"module_call_graph[0].{which}: a leaf inside {depth} nested {kind}s"
+
+    def _op_record(self, rng, s):
+        tree = s.program_tree()
+        recs = [r for r in tree.operators or [] if r.schema]
+        if not recs:
+            raise Retry
+        return tree, rng.choice(recs)
+
+    def _m_nest_schema(self, rng, s):
+        tree, rec = self._op_record(rng, s)
+        name = (rec.schema.decode() if isinstance(rec.schema, bytes) else rec.schema).split("(", 1)[0]
+        form = rng.choice(sorted(SCHEMA_NESTINGS))
+        length = rng.choice((256, 1024, 8192, 8192, SCHEMA_MAX - 1, SCHEMA_MAX, SCHEMA_MAX + 1))
+        rec.schema = nested_schema(name, form, length)
+        return pack_tree(s, tree), f"op record {name}: schema of {len(rec.schema)} chars, its type nested ({form})"
+
+    def _m_nest_graph(self, rng, s):
+        from torch._export.serde import schema as S
+
+        tree = s.program_tree()
+        ep = s.schema_tree(tree)
+        depth = rng.choice(NEST_DEPTHS[:4])
+        if rng.random() < 0.5:
+            arg = S.Argument.create(as_int=1)
+            for _ in range(depth):
+                arg = S.Argument.create(as_string_to_argument={"k": arg})
+            node = rng.choice(_all_nodes(ep))
+            node.inputs = list(node.inputs) + [S.NamedArgument(name="nested", arg=arg, kind=S.ArgumentKind.KEYWORD)]
+            with deep_recursion():
+                return pack_schema(s, tree, ep), f"node {node.name}: an argument of {depth} nested string->argument maps"
+        x = first_tensor_input(ep)
+        g = cond_chain(ep, depth, x)
+        out = "cond_chain_out"
+        node = new_node("torch.ops.higher_order.cond", cond_inputs(g, x, "top"), "cond_chain",
+                        outputs=[S.Argument.create(as_tensors=[S.TensorArgument(name=out)])])
+        ep.graph_module.graph.tensor_values[out] = copy.deepcopy(ep.graph_module.graph.tensor_values[x])
+        insert_node(ep, node, "last")
+        with deep_recursion():
+            return pack_shared_schema(s, tree, ep, (S.Graph,)), f"a cond over a chain of {depth} nested subgraphs"
+
+    def _m_nest_expr(self, rng, s):
+        from torch._export.serde import schema as S
+
+        tree = s.program_tree()
+        ep = s.schema_tree(tree)
+        form = rng.choice(("parens", "minus", "max", "floordiv"))
+        limit = rng.choice((512, 2048, 4096, 8192))
+        wrap = {"parens": ("(", ")"), "minus": ("-(", ")"), "max": ("Max(2, ", ")"), "floordiv": ("FloorDiv(", ", 2)")}[form]
+        depth = max(1, (limit - 5) // len(wrap[0] + wrap[1]))
+        expr = wrap[0] * depth + "s1000" + wrap[1] * depth
+        metas = [m for m in ep.graph_module.graph.tensor_values.values() if m.sizes]
+        m = rng.choice(metas)
+        m.sizes[rng.randrange(len(m.sizes))] = sym_int(expr, 4)
+        ep.range_constraints["s1000"] = S.RangeConstraint(min_val=2, max_val=64)
+        return pack_schema(s, tree, ep), f"a size {form} nested {depth} deep ({len(expr)} chars)"
+
+    # ---- C++ parsers ----
+    def _m_parser_schema(self, rng, s):
+        tree, rec = self._op_record(rng, s)
+        name = (rec.schema.decode() if isinstance(rec.schema, bytes) else rec.schema).split("(", 1)[0]
+        length = rng.choice((64, 4096, SCHEMA_MAX - 1, SCHEMA_MAX, SCHEMA_MAX + 1))
+        rec.schema = rng.choice(odd_schemas(name, length))
+        return pack_tree(s, tree), f"op record {name}: schema {rec.schema[:60]!r}... ({len(rec.schema)} chars)"
+
+    def _m_parser_device(self, rng, s):
+        from torch._export.serde import schema as S
+
+        tree = s.program_tree()
+        ep = s.schema_tree(tree)
+        g = ep.graph_module.graph
+        k = rng.choice(sorted(g.tensor_values))
+        meta = g.tensor_values[k]
+        what = rng.random()
+        if what < 0.6:
+            dev = S.Device(type=rng.choice(ODD_DEVICES), index=rng.choice(ODD_DEVICE_INDEXES))
+            if rng.random() < 0.6:
+                meta.device = dev
+                desc = f"TensorMeta {k}: device {dev.type[:40]!r} index {dev.index}"
+            else:
+                node = rng.choice(_all_nodes(ep))
+                node.inputs = list(node.inputs) + [S.NamedArgument(name="device", arg=S.Argument.create(as_device=dev),
+                                                                   kind=S.ArgumentKind.KEYWORD)]
+                desc = f"node {node.name}: device={dev.type[:40]!r} index {dev.index}"
+        else:
+            field = rng.choice(("dtype", "layout"))
+            value = rng.choice(ODD_ENUMS)
+            setattr(meta, field, value)
+            desc = f"TensorMeta {k}: {field} {value}"
+        return pack_schema(s, tree, ep), desc
+
+    # ---- regions ----
+    def _m_region_unpaired(self, rng, s):
+        tree = s.program_tree()
+        ep = s.schema_tree(tree)
+        x = first_tensor_input(ep)
+        enter = ("torch.amp.autocast_mode._enter_autocast", ["cpu", ("DTYPE", 13), True, None])
+        plans = {
+            "grad off": [("torch._C._set_grad_enabled", [False])],
+            "grad on": [("torch._C._set_grad_enabled", [True])],
+            "autocast enter": [enter],
+            "autocast exit": [("torch.amp.autocast_mode._exit_autocast", [None])],
+            "two autocast enters": [enter, enter],
+            "exit before enter": [("torch.amp.autocast_mode._exit_autocast", [None]), enter],
+        }
+        label = rng.choice(sorted(plans))
+        position = rng.choice(("first", "middle", "last"))
+        for target, values in reversed(plans[label]):
+            insert_node(ep, new_node(target, positional(values, x), target.rsplit(".", 1)[1]), position)
+        return pack_schema(s, tree, ep), f"{label} ({position})"
+
     def _m_identity(self, rng, s):
         return pack_tree(s, s.program_tree()), "the seed re-packed unchanged"
+
+
+def _ubytes(data: bytes):
+    import numpy
+
+    return numpy.frombuffer(data, dtype=numpy.uint8)
 
 
 def _all_nodes(ep) -> list:

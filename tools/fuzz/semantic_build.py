@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import sys
 
 import flatbuffers
 
@@ -25,11 +26,13 @@ from .values import Retry
 # ---- schema-tree values ----
 def argument(value, tensor: str):
     """torch's schema Argument of a template value: "T" a tensor of the graph, a callable spelled
-    ("torch.os.system") given as ("OP", name), a list, or a literal."""
+    ("torch.os.system") given as ("OP", name), a dtype as ("DTYPE", ScalarType value), a list, or a literal."""
     from torch._export.serde import schema as S
 
     if isinstance(value, tuple) and value[0] == "OP":
         return S.Argument.create(as_operator=value[1])
+    if isinstance(value, tuple) and value[0] == "DTYPE":
+        return S.Argument.create(as_scalar_type=S.ScalarType(value[1]))
     if value == "T":
         return S.Argument.create(as_tensor=S.TensorArgument(name=tensor))
     if value is None:
@@ -282,6 +285,34 @@ def cond_dag(ep, depth: int, tensor: str):
                     tensor_values={"a": meta, "b": meta}, sym_int_values={}, sym_bool_values={},
                     is_single_tensor_return=False, custom_obj_values={}, sym_float_values={})
     return g
+
+
+def cond_chain(ep, depth: int, tensor: str):
+    """A Graph whose one node is a cond over the Graph one level down and a node-less leaf Graph,
+    ``depth`` levels: each subgraph nested in the one before (a walk visits each once)."""
+    from torch._export.serde import schema as S
+
+    leaf = g = cond_dag(ep, 0, tensor)
+    for level in range(depth):
+        inputs = cond_inputs(g, "a", level)
+        inputs[2].arg = S.Argument.create(as_graph=S.GraphArgument(name=f"false_graph_{level}", graph=leaf))
+        node = new_node("torch.ops.higher_order.cond", inputs, f"cond_{level}", outputs=[argument(["T"], "b")])
+        g = copy.copy(leaf)
+        g.nodes, g.outputs = [node], [argument("T", "b")]
+        g.tensor_values = dict(leaf.tensor_values, b=leaf.tensor_values["a"])
+    return g
+
+
+@contextlib.contextmanager
+def deep_recursion(limit: int = 100_000):
+    """Packing a structure nested thousands deep: the encoder recurses once per level (Python frames
+    only), so the interpreter's limit is raised while building, and restored before the mutant runs."""
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(old, limit))
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(old)
 
 
 # ---- the concrete attacks (name -> (seed model, builder(seed) -> (bytes, description))) ----

@@ -185,3 +185,76 @@ def guard_text(rng, arg: str, dims: int, length: int) -> str:
         parts.append(t)
         n += len(t) + 5
     return " and ".join(parts)
+
+
+# ---- nesting: every recursive structure of the file, hundreds to thousands deep ----
+NEST_DEPTHS = (64, 128, 200, 500, 700, 1000, 1023, 1024, 3000, 10000)
+_LEAF_SPEC = '{"type": null, "context": null, "children_spec": []}'
+_SPEC_WRAPPERS = {  # a pytree treespec node (torch's treespec_dumps JSON) with one child
+    "list": '{"type": "builtins.list", "context": "null", "children_spec": [',
+    "tuple": '{"type": "builtins.tuple", "context": "null", "children_spec": [',
+    "dict": '{"type": "builtins.dict", "context": "[\\"k\\"]", "children_spec": [',
+}
+
+
+def nested_spec(text: str, depth: int, kind: str = "list") -> str:
+    """Treespec JSON ``text`` with its first leaf wrapped ``depth`` times in a one-child ``kind``."""
+    i = text.find(_LEAF_SPEC)
+    if i < 0:
+        raise ValueError("no leaf")
+    return text[:i] + _SPEC_WRAPPERS[kind] * depth + _LEAF_SPEC + "]}" * depth + text[i + len(_LEAF_SPEC):]
+
+
+def nested_msgpack(depth: int, kind: str = "list") -> bytes:
+    """A msgpack value nested ``depth`` deep: one-element arrays, or one-entry maps {"k": ...}, around 1."""
+    return (b"\x91" if kind == "list" else b"\x81\xa1k") * depth + b"\x01"
+
+
+# torch's schema types nested around an argument's type (torch._C.parse_schema recurses on each)
+SCHEMA_NESTINGS = {
+    "parens": lambda n: "(" * n + "Tensor" + ")" * n,
+    "lists": lambda n: "Tensor" + "[]" * n,
+    "optionals": lambda n: "Tensor" + "?" * n,
+    "dicts": lambda n: "Dict(str, " * n + "Tensor" + ")" * n,
+    "tuples": lambda n: "(" * n + "Tensor, int" + ")" * n,
+    "futures": lambda n: "Future(" * n + "Tensor" + ")" * n,
+}
+SCHEMA_MAX = 1 << 16  # the longest schema string the op table records
+
+
+def nested_schema(name: str, form: str, length: int) -> str:
+    """``name(TYPE self) -> Tensor`` with TYPE nested by ``form`` as deep as fits ``length`` characters."""
+    make = SCHEMA_NESTINGS[form]
+    return _fit(lambda k: f"{name}({make(k)} self) -> Tensor", length, length)
+
+
+def odd_schemas(name: str, length: int) -> list[str]:
+    """Schema strings of up to ``length`` characters that torch's C++ schema parser must meet safely:
+    huge names and literals, control characters, unbalanced brackets, many arguments and returns."""
+    n = max(16, length - len(name) - 40)
+    return [
+        f"{'a' * n}(Tensor self) -> Tensor",
+        f"{name}(Tensor self, int x={'9' * n}) -> Tensor",
+        f"{name}(Tensor({'a' * n}!) self) -> Tensor",
+        f"{name}(Tensor self) -> " + ", ".join(["Tensor"] * (n // 8)),
+        f"{name}(" + ", ".join(f"Tensor a{i}" for i in range(n // 12)) + ") -> Tensor",
+        f"{name}(" + "(" * n,
+        f"{name}(Tensor self) -> Tensor" + ")" * n,
+        f"{name}(Tensor self, str s=\"{'x' * n}\") -> Tensor",
+        f"{name}(Tensor self, str s=\"\x1b]52;c;aGk=\x07\x9b2J\") -> Tensor",
+        f"{name}\x00(Tensor self) -> Tensor",
+        f"{name}(Tensor self, float f={'1e' + '9' * n}) -> Tensor",
+        f"{name}.{'o' * n}(Tensor self) -> Tensor",
+        "\u202e" * (n // 3) + f"{name}(Tensor self) -> Tensor",
+        "",
+    ]
+
+
+# device strings for torch.device's C++ parser; dtypes, layouts, memory formats out of their enums
+ODD_DEVICES = [
+    "cpu:" + "9" * 64, "cpu:" + "9" * 20000, "cuda:-1", "cpu:-2", "cpu:0:0", "cpu" * 20000, "", " cpu",
+    "meta", "mps", "xla:99999999999999999999", "privateuseone:0", "\x1b[2J\x1b]0;pwned\x07", "cpu\x00cuda",
+    "c\u0440u", "CPU", "cuda:0x1", "cpu:+1", "hpu:2147483648", "lazy",
+]
+ODD_DEVICE_INDEXES = [None, -1, -2, 2**31, 2**62, 2**63 - 1, -(2**63)]
+ODD_ENUMS = [0, 14, 27, 36, 99, 255, 2**31 - 1, -1, -(2**31)]

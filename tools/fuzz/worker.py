@@ -5,10 +5,15 @@ to a file and run by the mode's oracle; phases and results go back to the parent
 Byte mode: mutators.Mutator, oracle.execute. Semantic mode (``cfg["semantic"]``):
 semantic.SemanticMutator (seed ATTACK_SEED names a concrete attack by index), semantic_oracle.execute,
 and the process's current directory a fresh temporary folder the oracle watches for side effects
-(the mutant's own folder is watched too)."""
+(the mutant's own folder is watched too). In both modes torch's process-global state (observe.snapshot,
+taken once the references are built) must be the same after every mutant: a change is the outcome
+``state_change``, set back; a worker whose state cannot be set back answers ``retire`` and exits.
+``cfg["plant"]`` ({"SEED:INDEX": [phase, "module:function"]}, semantic mode): that function runs instead
+of the phase's work for that mutant (the oracle's own tests plant faults so)."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import tempfile
@@ -16,7 +21,7 @@ import time
 import traceback
 
 
-def _byte_mode(seeds: dict, paths: dict, tmp: str):
+def _byte_mode(seeds: dict, paths: dict, tmp: str, state: dict, plant: dict):
     """(mutant of (seed, index), run(path, mutant, on_phase), extra result fields) of the byte mode."""
     from .mutators import Mutator
     from .oracle import Reference, execute
@@ -26,7 +31,7 @@ def _byte_mode(seeds: dict, paths: dict, tmp: str):
     return mutator.mutant, lambda path, m, on_phase: execute(path, m, refs[m.model], on_phase), lambda m: {}
 
 
-def _semantic_mode(seeds: dict, paths: dict, tmp: str):
+def _semantic_mode(seeds: dict, paths: dict, tmp: str, state: dict, plant: dict):
     """As _byte_mode, for the semantic mode: the current directory becomes a fresh watched folder."""
     from .semantic import ATTACK_SEED, SemanticMutator
     from .semantic_build import ATTACKS
@@ -41,7 +46,11 @@ def _semantic_mode(seeds: dict, paths: dict, tmp: str):
         return mutator.attack(list(ATTACKS)[index]) if seed == ATTACK_SEED else mutator.mutant(seed, index)
 
     def run(path, m, on_phase):
-        return execute(path, m, refs[m.model], watch=(cwd, tmp), on_phase=on_phase)
+        planted = plant.get(f"{m.seed}:{m.index}")
+        if planted:
+            module, _, name = planted[1].partition(":")
+            planted = (planted[0], getattr(importlib.import_module(module), name))
+        return execute(path, m, refs[m.model], watch=(cwd, tmp), on_phase=on_phase, state=state, plant=planted)
 
     return mutant, run, lambda m: {"size": len(m.data)}
 
@@ -70,8 +79,13 @@ def worker_main(conn, cfg: dict) -> None:
     seeds = {n: open(p, "rb").read() for n, p in cfg["seeds"].items()}
     top = tempfile.mkdtemp(prefix="worker-", dir=cfg.get("tmp"))
     tmp = tempfile.mkdtemp(prefix="mutants-", dir=top)
-    mutant, run, extra = (_semantic_mode if cfg.get("semantic") else _byte_mode)(seeds, cfg["seeds"], tmp)
+    from . import observe
+
+    state = {}
+    mutant, run, extra = (_semantic_mode if cfg.get("semantic") else _byte_mode)(
+        seeds, cfg["seeds"], tmp, state, cfg.get("plant") or {})
     install_canary()
+    state.update(observe.snapshot())
     conn.send(("ready", os.getpid()))
     try:
         while True:
@@ -97,9 +111,17 @@ def worker_main(conn, cfg: dict) -> None:
                 res = run(path, m, lambda p, c: conn.send(("phase", (p, c))))
             finally:
                 os.unlink(path)
+            diff = observe.changes(state, observe.snapshot())
+            if diff:  # (the semantic oracle checks and sets back after every phase: here the byte mode's)
+                stuck = observe.restore(state)
+                res.update(outcome="state_change", retire=bool(stuck), traceback="",
+                           detail=f"the mutant left torch's process state changed: {'; '.join(diff)} "
+                                  f"(its outcome was {res['outcome']} in {res.get('phase')})")
             res.update(meta)
             res["seconds"] = time.perf_counter() - t0
             conn.send(("done", res))
+            if res.get("retire"):
+                break
     finally:
         os.chdir(cfg.get("tmp") or "/")
         shutil.rmtree(top, ignore_errors=True)

@@ -24,6 +24,9 @@ HEADER_SIZE = HEADER.size  # 64
 ALIGNMENT = 64
 FILE_IDENTIFIER = b"P2BF"
 assert HEADER_SIZE == 64
+# FlatBuffers offsets are signed 32-bit, so no buffer, the program section included, reaches 2 GiB; a
+# header that claims more is refused before the section is read
+MAX_PROGRAM_SIZE = (1 << 31) - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,9 +67,18 @@ def read_preamble(buf, where: str) -> tuple[int, int]:
     if magic != MAGIC:
         raise NotAnArtifactError(
             f"{where}: not a .pt2b artifact (first bytes {bytes(buf[:4])!r}, expected b'PT2B'). "
-            f"Files written by torch.export.save (.pt2) can be converted with `pt2b convert`."
+            f"Files written by torch.export.save (.pt2) can be converted with `pt2b convert`, which refuses a "
+            f".pt2 holding pickled content (unpickling can run any code) unless given --trust-pickle."
         )
     return major, minor
+
+
+def check_program_size(size: int, where: str) -> None:
+    """A program section of ``size`` bytes is one the format can hold (a FlatBuffer under 2 GiB)."""
+    if size > MAX_PROGRAM_SIZE:
+        raise CorruptArtifactError(
+            f"{where}: the header claims a program section of {size} bytes, more than a FlatBuffer can hold "
+            f"({MAX_PROGRAM_SIZE} bytes: its offsets are 32-bit); the file is damaged or crafted.")
 
 
 def unpack_header(buf, where: str, file_size: int) -> Header:
@@ -91,4 +103,5 @@ def unpack_header(buf, where: str, file_size: int) -> Header:
             )
     if alignment < 8 or alignment & (alignment - 1) or d_off % alignment:
         raise CorruptArtifactError(f"{where}: invalid segment alignment {alignment}.")
+    check_program_size(p_size, where)
     return Header(major, minor, d_off, d_size, p_off, p_size, p_crc, alignment, header_size, flags)

@@ -69,6 +69,11 @@ def _plans(lay: Layout) -> dict:
     return out
 
 
+# budget units (bytes of tables, strings and vectors, once per reference) every walk of this process
+# has spent: a count that lets tests bound the verifier's work without a clock
+SPENT = 0
+
+
 class Budget:
     """The work left to one buffer's walks: its size in bytes at first. check_buffer's walk and every
     later check_table walk of a table it skipped (each method's graph) draw from the same Budget, so
@@ -88,9 +93,10 @@ def _walk(buf, lay: Layout, start: int | None = None, name: str = "", skip=froze
     named in ``skip`` (".field") are checked as offsets only and not entered: returns {".field":
     the position of the root's table} for the caller to check with another walk when it is first
     read; a Method's table of that field is skipped alike, for the reader to check the same way."""
+    global SPENT
     n = len(buf)
     plans = _plans(lay)
-    budget = n if shared is None else shared.left
+    budget = initial = n if shared is None else shared.left
     skipped: dict[str, int] = {}
     u32, i32, u16 = _U32, _I32, _U16
 
@@ -204,6 +210,7 @@ def _walk(buf, lay: Layout, start: int | None = None, name: str = "", skip=froze
     finally:
         if shared is not None:
             shared.left = budget  # (it started from shared.left and only went down)
+        SPENT += initial - max(budget, 0)  # (a refusal's last claim overdraws it: not spent)
     return skipped
 
 

@@ -14,14 +14,13 @@ import dataclasses
 import mmap
 import os
 import stat
-import zlib
 
 from ...errors import ArtifactError, CorruptArtifactError, NotAnArtifactError
 from ...versioning import formats, majors
 from ..generated import pt2b_generated as G
 from ..layout.container import FILE_IDENTIFIER, HEADER_SIZE, Header, read_preamble, unpack_header
 from ..layout.segments import DIGEST_SIZE, read_segments
-from . import buffer_bounds, segment_hashes
+from . import buffer_bounds, section, segment_hashes
 
 
 def open_regular(path: str, where: str):
@@ -50,7 +49,8 @@ def open_regular(path: str, where: str):
 
 def open_checked(path, *, mapped: bool):
     """(path, header, file mapping or None, program bytes) after the preamble, version, header
-    and program checksum checks; the mapping (copy-on-write) is made only when ``mapped``."""
+    and program checksum checks (section.read_program: memory and reads set by the bytes on disk);
+    the mapping (copy-on-write) is made only when ``mapped``."""
     try:
         path = os.fspath(path)
     except TypeError:
@@ -63,17 +63,8 @@ def open_checked(path, *, mapped: bool):
         major, minor = read_preamble(head, where)
         majors.check_readable((major, minor), where)  # older majors only when steps reach today's
         header = (majors.header_reader(major) or unpack_header)(head, where, size)  # today's unless a step says
-        if mapped:
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-            program_bytes = mm[header.program_offset : header.program_offset + header.program_size]
-        else:
-            mm = None
-            f.seek(header.program_offset)
-            program_bytes = f.read(header.program_size)
-    if zlib.crc32(program_bytes) != header.program_crc32:
-        raise CorruptArtifactError(
-            f"{where}: program section checksum mismatch; the file is damaged (re-export or re-copy it)."
-        )
+        program_bytes = section.read_program(f, header, where)
+        mm = section.map_file(f, where, mmap.ACCESS_COPY) if mapped else None
     return path, header, mm, program_bytes
 
 
@@ -177,7 +168,7 @@ def verify_checksums(path, early: segment_hashes.Early | None = None) -> Checksu
                        len(segments), where)
     extents = segment_extents(header, segments, where)
     with open_regular(path, where) as f:  # the header put the data section within the file
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        mm = section.map_file(f, where, mmap.ACCESS_READ)
     try:
         check_segment_hashes(hash_segments(mm, extents, recorded, early), segments, recorded, where)
     finally:

@@ -22,6 +22,7 @@ from ..._torch.pytree import pytree
 from ..._torch.serde import schema as S
 from ... import names
 from ...errors import ArtifactError, CorruptArtifactError, MethodNotFoundError, MissingPytreeTypeError
+from ...util import nesting
 from ...versioning import schema_drift
 from ..generated import pt2b_generated as G
 from ..layout.container import Header
@@ -240,6 +241,7 @@ def _example_inputs(art: Artifact, tensors) -> object:
     if not spec:
         return None
     where = _where(art.path)
+    untrusted.check_treespec(spec, f"{where}: example inputs")
     try:
         treespec = pytree.treespec_loads(spec)
     except Exception as e:
@@ -253,14 +255,54 @@ def _example_inputs(art: Artifact, tensors) -> object:
         if node.type in (dict, collections.OrderedDict, collections.defaultdict):
             ctx = node.context[1] if node.type is collections.defaultdict else node.context
             untrusted.check_plain_strings(list(ctx or []), f"{where}: example inputs", "dict key")
+    raw = art.program.exampleInputsLeaves
     try:
-        raw = art.program.exampleInputsLeaves
         leaves_meta = msgpack.unpackb(bytes(raw if raw is not None else b""), strict_map_key=True)
-        example = [t for _, (k, t, _) in tensors.items() if k == G.TensorKind.EXAMPLE_INPUT]
-        leaves = [example[x["t"]] if "t" in x else x["v"] for x in leaves_meta]
+    except Exception as e:
+        raise CorruptArtifactError(f"{where}: example inputs are malformed ({type(e).__name__}: {e}).") from None
+    example = [t for _, (k, t, _) in tensors.items() if k == G.TensorKind.EXAMPLE_INPUT]
+    leaves = _example_leaves(leaves_meta, example, where)
+    try:
         return pytree.tree_unflatten(leaves, treespec)
     except Exception as e:
         raise CorruptArtifactError(f"{where}: example inputs are malformed ({type(e).__name__}: {e}).") from None
+
+
+_EXAMPLE_SCALARS = (bool, int, float, str, type(None))  # the non-tensor leaves the writer stores
+
+
+def _example_leaves(entries, example: list, where: str) -> list:
+    """The example inputs' leaves from their msgpack record, as the writer stores them: a list of
+    {"t": index of a stored example-input tensor} or {"v": one number, string, bool or None}. Anything
+    else, a value nested inside a leaf above all, is refused here: torch's pytree functions and the
+    guard checks walk leaves recursively."""
+    if not isinstance(entries, list):
+        raise CorruptArtifactError(f"{where}: example inputs are malformed (their leaves are not a list).")
+    out = []
+    for i, x in enumerate(entries):
+        if type(x) is dict and len(x) == 1:
+            t, v = x.get("t"), x.get("v")
+            if type(t) is int and 0 <= t < len(example):
+                out.append(example[t])
+                continue
+            if "v" in x and isinstance(v, _EXAMPLE_SCALARS):
+                out.append(v)
+                continue
+        raise CorruptArtifactError(
+            f"{where}: example inputs are malformed: leaf {i} {_leaf_problem(x, len(example))}, where a leaf is the "
+            f"index of a stored tensor or one number, string, bool or None, nothing nested (the file is damaged "
+            f"or crafted).")
+    return out
+
+
+def _leaf_problem(x, stored: int) -> str:
+    """What is wrong with an example-input leaf record, by types only (the value may nest: never printed)."""
+    if type(x) is dict and len(x) == 1 and "t" in x:
+        t = x["t"]
+        return f"names tensor {t} of {stored} stored" if type(t) is int else f"names a tensor by a {type(t).__name__}"
+    if type(x) is dict and len(x) == 1 and "v" in x:
+        return f"holds a {type(x['v']).__name__}"
+    return f"is a {type(x).__name__}" + (f" of {len(x)} entries" if type(x) is dict else "")
 
 
 @dataclasses.dataclass
@@ -508,4 +550,5 @@ def read_metadata(art: Artifact) -> dict:
         raise CorruptArtifactError(f"{_where(art.path)}: metadata is malformed ({e}).") from None
     if not isinstance(value, dict):
         raise CorruptArtifactError(f"{_where(art.path)}: metadata is not a map.")
+    nesting.check_value(value, untrusted.MAX_DATA_DEPTH, _where(art.path), "metadata")
     return value

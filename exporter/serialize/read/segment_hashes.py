@@ -194,12 +194,12 @@ class Early:
         from ..generated import pt2b_generated as G
         from ..layout.container import HEADER_SIZE, unpack_header
         from ..layout.segments import read_segments
+        from .section import read_program
 
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             header = unpack_header(f.read(HEADER_SIZE), path, size)
-            f.seek(header.program_offset)
-            program = G.Program.GetRootAs(f.read(header.program_size), 0)
+            program = G.Program.GetRootAs(read_program(f, header, path), 0)  # its CRC32 first, in pieces
             extents = [(header.data_offset + seg.offset, seg.nbytes) for seg in read_segments(program)]
             if any(s + n > size or s < 0 for s, n in extents) or sum(n for _, n in extents) > header.data_size:
                 self._failed = True

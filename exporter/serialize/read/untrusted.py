@@ -1,13 +1,15 @@
 """Checks on a decoded program before torch's deserializer sees it, so that nothing in a file is
 evaluated or resolved to an arbitrary Python object: node targets, symbolic expressions (parsed, never
-evaluated), value and argument names, state/module paths (names.py aliases the unsafe ones), guards and
-string inputs. Why each check: docs/untrusted.md#every-name-from-the-file-that-becomes-a-python-object."""
+evaluated), value and argument names, state/module paths (names.py aliases the unsafe ones), guards,
+string inputs, how deep JSON text nests. Why each check:
+docs/untrusted.md#every-name-from-the-file-that-becomes-a-python-object."""
 
 from __future__ import annotations
 
 import ast
 import dataclasses
 import functools
+import json
 import operator
 import re
 
@@ -18,6 +20,8 @@ from ..._torch.serde import Union as _Union
 from ..._torch.serde import schema as S
 from ... import names, ops
 from ...errors import CorruptArtifactError
+from ...util import nesting
+from .regions import check_regions
 
 @functools.cache
 def _python_targets() -> frozenset:
@@ -411,6 +415,49 @@ def check_tensor_meta(d: dict, where: str) -> None:
                                    f"the file is damaged or crafted.")
 
 
+# Lists and maps from a file, in JSON text (pytree specs, node metadata custom/from_node) or decoded
+# (the metadata map) nest at most this deep: JSON text reaches recursive Python code in torch
+# (treespec_loads, NodeSource._from_dict), and what either builds meets recursive walks later (pytree
+# flatten and unflatten, comparisons, copies, printing). At the cap each of those still works (a test
+# loads, runs and lowers such a program); real programs nest far less (a test measures the zoo).
+MAX_DATA_DEPTH = 128
+_JSON_METADATA = ("custom", "from_node")  # node and graph metadata torch's deserializer json.loads
+
+
+def check_json_text(text, where: str, what: str) -> None:
+    """CorruptArtifactError if the JSON ``text`` nests brackets deeper than MAX_DATA_DEPTH (scanned in
+    linear time, before any parser sees it)."""
+    if isinstance(text, str):
+        nesting.check_text(text, MAX_DATA_DEPTH, where, what, quotes='"')
+
+
+def check_treespec(spec, where: str, what: str = "pytree spec") -> None:
+    """A serialized pytree spec (treespec_dumps's JSON, each node's context a JSON string of its own),
+    before treespec_loads: the spec and every context nested at most MAX_DATA_DEPTH deep. A spec
+    that is not JSON of that shape is left for treespec_loads to refuse."""
+    check_json_text(spec, where, what)
+    try:
+        _, root = json.loads(spec)
+    except (TypeError, ValueError):
+        return
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        check_json_text(node.get("context"), where, f"{what} context")
+        children = node.get("children_spec")
+        if isinstance(children, list):
+            stack.extend(children)
+
+
+def _check_metadata_json(metadata, where: str) -> None:
+    """The metadata entries of a node or graph that torch's deserializer json.loads (check_json_text)."""
+    if isinstance(metadata, dict):
+        for key in _JSON_METADATA:
+            check_json_text(metadata.get(key), where, f"metadata {key}")
+
+
 _LEAF_TYPES = frozenset((str, int, float, bool, type(None)))  # values the walk does not descend into
 
 
@@ -476,6 +523,8 @@ def check_program(ep: S.ExportedProgram, where: str, recorded=frozenset()) -> No
             if not _target_ok(d["target"], recorded):
                 check_target(d["target"], f"{where}: node {d['name'] or '?'}", recorded)
             _check_node_callables(d, where)
+            if d["metadata"]:
+                _check_metadata_json(d["metadata"], f"{where}: node {d['name'] or '?'}")
         elif cls is S.TensorMeta:
             check_tensor_meta(d, f"{where}: {_path_text(path)}")
         elif cls is S.Graph:
@@ -489,6 +538,10 @@ def check_program(ep: S.ExportedProgram, where: str, recorded=frozenset()) -> No
             sig = d["signature"]
             for arg_name in (sig.forward_arg_names or []) if sig else []:
                 check_name(arg_name, IDENT, f"{where}: module_call_graph {d['fqn']!r}", "forward argument name")
+            for field in ("in_spec", "out_spec") if sig else ():
+                check_treespec(getattr(sig, field), f"{where}: module_call_graph {d['fqn']!r}", field)
+        elif cls is S.GraphModule:
+            _check_metadata_json(d["metadata"], f"{where}: graph module")
         union, names, nested = kind
         if union:
             active = str.__str__(d["_type"])
@@ -525,6 +578,7 @@ def check_program(ep: S.ExportedProgram, where: str, recorded=frozenset()) -> No
     check_plain_strings(([a for a in ep.graph_module.graph.inputs if a.type == "as_string"], constant_inputs),
                         f"{where}: program inputs", "string input value")
     _check_python_call_arguments(ep.graph_module.graph, where)
+    check_regions(ep.graph_module.graph, where)  # region nodes pair up (regions.py)
 
 
 def _check_python_call_arguments(graph: S.Graph, where: str) -> None:

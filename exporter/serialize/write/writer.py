@@ -24,6 +24,7 @@ from ...versioning import majors, op_table
 from ...versioning.formats import FIELDS_ADDED, FORMAT_VERSION, version_str
 from ...util.atomic import atomic_path, check_destination
 from ...util.gc_pause import gc_paused
+from ...util import nesting
 from ..generated import pt2b_generated as G
 from ..layout.container import ALIGNMENT, FILE_IDENTIFIER, HEADER_SIZE, Header, align
 from ..mapping import module_stacks, return_types
@@ -166,6 +167,8 @@ def pack_metadata(metadata) -> bytes:
         raise ExportError(f"metadata cannot be stored: {e}. Use str, numbers, bools, None, lists and dicts.") from None
     if len(raw) > MAX_METADATA_BYTES:
         raise ExportError(f"metadata is {len(raw)} bytes; the limit is {MAX_METADATA_BYTES}.")
+    if nesting.deeper_than(metadata, untrusted.MAX_DATA_DEPTH):  # what the reader refuses
+        raise ExportError(f"metadata nests more than {untrusted.MAX_DATA_DEPTH} levels deep, more than pt2b reads.")
     return raw
 
 
