@@ -75,6 +75,10 @@ def parse(schema: str):
     except RuntimeError as e:
         first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "parse error")
         raise ValueError(first) from None
+    except (IndexError, ValueError, OverflowError, TypeError) as e:
+        # C++ exceptions pybind turns into these: std::out_of_range from stoll/stod on a default
+        # value past int64 or double (IndexError), std::invalid_argument (ValueError)
+        raise ValueError(f"a default value is out of range or malformed ({type(e).__name__}: {e})") from None
 
 
 def _type(t) -> str:

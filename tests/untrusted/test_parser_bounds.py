@@ -19,7 +19,7 @@ from tests.support.artifact_surgery import rewrite_artifact
 from exporter import export_model, load, load_for_backend
 from exporter.cli import main as cli
 from exporter.corpus.zoo import make_case
-from exporter.errors import CorruptArtifactError, ExportError
+from exporter.errors import CorruptArtifactError, ExportError, SchemaDriftError
 from exporter.lowering.validate import Validation
 from exporter.serialize import reader
 from exporter.serialize.read import untrusted
@@ -164,6 +164,25 @@ def test_a_schema_nested_thousands_deep_is_a_typed_error_not_a_crash(tmp_path):
         assert out.stderr.count(f"{TYPED}{refusal}") == 2, out.stderr
     assert lines.count("verify 2") == 2 and lines.count("upgrade 2") == 2, lines
     assert {p: p.read_bytes() for p in before} == before  # upgrade left them as they were
+
+
+@pytest.mark.parametrize("default, why", [
+    ("int x=" + "9" * 40, "(IndexError: stoll)"),
+    ("float x=1e" + "9" * 40, "(IndexError: stod)"),
+])
+def test_a_default_past_the_parsers_range_is_a_typed_error(tmp_path, capsys, default, why):
+    """torch's schema parser reads numeric defaults with std::stoll / std::stod, whose out_of_range
+    reaches Python as an IndexError: a recorded schema with such a default is refused like any other
+    that does not parse (the semantic fuzzer's parser_schema kind found it)."""
+    path = _exported(tmp_path)
+    rewrite_artifact(path, path, ops={("aten::linear", "default"):
+                                      f"aten::linear(Tensor input, Tensor weight, Tensor? bias=None, {default}) -> Tensor"})
+    with pytest.raises(ValueError, match=re.escape(why)):
+        schema_drift.parse(f"aten::f(Tensor self, {default}) -> Tensor")
+    with pytest.raises(SchemaDriftError, match=re.escape(f"does not parse with this torch (a default value is out of range or malformed {why})")):
+        load(path)
+    code, err = _cli(capsys, "verify", path)
+    assert code == 2 and err.startswith("pt2b: artifact error (SchemaDriftError): ") and why in err, err
 
 
 # ---- item 9: example inputs and metadata (recursive Python walks) ----
