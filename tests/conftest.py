@@ -37,3 +37,12 @@ def grad_mode_on(request):
         import warnings
 
         warnings.warn(GradModeLeft(f"{request.node.nodeid} left grad mode off"))
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    """A lowering cache of the test's own, on (the suite runs with it off)."""
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("PT2B_CACHE_DIR", str(folder))
+    monkeypatch.delenv("PT2B_CACHE", raising=False)
+    return folder

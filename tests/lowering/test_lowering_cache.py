@@ -21,14 +21,6 @@ from exporter.corpus.zoo import make_case
 from runtime_ref import Runtime
 
 
-@pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    folder = tmp_path / "cache"
-    monkeypatch.setenv("PT2B_CACHE_DIR", str(folder))
-    monkeypatch.delenv("PT2B_CACHE", raising=False)
-    return folder
-
-
 @pytest.fixture(scope="module")
 def case():
     return make_case("mlp")

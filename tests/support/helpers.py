@@ -153,3 +153,14 @@ class CacheFilledEagerly(torch.nn.Module):
         model(*args)
         assert model.cache.requires_grad
         return model, args
+
+
+class Mlp(torch.nn.Module):
+    """Two linear layers around a relu, 4 -> 8 -> 4: the small model of the hostile-file tests."""
+
+    def __init__(self):
+        super().__init__()
+        self.l1, self.l2 = torch.nn.Linear(4, 8), torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.l2(self.l1(x).relu())

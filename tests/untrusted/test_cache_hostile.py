@@ -20,28 +20,12 @@ from exporter.cli import main as cli
 from exporter.lowering import cache
 from exporter.lowering.lower import plan_lowering
 from exporter.serialize import reader
+from tests.support.helpers import Mlp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-class Mlp(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.l1, self.l2 = torch.nn.Linear(4, 8), torch.nn.Linear(8, 4)
-
-    def forward(self, x):
-        return self.l2(self.l1(x).relu())
-
-
 X = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
-
-
-@pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    folder = tmp_path / "cache"
-    monkeypatch.setenv("PT2B_CACHE_DIR", str(folder))
-    monkeypatch.delenv("PT2B_CACHE", raising=False)
-    return folder
 
 
 def _exported(tmp_path, name: str, shift: float = 0.0):

@@ -17,17 +17,9 @@ from exporter import export_model, load, load_for_backend
 from exporter.cli import main as cli
 from exporter.errors import ArtifactError, CorruptArtifactError, NotAnArtifactError
 from exporter.serialize.read import buffer_bounds, decode_schema, integrity, untrusted
+from tests.support.helpers import Mlp
 
 OPENS = 3  # the most times one command opens the file it is given
-
-
-class Mlp(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.l1, self.l2 = torch.nn.Linear(4, 8), torch.nn.Linear(8, 4)
-
-    def forward(self, x):
-        return self.l2(self.l1(x).relu())
 
 
 def _exported(tmp_path, name="m.pt2b", model=None, args=None, **kw) -> pathlib.Path:
@@ -521,14 +513,6 @@ def _swapped_weights(trusted: pathlib.Path, dest: pathlib.Path) -> pathlib.Path:
             assert zlib.crc32(data[start:start + n]) == crc
     dest.write_bytes(bytes(data))
     return dest
-
-
-@pytest.fixture()
-def cache_dir(tmp_path, monkeypatch):
-    folder = tmp_path / "cache"
-    monkeypatch.setenv("PT2B_CACHE_DIR", str(folder))
-    monkeypatch.delenv("PT2B_CACHE", raising=False)
-    return folder
 
 
 @pytest.mark.parametrize("version", [None, (1, 2)], ids=["digests", "1.2-no-digests"])

@@ -21,21 +21,12 @@ from exporter.serialize.read import regions, untrusted
 from exporter.util import process_state
 from runtime_ref import Runtime
 from tests.support.artifact_surgery import find_nodes, rewrite_artifact
-from tests.support.helpers import assert_close_to_eager
+from tests.support.helpers import Mlp, assert_close_to_eager
 
 GRAD = "torch._C._set_grad_enabled"
 ENTER, EXIT = "torch.amp.autocast_mode._enter_autocast", "torch.amp.autocast_mode._exit_autocast"
 PREDISPATCH = "torch._functorch.predispatch."
 DEVICES = torch._C._autocast_supported_devices()
-
-
-class Mlp(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.l1, self.l2 = torch.nn.Linear(4, 8), torch.nn.Linear(8, 4)
-
-    def forward(self, x):
-        return self.l2(self.l1(x).relu())
 
 
 class Regions(torch.nn.Module):
