@@ -53,7 +53,13 @@ def component_safe(comp: str) -> bool:
         return False
     if comp.isidentifier():  # written as `self.comp` by torch's code generation
         return _source_identifier(comp)
-    return comp.isprintable() and '"' not in comp and "\\" not in comp  # written as getattr(self, "comp")
+    return not breaks_out(comp)
+
+
+def breaks_out(comp: str) -> bool:
+    """True when ``comp``, not an identifier, would break out of the string literal torch's code
+    generation writes it into (``getattr(self, "comp")``): code injection, not merely a failed build."""
+    return not comp.isidentifier() and not (comp.isprintable() and '"' not in comp and "\\" not in comp)
 
 
 def alias(comp: str) -> str:

@@ -6,6 +6,12 @@ import pytest
 # the suite tests lowering itself; tests of the lowering cache turn it on in a folder of their own
 os.environ["PT2B_CACHE"] = "off"
 
+# a pt2b entry point that had to give back process state other than grad mode fails the test
+# (exporter/util/process_state.py): a valid program never changes it
+from exporter.util import process_state  # noqa: E402
+
+process_state.STRICT = True
+
 # the test files every supported torch release runs (tools/release_matrix.py): one list, in compat.txt
 # (paths from tests/: <group>/<file>)
 COMPAT_FILES = frozenset(ln.strip() for ln in (pathlib.Path(__file__).parent / "compat.txt").read_text().splitlines()

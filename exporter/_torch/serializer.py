@@ -20,8 +20,9 @@ SERIALIZE_TO_TORCH_MEMORY_FORMAT = _serialize._SERIALIZE_TO_TORCH_MEMORY_FORMAT
 SERIALIZE_TO_TORCH_LAYOUT = _serialize._SERIALIZE_TO_TORCH_LAYOUT
 SYM_OPS = _serialize._SYM_OPS  # the Python functions torch's deserializer accepts for SymInt arithmetic
 int_to_sympy_int = _serialize._int_to_sympy_int
+bytes_to_dataclass = _serialize._bytes_to_dataclass  # json.loads, then the schema's dataclasses (nothing resolved)
 
 __all__ = ["SCHEMA_VERSION", "ST_DELIMITER", "SERIALIZE_TO_TORCH_DTYPE", "SERIALIZE_TO_TORCH_LAYOUT",
-           "SERIALIZE_TO_TORCH_MEMORY_FORMAT", "SYM_OPS", "ExportedProgramDeserializer",
+           "SERIALIZE_TO_TORCH_MEMORY_FORMAT", "SYM_OPS", "bytes_to_dataclass", "ExportedProgramDeserializer",
            "ExportedProgramSerializer", "GraphModuleDeserializer", "GraphModuleSerializer", "SerializeError",
            "deserialize_device", "int_to_sympy_int", "serialize_range_constraints"]

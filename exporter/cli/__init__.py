@@ -59,11 +59,14 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Convert between torch.export.save's .pt2 and .pt2b (the direction from the source "
                                    "file). Reading a .pt2 can unpickle (torch.export.load), and unpickling can run "
                                    "any code: a .pt2 holding pickled content is refused, naming what is pickled, "
-                                   "before anything of it is unpickled, unless you pass --trust-pickle.")
+                                   "before anything of it is unpickled, and so is a program that fails pt2b's checks "
+                                   "on untrusted programs (torch's deserializer evaluates its symbolic expressions), "
+                                   "unless you pass --trust-pickle.")
     c.add_argument("source")
     c.add_argument("dest")
     c.add_argument("--trust-pickle", action="store_true",
-                   help="read a .pt2's pickled content all the same (it can run any code): only for files you trust")
+                   help="the .pt2 is trusted: read its pickled content and its program with torch alone, as "
+                        "torch.export.load does (it can run any code)")
     v = sub.add_parser("verify", help="check every checksum of an artifact, weights included")
     v.add_argument("artifact")
     v.add_argument("--checksums", action="store_true",

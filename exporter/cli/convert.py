@@ -10,7 +10,7 @@ import torch
 
 from ..errors import ArtifactError, ExportError, NotAnArtifactError, PickledContentError
 from ..serialize.layout.container import MAGIC
-from . import progress
+from . import progress, pt2_program
 
 
 def _kind(path) -> str:
@@ -32,7 +32,10 @@ def convert(source, dest, *, trust_pickle: bool = False) -> str:
     constants, custom objects: any code can run). Without ``trust_pickle`` such an archive is a
     PickledContentError naming each pickled entry and the globals it imports, before torch reads any
     of it; the example inputs (always a torch.save pickle) are read only where torch's weights-only
-    unpickler takes them. ``trust_pickle=True`` reads everything: for files you trust.
+    unpickler takes them. Each program is then checked as pt2b checks its own (pt2_program.py):
+    torch's deserializer evaluates symbolic expressions and resolves targets by name, so a .pt2 with
+    no pickle at all can still run code. ``trust_pickle=True`` reads everything with torch alone: for
+    files you trust.
     """
     from ..api import export_model, load
     from ..serialize.read.integrity import open_regular
@@ -44,6 +47,8 @@ def convert(source, dest, *, trust_pickle: bool = False) -> str:
         with open_regular(os.fspath(source), os.fspath(source)) as f:
             if not trust_pickle:
                 _refuse_pickles(f, source)
+                f.seek(0)
+                pt2_program.check_programs(f, source)  # torch's deserializer evaluates and resolves them
                 f.seek(0)
             try:
                 ep = torch.export.load(f)

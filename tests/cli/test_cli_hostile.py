@@ -18,13 +18,15 @@ import pytest
 import torch
 
 from exporter import cli, export_model, load
-from exporter.cli import terminal
+from exporter.cli import pt2_program, terminal
 from exporter.cli.convert import convert
 from exporter.cli.pt2_pickles import _globals
+from exporter.corpus.zoo import make_case
 from exporter.errors import PickledContentError, UnsupportedVersionError
 from exporter.serialize import reader
 from exporter.serialize.generated import pt2b_generated as G
 from exporter.serialize.layout.container import FILE_IDENTIFIER, Header, align
+from exporter.util import nesting
 from exporter.versioning.formats import FORMAT_MAJOR, FORMAT_VERSION
 from tests.support.artifact_surgery import rewrite_artifact, set_op_record
 
@@ -153,6 +155,77 @@ def test_convert_refuses_pickled_content_without_running_it(pt2, tmp_path, craft
     code, _, err = run_cli("convert", "--trust-pickle", evil, dest)
     assert canary.exists() and code == 2 and "pt2b: artifact error (ArtifactError)" in err and not dest.exists()
     assert "--trust-pickle: unpickling" in err
+
+
+def _program_json(pt2) -> tuple[str, str]:
+    """(the entry's path under the root folder, the text) of the archive's one program."""
+    with zipfile.ZipFile(pt2) as z:
+        name = next(n for n in z.namelist() if "/models/" in n and n.endswith(".json"))
+        return name.split("/", 1)[1], z.read(name).decode()
+
+
+@pytest.fixture
+def dynamic_pt2(tmp_path):
+    """A .pt2 of a program with symbolic sizes (its tensors' metadata holds expressions)."""
+    case = make_case("dynamic_shapes")
+    path = tmp_path / "dyn.pt2"
+    torch.export.save(torch.export.export(case.model, case.args, kwargs=case.kwargs,
+                                          dynamic_shapes=case.dynamic_shapes), path)
+    return path
+
+
+def _expression_payload(pt2, tmp_path, canary):
+    """No pickle at all: a symbolic size's expression that calls Path.touch when sympify evaluates it."""
+    rel, text = _program_json(pt2)
+    first = re.search(r'"expr_str": ("Symbol\(\'s\d+\'[^"]*\)")', text)
+    payload = json.dumps(f"__import__('pathlib').Path({str(canary)!r}).touch() or {json.loads(first.group(1))}")
+    return _rewrite_pt2(pt2, tmp_path / "evil.pt2", {rel: text.replace(first.group(1), payload).encode()})
+
+
+def _python_target(pt2, tmp_path, canary):
+    """A node whose target names a Python function by path: torch's deserializer resolves it by getattr."""
+    rel, text = _program_json(pt2)
+    text = text.replace('"target": "torch.ops.aten.add.Tensor"', '"target": "torch.os.system"', 1)
+    assert "torch.os.system" in text
+    return _rewrite_pt2(pt2, tmp_path / "evil.pt2", {rel: text.encode()})
+
+
+def _state_path_breaking_out(pt2, tmp_path, canary):
+    """A buffer named with a quote: torch's generated code writes getattr(self, "<name>")."""
+    rel, text = _program_json(pt2)
+    text = text.replace('"shift"', json.dumps('shift") or __import__("os").getcwd() or ("'))
+    return _rewrite_pt2(pt2, tmp_path / "evil.pt2", {rel: text.encode()})
+
+
+@pytest.mark.parametrize("craft, why", [
+    (_expression_payload, "symbolic expression"),
+    (_python_target, "torch.os.system"),
+    (_state_path_breaking_out, "breaks out of the string torch's code generation writes it into"),
+])
+def test_convert_checks_a_pt2s_program_before_torch_reads_it(pt2, dynamic_pt2, tmp_path, craft, why):
+    """A .pt2 holding no pickle can still run code: torch's deserializer evaluates its expressions and
+    resolves its names. convert refuses such a program before torch reads any of it."""
+    canary = tmp_path / "canary"
+    evil = craft(dynamic_pt2 if craft is _expression_payload else pt2, tmp_path, canary)
+    dest = tmp_path / "out.pt2b"
+    code, out, err = run_cli("convert", evil, dest)
+    assert code == 2 and "pt2b: artifact error (CorruptArtifactError)" in err and why in err, err
+    assert not canary.exists() and not dest.exists() and out == ""
+    if craft is _expression_payload:  # the hole is real: torch alone runs the payload
+        run_cli("convert", "--trust-pickle", evil, dest)
+        assert canary.exists()
+
+
+@pytest.mark.parametrize("case", ["mlp", "cond", "map", "while_loop", "dynamic_shapes", "transformer_encoder"])
+def test_torchs_own_pt2_programs_pass_the_checks(tmp_path, case):
+    """What torch.export.save writes passes pt2b's program checks, its JSON nested far within the cap."""
+    c = make_case(case)
+    path = tmp_path / "m.pt2"
+    torch.export.save(torch.export.export(c.model, c.args, kwargs=c.kwargs, dynamic_shapes=c.dynamic_shapes), path)
+    with open(path, "rb") as f:
+        pt2_program.check_programs(f, path)
+    assert nesting.bracket_depth(_program_json(path)[1], '"') * 4 < pt2_program.MAX_PROGRAM_DEPTH
+    assert convert(path, tmp_path / "m.pt2b") == "pt2->pt2b"
 
 
 def test_convert_of_an_ordinary_pt2_needs_no_trust(pt2, tmp_path):
