@@ -100,7 +100,7 @@ class ProgramHandle:
             except Exception as e:  # the program came from a file that passed every check
                 raise CorruptArtifactError(
                     f"{getattr(self, 'path', 'program')}: the program cannot be turned into a module "
-                    f"({type(e).__name__}: {e}); the artifact is malformed.") from e
+                    f"({type(e).__name__}: {e}); the artifact is malformed.") from None  # (reader._by_torchs_deserializer)
         return self._module
 
     @preserved()  # full: torch runs the autocast regions itself, and one a raise leaves open has set a dtype

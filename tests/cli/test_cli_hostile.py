@@ -22,7 +22,7 @@ from exporter.cli import pt2_program, terminal
 from exporter.cli.convert import convert
 from exporter.cli.pt2_pickles import _globals
 from exporter.corpus.zoo import make_case
-from exporter.errors import PickledContentError, UnsupportedVersionError
+from exporter.errors import CorruptArtifactError, PickledContentError, SchemaDriftError, UnsupportedVersionError
 from exporter.serialize import reader
 from exporter.serialize.generated import pt2b_generated as G
 from exporter.serialize.layout.container import FILE_IDENTIFIER, Header, align
@@ -401,6 +401,18 @@ def test_error_lines_show_the_files_strings_escaped(tmp_path):
     assert code == 2 and "pt2b: artifact error (SchemaDriftError)" in err
     assert r"recorded: aten::linear(Tensor input\u202e\u2066\u200f, Tensor weight" in err
     _shown(out + err)
+
+
+def test_error_messages_raised_to_python_show_the_files_strings_escaped(tmp_path):
+    """A traceback prints an error's message to a terminal without the command line's streams: pt2b's
+    errors escape their messages themselves (newlines and tabs kept)."""
+    path = _hostile(tmp_path)
+    with pytest.raises(SchemaDriftError) as info:
+        load(path)
+    assert r"recorded: aten::linear(Tensor input\u202e\u2066\u200f, Tensor weight" in str(info.value)
+    e = CorruptArtifactError("m.pt2b: producer " + PAYLOAD + "\n\tnext line")
+    assert str(e) == "m.pt2b: producer " + terminal.escape(PAYLOAD) + "\n\tnext line" and "\x1b" not in str(e)
+    _shown(str(info.value) + str(e))
 
 
 def test_run_input_errors_show_the_dim_names_escaped(tmp_path):

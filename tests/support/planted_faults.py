@@ -27,7 +27,9 @@ def print_osc52():
 def raise_osc52():
     from exporter.errors import CorruptArtifactError
 
-    raise CorruptArtifactError(f"m.pt2b: producer {OSC52} is not pt2b's")
+    e = CorruptArtifactError("m.pt2b: producer is not pt2b's")
+    e.args = (f"m.pt2b: producer {OSC52} is not pt2b's",)  # past the escaping pt2b's errors apply (errors.py)
+    raise e
 
 
 def touch_memory():

@@ -69,6 +69,12 @@ FIXED: dict[tuple[int, int], str] = {
     (SEED, 14): _SCHEMA_NESTING + " (Future(...) 65530 characters)",
     (SEED, 16): _SCHEMA_NESTING + " (Dict(str, ...) 65527 characters)",
     (SEED, 30): _ESCAPES + " (OSC 52 in a default string)",
+    (21, 447): ("an op-table schema whose int default is 40 digits: torch's parser raised IndexError (stoll) "
+                "out of load; now a SchemaDriftError"),
+    (21, 595): ("an op-table schema whose float default is 1e999...: IndexError (stod) out of load; now a "
+                "SchemaDriftError"),
+    (21, 2514): ("a node's device string holding CSI and OSC sequences: the CorruptArtifactError's message and its "
+                 "chained cause quoted them raw; now errors.py escapes messages and the cause is not chained"),
 }
 
 # attack -> what it does to pt2b when it is not refused

@@ -432,9 +432,10 @@ def _by_torchs_deserializer(run, where: str):
         missing = _unregistered_pytree_type(e, where)
         if missing is not None:
             raise missing from None
+        # not chained: the message holds torch's, escaped (errors.py); a chained cause would be printed raw
         raise CorruptArtifactError(
             f"{where}: the program could not be rebuilt by torch ({type(e).__name__}: {e})."
-        ) from e
+        ) from None
 
 
 def _argument_name(arg) -> str:
