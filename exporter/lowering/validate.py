@@ -166,7 +166,7 @@ def _autocast_dtypes(source_ep) -> set:
 
 
 # Above this many elements a tensor's values are rotated by a random offset instead of shuffled: a
-# random permutation of 33M elements costs 2.3 s, eight times the program's two runs (issue 37, case 5)
+# random permutation of a large weight costs more than the two runs of the program it checks
 SHUFFLE_LIMIT = 1 << 20
 
 # The copies a recording run keeps of the values the decomposed ops receive, at most (the calls past it
