@@ -5,14 +5,14 @@ Each message says what is wrong, where (file, section, node, op) and what to do 
 
 from __future__ import annotations
 
+from .util.visible import escape
+
 
 class Pt2bError(Exception):
     """Base class of all pt2b errors. A message may quote a file's strings, and a traceback prints it to
     a terminal: every control character in it but newline and tab is shown as its escape."""
 
     def __init__(self, *args):
-        from .util.visible import escape
-
         super().__init__(*(escape(a, layout=True) if isinstance(a, str) else a for a in args))
 
 
