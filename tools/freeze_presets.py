@@ -2,7 +2,7 @@
 data: exporter/lowering/presets.py reads them), or print what changed across the frozen releases.
 
     python -m tools.freeze_presets [none core core-tag max]   # run in that release's venv
-    python -m tools.freeze_presets --changes                  # the README's and docs/releases.md's section
+    python -m tools.freeze_presets --changes                  # docs/results.md's and docs/releases.md's section
 """
 
 from __future__ import annotations

@@ -675,7 +675,7 @@ def _torch_fails_too(rec: dict, preset: str) -> bool:
 
 
 def markdown(records: list[dict], wall: float | None = None) -> str:
-    """The README table: cases and model types through each step, then every failure grouped by cause."""
+    """The full table (docs/real-models.md): cases and model types through each step, then every failure grouped by cause."""
     rows = [("tried", lambda r: True), ("built offline (random weights)", lambda r: _ok(r, "build")),
             ("captured by torch.export", lambda r: _ok(r, "capture")),
             ("written by pt2b", lambda r: _ok(r, "write")),
@@ -738,8 +738,8 @@ def _variant_of(name: str) -> str | None:
 
 
 def readme_table(records: list[dict], wall: float | None = None, variants: list[dict] | None = None) -> str:
-    """The README's compact form of the sweep: cases and model types through each step, and who the
-    failures after capture belong to (``--readme``; tests/corpora/test_real_models.py checks the README holds it).
+    """docs/results.md's compact form of the sweep: cases and model types through each step, and who the
+    failures after capture belong to (``--readme``; tests/corpora/test_real_models.py checks docs/results.md holds it).
     ``variants``: the records of a variant sweep (``--sample --variants ...``), a row of cases per variant."""
     cols = [("tried", lambda r: True), ("built offline", lambda r: _ok(r, "build")),
             ("captured by torch.export", lambda r: _ok(r, "capture")),
@@ -768,7 +768,7 @@ def readme_table(records: list[dict], wall: float | None = None, variants: list[
                  f"fails too, {len(pt2b)} pt2b's" + (f" ({', '.join(pt2b[:6])})" if pt2b else "")
                  + f". pt2b {', '.join(versions)}" + (f", {wall / 3600:.1f} h on 2 cores." if wall else ".")
                  + (f" Variant rows: pt2b {', '.join(sorted({r.get('pt2b', 'unrecorded') for r in variants}))}, "
-                    f"the variants' own failures in [docs/real-models.md](docs/real-models.md#variants-half-precision-and-quantized-weights)."
+                    f"the variants' own failures in [real-models.md](real-models.md#variants-half-precision-and-quantized-weights)."
                     if variants else "")
                  + _ratio_sentence(records))
     return "\n".join(lines)
@@ -782,7 +782,7 @@ def _timed(records: list[dict]) -> list[dict]:
 
 
 def _ratio_sentence(records: list[dict]) -> str:
-    """The per-model lowering ratios in one sentence (the README's): geomean, median, count above 1.0x, worst five."""
+    """The per-model lowering ratios in one sentence (docs/results.md's): geomean, median, count above 1.0x, worst five."""
     import statistics
 
     timed = _timed(records)
@@ -794,7 +794,7 @@ def _ratio_sentence(records: list[dict]) -> str:
     versions = collections.Counter(r["lowering_ratio"].get("pt2b", "unrecorded") for r in timed)
     return (f" Cold `core` lowering over torch's `torch.export.load` + `run_decompositions()`, per case in CPU seconds "
             f"({len(ratios)} cases, pt2b {', '.join(f'{v} ({n})' for v, n in versions.most_common())}, "
-            f"[docs/real-models.md](docs/real-models.md#cold-core-lowering-per-case)): geometric mean "
+            f"[real-models.md](real-models.md#cold-core-lowering-per-case)): geometric mean "
             f"{statistics.geometric_mean(ratios):.3f}x, median {statistics.median(ratios):.3f}x, "
             f"{sum(x > 1.0 for x in ratios)} above 1.0x; worst five: {worst}"
             + (f"; {failed} more where torch's load or `run_decompositions()` fails" if failed else "") + ".")
@@ -891,7 +891,7 @@ def main(argv=None):
     ap.add_argument("--no-ratios", action="store_true", help="skip timing torch's lowering beside pt2b's (ratio:core)")
     ap.add_argument("--summary-only", action="store_true", help="print the summary of --out and exit")
     ap.add_argument("--markdown", action="store_true", help="print the tables of --out (docs/real-models.md) and exit")
-    ap.add_argument("--readme", action="store_true", help="print the README's compact table of --out and exit")
+    ap.add_argument("--readme", action="store_true", help="print docs/results.md's compact table of --out and exit")
     ap.add_argument("--pick-sample", metavar="FILE", help="write the default test sample chosen from --out to FILE")
     args = ap.parse_args(argv)
     import signal

@@ -165,8 +165,8 @@ def test_named_corpora_feed_the_explorer_and_coverage(monkeypatch, tmp_path, cap
         list(programs.programs(("nope",)))
 
 
-def test_readme_holds_the_sweep_of_the_tracked_records():
-    """README's real-model table is what the tracked sweep records say (bench/records/real_models.json.gz and
+def test_results_page_holds_the_sweep_of_the_tracked_records():
+    """docs/results.md's real-model table is what the tracked sweep records say (bench/records/real_models.json.gz and
     the variant sweep's real_models_variants.json.gz: `python -m tools.real_models --out
     bench/records/real_models.json.gz --readme --readme-variants bench/records/real_models_variants.json.gz`)."""
     import gzip
@@ -179,7 +179,7 @@ def test_readme_holds_the_sweep_of_the_tracked_records():
     with gzip.open(root / "bench" / "records" / "real_models_variants.json.gz", "rt") as f:
         variants = json.load(f)["records"]
     table = rm.readme_table(data["records"], data["meta"].get("wall_seconds"), variants)
-    assert table in (root / "README.md").read_text()
+    assert table in (root / "docs" / "results.md").read_text()
     assert len(data["records"]) >= 300 and all(r.get("pt2b") for r in data["records"])
     # every variant of the whole sample (`--sample --variants bf16,fp16,int8wo,pt2e`)
     assert sorted(r["name"] for r in variants) == sorted(f"{n}@{v}" for n in SAMPLE

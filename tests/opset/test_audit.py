@@ -59,16 +59,16 @@ def test_stored_audit_exists_and_counts():
     assert STORED["totals"] == verdicts.totals(STORED["ops"])
 
 
-def test_readme_states_the_stored_totals():
-    """The README's audit numbers are the stored file's (whose every verdict the slow
+def test_results_page_states_the_stored_totals():
+    """docs/results.md's audit numbers are the stored file's (whose every verdict the slow
     test_fresh_audit_matches_every_stored_verdict measures again)."""
     import pathlib
     import re
 
-    text = " ".join((pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text().split())
+    text = " ".join((pathlib.Path(__file__).resolve().parents[2] / "docs" / "results.md").read_text().split())
     m = re.search(r"of the ([\d,]+) decompositions the presets apply, the audit measures (\d+) exact, (\d+) within "
                   r"(\d+) ulp, (\d+) lossy, (\d+) wrong and (\d+) untested", text)
-    assert m, "README.md no longer states the audit's totals in the expected words"
+    assert m, "docs/results.md no longer states the audit's totals in the expected words"
     n, exact, ulp, limit, lossy, wrong, untested = (int(g.replace(",", "")) for g in m.groups())
     t = STORED["totals"]
     assert (n, exact, ulp, limit, lossy, wrong, untested) == (
