@@ -117,6 +117,7 @@ __all__ = [
     "NotAnArtifactError",
     "CorruptArtifactError",
     "UnsupportedVersionError",
+    "PickledContentError",
     "MethodNotFoundError",
     "MissingOperatorError",
     "SchemaDriftError",
