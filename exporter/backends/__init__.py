@@ -81,7 +81,10 @@ def names() -> tuple[str, ...]:
 def get(name: str) -> Backend:
     """The installed backend ``name`` (BackendUnavailableError naming the pip package when it is not)."""
     if name not in ADAPTERS:
-        raise BackendUnavailableError(f"unknown backend {name!r}; pt2b knows {', '.join(ADAPTERS)}.")
+        from ..util.closest import did_you_mean
+
+        raise BackendUnavailableError(f"unknown backend {name!r};{did_you_mean(str(name), ADAPTERS)} pt2b knows "
+                                      f"{', '.join(ADAPTERS)}.")
     module, package = ADAPTERS[name]
     return _get(name, module, package)
 

@@ -22,7 +22,7 @@ class _HelpFormatter(argparse.HelpFormatter):
     def _get_help_string(self, action):
         text = super()._get_help_string(action)
         if text and "{presets}" in text:
-            from ..lowering.presets import PRESETS
+            from ..lowering.preset_names import PRESETS
 
             text = text.replace("{presets}", ", ".join(PRESETS))
         if text and "{backends}" in text:
@@ -143,6 +143,51 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def import_user_module(name: str):
+    """``importlib.import_module(name)`` as `python -m` would find it: the current folder is searched
+    too, after everything installed (a file there never shadows an installed package), and only for
+    this import."""
+    cwd = os.getcwd()
+    added = cwd not in sys.path and "" not in sys.path
+    if added:
+        sys.path.append(cwd)
+    try:
+        return importlib.import_module(name)
+    finally:
+        if added and cwd in sys.path:
+            sys.path.remove(cwd)
+
+
+def _check_names(ns) -> None:
+    """A preset or backend named on the command line that is none, answered before the command's
+    heavy imports (torch), with the closest names."""
+    from ..errors import BackendUnavailableError, LoweringError
+    from ..lowering.preset_names import unknown_preset
+    from ..util.closest import did_you_mean
+
+    preset = getattr(ns, "preset", None)
+    if isinstance(preset, str) and (why := unknown_preset(preset)):
+        raise LoweringError(why)
+    backend = getattr(ns, "backend", None)
+    if isinstance(backend, str):
+        from ..backends import names
+
+        if backend not in names():
+            raise BackendUnavailableError(f"unknown backend {backend!r};{did_you_mean(backend, names())} pt2b "
+                                          f"knows {', '.join(names())}.")
+
+
+def _quiet_broken_pipe() -> int:
+    """The reader of stdout is gone (`pt2b inspect m.pt2b | head`): what is left unwritten is dropped and
+    the command ends as a process killed by SIGPIPE would (status 141), without a traceback."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+    return 141
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
@@ -158,9 +203,10 @@ def main(argv=None) -> int:
     # warnings of what it calls): a terminal shows their control characters as escapes, never obeys them.
     with terminal.escaped_output():
         try:
+            _check_names(ns)
             for mod in ns.imports:
                 try:
-                    importlib.import_module(mod)
+                    import_user_module(mod)
                 except ImportError as e:
                     raise ExportError(f"--import {mod}: {e}") from e
             with progress.torch_internals_quiet():
@@ -170,6 +216,9 @@ def main(argv=None) -> int:
             kind = "artifact error" if isinstance(e, ArtifactError) else "error"
             print(f"pt2b: {kind} ({type(e).__name__}): {e}", file=sys.stderr)
             return 2
+        except BrokenPipeError:
+            progress.close_all()
+            return _quiet_broken_pipe()
         except BaseException:  # a bug, Ctrl-C: the traceback starts below the bars, not on their line
             progress.close_all()
             raise
@@ -191,6 +240,6 @@ def console(argv=None) -> None:
     try:
         sys.stdout.flush()
         sys.stderr.flush()
-    except (OSError, ValueError):  # a reader gone (`pt2b inspect m.pt2b | head`): Python's own status then
-        os._exit(120)
+    except (OSError, ValueError):  # a reader gone (`pt2b inspect m.pt2b | head`): as main's BrokenPipeError
+        os._exit(_quiet_broken_pipe())
     os._exit(code)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-
 from ..errors import ExportError
 from . import progress
 
@@ -12,10 +10,13 @@ def _load_factory(spec: str):
     mod_name, sep, attr = spec.partition(":")
     if not sep or not mod_name or not attr:
         raise ExportError(f"expected MODULE:CALLABLE (e.g. mypkg.models:make_model), got {spec!r}.")
+    from . import import_user_module
+
     try:
-        mod = importlib.import_module(mod_name)
+        mod = import_user_module(mod_name)
     except ImportError as e:
-        raise ExportError(f"cannot import {mod_name!r}: {e}") from e
+        raise ExportError(f"cannot import {mod_name!r} (searched the installed packages and the current "
+                          f"folder): {e}") from e
     try:
         return getattr(mod, attr)
     except AttributeError:

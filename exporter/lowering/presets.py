@@ -14,10 +14,10 @@ from .. import package_data
 from ..errors import LoweringError
 from ..ops import op_name
 from . import tables
+from .preset_names import PRESETS, unknown_preset
 
 OPSETS_DIR = package_data.path("opsets")
 # The one list of preset names: the command line's help, the audit and the explorer read it.
-PRESETS = ("none", "core", "core-tag", "max")
 DESCRIPTIONS = {
     "none": "functionalize only: no decomposition, every op stays at the level it was exported",
     "core": "torch's own table (torch.export.default_decompositions()), exactly what "
@@ -82,7 +82,7 @@ def compute(name: str) -> Preset:
         decompose = tuple(sorted(op_name(op) for op in tables.available_decompositions()))
         opset, strict = None, False
     else:
-        raise LoweringError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)} (optionally @<torch version>).")
+        raise LoweringError(unknown_preset(name) or f"unknown preset {name!r}.")
     return Preset(name, torch_minor(), DESCRIPTIONS[name], decompose, opset, strict)
 
 
@@ -93,14 +93,9 @@ def frozen_path(name: str, version: str) -> pathlib.Path:
 @functools.cache
 def load(spec: str) -> Preset:
     """"core" (this torch's frozen list, else computed) or "core@2.13" (that frozen list)."""
-    if not isinstance(spec, str):
-        raise LoweringError(f"preset must be a string such as 'core', got {type(spec).__name__}.")
-    name, _, version = spec.partition("@")
+    name, _, version = spec.partition("@") if isinstance(spec, str) else (spec, "", "")
     if name not in PRESETS:
-        from ..backends import names as backend_names
-
-        raise LoweringError(f"unknown preset {spec!r}; choose one of {', '.join(PRESETS)} (optionally @<torch version>), "
-                            f"or a backend's own op list: {', '.join(backend_names())}.")
+        raise LoweringError(unknown_preset(spec) or f"unknown preset {spec!r}.")
     path = frozen_path(name, version or torch_minor())
     if path.exists():
         data = package_data.read_json("opsets", path.name)

@@ -225,3 +225,50 @@ def test_the_console_ends_the_process_at_once_once_the_command_returns(tmp_path)
     assert rc == 2 and "no such file" in err and "python shut down" not in out, (rc, out, err)
     rc, out, err = run(argv + ["thread", "--quiet", "verify", str(path)], tty=False, tmp_path=tmp_path)
     assert rc == 0 and out.splitlines()[1:] == ["thread done", "python shut down"], (rc, out, err)
+
+
+# ---- commands as users expect them ----
+
+def test_a_reader_gone_ends_the_command_quietly(tmp_path):
+    """`pt2b inspect m.pt2b | head`: the reader closes the pipe; the command ends as SIGPIPE would end
+    it (status 141), without a traceback."""
+    path = tmp_path / "m.pt2b"
+    exporter.export_model(torch.nn.Linear(3, 2), (torch.randn(2, 3),), path)
+    proc = subprocess.Popen([*PT2B, "inspect", str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # before it writes anything: every write meets a closed pipe
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 141 and b"Traceback" not in err and b"BrokenPipe" not in err, err
+
+
+def test_a_misspelt_preset_or_backend_is_answered_before_torch_is_imported(tmp_path):
+    script = ("import sys; from exporter.cli import main\n"
+              "print(main(['lower', 'm.pt2b', '--preset', 'corr']), main(['run', 'm.pt2b', '--backend', 'onxx']), "
+              "'torch' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert res.stdout.split() == ["2", "2", "False"], res
+    assert "pt2b: error (LoweringError): unknown preset 'corr'; Did you mean 'core'?" in res.stderr
+    assert "pt2b: error (BackendUnavailableError): unknown backend 'onxx'; Did you mean 'onnx'?" in res.stderr
+
+
+def test_the_python_api_suggests_the_closest_preset(tmp_path):
+    from exporter.errors import LoweringError
+
+    path = tmp_path / "m.pt2b"
+    exporter.export_model(torch.nn.Linear(3, 2), (torch.randn(2, 3),), path)
+    with pytest.raises(LoweringError, match="unknown preset 'max-tag'; Did you mean 'max'"):
+        exporter.load_for_backend(path, "max-tag", cache=False)
+
+
+def test_export_finds_a_factory_in_the_current_folder_after_installed_packages(tmp_path):
+    """`pt2b export mymodels:make` as `python -m` would find it, while a file of the current folder named
+    like a module the factory imports from Python itself (sched.py) shadows nothing."""
+    (tmp_path / "mymodels.py").write_text(
+        "import sched, torch\ndef make():\n    return torch.nn.Linear(3, 2), (torch.randn(2, 3),)\n")
+    (tmp_path / "sched.py").write_text("raise SystemExit('the current folder shadowed an installed module')\n")
+    res = subprocess.run([*PT2B, "export", "mymodels:make", "m.pt2b"], capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path)
+    assert res.returncode == 0 and (tmp_path / "m.pt2b").exists(), res.stderr
+    res = subprocess.run([*PT2B, "export", "nomodels:make", "n.pt2b"], capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path)
+    assert res.returncode == 2 and "cannot import 'nomodels' (searched the installed packages and the current " \
+                                   "folder)" in res.stderr, res.stderr
