@@ -150,6 +150,7 @@ def test_without_the_pairing_check_the_state_is_still_given_back(tmp_path, monke
     strict mode (tests, fuzzers) a change other than grad mode is an AssertionError."""
     path = _crafted(tmp_path, CASES[case][0])
     monkeypatch.setattr(untrusted, "check_regions", lambda graph, where: None)
+    monkeypatch.setattr(process_state, "STRICT", False)  # (the suite runs strict: tests/conftest.py) users do not
     x = torch.randn(2, 4)
     before = observed()
     load(path)(x)
