@@ -219,7 +219,7 @@ def test_unknown_names_and_presets_are_clear_errors(tmp_path):
     path, _ = _export(tmp_path, "mlp")
     with pytest.raises(LoweringError, match="supported_ops names ops this torch does not have: aten::frobnicate.default"):
         load_for_backend(path, supported_ops=["aten::frobnicate.default"], strict=True)
-    with pytest.raises(LoweringError, match="unknown preset 'coar'; Did you mean 'core'\? Choose one of none, core, core-tag, max"):
+    with pytest.raises(LoweringError, match=r"unknown preset 'coar'; Did you mean 'core'\? Choose one of none, core, core-tag, max"):
         load_for_backend(path, "coar")
     with pytest.raises(LoweringError, match="no frozen opset 'core@1.0'"):
         load_for_backend(path, "core@1.0")
