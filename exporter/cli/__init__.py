@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 import threading
 
@@ -38,6 +39,15 @@ class _Parser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", _HelpFormatter)
         super().__init__(*args, **kwargs)
+
+    def error(self, message):
+        """argparse's usage error, an unknown command or choice with the closest names offered."""
+        m = re.match(r"argument .*: invalid choice: '(.*)' \(choose from (.*)\)$", message)
+        if m:
+            from ..util.closest import did_you_mean
+
+            message += did_you_mean(m.group(1), re.findall(r"'([^']*)'", m.group(2)))
+        super().error(message)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -6,6 +6,6 @@ import difflib
 
 
 def did_you_mean(word: str, choices) -> str:
-    """" Did you mean 'x'?" for the choices closest to ``word`` (difflib's ratio of 0.6 or more), or ""."""
-    close = difflib.get_close_matches(word, list(choices), n=2)
-    return f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    """" Did you mean 'x'?" for the choice closest to ``word`` (difflib's ratio of 0.6 or more), or ""."""
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f" Did you mean {close[0]!r}?" if close else ""

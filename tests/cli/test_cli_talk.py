@@ -272,3 +272,17 @@ def test_export_finds_a_factory_in_the_current_folder_after_installed_packages(t
                          timeout=300, cwd=tmp_path)
     assert res.returncode == 2 and "cannot import 'nomodels' (searched the installed packages and the current " \
                                    "folder)" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("argv, offered", [
+    (["inpsect", "m.pt2b"], "invalid choice: 'inpsect' (choose from 'export', 'inspect', "),
+    (["opset", "clousre"], "invalid choice: 'clousre' (choose from 'show', 'diff', "),
+])
+def test_a_misspelt_command_offers_the_closest(capsys, argv, offered):
+    from exporter.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    err = capsys.readouterr().err
+    want = {"inpsect": "inspect", "clousre": "closure"}[argv[-1] if argv[0] == "opset" else argv[0]]
+    assert info.value.code == 2 and offered in err and err.rstrip().endswith(f"Did you mean {want!r}?"), err
