@@ -18,6 +18,17 @@ from ..errors import ArtifactError
 # custom_obj_* or opaque_obj_* to the TorchScript unpickler or pickle.loads, marked or not). Its
 # example inputs are always a torch.save pickle. The legacy layouts pickle whole state dicts.
 _MODELS, _MODEL_SUFFIX = "models/", ".json"
+
+
+def program_entries(names) -> list[str]:
+    """The archive entries torch.export.load reads as programs: every one under models/, whatever it
+    ends with (torch slices the model's name off as if it ended in .json)."""
+    return [n for n in names if n.startswith(_MODELS)]
+
+
+def model_name(entry: str) -> str:
+    """The model name torch gives the program entry ``entry`` (its sample inputs and weights are named by it)."""
+    return entry[len(_MODELS):-len(_MODEL_SUFFIX)]
 _PAYLOADS = (("data/weights/{}_weights_config.json", "data/weights/", "weight"),
              ("data/constants/{}_constants_config.json", "data/constants/", "constant"))
 _SAMPLE_INPUTS = "data/sample_inputs/{}.pt"
@@ -56,7 +67,7 @@ def refused(f) -> list[Pickled]:
     except Exception:  # (torch's reader raises what miniz says) torch.export.load then reads only the legacy layout
         return out
     names = archive.get_file_names()
-    models = [n[len(_MODELS):-len(_MODEL_SUFFIX)] for n in names if n.startswith(_MODELS)]  # (as torch slices them)
+    models = [model_name(n) for n in program_entries(names)]
     for model in models:
         for config, base, what in _PAYLOADS:
             legacy = f"{base}{model}.pt"

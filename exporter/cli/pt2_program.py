@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from ..errors import ArtifactError, CorruptArtifactError
 from ..util import nesting
+from .pt2_pickles import program_entries
 
-_MODELS, _MODEL_SUFFIX = "models/", ".json"
 # A program's JSON nests one level per dataclass, union, list and argument; subgraphs nest inside
 # their parent's arguments. The JSON decoder and torch's dataclass builder recurse on it, so its depth
 # is bounded before either runs, far above what real programs hold (a test measures the zoo).
@@ -28,9 +28,7 @@ def check_programs(f, source) -> None:
         archive = PT2ArchiveReader(f)
     except Exception:  # not the zip layout: torch.export.load reads the legacy one, refused by its pickles
         return
-    for name in archive.get_file_names():
-        if not (name.startswith(_MODELS) and name.endswith(_MODEL_SUFFIX)):
-            continue
+    for name in program_entries(archive.get_file_names()):  # every entry torch reads as a program
         where = f"{source}: {name}"
         data = archive.read_bytes(name)
         try:

@@ -216,6 +216,18 @@ def test_convert_checks_a_pt2s_program_before_torch_reads_it(pt2, dynamic_pt2, t
         assert canary.exists()
 
 
+def test_every_entry_torch_reads_as_a_program_is_checked(dynamic_pt2, tmp_path):
+    """torch.export.load reads every entry under models/ as a program, whatever its name ends with: a
+    payload stored as models/evil.txt beside the real program is checked like the real one."""
+    canary = tmp_path / "canary"
+    evil = _expression_payload(dynamic_pt2, tmp_path, canary)
+    _, payload = _program_json(evil)
+    hidden = _rewrite_pt2(dynamic_pt2, tmp_path / "hidden.pt2", {"models/evil.txt": payload.encode()})
+    code, out, err = run_cli("convert", hidden, tmp_path / "out.pt2b")
+    assert code == 2 and "models/evil.txt" in err and "symbolic expression" in err, err
+    assert not canary.exists()
+
+
 @pytest.mark.parametrize("case", ["mlp", "cond", "map", "while_loop", "dynamic_shapes", "transformer_encoder"])
 def test_torchs_own_pt2_programs_pass_the_checks(tmp_path, case):
     """What torch.export.save writes passes pt2b's program checks, its JSON nested far within the cap."""
