@@ -35,7 +35,7 @@ from bench_pt2b import instance_norm_large, interleaved, print_rows, tiny_case  
 
 from exporter import export_model, load, load_for_backend  # noqa: E402
 from exporter.cli import progress  # noqa: E402
-from exporter.corpus.zoo import encoder_6x512, gpt_350m, make_case  # noqa: E402
+from tools.corpus.zoo import encoder_6x512, gpt_350m, make_case  # noqa: E402
 from runtime_ref import Runtime  # noqa: E402
 
 FACTORIES = {"mlp": lambda: make_case("mlp"), "encoder_6x512": encoder_6x512, "chain100": tiny_case,

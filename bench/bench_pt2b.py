@@ -8,8 +8,8 @@ Usage: python bench/bench_pt2b.py [--models mlp,encoder_6x512,chain100,gpt_350m,
 gpt_350m (355M parameters, 1.4 GB) runs with at most 2 repeats; llama_methods writes a decoder's prefill
 and decode as one artifact and prints its size and the memory of loading it against one method alone; --sweep times save/load/lower of the
 512-wide encoder at each layer count and prints the cost per added layer; --real-models times save,
-load and cold lowering on real transformers architectures (exporter/corpus/transformers_zoo.py; "sample"
-is the default test sample, exporter/corpus/transformers_sample.txt) and prints each ratio's geometric mean;
+load and cold lowering on real transformers architectures (tools/corpus/transformers_zoo.py; "sample"
+is the default test sample, tools/corpus/transformers_sample.txt) and prints each ratio's geometric mean;
 startup times `import exporter`, `import runtime_ref`, `pt2b --version` and `pt2b inspect` in fresh
 interpreters against `import torch`.
 """
@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from exporter import eager_decompositions, export_model, load, load_for_backend  # noqa: E402
 from exporter.cli import progress  # noqa: E402
 from exporter.serialize import writer  # noqa: E402
-from exporter.corpus.zoo import encoder_6x512, gpt_350m, make_case  # noqa: E402
+from tools.corpus.zoo import encoder_6x512, gpt_350m, make_case  # noqa: E402
 from runtime_ref import Runtime  # noqa: E402
 
 TARGETS = {"save": 0.25, "size": 1.01, "load": 0.05, "lower_core_cold": 0.3, "lower_core_cold_real": 0.3,
@@ -113,9 +113,9 @@ def rss_of_methods(paths: list[str], kind: str) -> float:
 
 def bench_methods(tmp: str) -> list[tuple[str, float, float, str]]:
     """A decoder deployed as prefill + decode (transformers' static-cache wrapper around a 4-layer Llama
-    with 47M parameters, 190 MB, exporter/corpus/methods.py) written as ONE artifact, against the same model
+    with 47M parameters, 190 MB, tools/corpus/methods.py) written as ONE artifact, against the same model
     written with one method, and against one torch .pt2 per method."""
-    from exporter.corpus.methods import decoder_case
+    from tools.corpus.methods import decoder_case
 
     case = decoder_case(vocab_size=32000, hidden_size=512, intermediate_size=1376, num_hidden_layers=4,
                         num_attention_heads=8, num_key_value_heads=4)
@@ -335,15 +335,15 @@ REAL_STEPS = ("save", "load", "lower_core_cold", "lower_core_default")
 
 
 def real_model_names(spec: str) -> list[str]:
-    from exporter.corpus.programs import transformers_sample
+    from tools.corpus.programs import transformers_sample
 
     return transformers_sample() if spec == "sample" else [n for n in spec.split(",") if n]
 
 
 def bench_real_model(name: str, repeat: int, tmp: str) -> dict:
     """bench_captured on one architecture of the real-model corpus, captured as the corpus captures it."""
-    from exporter.corpus.programs import capture_real
-    from exporter.corpus.transformers_zoo import make_case as make_real
+    from tools.corpus.programs import capture_real
+    from tools.corpus.transformers_zoo import make_case as make_real
 
     case = make_real(name)
     return bench_captured(name, capture_real(case), case.args, case.kwargs or {}, repeat, tmp)

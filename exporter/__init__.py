@@ -1,7 +1,9 @@
 """pt2b: export a PyTorch model once at its highest level, lower it per backend after load.
 
-Public API: export_model, load, load_for_backend, eager_decompositions, plus errors and backends
-(the backends pt2b lowers for: exporter/backends/).
+Public API: the names in ``__all__`` (docs/api.md is generated from it): export_model, load,
+load_for_backend, eager_decompositions, the classes they return, and the modules errors and backends
+(the backends pt2b lowers for: exporter/backends/). Anything else is internal: reach a submodule with
+an import (``import exporter.cli``), never as an attribute of the package.
 
 The API is imported on first use (PEP 562): `import exporter` and `pt2b --version` cost little more
 than `import torch`; torch.export's serializer (which imports torch._dynamo) and the lowering engine
@@ -15,24 +17,32 @@ import importlib
 from . import errors
 from .version import __version__
 
-# public name -> the module that defines it
-_LAZY = {"export_model": "api", "load": "api", "load_for_backend": "api", "eager_decompositions": "lowering.eager",
-         "Pt2bProgram": "program"}
+# public name -> the module that defines it (None: the name is that submodule of the package)
+_LAZY = {
+    "backends": None,
+    "export_model": "api",
+    "load": "api",
+    "load_for_backend": "api",
+    "eager_decompositions": "api",
+    "Pt2bProgram": "program",
+    "OperatorInfo": "program",
+    "LoweredProgram": "lowering.lowered",
+    "EagerContext": "lowering.eager",
+    "EagerDecompositions": "lowering.eager",
+}
 
 __all__ = ["__version__", "errors", "backends", "export_model", "load", "load_for_backend", "eager_decompositions",
-           "Pt2bProgram"]
+           "Pt2bProgram", "OperatorInfo", "LoweredProgram", "EagerContext", "EagerDecompositions"]
 
 
 def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        try:  # a submodule not imported yet (exporter.cli, exporter.names, ...)
-            return importlib.import_module(f".{name}", __name__)
-        except ModuleNotFoundError as e:
-            if e.name != f"{__name__}.{name}":
-                raise
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}; its public names are "
+                             f"{', '.join(__all__)} (a submodule is reached with `import {__name__}.<module>`)")
+    module = _LAZY[name]
+    value = importlib.import_module(f".{module or name}", __name__)
+    if module is not None:
+        value = getattr(value, name)
     globals()[name] = value
     return value
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Union
@@ -11,23 +10,20 @@ import torch
 
 from . import capture as _capture
 from . import dims
-from .errors import ArtifactError, ExportError
-from .program import OperatorInfo, Pt2bProgram
+from .errors import ExportError
+from .program import Pt2bProgram
 from .serialize import reader, writer
 from .util.gc_pause import gc_paused
 from .util.process_state import preserved
-from .lowering.deferred_codegen import deferred
-from .serialize.generated import pt2b_generated as G
+from .loading import programs_of
 from .versioning.formats import parse_version
 
 if TYPE_CHECKING:
+    from .lowering.eager import EagerContext
     from .lowering.lowered import LoweredProgram
     from .ops import OpSpec
 
 StrPath = Union[str, "os.PathLike[str]"]
-
-_KIND_NAMES = {v: k.lower() for k, v in vars(G.OperatorKind).items() if not k.startswith("_")}
-
 
 def export_model(m: torch.nn.Module | Callable[..., Any] | torch.export.ExportedProgram | LoweredProgram
                  | Mapping[str, Any],
@@ -114,8 +110,8 @@ def _given(m, args, kwargs, dynamic_shapes, strict, path, method: str | None):
                 "an ExportedProgram is written as captured"
             raise ExportError(f"{what}: do not pass args, kwargs or dynamic_shapes.")
         if isinstance(m, LoweredProgram):  # written with the record of how it was lowered (format 1.1+)
-            return (m.exported_program(), f"lowered:{m.preset}", m.lowering_record(),
-                    {"lowered_by": f"pt2b load_for_backend ({m.preset})",
+            return (m.exported_program(), f"lowered:{m.lowered_for}", m.lowering_record(),
+                    {"lowered_by": f"pt2b load_for_backend ({m.lowered_for})",
                      **dims.provenance_entries(m.dim_names, method)})
         return m, _capture.ir_level_of(m), None, {"captured_by": "user (ExportedProgram given to export_model)",
                                                   **dims.provenance_entries(dims.names_at_capture(m), method)}
@@ -168,194 +164,72 @@ def load(path: StrPath, *, verify: bool = False) -> Pt2bProgram:
     1.3+; its CRC32 in older files): reads all weights.
     """
     with gc_paused():
-        return _programs_of(reader.open_artifact(path), verify=verify)
-
-
-def _programs_of(art, *, verify: bool) -> Pt2bProgram:
-    """The default method's program of an opened artifact, with every method's (``.methods``): one
-    file mapping, so a storage the methods share is one set of bytes."""
-    if verify:
-        reader.verify_weights(art)  # every segment, whichever method uses it
-    methods: dict[str, Pt2bProgram] = {}
-    for name in art.method_names:
-        methods[name] = _program_of(reader.method(art, name), verify=False)
-        methods[name]._methods = methods
-    return methods[art.method_names[0]]
-
-
-def _program_of(art, *, verify: bool) -> Pt2bProgram:
-    """The program of an opened artifact (callers pause collection around opening and this): what
-    the op table, metadata and records answer is read now, every check of the file that opening it
-    made (header, checksums, the FlatBuffer walk of all but the graph, and every weight checksum when
-    ``verify``); the graph's walk, decoding and checks on its first use, then torch's deserializer
-    (the fx graph, fake tensors, the ExportedProgram)."""
-    from .lazy import Lazy
-
-    reader.check_ops(art)  # a missing op or an unreconcilable schema is refused now, from the op table
-    if verify:
-        reader.verify_weights(art)
-
-    def check():
-        with gc_paused():
-            return reader.check(art)
-
-    checked = Lazy(check)
-
-    def build():
-        c = checked.get()
-        with gc_paused(), deferred():  # the graph modules made generate their code on first use: torch's
-            return reader.build(art, c)  # deserializer's never, the program's once (0.05 s per 700 nodes)
-
-    def build_for_call():  # what a first call runs, where the ExportedProgram is not built yet
-        c = checked.get()
-        with gc_paused(), deferred():
-            return reader.build_for_call(art, c)
-
-    prog = art.program
-    ops = [OperatorInfo(q, o, s, _KIND_NAMES.get(k, "?"), int(r.count))
-           for (q, o, s, k), r in zip(reader.operator_records(art), prog.operators or [])]
-    provenance = reader.read_provenance(art)
-    if art.format_notes:  # an older major brought to today's by versioning/majors.py steps
-        provenance["upgraded_format"] = "; ".join(art.format_notes)
-
-    def upgraded():  # op schema upgrades are known once the graph is checked (in memory only:
-        checked.get()  # `pt2b upgrade` folds them into its own entry)
-        out = dict(provenance)
-        for note in art.upgrade_notes:
-            op, _, what = note.partition(": ")
-            out[f"upgraded_op:{op}"] = what
-        return out
-
-    program = Pt2bProgram(
-        Lazy(build), path=art.path, format_version=art.version, torch_version=reader.text(prog.torchVersion),
-        producer=reader.text(prog.producer), ir_level=reader.text(prog.irLevel), operators=ops,
-        metadata=reader.read_metadata(art), provenance=Lazy(upgraded), lowering=reader.read_lowering(art),
-        checked=checked, method=art.method, for_call=Lazy(build_for_call),
-    )
-    program.dim_names = dims.from_provenance(provenance, art.method)
-    return program
-
-
-def _dim_names(art, method: str) -> dict[str, str]:
-    """symbol -> the user's Dim name for ``method``, from the artifact's provenance (read at open)."""
-    return dims.from_provenance(reader.read_provenance(art), method)
+        return programs_of(reader.open_artifact(path), verify=verify)
 
 
 @preserved()  # the lowering's traces, and validation's runs of both programs
-def load_for_backend(path: StrPath, preset: str = "core", *, supported_ops: Iterable[OpSpec] | None = None,
+def load_for_backend(path: StrPath, preset: str | None = "core", *, backend: str | None = None,
+                     supported_ops: Iterable[OpSpec] | None = None,
                      decompositions: Mapping[torch._ops.OpOverload, Callable[..., Any]] | None = None,
                      keep: Iterable[OpSpec] | None = None, decompose: Iterable[OpSpec] | None = None,
                      device: str = "cpu", verify: bool = False, cache: bool | None = None,
-                     strict: bool = False, validate: bool = True, method: str | None = None) -> LoweredProgram:
-    """Load ``path`` and lower it for a backend: functionalize, then decompose with a preset (a name
-    of ``exporter.lowering.presets.PRESETS``, optionally "@<torch version>"; docs/lowering.md) or until only
-    ``supported_ops`` remain; ``keep`` protects ops; ``decompose`` names more ops to decompose with
-    torch's registered decompositions; ``decompositions`` adds/overrides entries with your own.
+                     lossless: bool = False, validate: bool = True, method: str | None = None,
+                     strict: bool | None = None) -> LoweredProgram:
+    """Load ``path`` and lower it: functionalize, then decompose for one of
+    - ``preset``: a name of pt2b's presets (none, core, core-tag, max; optionally "@<torch version>",
+      docs/lowering.md);
+    - ``backend``: an installed backend's name (onnx, inductor, openvino, executorch, iree): its own op
+      list and decompositions, as the installed backend gives them; ``exporter.backends.to_backend``
+      then hands the result over;
+    - ``supported_ops``: your backend's op list (decomposed until only those remain).
+    ``keep`` protects ops; ``decompose`` names more ops to decompose with torch's registered
+    decompositions; ``decompositions`` adds/overrides entries with your own.
     Returns a LoweredProgram (``.exported_program()``, ``.ops()``, ``.explain(op)``, callable).
 
-    Results are cached (exporter/lowering/cache.py: $PT2B_CACHE_DIR, else $XDG_CACHE_HOME/pt2b,
-    else ~/.cache/pt2b) keyed by the artifact's content, the request and the versions; a hit
-    costs one load. ``cache=False`` neither reads nor writes the cache; the default (None) uses it
-    unless the environment sets PT2B_CACHE=0 (or off/false/no). ``verify=True`` checks the artifact's
-    weights against their checksums and digests, and a cache entry's too (one that fails is removed and lowered again).
+    Results are cached (docs/lowering.md: $PT2B_CACHE_DIR, else $XDG_CACHE_HOME/pt2b, else
+    ~/.cache/pt2b) keyed by the artifact's content, the request and the versions; a hit costs one
+    load. ``cache=False`` neither reads nor writes the cache; the default (None) uses it unless the
+    environment sets PT2B_CACHE=0 (or off/false/no).
 
-    ``strict=True`` applies no decomposition that `pt2b opset audit` measured as lossy or wrong
+    ``verify=True`` checks the artifact's weights against their checksums and digests, and a cache
+    entry's too (one that fails is removed and lowered again).
+
+    ``lossless=True`` applies no decomposition that `pt2b opset audit` measured as lossy or wrong
     (schemas/opsets/audit@<torch>.json): such an op stays when the backend accepts it, and is an
     OpsetError naming the op and its measured error otherwise.
 
     ``validate=True`` (the default) runs the lowered program and the unlowered one on the example
     inputs the artifact stores and compares them, then checks a second input derived from them, op
     by op (each decomposed op against its decomposition) or on both programs, whichever costs less
-    (``.validation``; exporter/lowering/validate.py): on a difference, each decomposition applied is
-    checked on the values its op receives in the program; a wrong one is kept undecomposed where the
-    backend accepts the op, else OpsetError names it. A lowering served from the cache carries the verdict stored with it.
+    (``.validation``): on a difference, each decomposition applied is checked on the values its op
+    receives in the program; a wrong one is kept undecomposed where the backend accepts the op, else
+    OpsetError names it. A lowering served from the cache carries the verdict stored with it.
 
     ``method``: the method of a multi-method artifact (format 1.2) to lower. By default every method
     is lowered with the same request (and cached together, their shared weights stored once); the
     default method's LoweredProgram is returned, the others are in its ``.methods`` (``lowered["decode"]``).
+
+    Spellings of an earlier release still work for one more, with a DeprecatedSpellingWarning:
+    ``preset="onnx"`` (a backend's name) for ``backend="onnx"``, ``strict=True`` for ``lossless=True``.
     """
-    from .lowering import cache as _cache
-    from .lowering.deferred_codegen import deferred
-    from .lowering.lower import finish, lower, plan_lowering
+    from .lowering.pipeline import lower_artifact
+    from .request import plan_request
 
-    plan = plan_lowering(preset, supported_ops=supported_ops, decompositions=decompositions, keep=keep,
-                         decompose=decompose, strict=strict)
-    use_cache = _cache.enabled(cache) and plan.fingerprint is not None and device == "cpu"
-
-    with gc_paused():  # the trace allocates fx nodes and fake tensors by the 10^4 as well
-        art = reader.open_artifact(path)  # looked up, and on a miss lowered and stored, from this one reading
-        # one slot for all methods, one per method asked for by name; None: the cache is not usable (warned)
-        entry = _cache.Entry.of(art, plan, method=method, device=device) if use_cache else None
-        if entry is not None:
-            hits = entry.open(verify=verify)  # each method's answers; graphs checked and built on first use
-            if validate and hits is not None and any(h.validation is None for h in hits.values()):
-                hits = None  # stored without validation: lowered (and validated) again
-            if hits is not None:
-                if verify:
-                    reader.verify_weights(art)  # the source's own, against its digests (a damaged file is an error)
-                lowered = {name: _from_hit(path, art.digest, name, hit, plan, finish, dict(
-                    preset=preset, supported_ops=supported_ops, decompositions=decompositions, keep=keep,
-                    decompose=decompose, strict=strict, device=device)) for name, hit in hits.items()}
-                for name, one in lowered.items():
-                    one.dim_names = _dim_names(art, name)
-                return _linked(lowered)
-        names = list(art.method_names) if method is None else [reader.method(art, method).method]
-        if verify:
-            reader.verify_weights(art)
-        lowered = {}
-        for name in names:  # one file mapping: the methods' shared weights stay one set of bytes
-            prog = _program_of(reader.method(art, name), verify=False)
-            with deferred():  # lowered below: its own code is generated only if it is run
-                ep = prog.exported_program()
-            if device != "cpu":
-                from torch.export.passes import move_to_device_pass
-
-                ep = move_to_device_pass(ep, device)
-            one = lower(ep, preset, source=prog, plan=plan)
-            if validate and device == "cpu":
-                from .lowering.validate import validated
-
-                one = validated(one, plan, ep, lambda p, ep=ep, prog=prog: lower(ep, preset, source=prog, plan=p))
-            one.dim_names = prog.dim_names
-            lowered[name] = one
-        if entry is not None:
-            entry.store(lowered, source=art)  # refuses a source whose weights are not the ones it records
-    return _linked(lowered)
+    plan = plan_request(preset, backend=backend, supported_ops=supported_ops, decompositions=decompositions,
+                        keep=keep, decompose=decompose, lossless=lossless, strict=strict, stacklevel=4)
+    return lower_artifact(path, plan, device=device, verify=verify, cache=cache, validate=validate, method=method)
 
 
-def _linked(lowered: dict) -> LoweredProgram:
-    """The first of ``lowered`` (name -> LoweredProgram), each knowing its name and all of them."""
-    for name, one in lowered.items():
-        one.method, one._methods = name, lowered
-    return next(iter(lowered.values()))
+def eager_decompositions(preset: str | None = "core", *, backend: str | None = None,
+                         supported_ops: Iterable[OpSpec] | None = None, keep: Iterable[OpSpec] | None = None,
+                         decompositions: Mapping[torch._ops.OpOverload, Callable[..., Any]] | None = None,
+                         lossless: bool = False, strict: bool | None = None) -> EagerContext:
+    """A context manager running eager PyTorch with the lowering of ``preset`` (or ``backend``,
+    ``supported_ops``, ``keep``, ``decompositions``, ``lossless``: as in load_for_backend) applied op
+    by op; ``as`` gives the EagerDecompositions mode (``.decomposed``, ``.unsupported``, ``.ran``)."""
+    from .lowering.eager import EagerContext, EagerDecompositions
+    from .request import plan_request
 
-
-def _from_hit(path, digest: str, name: str, hit, plan, finish, request: dict) -> LoweredProgram:
-    """The LoweredProgram of one method a cache entry holds."""
-    from .lazy import Lazy
-
-    stored = hit.program
-
-    def built_or_lowered():  # an entry whose graph does not load is lowered again, as on a miss
-        try:
-            return stored.get()
-        except ArtifactError:
-            return load_for_backend(path, cache=False, validate=False, method=name, **request).exported_program()
-
-    hit = dataclasses.replace(hit, program=Lazy(built_or_lowered))
-    source = Lazy(lambda: _same_content(path, digest, name))
-    lowered = finish(plan, None, hit=hit, source_ep=Lazy(lambda: source.get().exported_program()), source=source)
-    lowered.from_cache = True
-    lowered.validation = hit.validation
-    return lowered
-
-
-def _same_content(path, digest: str, name: str) -> Pt2bProgram:
-    """The unlowered program behind a cache hit, read on first use; refuses a file whose
-    content changed since the hit was served."""
-    with gc_paused():
-        art = reader.open_artifact(path)
-        if art.digest != digest:
-            raise ArtifactError(f"{art.path}: the file changed after load_for_backend served its lowering from "
-                                "the cache; call load_for_backend again to lower the new content.")
-        return _program_of(reader.method(art, name), verify=False)
+    return EagerContext(EagerDecompositions(plan_request(
+        preset, backend=backend, supported_ops=supported_ops, keep=keep, decompositions=decompositions,
+        lossless=lossless, strict=strict, stacklevel=3)))

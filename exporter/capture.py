@@ -85,7 +85,7 @@ def with_plain_weights(model: torch.nn.Module) -> torch.nn.Module:
     found = subclass_weights(model)
     if not found:
         return model
-    from torch._functorch._aot_autograd.subclass_parametrization import unwrap_tensor_subclass_parameters
+    from ._torch.functorch import unwrap_tensor_subclass_parameters
 
     memo = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
     try:

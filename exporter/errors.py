@@ -106,7 +106,8 @@ class RuntimeInputError(Pt2bError):
 class UnknownOpsWarning(UserWarning):
     """A backend's supported_ops list names ops the running torch does not have (TorchScript-only
     overloads such as aten::add.int, ops of another torch release): they are left out of the lowering
-    (LoweredProgram.unknown_supported_ops lists them); strict=True makes them a LoweringError."""
+    (LoweredProgram.unknown_supported_ops lists them); ``warnings.simplefilter("error", UnknownOpsWarning)``
+    makes them an error."""
 
 
 __all__ = [
@@ -131,9 +132,16 @@ __all__ = [
     "InstallationError",
     "TargetTorchError",
     "MissingPytreeTypeError",
+    "DeprecatedSpellingWarning",
 ]
 
 
 class InstallationError(Pt2bError):
     """One of pt2b's own files (its schema, a frozen preset, an op registry) is missing or corrupt:
     the installation is broken, not the user's input."""
+
+
+class DeprecatedSpellingWarning(FutureWarning):
+    """An argument spelt the way an earlier pt2b release spelt it (``preset="onnx"`` for
+    ``backend="onnx"``, ``strict=True`` for ``lossless=True`` in load_for_backend): it still works for
+    one release, and the warning names the new spelling."""

@@ -211,10 +211,9 @@ def trace_plain(gm, placeholders, table: dict):
     data into a value (``item``), and inputs with data-dependent sizes. Declined after the trace: any
     such op recorded, a size read from data (an unbacked symbol), an output that is a list, a failure.
     Then the caller runs functionalize_graph.
-    Measured: the 116 distinct calls of EfficientNet-B0 traced in 0.33-0.43 s of CPU time against
-    0.8-1.0 s; the node-local lowering of real transformers programs with a dynamic length
-    (colmodernvbert, esm, ernie4_5_moe, bloom, blenderbot-small) in 25-40% less time. The graphs and
-    their values are equal, node names of size arithmetic aside (tests/lowering/test_trace_plain.py)."""
+    Why: it traces a call in less time than functionalize_graph, for vision and transformers programs
+    alike (docs/journal/code-notes.md). The graphs and their values are equal, node names of size
+    arithmetic aside (tests/lowering/test_trace_plain.py)."""
     import operator
 
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -480,11 +479,8 @@ def _cache_off_if_symbolic(fake_mode, args):
     """Fake tensors' dispatch cache switched off for a trace on inputs of symbolic sizes, else nothing.
     On symbolic sizes an entry costs more to make and to turn back into an output (its sizes and
     strides rebuilt through the ShapeEnv, a dozen symbolic products each) than running the op's meta
-    kernel again. Measured on the node-local lowering of real transformers programs with a dynamic
-    length (colmodernvbert, convbert, esm, ernie4_5_moe, bloom, flaubert, embedding_gemma2; CPU
-    seconds, medians of 3): 5-20% less time with the cache off (under cProfile, making and rebuilding
-    entries took 1.5 s of colmodernvbert's 2.7 s trace). On static sizes the cache stays on: off, BiT's
-    lowering took 0.97-1.17 s against 0.60 s."""
+    kernel again. On static sizes an entry is cheap and reused, so the cache stays on there (how each
+    choice was timed: docs/journal/code-notes.md)."""
     symbolic = any(isinstance(a, torch.SymInt) or (isinstance(a, torch.Tensor) and not _static(a)) for a in args)
     return disable_fake_tensor_cache(fake_mode) if symbolic else contextlib.nullcontext()
 
@@ -493,7 +489,7 @@ def _trace(gm, placeholders, table, above: bool = False):
     """aot_export_module above autograd: functionalized, ``table`` applied, on fresh fake inputs; with
     ``above``, the decompositions torch applies above functionalization are applied there
     (_AboveFunctionalization), else the whole table below it."""
-    from torch._functorch.aot_autograd import aot_export_module
+    from ._torch.functorch import aot_export_module
 
     fake_mode, args = _fake_inputs(gm, placeholders)
     modes = _AboveFunctionalization(_above_functionalization(table)) if above else contextlib.nullcontext()
@@ -505,15 +501,15 @@ def _trace(gm, placeholders, table, above: bool = False):
 @contextlib.contextmanager
 def _rng_tracker_outside_fake_mode():
     """aot_export resets torch's Philox RNG-state tracker (torch._decomp.decompositions_for_rng) twice
-    per trace, inside its fake mode: twelve empty tensors, each converted to a fake one, a fifth of
-    the time of a trace of one call (the node-local lowering traces small graphs often). The tracker's
+    per trace, inside its fake mode: twelve empty tensors, each converted to a fake one, a large
+    share of the time of a trace of one call (the node-local lowering traces small graphs often). The tracker's
     tensors are read only where torch._functorch.config.functionalize_rng_ops is on; where it is off
     (always, here), they are made as plain tensors outside the fake mode for the trace: the class
     attribute PhiloxState.reset is swapped for the trace and restored after it (declared, with what
     that means for other threads, in exporter/_torch/patches.py); nothing else changes."""
-    from torch._functorch import config
+    from ._torch.functorch import functionalizes_rng_ops
 
-    if config.functionalize_rng_ops:
+    if functionalizes_rng_ops():
         yield
         return
     with patches.swapped(_PHILOX_RESET, _plain_reset):
@@ -550,8 +546,8 @@ class _Watch:
 
     @classmethod
     def of(cls, table: dict) -> tuple["_Watch", dict]:
-        """(a watch reset for a new trace, ``table`` wrapped by it); the wrapping (a closure per entry,
-        about 20 ms for torch's table) is reused while the table is the same object."""
+        """(a watch reset for a new trace, ``table`` wrapped by it); the wrapping (a closure per entry
+        of torch's large table) is reused while the table is the same object."""
         last = cls._last
         if last is not None and last[0] is table:
             last[1].wrote = None
@@ -647,7 +643,7 @@ class _AboveFunctionalization(torch.overrides.TorchFunctionMode):
 def _prepared(gm):
     """``gm`` as the retrace runs it: a GraphModule on a copy of the graph, sharing ``gm``'s attributes
     (so that the trace still carries each node's metadata, stack trace and module stack, over to
-    what it emits, instead of recording a stack trace per new node: a third of a lowering), with
+    what it emits, instead of recording a stack trace per new node, a large share of a lowering), with
 
     - its in-place detach_ calls removed (torch.export records one after each torch.tensor(...)
       constant; below autograd, where torch retraces, they vanish, above it they would leave a
@@ -714,7 +710,7 @@ def _decomposed(gm, placeholders, table):
 
 def insert_runtime_asserts(gm) -> None:
     """The deferred shape checks of a symbolic program, as torch's retrace inserts them."""
-    from torch.export.exported_program import _get_shape_env
+    from ._torch.tracing import get_shape_env as _get_shape_env
     from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
 
     if torch._dynamo.config.do_not_emit_runtime_asserts:

@@ -11,7 +11,8 @@ import torch.fx
 
 from .ops import op_name
 
-__all__ = ["subgraph_of", "walk_graphs", "call_nodes", "iter_graphs", "iter_serialized_graphs", "count_calls"]
+__all__ = ["subgraph_of", "walk_graphs", "call_nodes", "iter_graphs", "iter_serialized_graphs", "count_calls",
+           "op_nodes", "op_counts"]
 
 
 def subgraph_of(gm: torch.fx.GraphModule, node: torch.fx.Node):
@@ -71,3 +72,18 @@ def count_calls(nodes: Iterable[torch.fx.Node]) -> dict[str, int]:
         name = op_name(node.target)
         counts[name] = counts.get(name, 0) + 1
     return counts
+
+
+def op_nodes(gm: torch.fx.GraphModule) -> Iterator[torch.fx.Node]:
+    """Every call_function node calling an OpOverload or higher-order op, over iter_graphs."""
+    for graph in iter_graphs(gm):
+        for node in graph.nodes:
+            if node.op == "call_function" and isinstance(
+                node.target, (torch._ops.OpOverload, torch._ops.HigherOrderOperator)
+            ):
+                yield node
+
+
+def op_counts(gm: torch.fx.GraphModule) -> dict[str, int]:
+    """Op name -> call sites of the op nodes (op_nodes), sorted by name."""
+    return dict(sorted(count_calls(op_nodes(gm)).items()))

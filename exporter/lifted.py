@@ -1,8 +1,8 @@
 """Running a program's lifted graph module directly: its graph inputs bound from the signature (the
 user's inputs, then the program's own parameters, buffers and constants) and its outputs split into the
 user's and the state the program writes back. ``ep.module()`` gets there by unlifting the state into a
-new module (a copy of the graph, recompiled several times): 0.23 s on a 22-layer Llama, a third of its first
-call's cost after load ([architecture.md](../docs/architecture.md#call-progargs-kwargs))."""
+new module (a copy of the graph, recompiled several times), a large share of its first call's cost
+after load ([architecture.md](../docs/architecture.md#call-progargs-kwargs))."""
 
 from __future__ import annotations
 

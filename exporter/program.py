@@ -113,7 +113,7 @@ class ProgramHandle:
         if self._module is None:
             if self._direct is None:
                 from .lifted import DirectCall, Unbindable
-                from .lowering.deferred_codegen import compiled
+                from ._torch.deferred_codegen import compiled
 
                 try:
                     source = self._call_source()
@@ -158,7 +158,8 @@ class Pt2bProgram(ProgramHandle):
     def __init__(self, ep, *, path: str, format_version: tuple[int, int], torch_version: str,
                  producer: str, ir_level: str, operators: list[OperatorInfo], metadata: dict,
                  provenance: dict[str, str] | Lazy, lowering: dict | None = None, checked: Lazy | None = None,
-                 method: str = "forward", for_call: Lazy | None = None):
+                 method: str = "forward", for_call: Lazy | None = None, methods: dict | None = None,
+                 dim_names: dict | None = None):
         # an ExportedProgram, or a Lazy building it on first use (load(): the op table and records
         # are read at load, the graph is checked at its first use, before torch's deserializer runs)
         self._built = ep if isinstance(ep, Lazy) else Lazy.of(ep)
@@ -177,6 +178,8 @@ class Pt2bProgram(ProgramHandle):
         # "outside_opset"}); None for a program not written after load_for_backend
         self.lowering = lowering
         self.method = method
+        self._methods = methods  # every method of the artifact by name (a dict its maker fills)
+        self.dim_names = dict(dim_names or {})
 
     @property
     def _ep(self) -> torch.export.ExportedProgram:
@@ -184,8 +187,8 @@ class Pt2bProgram(ProgramHandle):
 
     def _call_source(self):
         """The ExportedProgram where it is built; else the lifted graph torch's deserializer builds without
-        one (fake values, metadata and the ExportedProgram's checks are what a call does not need: 0.11 s
-        of a 22-layer Llama's first call). A program whose recorded guards a direct call does not
+        one (fake values, metadata and the ExportedProgram's checks are what a call does not need, and a
+        large part of a first call's cost). A program whose recorded guards a direct call does not
         reproduce goes through the ExportedProgram."""
         if self._for_call is None or self._built.done or self._checked is None or self._checked.get().serialized.guards_code:
             return self._ep

@@ -23,10 +23,10 @@ import torch
 import torch.fx
 
 from exporter._torch.pytree import pytree
-from exporter.graph_walk import walk_graphs
+from exporter.shared import is_autocast_marker, walk_graphs
 
 from .nodes import NODES
-from .regions import is_autocast_marker, retarget_autocast
+from .regions import retarget_autocast
 
 __all__ = ["retarget_devices", "uses_other_device", "moves_autocast", "moved_call", "reads_cpu_scalars",
            "with_device_scalars"]

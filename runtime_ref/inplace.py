@@ -103,8 +103,8 @@ def plan_in_place(step_nodes: list, outs: list, reads: list, slot_of: dict, n_us
 class _AliasClasses:
     """Slots that may share memory, as classes closed under "may alias" (union-find), each class
     keeping its two latest-dying members: whether every other member of a slot's class is dead by a
-    step is then one comparison, however large the class (a quadratic walk over sets before, 21 s of
-    planning on a 4,700-step program)."""
+    step is then one comparison, however large the class (a walk over the class's members would make
+    planning quadratic in the program's length)."""
 
     def __init__(self, dies_at):
         self._dies_at = dies_at

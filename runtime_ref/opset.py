@@ -1,6 +1,6 @@
 """The reference runtime's opset: which call targets it accepts, how they are named.
 Owns the default "functional ATen" predicate, opset normalization and OpsetError reporting (op names
-and their spellings: exporter/ops.py)."""
+and their spellings: exporter/ops.py, through the shared core exporter/shared/)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,8 @@ import torch
 
 from exporter._torch.dispatch import HigherOrderOperator, OpOverload, OpOverloadPacket
 from exporter.errors import OpsetError
-from exporter.functionalize import is_mutating, updates_hidden_state
-from exporter.graph_walk import walk_graphs
-from exporter.ops import OpSpec, normalize_text, op_name, resolve_op
-
-from .regions import REGION_HOP_NAMES, is_region_marker
+from exporter.shared import (REGION_HOP_NAMES, OpSpec, is_mutating, is_region_marker, normalize_text, op_name,
+                             resolve_op, updates_hidden_state, walk_graphs)
 
 __all__ = [
     "op_name",
@@ -43,7 +40,7 @@ _SYM_PYTHON = frozenset({
 })
 
 # Accepted whatever opset is chosen: tuple unpacking, shape queries, runtime assertions, and the
-# grad-mode/autocast region markers (regions.py: torch._C._set_grad_enabled, _enter/_exit_autocast).
+# grad-mode/autocast region markers (exporter/shared/regions.py: torch._C._set_grad_enabled, _enter/_exit_autocast).
 _ALWAYS_NAMES = frozenset({
     "aten::sym_size.int", "aten::sym_size.default", "aten::sym_stride.int", "aten::sym_stride.default",
     "aten::sym_numel.default", "aten::sym_storage_offset.default",

@@ -10,7 +10,7 @@ import torch
 import torch.fx
 
 from exporter._torch.dispatch import OpOverload
-from exporter.graph_walk import subgraph_of
+from exporter.shared import autocast_steps, is_autocast_marker, subgraph_of
 
 from .bindings import fast_callable, meta_args
 from .codegen import compile_steps
@@ -19,7 +19,7 @@ from .graphs import moved_call, moves_autocast, reads_cpu_scalars, retarget_devi
 from .nodes import NODES
 from .inplace import plan_in_place
 from .nested import leaves, map_leaves
-from .regions import autocast_steps, is_autocast_marker, recorded_device_types, region_callable, retarget_autocast
+from .regions import recorded_device_types, region_callable, retarget_autocast
 
 __all__ = ["Plan"]
 

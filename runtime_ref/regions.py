@@ -1,49 +1,20 @@
-"""Grad-mode and autocast regions of a program: the call targets that mark them (flat markers or wrapped
-bodies), how the runtime runs them, and the guard that gives the caller back its grad mode and
-autocast state after every run, also when a run raises midway. The two forms and why markers are run:
-docs/architecture.md#run-runtime_refruntime."""
+"""How the reference runtime runs grad-mode and autocast regions (a region op's runner, a region moved to
+its device) and gives the caller back its grad mode and autocast state after every run, raised or not.
+Which targets mark a region: exporter/shared/regions.py; the two forms: docs/architecture.md#run-runtime_refruntime."""
 
 from __future__ import annotations
 
 import torch
 import torch.fx
-from torch._higher_order_ops.wrap import wrap_with_autocast, wrap_with_set_grad_enabled
-from torch.amp.autocast_mode import _enter_autocast, _exit_autocast
 
-from exporter.graph_walk import call_nodes
+from exporter._torch.dispatch import HigherOrderOperator
+from exporter._torch.tracing import wrap_with_autocast, wrap_with_set_grad_enabled
 
 from .bindings import TensorSpec
 
-__all__ = ["REGION_HOP_NAMES", "is_region_marker", "is_autocast_marker", "has_regions", "autocast_devices",
-           "recorded_device_types", "retarget_autocast", "region_callable", "autocast_steps", "RegionGuard"]
+__all__ = ["recorded_device_types", "retarget_autocast", "region_callable", "RegionGuard"]
 
 _SET_GRAD = torch._C._set_grad_enabled
-_MARKERS = (_SET_GRAD, _enter_autocast, _exit_autocast)
-REGION_HOP_NAMES = frozenset({"wrap_with_set_grad_enabled", "wrap_with_autocast"})
-
-
-def is_region_marker(target) -> bool:
-    """A flat grad-mode or autocast marker (accepted whatever opset is chosen, like getitem)."""
-    return any(target is m for m in _MARKERS)
-
-
-def is_autocast_marker(target) -> bool:
-    """A call whose first argument is an autocast device type ('cpu', 'cuda')."""
-    return target is _enter_autocast or target is wrap_with_autocast
-
-
-def _is_region(target) -> bool:
-    return is_region_marker(target) or target is wrap_with_set_grad_enabled or target is wrap_with_autocast
-
-
-def has_regions(gm: torch.fx.GraphModule) -> bool:
-    """Whether gm or any of its subgraphs marks a grad-mode or autocast region."""
-    return any(_is_region(n.target) for n in call_nodes(gm))
-
-
-def autocast_devices(gm: torch.fx.GraphModule) -> frozenset[str]:
-    """Device types of all autocast regions in gm and its subgraphs, as recorded."""
-    return frozenset(n.args[0] for n in call_nodes(gm) if is_autocast_marker(n.target) and isinstance(n.args[0], str))
 
 
 def recorded_device_types(gm: torch.fx.GraphModule) -> frozenset[str]:
@@ -82,21 +53,7 @@ _HOP_CALLS = {wrap_with_set_grad_enabled: _grad_region, wrap_with_autocast: _aut
 
 def region_callable(target):
     """What a step calls for a region higher-order op, or None when target is not one."""
-    return _HOP_CALLS.get(target) if isinstance(target, torch._ops.HigherOrderOperator) else None
-
-
-def autocast_steps(targets: list) -> set[int]:
-    """Indices of the steps that run inside a flat autocast region (between _enter_autocast and its
-    _exit_autocast, nesting counted), given the steps' call targets in order."""
-    inside, depth = set(), 0
-    for k, target in enumerate(targets):
-        if target is _enter_autocast:
-            depth += 1
-        elif target is _exit_autocast:
-            depth = max(depth - 1, 0)
-        elif depth:
-            inside.add(k)
-    return inside
+    return _HOP_CALLS.get(target) if isinstance(target, HigherOrderOperator) else None
 
 
 # ---- the caller's state, given back after every run ----

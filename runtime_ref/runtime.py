@@ -9,20 +9,18 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.export.graph_signature import InputKind
 
-from exporter import dims
-from exporter.graph_walk import call_nodes, count_calls
-from exporter.util.process_state import preserved
+from exporter.shared import autocast_devices, call_nodes, count_calls, dims, has_regions, preserved
 
 from .inputs import InputChecker
 from .opset import Acceptor, check_program_ops
 from .outputs import OutputHandler
 from .plan import Plan
-from .regions import RegionGuard, autocast_devices, has_regions
+from .regions import RegionGuard
 from .state import RuntimeState
 
 if TYPE_CHECKING:
-    from exporter.lowering.lowered import LoweredProgram
-    from exporter.ops import OpSpec
+    from exporter import LoweredProgram, Pt2bProgram
+    from exporter.shared import OpSpec
 
 __all__ = ["Runtime", "runtimes"]
 
@@ -111,7 +109,7 @@ class Runtime:
         """Run the program on ``args``/``kwargs`` (checked against the program's inputs)."""
         leaves = self._inputs(args, kwargs)
         grad = torch.is_grad_enabled()
-        torch._C._set_grad_enabled(False)  # torch.no_grad() minus its ~2 us of context-manager overhead
+        torch._C._set_grad_enabled(False)  # the switch, not torch.no_grad()'s context manager: every call takes this path
         try:
             return self._outputs(self._run(leaves), leaves)
         finally:
@@ -130,8 +128,8 @@ class Runtime:
         return f"Runtime({len(self.plan.steps)} steps, {sum(self._ops.values())} calls, device={self.device})"
 
 
-def runtimes(program, device: str | torch.device = "cpu", opset: Iterable[OpSpec] | None = None,
-             extra_ops: Iterable[OpSpec] = ()) -> dict[str, Runtime]:
+def runtimes(program: LoweredProgram | Pt2bProgram | torch.export.ExportedProgram, device: str | torch.device = "cpu",
+             opset: Iterable[OpSpec] | None = None, extra_ops: Iterable[OpSpec] = ()) -> dict[str, Runtime]:
     """A Runtime for every method of ``program`` (what ``load`` or ``load_for_backend`` returned for a
     multi-method artifact; ``.methods``), by name, over ONE state: parameters are moved once, and
     every buffer is copied once and shared, so a buffer one method writes (a KV cache ``prefill``

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from exporter.dims import label as dims_label
+from exporter.shared import dims
 from exporter.errors import RuntimeInputError
 
 from .bindings import TensorSpec
@@ -18,7 +18,7 @@ _DERIVED = "__derived__"
 
 
 def _bound(value, default):
-    import sympy  # sympy (0.3-0.4 s to import) only for programs with symbolic dims
+    import sympy  # imported only for programs with symbolic dims: `import runtime_ref` stays without it
 
     from exporter._torch.symbolic import int_oo
 
@@ -33,11 +33,11 @@ class SymbolTable:
     def __init__(self, range_constraints: dict, names: dict | None = None):
         self.ranges = {sym: (_bound(vr.lower, 0), _bound(vr.upper, math.inf))
                        for sym, vr in range_constraints.items()}
-        self.names = names or {}  # symbol -> the user's Dim name (exporter.dims)
+        self.names = names or {}  # symbol -> the user's Dim name (exporter/dims.py)
 
     def label(self, sym) -> str:
         """'batch (s17)' where the dim has the user's name, else 's17'."""
-        return dims_label(sym, self.names)
+        return dims.label(sym, self.names)
 
     def range_text(self, sym) -> str:
         lo, hi = self.ranges.get(sym, (0, math.inf))

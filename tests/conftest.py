@@ -10,7 +10,7 @@ os.environ["PT2B_CACHE"] = "off"
 # (exporter/util/process_state.py): a valid program never changes it
 from exporter.util import process_state  # noqa: E402
 
-process_state.STRICT = True
+process_state.ASSERT_UNCHANGED = True
 
 # the test files every supported torch release runs (tools/release_matrix.py): one list, in compat.txt
 # (paths from tests/: <group>/<file>)

@@ -1,2 +1,2 @@
-"""Developer tools of pt2b (not installed with the package): the artifact fuzzer, the real-model sweep, the
-release matrix."""
+"""Developer tools of pt2b (not installed with the package): the test corpora (corpus/), the artifact fuzzer,
+the real-model sweep, the release matrix."""

@@ -1,55 +1,53 @@
-"""Write docs/api.md, the reference of pt2b's public Python API, from the signatures and docstrings
-in the code (the one place they are written): `python -m tools.api_reference > docs/api.md`.
-tests/repo/test_api_reference.py checks the page is what this prints and that every public signature is
-annotated."""
+"""Write docs/api.md, the reference of pt2b's public Python API: every name in a public package's
+``__all__`` (the one list of public names), with its signature and docstring from the code:
+`python -m tools.api_reference > docs/api.md`. tests/repo/test_api_reference.py checks the page is
+what this prints, documents exactly those names, and that every public signature is annotated."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import sys
+import types
 import typing
+
+ROOTS = ("exporter", "runtime_ref")  # the packages the wheel installs
+
+
+def public_packages() -> list[types.ModuleType]:
+    """The public packages: each root, then, in ``__all__`` order, every module a public package's
+    ``__all__`` names that has an ``__all__`` of its own (exporter.errors, exporter.backends)."""
+    out: list[types.ModuleType] = []
+    for root in ROOTS:
+        todo = [importlib.import_module(root)]
+        while todo:
+            package = todo.pop(0)
+            out.append(package)
+            todo += [value for value in (getattr(package, name) for name in package.__all__)
+                     if isinstance(value, types.ModuleType) and hasattr(value, "__all__") and value not in out]
+    return out
 
 
 def public_api() -> list[tuple[str, object]]:
-    """(qualified name, object) of everything a user of pt2b calls, in the order the page shows."""
-    import exporter
-    import runtime_ref
-    from exporter.lowering.eager import EagerContext, EagerDecompositions
-    from exporter.lowering.lowered import LoweredProgram
-    from exporter.program import OperatorInfo
-
-    return [
-        ("exporter.export_model", exporter.export_model),
-        ("exporter.load", exporter.load),
-        ("exporter.load_for_backend", exporter.load_for_backend),
-        ("exporter.eager_decompositions", exporter.eager_decompositions),
-        ("exporter.Pt2bProgram", exporter.Pt2bProgram),
-        ("exporter.program.OperatorInfo", OperatorInfo),
-        ("exporter.lowering.lowered.LoweredProgram", LoweredProgram),
-        ("exporter.lowering.eager.EagerContext", EagerContext),
-        ("exporter.lowering.eager.EagerDecompositions", EagerDecompositions),
-        ("runtime_ref.Runtime", runtime_ref.Runtime),
-        ("runtime_ref.default_opset_accepts", runtime_ref.default_opset_accepts),
-        ("runtime_ref.op_name", runtime_ref.op_name),
-    ]
+    """(qualified name, object) of every name in every public package's ``__all__``, in the page's order."""
+    return [(f"{package.__name__}.{name}", getattr(package, name))
+            for package in public_packages() for name in package.__all__]
 
 
 def type_namespace() -> dict:
-    """The names the public annotations use (some are imported only for type checkers)."""
+    """The names the public annotations use: the public classes, and those imported only for type
+    checkers (StrPath, OpSpec)."""
     import os
     from collections.abc import Callable, Iterable, Mapping
 
     import torch
 
     from exporter.api import StrPath
-    from exporter.lowering.eager import EagerContext, EagerDecompositions
-    from exporter.lowering.lowered import LoweredProgram
     from exporter.ops import OpSpec
-    from exporter.program import Pt2bProgram
 
+    classes = {name.rsplit(".", 1)[1]: obj for name, obj in public_api() if inspect.isclass(obj)}
     return {"os": os, "torch": torch, "Any": typing.Any, "Callable": Callable, "Iterable": Iterable,
-            "Mapping": Mapping, "StrPath": StrPath, "OpSpec": OpSpec, "LoweredProgram": LoweredProgram,
-            "Pt2bProgram": Pt2bProgram, "EagerContext": EagerContext, "EagerDecompositions": EagerDecompositions}
+            "Mapping": Mapping, "StrPath": StrPath, "OpSpec": OpSpec, **classes}
 
 
 CONSTRUCTED = ("Runtime",)  # classes users construct (the others are returned by pt2b's functions)
@@ -60,7 +58,7 @@ def members(cls) -> list[tuple[str, object]]:
     (``__init__`` of the classes users construct, ``__call__`` and ``__enter__`` of any)."""
     dunder = ("__call__", "__enter__") + (("__init__",) if cls.__name__ in CONSTRUCTED else ())
     out = []
-    for base in reversed([c for c in cls.__mro__ if c.__module__.split(".")[0] in ("exporter", "runtime_ref")]):
+    for base in reversed([c for c in cls.__mro__ if c.__module__.split(".")[0] in ROOTS]):
         for name, value in vars(base).items():
             if (not name.startswith("_") or name in dunder) and \
                     (inspect.isfunction(value) or isinstance(value, property)):
@@ -89,22 +87,41 @@ def _doc(obj) -> str:
     return inspect.cleandoc(obj.__doc__ or "").strip()
 
 
+def _summary(module: types.ModuleType) -> str:
+    """The first paragraph of a module's docstring."""
+    return _doc(module).split("\n\n", 1)[0]
+
+
+def _entry(qualname: str, obj) -> list[str]:
+    if isinstance(obj, types.ModuleType):
+        return [f"### module `{qualname}`", "", f"{_summary(obj)} Its names: [below](#{_anchor(qualname)}).", ""]
+    if inspect.isclass(obj):
+        lines = [f"### class `{qualname}`", "", _doc(obj), ""]
+        for name, member in members(obj):
+            fn = member.fget if isinstance(member, property) else member
+            label = f"`{name}` (property)" if isinstance(member, property) else f"`{name}{_signature(fn)}`"
+            lines += [f"#### {label}", ""] + ([_doc(fn), ""] if _doc(fn) else [])
+        return lines
+    if callable(obj):
+        return [f"### `{qualname}{_signature(obj)}`", "", _doc(obj), ""]
+    return [f"### `{qualname}` ({type(obj).__name__})", ""]
+
+
+def _anchor(qualname: str) -> str:
+    """The anchor GitHub gives the heading of package ``qualname``."""
+    return f"package-{qualname.replace('.', '')}"
+
+
 def render() -> str:
     lines = ["# Python API reference", "",
-             "Generated from the signatures and docstrings in the code by `python -m tools.api_reference > "
-             "docs/api.md`; a test fails when this page and the code disagree. The package ships `py.typed`: "
-             "type checkers read these annotations.", ""]
-    for qualname, obj in public_api():
-        if inspect.isclass(obj):
-            lines += [f"## class `{qualname}`", "", _doc(obj), ""]
-            for name, member in members(obj):
-                fn = member.fget if isinstance(member, property) else member
-                label = f"`{name}` (property)" if isinstance(member, property) else f"`{name}{_signature(fn)}`"
-                lines += [f"### {label}", ""]
-                if _doc(fn):
-                    lines += [_doc(fn), ""]
-        else:
-            lines += [f"## `{qualname}{_signature(obj)}`", "", _doc(obj), ""]
+             "Every public name of pt2b, and nothing else: the names in each public package's `__all__`, "
+             "with the signatures and docstrings in the code, generated by `python -m tools.api_reference > "
+             "docs/api.md`; a test fails when this page and the code disagree. Any other module is internal. "
+             "The packages ship `py.typed`: type checkers read these annotations.", ""]
+    for package in public_packages():
+        lines += [f"## package `{package.__name__}`", "", _summary(package), ""]
+        for name in package.__all__:
+            lines += _entry(f"{package.__name__}.{name}", getattr(package, name))
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -1,4 +1,4 @@
-"""The backend matrix: real transformers models (exporter/corpus/transformers_zoo.py) exported once by
+"""The backend matrix: real transformers models (tools/corpus/transformers_zoo.py) exported once by
 pt2b, lowered with each backend's own preset, handed to the backend and run there, compared with eager;
 one forked process per case (tools/real_models.py's sweep).
 
@@ -63,7 +63,7 @@ def run_case(name: str, backends, conn, workdir: str) -> None:
         conn.send(rec)
         return ok, value
 
-    from exporter.corpus.transformers_zoo import make_case
+    from tools.corpus.transformers_zoo import make_case
 
     ok, case = stage("build", lambda: make_case(name))
     if not ok:
@@ -78,7 +78,7 @@ def run_case(name: str, backends, conn, workdir: str) -> None:
         return copy.deepcopy(args), copy.deepcopy(kwargs)
 
     def capture():
-        from exporter.corpus.programs import capture_real
+        from tools.corpus.programs import capture_real
 
         return capture_real(case, {})
 
@@ -130,7 +130,7 @@ def run_case(name: str, backends, conn, workdir: str) -> None:
             return compiled(*a, **k)
 
     for b in backends:
-        ok, lp = stage(f"lower:{b}", lambda: exporter.load_for_backend(path, b, cache=False))
+        ok, lp = stage(f"lower:{b}", lambda: exporter.load_for_backend(path, backend=b, cache=False))
         if ok:
             ok, compiled = stage(f"handoff:{b}", lambda: registry.to_backend(b, lp))
         if ok:
@@ -336,7 +336,7 @@ def main(argv=None):
     if args.only:
         names = [n.strip() for n in args.only.split(",") if n.strip()]
     elif args.sample:
-        from exporter.corpus.programs import transformers_sample
+        from tools.corpus.programs import transformers_sample
 
         names = transformers_sample()
     else:

@@ -29,7 +29,7 @@ SWEEP_CORPUS = ["zoo", "transformers-all"]
 
 def sweep_routes(records: list[dict], zoo: dict) -> dict:
     """The page's routes of the zoo (``zoo``: corpus_routes' result) and of every captured case of a
-    routes sweep (``records``: tools/real_models.py records), programs named as exporter/corpus/programs.py
+    routes sweep (``records``: tools/real_models.py records), programs named as tools/corpus/programs.py
     names them."""
     from exporter.explorer.corpus import RoutesBuilder
 
@@ -55,12 +55,12 @@ def sweep_routes(records: list[dict], zoo: dict) -> dict:
 def main(argv=None) -> int:
     from exporter import package_data
     from exporter.cli import progress
-    from exporter.corpus import programs
     from exporter.explorer import corpus as explorer_corpus
     from exporter.lowering import presets
 
     ap = argparse.ArgumentParser(prog="python -m tools.explorer_data", description=__doc__.splitlines()[0])
-    ap.add_argument("--corpus", nargs="*", default=list(programs.DEFAULT), help="named corpora (default: %(default)s)")
+    ap.add_argument("--corpus", nargs="*", default=list(explorer_corpus.DEFAULT_CORPORA),
+                    help="named corpora (default: %(default)s)")
     ap.add_argument("--sweep", metavar="FILE", help="the transformers cases' routes from this routes sweep "
                     "(tools/real_models.py --stages routes); the zoo traced now")
     ap.add_argument("-o", "--out", help="where to write (default: the package data file of this torch release)")

@@ -21,7 +21,7 @@ import torch.utils._pytree as pytree
 
 from exporter import export_model, load, load_for_backend
 from exporter.versioning.formats import FORMAT_VERSION, version_str
-from exporter.corpus.zoo import make_case
+from tools.corpus.zoo import make_case
 
 GOLDEN = pathlib.Path(__file__).resolve().parents[1] / "tests" / "golden"
 
@@ -82,9 +82,9 @@ def main() -> int:
 
 
 def write_methods_golden(folder: pathlib.Path) -> None:
-    """tiny_kv.methods: a KV-cache decoder's prefill and decode (exporter/corpus/methods.py TinyKV); its
+    """tiny_kv.methods: a KV-cache decoder's prefill and decode (tools/corpus/methods.py TinyKV); its
     io holds a sequence of calls [method, args, kwargs] run in order over one state, and their outputs."""
-    from exporter.corpus.methods import TinyKV
+    from tools.corpus.methods import TinyKV
 
     stem = "tiny_kv.methods"
     m = TinyKV().eval()

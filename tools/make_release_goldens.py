@@ -23,7 +23,7 @@ import torch
 
 import exporter
 from exporter import export_model, load, load_for_backend
-from exporter.corpus.zoo import make_case
+from tools.corpus.zoo import make_case
 from exporter.versioning.formats import FORMAT_VERSION, version_str
 from tools.make_goldens import CASES, GOLDEN, LOWERED, save_io
 

@@ -1,4 +1,4 @@
-"""Sweep real transformers models (exporter/corpus/transformers_zoo.py) through the pt2b pipeline, one subprocess per case.
+"""Sweep real transformers models (tools/corpus/transformers_zoo.py) through the pt2b pipeline, one subprocess per case.
 
 Stages per case: build, capture (torch.export, dynamic then static), eager, write, load (+ bitwise round trip vs
 ep.module()), then per preset none/core/max: lower (load_for_backend), run (runtime_ref.Runtime), match (vs eager).
@@ -207,7 +207,7 @@ def run_case(name: str, stop_after: str | None, conn, workdir: str, presets: tup
         _skip_after(rec["stages"], after, why, stop_after)
         send()
 
-    from exporter.corpus.transformers_zoo import CaseUnavailable, make_case
+    from tools.corpus.transformers_zoo import CaseUnavailable, make_case
 
     ok, case = stage("build", lambda: make_case(name))
     if not ok:
@@ -231,7 +231,7 @@ def run_case(name: str, stop_after: str | None, conn, workdir: str, presets: tup
         return copy.deepcopy(args), copy.deepcopy(kwargs)
 
     def capture():
-        from exporter.corpus.programs import capture_real
+        from tools.corpus.programs import capture_real
 
         notes = {}
         try:
@@ -447,7 +447,7 @@ def _preload():
 
     import exporter  # noqa: F401
     import runtime_ref  # noqa: F401
-    from exporter.corpus import transformers_zoo
+    from tools.corpus import transformers_zoo
 
     return transformers_zoo
 
@@ -874,7 +874,7 @@ def main(argv=None):
     ap.add_argument("--tasks", help="comma-separated tasks (default: the corpus' default set)")
     ap.add_argument("--sample", action="store_true", help="the default test sample (transformers_sample.txt)")
     ap.add_argument("--variants", help="comma-separated variants of each case (bf16, fp16, int8wo, fp8wo, pt2e: "
-                    "exporter/corpus/variants.py), e.g. --sample --variants bf16,fp16")
+                    "tools/corpus/variants.py), e.g. --sample --variants bf16,fp16")
     ap.add_argument("--readme-variants", metavar="FILE", help="with --readme: the variant sweep's records, a row each")
     ap.add_argument("--stages", default="all", choices=sorted(STOP_AFTER), help="stop after this stage")
     ap.add_argument("--limit", type=int, help="first N cases only")
@@ -929,7 +929,7 @@ def main(argv=None):
     if args.only:
         names = [n.strip() for n in args.only.split(",") if n.strip()]
     elif args.sample:
-        from exporter.corpus.programs import transformers_sample
+        from tools.corpus.programs import transformers_sample
 
         names = transformers_sample()
     else:

@@ -1,5 +1,5 @@
-"""The one door to torch's private internals: every private torch module more than one module of pt2b
-needs, torch.export's serializer, the release probes and the declared patches
+"""The one door to torch's private internals: every private torch module or name pt2b imports (no
+other module imports one), torch.export's serializer, the release probes and the declared patches
 (docs/architecture.md#where-each-concept-lives; docs/releases.md). Nothing here is imported by
 ``import exporter`` (tests/repo/test_import_graph.py).
 
@@ -8,4 +8,6 @@ needs, torch.export's serializer, the release probes and the declared patches
 - ``pytree``, ``dispatch``, ``tracing``, ``symbolic``: pytrees; operators and modes; tables, helpers, HOPs; sympy
 - ``compat``: the release probes
 - ``patches``: the inventory of patches and the helpers that install them
-- ``testing``: torch's OpInfo database, for the audit only"""
+- ``testing``: torch's OpInfo database, for the audit only
+- ``functorch``, ``compilers``, ``library``, ``unpickler``: aot_export and torch._functorch's pieces;
+  Inductor's and torch.onnx's tables; torch.library's registries; the weights-only allowlist"""

@@ -89,7 +89,7 @@ def functional_mode_decides_per_object() -> bool:
 @functools.cache
 def lazy_graph_module_class():
     """torch.fx's _LazyGraphModule (a graph module whose code is generated on first use), or None where
-    this torch lacks it (every supported release has it: lowering/deferred_codegen.py)."""
+    this torch lacks it (every supported release has it: _torch/deferred_codegen.py)."""
     try:
         from torch.fx._lazy_graph_module import _LazyGraphModule
     except ImportError:  # pragma: no cover -- every supported release has it

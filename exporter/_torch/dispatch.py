@@ -1,7 +1,8 @@
 """torch's operators and dispatch modes: OpOverload and its kin (torch._ops), the dispatch-mode base
-and stack (torch.utils._python_dispatch) and fake tensors (torch._subclasses.fake_tensor)."""
+and stack (torch.utils._python_dispatch) and fake tensors (torch._subclasses.fake_tensor, torch._guards)."""
 
 from torch._dispatch.python import enable_python_dispatcher
+from torch._guards import detect_fake_mode
 from torch._ops import HigherOrderOperator, OpOverload, OpOverloadPacket
 from torch._ops import _get_dispatch_mode_pre_dispatch as get_dispatch_mode_pre_dispatch
 from torch._subclasses.fake_tensor import (FakeTensor, FakeTensorMode, disable_fake_tensor_cache,
@@ -11,9 +12,8 @@ from torch.utils._python_dispatch import _disable_current_modes as disable_curre
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 __all__ = ["FakeTensor", "FakeTensorMode", "HigherOrderOperator", "OpOverload", "OpOverloadPacket",
-           "TorchDispatchMode", "disable_current_modes", "disable_fake_tensor_cache", "drop_cached_dispatches",
-           "enable_python_dispatcher",
-           "get_dispatch_mode_pre_dispatch",
+           "TorchDispatchMode", "detect_fake_mode", "disable_current_modes", "disable_fake_tensor_cache",
+           "drop_cached_dispatches", "enable_python_dispatcher", "get_dispatch_mode_pre_dispatch",
            "is_traceable_wrapper_subclass", "unset_fake_temporarily"]
 
 

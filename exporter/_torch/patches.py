@@ -1,5 +1,5 @@
 """Every patch pt2b makes to a torch object, in one list (``PATCHES``: symbol, scope, site, reason,
-releases verified; ``Patch`` defines the scopes), and the helpers that install them (``wrap_once``,
+releases tested on; ``Patch`` defines the scopes), and the helpers that install them (``wrap_once``,
 ``swapped``, ``name_pytree_types``). tests/repo/test_torch_patches.py checks that what the code patches,
 scanned and at run time, is this list. Why: docs/lowering.md#lowering-leaves-global-state-alone."""
 
@@ -41,26 +41,26 @@ class Patch:
     site: str
     reason: str
     attributes: tuple[str, ...] = ()
-    verified: tuple[str, ...] = RELEASES
+    tested_on: tuple[str, ...] = RELEASES  # the torch releases the patch is tested on (tools/release_matrix.py)
 
 
 PATCHES: tuple[Patch, ...] = (
     Patch("torch.export.exported_program:_create_graph_module_for_export", "process",
-          "exporter/lowering/deferred_codegen.py::_installed",
+          "exporter/_torch/deferred_codegen.py::_installed",
           "inside deferred(), this thread's new ExportedPrograms get a _LazyGraphModule (Python code generated "
-          "on first use, not 10-20 ms at creation for programs a lowering never runs); torch's own elsewhere"),
+          "on first use, not at creation for programs a lowering never runs); torch's own elsewhere"),
     Patch("torch.fx._lazy_graph_module:_get_graph_module_cls", "process",
-          "exporter/lowering/deferred_codegen.py::_installed",
+          "exporter/_torch/deferred_codegen.py::_installed",
           "inside deferred(), the graph modules a lowering's traces make are _LazyGraphModules too, unless "
           "torch's own switch forbids it; torch's own choice elsewhere"),
     Patch("torch.fx.experimental.symbolic_shapes:_free_unbacked_symbols_with_path", "process",
           "exporter/serialize/read/deserialize.py::_reading",
           "while pt2b's deserializer runs in this thread, a walk with nothing pending returns {} at once "
-          "(it would find and change nothing): 2% of a cold lowering"),
+          "(it would find and change nothing)"),
     Patch("torch._decomp.decompositions_for_rng:PhiloxState.reset", "per-trace",
           "exporter/functionalize.py::_rng_tracker_outside_fake_mode",
-          "aot_export resets the Philox RNG tracker twice per trace inside its fake mode (a fifth of a small "
-          "trace); during each functionalizing trace (under functionalize.LOCK, where functionalize_rng_ops "
+          "aot_export resets the Philox RNG tracker twice per trace inside its fake mode (a "
+          "large part of a small trace); during each functionalizing trace (under functionalize.LOCK, where functionalize_rng_ops "
           "is off) its tensors are made as plain tensors outside the fake mode, then the class attribute is "
           "restored. While it is swapped, another thread's aot_export gets plain tracker tensors too (read "
           "only where functionalize_rng_ops is on)"),
@@ -101,7 +101,7 @@ PATCHES: tuple[Patch, ...] = (
     Patch("torch._export.serde.serialize:ExportedProgramSerializer.serialize", "copied body",
           "exporter/serialize/write/writer.py::_serialize_program",
           "the same pieces without the self-test that canonicalizes a deep copy and throws it away (a "
-          "third of a save)"),
+          "large part of a save)"),
     Patch("torch._export.serde.serialize:ExportedProgramDeserializer.deserialize", "copied body",
           "exporter/serialize/read/deserialize.py::_deserialize_program",
           "the same steps with pt2b's per-instance deserializer (above) and fallback kernels allowed"),

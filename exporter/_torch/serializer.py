@@ -1,6 +1,7 @@
-"""torch.export's serializer and deserializer (torch._export.serde.serialize), with public names for the
-private tables and helpers pt2b reads. Importing it imports torch._dynamo: modules import it where they
-serialize or deserialize, never at ``import exporter`` (tests/repo/test_import_graph.py)."""
+"""torch.export's serializer and deserializer (torch._export.serde.serialize) and its verifiers
+(torch._export.verifier), with public names for the private tables and helpers pt2b reads.
+Importing it imports torch._dynamo: modules import it where they serialize or deserialize, never at
+``import exporter`` (tests/repo/test_import_graph.py)."""
 
 import torch._export.serde.serialize as _serialize
 from torch._export.serde.serialize import (
@@ -14,6 +15,7 @@ from torch._export.serde.serialize import (
     deserialize_device,
     serialize_range_constraints,
 )
+from torch._export.verifier import load_verifier
 
 SERIALIZE_TO_TORCH_DTYPE = _serialize._SERIALIZE_TO_TORCH_DTYPE
 SERIALIZE_TO_TORCH_MEMORY_FORMAT = _serialize._SERIALIZE_TO_TORCH_MEMORY_FORMAT
@@ -25,4 +27,4 @@ bytes_to_dataclass = _serialize._bytes_to_dataclass  # json.loads, then the sche
 __all__ = ["SCHEMA_VERSION", "ST_DELIMITER", "SERIALIZE_TO_TORCH_DTYPE", "SERIALIZE_TO_TORCH_LAYOUT",
            "SERIALIZE_TO_TORCH_MEMORY_FORMAT", "SYM_OPS", "bytes_to_dataclass", "ExportedProgramDeserializer",
            "ExportedProgramSerializer", "GraphModuleDeserializer", "GraphModuleSerializer", "SerializeError",
-           "deserialize_device", "int_to_sympy_int", "serialize_range_constraints"]
+           "deserialize_device", "int_to_sympy_int", "load_verifier", "serialize_range_constraints"]

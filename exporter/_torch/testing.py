@@ -26,8 +26,8 @@ def samples(info, dtype, limit: int | None = None) -> list:
     """The first ``limit`` (all with None) of ``info.sample_inputs("cpu", dtype)``, drawn on a fresh
     thread. torch's sample iterator looks for the unittest method calling it by walking the caller's
     stack with inspect.stack(), which resolves each frame's module by scanning sys.modules: under
-    pytest (a deep stack, a full sys.modules) that is 0.1 s per OpInfo, a minute for the audit's map
-    of 700 OpInfos. A new thread's stack is a few frames deep; nothing on it is a test method, so
+    pytest (a deep stack, a full sys.modules) that costs every OpInfo of the audit's map a long scan.
+    A new thread's stack is a few frames deep; nothing on it is a test method, so
     the samples (seeded with torch's default seed in both cases) are the same ones."""
     import concurrent.futures
     import itertools

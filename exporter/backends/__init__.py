@@ -19,9 +19,16 @@ import dataclasses
 import importlib
 import logging
 import re
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import BackendHandOffError, BackendUnavailableError, Pt2bError
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..lowering.lowered import LoweredProgram
+
+__all__ = ["Backend", "Compiled", "get", "names", "to_backend"]
 
 # backend name -> (module of this package, what to pip install when it is missing)
 ADAPTERS: dict[str, tuple[str, str]] = {
@@ -35,6 +42,9 @@ ADAPTERS: dict[str, tuple[str, str]] = {
 
 @dataclasses.dataclass(frozen=True)
 class Backend:
+    """An installed backend as pt2b reads it (``get(name)``): its version, the ops it accepts, its own
+    decompositions and its hand-off; ``key`` ("onnx@0.7.2+ort1.32.0") names it in caches and records."""
+
     name: str
     version: str                      # the installed backend's version
     supported_ops: tuple[str, ...]    # from the installed backend's own registry
@@ -52,6 +62,7 @@ class Backend:
 
     @property
     def key(self) -> str:
+        """The backend's name and installed version, "name@version"."""
         return f"{self.name}@{self.version}"
 
 
@@ -66,7 +77,8 @@ class Compiled:
     program: Any  # the torch.export.ExportedProgram the backend took
     plan: Any = None  # what the adapter's run needs beside them (the loaded runtime module; OpenVINO: its results' names)
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the program on the backend with the exported model's arguments; its outputs, structured."""
         extra = {"plan": self.plan} if self.plan is not None else {}
         return self.backend.run(self.native, self.program, args, kwargs, **extra)
 
@@ -75,6 +87,7 @@ class Compiled:
 
 
 def names() -> tuple[str, ...]:
+    """The names of the backends pt2b knows, installed or not."""
     return tuple(ADAPTERS)
 
 
@@ -102,9 +115,20 @@ def _get(name: str, module: str, package: str) -> Backend:
     return _CACHE[name]
 
 
-def to_backend(name: str, lowered, **options) -> Compiled:
-    """Hand ``lowered`` (load_for_backend's result, or any ExportedProgram) to backend ``name``; options
-    go to the backend's hand-off (docs/backends.md lists them)."""
+def to_backend(name: str | LoweredProgram, lowered: LoweredProgram | torch.export.ExportedProgram | None = None,
+               **options: Any) -> Compiled:
+    """Hand a program to a backend: ``to_backend(lowered)`` hands what ``load_for_backend(path,
+    backend=NAME)`` made to that backend; ``to_backend(NAME, program)`` names the backend (for any
+    ExportedProgram, or a program lowered with a preset). Options go to the backend's hand-off
+    (docs/backends.md lists them)."""
+    if lowered is None and not isinstance(name, str):
+        lowered, name = name, getattr(name, "backend", None)
+        if name is None:
+            raise BackendHandOffError("the program was not lowered for a backend (load_for_backend(path, "
+                                      "backend=NAME) does that); name the backend: to_backend('onnx', program).")
+    elif getattr(lowered, "backend", None) not in (None, name):
+        raise BackendHandOffError(f"the program was lowered to {lowered.backend}'s own op list, not {name}'s: hand "
+                                  f"it to {lowered.backend}, or lower it with backend={name!r}.")
     backend = get(name)
     try:
         native, program, *plan = backend.hand_off(exported_program(lowered), **options)

@@ -16,8 +16,9 @@ from . import Backend, retraceable
 
 
 def _supported_ops() -> tuple[str, ...]:
-    from torch._inductor.lowering import fallbacks, lowerings
+    from .._torch.compilers import inductor_lowerings
 
+    lowerings, fallbacks = inductor_lowerings()
     ops = (op for op in (*lowerings, *fallbacks) if isinstance(op, torch._ops.OpOverload))
     return retraceable(sorted({f"{op.namespace}::{op._opname}.{op._overloadname}" for op in ops}))
 
@@ -61,9 +62,9 @@ def run(package: str, ep, args, kwargs, plan=None):
 
 @functools.cache  # read once a process: every load_for_backend(path, "inductor") plans with it
 def _decompositions() -> dict:
-    from torch._inductor.decomposition import select_decomp_table
+    from .._torch.compilers import inductor_decompositions
 
-    return {op: fn for op, fn in select_decomp_table().items() if isinstance(op, torch._ops.OpOverload)}
+    return {op: fn for op, fn in inductor_decompositions().items() if isinstance(op, torch._ops.OpOverload)}
 
 
 def backend() -> Backend:

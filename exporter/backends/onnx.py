@@ -24,10 +24,10 @@ def _qualified(name: str) -> str:
 
 @functools.cache
 def _registry():
-    from torch.onnx._internal.exporter import _registration
+    from .._torch.compilers import ONNX_REGISTRATION, onnx_torchlib_registry
 
-    with quiet_logger("torch.onnx._internal.exporter._registration"):  # "torchvision is not installed" x4
-        return _registration.ONNXRegistry.from_torchlib()
+    with quiet_logger(ONNX_REGISTRATION):  # its "torchvision is not installed" warnings concern no op pt2b reads
+        return onnx_torchlib_registry()
 
 
 def _supported_ops() -> tuple[str, ...]:

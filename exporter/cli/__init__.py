@@ -86,8 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
                            ("run", "lower an artifact and run it with the reference runtime")):
         lo = sub.add_parser(name, help=helptext)
         lo.add_argument("artifact")
-        lo.add_argument("--preset", default="core", help="{presets} (optionally @<torch version>), or an installed "
-                        "backend's own op list: {backends}")
+        lo.add_argument("--preset", default="core", help="{presets} (optionally @<torch version>)")
+        lo.add_argument("--backend", metavar="NAME", help="lower to this installed backend's own op list ({backends})"
+                        + ("" if name == "lower" else ", and run on its hand-off instead of runtime_ref"))
         lo.add_argument("--supported", metavar="OPS.txt", help="file with one supported op per line (overrides --preset)")
         lo.add_argument("--keep", nargs="*", metavar="OP", help="ops never to decompose")
         lo.add_argument("--decompose", nargs="*", metavar="OP",
@@ -95,8 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
         lo.add_argument("--no-cache", action="store_true", help="neither read nor write the lowering cache")
         lo.add_argument("--method", metavar="NAME", help="the method of a multi-method artifact (default: "
                         + ("every method" if name == "lower" else "the default method") + ")")
-        lo.add_argument("--strict", action="store_true",
+        lo.add_argument("--lossless", action="store_true",
                         help="apply no decomposition the audit classes lossy or wrong (schemas/opsets/audit@*.json)")
+        lo.add_argument("--strict", action="store_true", help=argparse.SUPPRESS)  # an earlier release's --lossless
         lo.add_argument("--no-validate", action="store_true",
                         help="do not run the lowered program against the unlowered one on the stored example inputs")
         if name == "lower":
@@ -106,8 +108,6 @@ def build_parser() -> argparse.ArgumentParser:
             lo.add_argument("--extra-ops", nargs="*", metavar="OP", default=[],
                             help="ops runtime_ref runs beyond its opset (custom ops, with --import of their library)")
             lo.add_argument("--device", default="cpu")
-            lo.add_argument("--backend", metavar="NAME", help="run on this installed backend's hand-off instead of "
-                            "runtime_ref ({backends}; lowered with its preset unless --preset names another)")
             lo.add_argument("--repeat", type=int, default=3, metavar="N", help="timed runs after the first (default 3)")
     u = sub.add_parser("upgrade", help="rewrite artifacts to the current format and op schemas")
     u.add_argument("source", help="a .pt2b file or a folder of them (upgraded in place)")
@@ -123,9 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
     dif.add_argument("b")
     cov = osub.add_parser("coverage", help="how many models of a corpus a preset or supported-ops list covers, "
                                            "and which ops to implement next")
-    corpus_help = (".pt2b files or folders, or built-in corpora: zoo, exportdb, transformers (every op of the "
-                   "transformers architectures), transformers-all (default: zoo transformers; page and closure read "
-                   "their routes as shipped for this torch release where pt2b has them)")
+    corpus_help = (".pt2b files or folders, or corpora built from a source checkout: zoo, exportdb, "
+                   "transformers (every op of the transformers architectures), transformers-all (default: zoo "
+                   "transformers; page and closure read their routes as shipped for this torch release where "
+                   "pt2b has them)")
     cov.add_argument("--corpus", nargs="*", metavar="PATH|NAME", help=corpus_help)
     cov.add_argument("--preset", default="core")
     cov.add_argument("--supported", metavar="OPS.txt", help="file with one supported op per line (overrides --preset)")
@@ -173,15 +174,14 @@ def _check_names(ns) -> None:
     heavy imports (torch), with the closest names."""
     from ..errors import BackendUnavailableError, LoweringError
     from ..lowering.preset_names import unknown_preset
+    from ..backends import names
     from ..util.closest import did_you_mean
 
-    preset = getattr(ns, "preset", None)
-    if isinstance(preset, str) and (why := unknown_preset(preset)):
+    preset = getattr(ns, "preset", None)  # (a backend's name is an earlier release's spelling: warned later)
+    if isinstance(preset, str) and preset not in names() and (why := unknown_preset(preset, names())):
         raise LoweringError(why)
     backend = getattr(ns, "backend", None)
     if isinstance(backend, str):
-        from ..backends import names
-
         if backend not in names():
             raise BackendUnavailableError(f"unknown backend {backend!r};{did_you_mean(backend, names())} pt2b "
                                           f"knows {', '.join(names())}.")
@@ -238,8 +238,8 @@ def main(argv=None) -> int:
 def console(argv=None) -> None:
     """The `pt2b` executable (and `python -m exporter`): ``main``, then the process ends at once, its
     output flushed. Python's own shutdown would only take apart what the command built (torch's
-    modules, the program's objects): 0.4-0.7 s of a `pt2b verify` of a 22-layer Llama on 2 cores, more
-    than its check of the program. An exception out of ``main`` (a bug, Ctrl-C, argparse's exits) takes
+    modules, the program's objects), which for a large model takes longer than `pt2b verify`'s check of
+    the program. An exception out of ``main`` (a bug, Ctrl-C, argparse's exits) takes
     Python's usual way out, and so does a command that leaves a thread of its own running (none does:
     Python would wait for it)."""
     code = main(argv)

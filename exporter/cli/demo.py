@@ -1,5 +1,5 @@
-"""`pt2b demo`, the built-in demo: export a small transformer, load it, lower it with two
-presets, run each with the reference runtime, and report what happened."""
+"""`pt2b demo`, the built-in demo: export a small transformer (demo_model.py), load it, lower it with
+two presets, run each with the reference runtime, and report what happened."""
 
 from __future__ import annotations
 
@@ -25,30 +25,29 @@ def _run_demo(path: str) -> None:
     from runtime_ref import Runtime
 
     from .. import export_model, load, load_for_backend
-    from ..corpus.zoo import small_transformer
+    from .demo_model import demo_model
 
-    case = small_transformer()
-    args, kwargs = case.args, case.kwargs or {}
+    model, args = demo_model()
     with torch.no_grad():
-        eager = case.model(*args, **kwargs)
+        eager = model(*args)
     t0 = time.perf_counter()
-    ep = export_model(case.model, args, path, kwargs=case.kwargs, dynamic_shapes=case.dynamic_shapes)
+    ep = export_model(model, args, path)
     t1 = time.perf_counter()
     prog = load(path)
     t2 = time.perf_counter()
-    out = prog(*args, **kwargs)
-    n_params = sum(p.numel() for p in case.model.parameters())
-    print(f"1. exported {type(case.model).__name__} ({n_params} parameters) to {path}: "
+    out = prog(*args)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"1. exported {type(model).__name__} ({n_params} parameters) to {path}: "
           f"{os.path.getsize(path)} bytes in {t1 - t0:.2f} s")
     print(f"2. loaded in {(t2 - t1) * 1000:.1f} ms: {prog}")
     print(f"   undecomposed ops: {', '.join(f'{k} x{v}' for k, v in prog.ops().items())}")
-    print(f"   output bitwise equal to torch.export's ep.module(): {torch.equal(out, ep.module()(*args, **kwargs))}")
+    print(f"   output bitwise equal to torch.export's ep.module(): {torch.equal(out, ep.module()(*args))}")
     for step, preset in enumerate(("none", "core"), start=3):
         t = time.perf_counter()
         lowered = load_for_backend(path, preset)
         dt = time.perf_counter() - t
         rt = Runtime(lowered, device="cpu")
-        res = rt(*args, **kwargs)
+        res = rt(*args)
         print(f"{step}. load_for_backend(preset={preset!r}) in {dt:.2f} s -> {len(lowered.ops())} ops to implement:")
         print(f"   {', '.join(sorted(lowered.ops()))}")
         if lowered.outside_opset:

@@ -3,6 +3,8 @@ the lowering request read from the command line, which `pt2b run` shares."""
 
 from __future__ import annotations
 
+import sys
+
 from ..errors import ExportError
 from . import progress
 
@@ -16,21 +18,25 @@ def read_ops_file(path: str) -> list[str]:
         raise ExportError(f"cannot read supported ops from {path!r}: {e.strerror or e}") from None
 
 
-def lower_from_args(ns):
-    """load_for_backend with the request of `pt2b lower`/`pt2b run`'s options."""
+def lower_from_args(ns, *, backend: str | None = None):
+    """load_for_backend with the request of `pt2b lower`/`pt2b run`'s options (``backend``: the
+    backend whose op list to lower to; `pt2b lower` takes it from --backend)."""
     from ..api import load_for_backend
 
     supported = read_ops_file(ns.supported) if ns.supported else None
+    if ns.strict:  # an earlier release's spelling of --lossless
+        print("pt2b: --strict is spelt --lossless now (--strict goes in the next release).", file=sys.stderr)
     with progress.status(f"lowering {ns.artifact}"):
-        return load_for_backend(ns.artifact, ns.preset, supported_ops=supported, keep=ns.keep or None,
-                                decompose=ns.decompose or None, cache=False if ns.no_cache else None,
-                                strict=ns.strict, validate=not ns.no_validate, method=ns.method)
+        return load_for_backend(ns.artifact, ns.preset, backend=backend, supported_ops=supported,
+                                keep=ns.keep or None, decompose=ns.decompose or None,
+                                cache=False if ns.no_cache else None, lossless=ns.lossless or ns.strict,
+                                validate=not ns.no_validate, method=ns.method)
 
 
 def run(ns) -> int:
     from ..api import export_model
 
-    lowered = lower_from_args(ns)
+    lowered = lower_from_args(ns, backend=ns.backend)
     methods = lowered.methods
     for name, low in methods.items():
         print((f"method {name}: " if len(methods) > 1 else "") + low.report())

@@ -52,6 +52,9 @@ def run(ns) -> int:
                 named, paths = _split_corpus(ns.corpus)
                 corpus = []
                 if named:
+                    if not ns.corpus:  # a torch release pt2b ships no routes for: the builders trace them
+                        releases = explorer_corpus.shipped_releases()
+                        explorer_corpus.corpus_builders(_no_shipped_routes(releases))
                     corpus += explorer_corpus.default_corpus(named, progress.tracker("capturing", unit="program"))
                 if paths:
                     corpus += explorer_corpus.artifact_corpus(paths, progress.tracker("loading", unit="artifact"))
@@ -94,13 +97,13 @@ def run(ns) -> int:
 
 
 def _split_corpus(entries) -> tuple[tuple[str, ...], list[str]]:
-    """--corpus entries: names of built-in corpora (exporter/corpus/programs.py) and artifact paths;
-    none given: the default named corpora."""
-    from ..corpus import programs
+    """--corpus entries: names of the corpora tools/corpus/ builds and artifact paths; none given: the
+    default named corpora."""
+    from ..explorer.corpus import DEFAULT_CORPORA, NAMED_CORPORA
 
     if not entries:
-        return programs.DEFAULT, []
-    return tuple(e for e in entries if e in programs.NAMES), [e for e in entries if e not in programs.NAMES]
+        return DEFAULT_CORPORA, []
+    return tuple(e for e in entries if e in NAMED_CORPORA), [e for e in entries if e not in NAMED_CORPORA]
 
 
 def _corpus_artifacts(entries, folder: str) -> list[str]:
@@ -108,13 +111,22 @@ def _corpus_artifacts(entries, folder: str) -> list[str]:
     import re
 
     from ..api import export_model
-    from ..corpus import programs
     from ..explorer import coverage
+    from ..explorer.corpus import named_programs
 
     named, paths = _split_corpus(entries)
     out = []
-    for label, ep in programs.programs(named, progress.tracker("capturing", unit="program")):
+    for label, ep in (named_programs(named, progress.tracker("capturing", unit="program")) if named else ()):
         path = f"{folder}/{re.sub(r'[^A-Za-z0-9_.-]', '_', label)}.pt2b"
         export_model(ep, path=path)
         out.append(path)
     return out + (coverage.artifacts(paths) if paths else [])
+
+
+def _no_shipped_routes(releases: list[str]) -> str:
+    """What a command without --corpus asks the corpus builders for on a torch release whose routes pt2b
+    does not ship."""
+    import torch
+
+    return (f"the default corpus's routes for torch {torch.__version__.split('+')[0]} (pt2b ships them for "
+            f"torch {', '.join(releases) or 'no release'})")

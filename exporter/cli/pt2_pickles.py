@@ -98,9 +98,9 @@ def _example_inputs_refused(archive, models: list[str]) -> list[Pickled]:
     Each of the others is read here as torch will read it (the same bytes, the same call), so torch's
     read succeeds too and never falls back."""
     import torch
-    from torch import _weights_only_unpickler
+    from .._torch.unpickler import weights_only_allowed_globals
 
-    allowed = set(_weights_only_unpickler._get_allowed_globals())
+    allowed = set(weights_only_allowed_globals())
     out = []
     for model in models:
         rel = _SAMPLE_INPUTS.format(model)

@@ -68,10 +68,9 @@ def run(ns) -> int:
         from .. import backends
 
         backends.get(ns.backend)  # known and installed, before any lowering
-        if ns.preset == "core":  # the default preset: the backend's own instead
-            ns.preset = ns.backend
     t0 = time.perf_counter()
-    lowered = lower_from_args(ns)
+    # lowered to the backend's own op list, unless --preset names another lowering to hand it
+    lowered = lower_from_args(ns, backend=ns.backend if ns.preset == "core" else None)
     lowered_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     runner, where = _runner(ns, lowered)
@@ -88,7 +87,7 @@ def run(ns) -> int:
             times.append(time.perf_counter() - t0)
     for i, leaf in enumerate(pytree.tree_leaves(out)):
         print(f"output {i}: {_summary(leaf)}")
-    timing = f"lowered in {lowered_s:.2f} s ({lowered.preset}{', from the cache' if lowered.from_cache else ''}); " \
+    timing = f"lowered in {lowered_s:.2f} s ({lowered.lowered_for}{', from the cache' if lowered.from_cache else ''}); " \
              f"{where}: prepared in {prepared_s:.2f} s, first run {first_s * 1e3:.1f} ms"
     if times:
         timing += f", median of {len(times)} more {statistics.median(times) * 1e3:.1f} ms"

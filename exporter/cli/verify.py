@@ -11,9 +11,8 @@ def run(ns) -> int:
     from ..serialize.read import segment_hashes  # no torch: the weights are hashed while torch is imported
     from ..util.gc_pause import gc_paused
 
-    # without cyclic collection: importing torch leaves ~2*10^5 objects that each collection the reader's
-    # imports and the program's decoding trigger would scan again (a 22-layer Llama's check: 0.27 s
-    # paused, 0.38-0.47 s not, in fresh interpreters)
+    # without cyclic collection: importing torch leaves hundreds of thousands of objects that each
+    # collection the reader's imports and the program's decoding trigger would scan again
     with segment_hashes.Early(ns.artifact) as early, gc_paused():
         return _verify(ns, early)
 

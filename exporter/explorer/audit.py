@@ -1,7 +1,7 @@
 """`pt2b opset audit`: the measured numerics of every decomposition a preset applies, on torch's OpInfo
 samples against the undecomposed op and a float64 reference, classed by the rules of
 exporter/lowering/verdicts.py. The result is data (schemas/opsets/audit@<torch>.json). Why and how:
-docs/lowering.md#decompositions-are-measured-the-audit-and-stricttrue."""
+docs/lowering.md#decompositions-are-measured-the-audit-and-losslesstrue."""
 
 from __future__ import annotations
 

@@ -1,18 +1,27 @@
-"""The opset explorer's corpus: the programs it shows (named corpora of exporter/corpus/programs.py or
-.pt2b artifacts) and their decomposition routes, traced now (route_trace.py) or as shipped with pt2b
-for a torch release (exporter/_data/explorer/routes@<release>.json, written by tools/explorer_data.py)."""
+"""The opset explorer's corpus: the programs it shows (.pt2b artifacts, or named corpora built by the
+developer tools in tools/corpus/, which the wheel leaves out) and their decomposition routes, traced now
+(route_trace.py) or as shipped with pt2b for a torch release (exporter/_data/explorer/routes@<release>.json,
+written by tools/explorer_data.py)."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import os
+import pathlib
+import sys
 
 import torch
 
 from ..errors import LoweringError
 from ..lowering import presets as _presets
 from . import route_trace
+
+
+# the names --corpus takes for the corpora tools/corpus/programs.py builds (it reads them from here)
+NAMED_CORPORA = ("zoo", "exportdb", "transformers", "transformers-all")
+DEFAULT_CORPORA = ("zoo", "transformers")  # the corpus of a command given no --corpus
 
 
 @dataclasses.dataclass
@@ -22,13 +31,49 @@ class CorpusProgram:
     more: tuple = ()  # a multi-method artifact's other methods: the model's call sites are all of theirs
 
 
-def default_corpus(names=None, track=None) -> list[CorpusProgram]:
-    """The programs of the named corpora (exporter/corpus/programs.py; default: the model zoo and the
-    transformers sample, every op any transformers architecture of the corpus calls). ``track``
-    (exporter.cli.progress.tracker) reports each capture."""
-    from ..corpus import programs
+def _import_builders():
+    """tools.corpus.programs where `tools` is importable, else None."""
+    try:
+        return importlib.import_module("tools.corpus.programs")
+    except ModuleNotFoundError as e:
+        if e.name not in ("tools", "tools.corpus", "tools.corpus.programs"):
+            raise  # a dependency of the builders themselves is missing: its own message says which
+        return None
 
-    return [CorpusProgram(label, ep) for label, ep in programs.programs(names or programs.DEFAULT, track)]
+
+def corpus_builders(what: str = "the named corpora"):
+    """tools/corpus/programs.py, the builders of the named corpora. They are developer tools, not part of
+    the installed package: found where `tools` is importable, or in the source checkout this package
+    runs from (its root joins sys.path, as `python -m` run there would do). Elsewhere a LoweringError
+    says what to do instead; ``what`` names what was asked for."""
+    found = _import_builders()
+    checkout = str(pathlib.Path(__file__).resolve().parents[2])
+    in_checkout = pathlib.Path(checkout, "tools", "corpus", "programs.py").is_file()
+    if found is None and in_checkout and checkout not in sys.path:
+        sys.path.append(checkout)
+        found = _import_builders()
+    if found is None:
+        raise LoweringError(
+            f"cannot build {what}: the named corpora ({', '.join(NAMED_CORPORA)}) are built by "
+            "pt2b's corpus builders, tools/corpus/ in pt2b's source checkout, which this installation "
+            "does not include. Pass .pt2b artifacts (files or folders) with --corpus, or run from a "
+            "source checkout of pt2b (an editable install of it, or its root on PYTHONPATH).")
+    return found
+
+
+def default_corpus(names=None, track=None) -> list[CorpusProgram]:
+    """The programs of the named corpora (default: the model zoo and the transformers sample, every op
+    any transformers architecture of the corpus calls), built by tools/corpus/ (corpus_builders).
+    ``track`` (exporter.cli.progress.tracker) reports each capture."""
+    return [CorpusProgram(label, ep) for label, ep in named_programs(names or DEFAULT_CORPORA, track)]
+
+
+def named_programs(names, track=None):
+    """(name, ExportedProgram) of every program of the named corpora that torch.export captures, built by
+    tools/corpus/ (corpus_builders); ``track`` (exporter.cli.progress.tracker) reports each capture."""
+    names = tuple(names)
+    programs = corpus_builders(f"the {'corpus' if len(names) == 1 else 'corpora'} {', '.join(names)}")
+    return programs.programs(names, track)
 
 
 def artifact_corpus(paths, track=None) -> list[CorpusProgram]:
@@ -88,6 +133,15 @@ def corpus_routes(corpus: list[CorpusProgram], track=None) -> dict:
         out.add(prog.name, [t for r in rs for t in r.trees], dict.fromkeys(op for r in rs for op in r.leaves),
                 dict.fromkeys(op for r in rs for op in r.unlowered))
     return out.result()
+
+
+def shipped_releases() -> list[str]:
+    """The torch releases (major.minor) pt2b ships the default corpus's routes for."""
+    from .. import package_data
+
+    folder = package_data.path("explorer")
+    files = folder.glob("routes@*.json") if folder.is_dir() else ()
+    return sorted(p.name[len("routes@"):-len(".json")] for p in files)
 
 
 def shipped_routes(release: str | None = None) -> dict | None:

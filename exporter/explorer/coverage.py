@@ -1,6 +1,6 @@
 """`pt2b opset coverage`: how much of a corpus of artifacts a backend's op set covers.
 
-Each artifact is lowered for real (the same plan load_for_backend makes, verification reporting
+Each artifact is lowered for real (the same plan load_for_backend makes, the opset check reporting
 instead of raising), so the answer is what load_for_backend would do: a model is covered when its
 lowered graph holds only accepted ops (every method's, for a multi-method artifact). The greedy list says which ops to implement next to cover
 the most models soonest.
@@ -40,16 +40,17 @@ def measure(paths, preset: str = "core", *, supported_ops=None, keep=None, track
 
     from ..errors import Pt2bError
     from ..serialize.read.reader import read_programs
-    from ..lowering.lower import lower, plan_lowering
+    from ..lowering.pipeline import lower_exported
+    from ..request import plan_request
 
-    plan = plan_lowering(preset, supported_ops=supported_ops, keep=keep)
-    plan.strict = False  # report what falls outside instead of raising on the first model
+    # what falls outside is reported instead of raising on the first model
+    plan = plan_request(preset, supported_ops=supported_ops, keep=keep).reporting()
     rows = []
     for path in (track(paths, label=lambda p: pathlib.Path(p).name) if track is not None else paths):
         ops, missing = Counter(), Counter()  # over every method of the artifact
         try:
             for ep in read_programs(path).values():
-                lowered = lower(ep, plan=plan)
+                lowered = lower_exported(ep, plan)
                 ops.update(lowered.ops())
                 missing.update(lowered.outside_opset)
         except Pt2bError as e:

@@ -59,7 +59,7 @@ def _backend_presets() -> dict:
     decomposition of each op, where a backend brings its own)."""
     from .. import backends
     from ..errors import BackendUnavailableError
-    from ..lowering.lower import plan_lowering
+    from ..lowering.plan import plan_lowering
 
     out = {}
     for name in backends.names():
@@ -67,7 +67,7 @@ def _backend_presets() -> dict:
             b = backends.get(name)
         except BackendUnavailableError:
             continue
-        table = sorted(op_name(op) for op in plan_lowering(name).table)
+        table = sorted(op_name(op) for op in plan_lowering(backend=b).table)
         if b.takes_what_its_table_leaves:
             opset, how = None, f"its own table ({len(table)} ops), and every op that leaves"
         else:

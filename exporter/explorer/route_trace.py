@@ -13,7 +13,7 @@ from ..functionalize import forced_ops, may_mutate
 from ..lowering import tables
 from ..lowering.decompose import flag_free
 from ..lowering.engines import run_decompositions
-from ..lowering.graph_ops import op_nodes
+from ..graph_walk import op_nodes
 from ..lowering.opset_check import INFRASTRUCTURE, is_infrastructure
 from ..ops import op_name
 

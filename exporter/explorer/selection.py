@@ -20,7 +20,12 @@ class Selection:
     decompose: tuple[str, ...] = ()
 
     def load_kwargs(self) -> dict:
-        kw = {"preset": self.preset} if self.preset is not None else {"supported_ops": list(self.supported)}
+        from ..backends import names as backend_names
+
+        if self.preset is None:
+            kw = {"supported_ops": list(self.supported)}
+        else:  # (the page offers the installed backends beside the presets)
+            kw = {"backend" if self.preset in backend_names() else "preset": self.preset}
         if self.keep:
             kw["keep"] = list(self.keep)
         if self.decompose:

@@ -19,6 +19,7 @@ from ..version import __version__
 from ..errors import ArtifactError, ExportError
 from ..util.env_switch import env_switch
 from ..versioning.formats import FORMAT_VERSION
+from .lower import Lowering
 
 # bump when what an entry holds changes meaning (2: collapsed lowerings + recipe; 3: op counts;
 # 4: entries hold every method lowered, their metadata fields keyed by method name; 5: keyed by
@@ -163,8 +164,8 @@ class Entry:
     stored once), or the one method asked for. An entry records its source (content digest and
     request) as the writer found them; open() serves it only where they are this slot's."""
 
-    def __init__(self, folder: pathlib.Path, source: str, request: dict, art=None):
-        self.source, self.request = source, request
+    def __init__(self, folder: pathlib.Path, source: str, request: dict, art=None, plan=None):
+        self.source, self.request, self.plan = source, request, plan  # (the LoweringPlan whose lowerings it holds)
         self._digested = art  # the opened Artifact whose content_digest ``source`` is (spares reading it twice)
         self.key = cache_key(source, request)
         self.path = folder / f"lowered-{self.key[:40]}.pt2b"
@@ -186,10 +187,10 @@ class Entry:
                           "than the cache key can hold; lowering without the cache.", RuntimeWarning, stacklevel=3)
             return None
         request = {"plan": plan.fingerprint, "method": method, "device": device, "code": code}
-        return cls(folder, content_digest(art), request, art)
+        return cls(folder, content_digest(art), request, art, plan)
 
-    def open(self, *, verify: bool = False) -> dict[str, Hit] | None:
-        """Each stored method's answers without its graph, by name (None on a miss: absent, damaged,
+    def open(self, *, verify: bool = False) -> dict[str, Lowering] | None:
+        """Each stored method's Lowering, its graph built on first use, by name (None on a miss: absent, damaged,
         not this key's, an op the running torch lacks, or stored before entries recorded their ops);
         a lowered ExportedProgram is checked, built on first use, and, for an entry made by reusing
         repeated layers (the collapsed lowering and its recipe), expanded exactly as the lowering that
@@ -216,7 +217,7 @@ class Entry:
                 for name in art.method_names:
                     one = reader.method(art, name)
                     reader.check_ops(one)
-                    hits[name] = _hit(one, reader.read_lowering(one), metadata, name)
+                    hits[name] = _hit(one, reader.read_lowering(one), metadata, name, self.plan)
         except ArtifactError:
             if self.path.exists():
                 self.discard()
@@ -230,34 +231,39 @@ class Entry:
         except OSError:
             pass
 
-    def store(self, lowered: dict, *, source) -> bool:
-        """Write the LoweredPrograms ``lowered`` (method name -> program) of the opened Artifact
-        ``source`` to the slot, each with its lowering record, once the source's weights are found to
-        be the ones its digests record (check_source_weights: a CorruptArtifactError otherwise, and no
-        entry). The entry records the source it was made from, as the writer finds it (its
-        content_digest and the lowered programs' request), whatever slot it is written to; a cache
-        that cannot be written only warns (lowering succeeded)."""
+    def store(self, lowerings: dict, *, source) -> bool:
+        """Write the Lowerings ``lowerings`` (method name -> lower.Lowering, made with this slot's plan) of the
+        opened Artifact ``source`` to the slot, each with its lowering record, once the source's
+        weights are found to be the ones its digests record (check_source_weights: a
+        CorruptArtifactError otherwise, and no entry). The entry records the source it was made from,
+        as the writer finds it (its content_digest and the request), whatever slot it is written to; a
+        cache that cannot be written only warns (lowering succeeded)."""
         from ..serialize.write.writer import MethodSource, write_artifact
+        from ..graph_walk import op_counts
+        from .lower import lowering_record
 
         try:
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fingerprints = {low.fingerprint for low in lowered.values()}
+            # the request the lowerings were made with, as they record it (not the slot's: an entry says
+            # what it holds, and open() serves it only where that is the slot's)
+            fingerprints = {low.plan.fingerprint for low in lowerings.values()}
             request = dict(self.request, plan=fingerprints.pop() if len(fingerprints) == 1 else None)
             methods, metadata = [], {_KEY_FIELD: self.key, _OPS_FIELD: {}, _VALIDATION_FIELD: {}, _RECIPE_FIELD: {},
                                      _SOURCE_FIELD: {"content": self.source if source is self._digested else content_digest(source),
                                                     "request": request}}
-            for name, low in lowered.items():
+            for name, low in lowerings.items():
                 ep = low.exported_program()
-                metadata[_OPS_FIELD][name] = low.ops()
+                metadata[_OPS_FIELD][name] = op_counts(ep.graph_module)
                 if low.validation is not None:
                     metadata[_VALIDATION_FIELD][name] = low.validation.to_json()
                 if low.reused is not None:  # the collapsed lowering: a fraction of the size to load
                     ep, metadata[_RECIPE_FIELD][name] = low.reused.collapsed, low.reused.recipe
-                methods.append(MethodSource(name, ep, f"lowered:{low.preset}", low.lowering_record()))
-            preset = next(iter(lowered.values())).preset
+                methods.append(MethodSource(name, ep, f"lowered:{low.plan.label}",
+                                            lowering_record(low.plan.label, low.plan.fingerprint, low.outside)))
             write_artifact(None, self.path, ir_level="", methods=methods, metadata=metadata,
-                           provenance={"lowered_from": os.fspath(source.path), "lowering": preset},
-                           check_written=lambda plan: check_source_weights(source, plan))
+                           provenance={"lowered_from": os.fspath(source.path),
+                                       "lowering": next(iter(lowerings.values())).plan.label},
+                           check_written=lambda written: check_source_weights(source, written))
             return True
         except (OSError, ExportError) as e:
             warnings.warn(f"pt2b lowering cache: cannot write {self.path} ({e}); continuing without it.",
@@ -265,8 +271,9 @@ class Entry:
             return False
 
 
-def _hit(art, record, metadata: dict, name: str) -> Hit | None:
-    """One method's Hit, or None when what the entry says of it does not hold together."""
+def _hit(art, record, metadata: dict, name: str, plan) -> Lowering | None:
+    """One method's Lowering as the entry holds it (its graph built on first use), or None when what
+    the entry says of it does not hold together."""
     from ..lazy import Lazy
     from ..serialize import reader
     from ..util.gc_pause import gc_paused
@@ -286,20 +293,8 @@ def _hit(art, record, metadata: dict, name: str) -> Hit | None:
             ep = reader.rebuild(art)
         return ep if recipe is None else expand(ep, recipe)
 
-    return Hit(Lazy(build), dict(ops), dict(record["outside_opset"]),
-               Validation.from_json(verdict) if isinstance(verdict, str) else None)
-
-
-@dataclasses.dataclass
-class Hit:
-    """A cache entry's method opened without its graph: the lowered program on first use (a Lazy),
-    its op counts, what fell outside the opset, and the validation verdict (None: stored without
-    validation), as the lowering that stored it found them."""
-
-    program: object  # Lazy[torch.export.ExportedProgram]
-    ops: dict
-    outside: dict
-    validation: object = None
+    return Lowering(plan, Lazy(build), dict(record["outside_opset"]), ops=dict(ops), from_cache=True,
+                    validation=Validation.from_json(verdict) if isinstance(verdict, str) else None)
 
 
 def _counts(ops) -> bool:
@@ -369,3 +364,18 @@ def clear(folder: pathlib.Path | None = None) -> Cleared:
                 continue
             setattr(done, kind, getattr(done, kind) + 1)
     return done
+
+
+def stored_or_lowered(hit: Lowering, source_ep):
+    """The lowered program a cache entry holds; one whose graph does not load is lowered again from
+    the source (``source_ep``: a Lazy reading it) with the entry's plan, less the decompositions its
+    validation kept."""
+    from ..ops import op_name
+    from .lower import lower
+
+    try:
+        return hit.program.get()  # (_hit's Lazy: the entry's graph)
+    except ArtifactError:
+        kept = hit.validation.kept if hit.validation is not None else {}
+        plan = hit.plan.without(op for op in hit.plan.table if op_name(op) in kept)
+        return lower(source_ep.get(), plan).exported_program()

@@ -112,7 +112,7 @@ def layout_repaired_ops() -> dict:
 def _dense(t, channels_last: bool) -> bool:
     """Contiguous (or, with ``channels_last``, channels-last in 4 or 5 dimensions), as far as known
     without a guard."""
-    from torch._prims_common import is_channels_last_contiguous_or_false, is_contiguous_or_false
+    from .._torch.symbolic import is_channels_last_contiguous_or_false, is_contiguous_or_false
 
     return is_contiguous_or_false(t) or (channels_last and t.dim() in (4, 5) and is_channels_last_contiguous_or_false(t))
 
@@ -148,7 +148,7 @@ def layout_repaired_decompositions() -> dict:
 
     pt2b applies them to dense inputs (``applied``), on which the audit measures them exact. Not in
     the list: as_strided_copy, whose meaning depends on the input's storage (a copy to a dense input
-    changes it): the audit keeps it wrong, and strict lowering keeps the op."""
+    changes it): the audit keeps it wrong, and lossless lowering keeps the op."""
     a = torch.ops.aten
     return {a.view_copy.default: False, a.adaptive_max_pool3d.default: False, a.diagonal_scatter.default: False}
 

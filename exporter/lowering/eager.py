@@ -6,15 +6,14 @@ decomposed on the fly, recursively, so that only supported ops reach the kernels
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
 
 from .._torch.dispatch import TorchDispatchMode
 from ..functionalize import functional_variant
-from ..ops import OpSpec, op_name
+from ..ops import op_name
+from .plan import LoweringPlan
 
 # Ops that only move or describe data; no decomposition can remove them from eager execution.
 _ALWAYS = {"aten::copy_.default", "aten::_local_scalar_dense.default", "aten::detach.default",
@@ -27,12 +26,9 @@ class EagerDecompositions(TorchDispatchMode):
     """The dispatch mode of eager_decompositions: runs each op as is when the lowering keeps it, else
     its decomposition; counts what it did in ``decomposed``, ``unsupported`` and ``ran``."""
 
-    def __init__(self, preset: str = "core", *, supported_ops=None, keep=None, decompositions=None, strict=False):
+    def __init__(self, plan: LoweringPlan):
         super().__init__()
-        from .lower import plan_lowering
-
-        self.plan = plan_lowering(preset, supported_ops=supported_ops, keep=keep, decompositions=decompositions,
-                                  strict=strict)
+        self.plan = plan  # (plan.plan_lowering, or exporter.request.plan_request from the user's words)
         self._decision: dict = {}
         self._active: set = set()  # ops being decomposed right now (a decomposition may call its own op)
         self.decomposed: collections.Counter = collections.Counter()
@@ -131,17 +127,6 @@ class EagerContext:
         finally:
             guard.__exit__(*exc)
         return False
-
-
-def eager_decompositions(preset: str = "core", *, supported_ops: Iterable[OpSpec] | None = None,
-                         keep: Iterable[OpSpec] | None = None,
-                         decompositions: Mapping[torch._ops.OpOverload, Callable[..., Any]] | None = None,
-                         strict: bool = False) -> EagerContext:
-    """A context manager running eager PyTorch with the lowering of ``preset`` (or ``supported_ops``,
-    ``keep``, ``decompositions``, ``strict``: as in load_for_backend) applied op by op; ``as`` gives
-    the EagerDecompositions mode (``.decomposed``, ``.unsupported``, ``.ran``)."""
-    return EagerContext(EagerDecompositions(preset, supported_ops=supported_ops, keep=keep,
-                                             decompositions=decompositions, strict=strict))
 
 
 # Higher-order ops ask each mode for a rule; these run the branches / bodies with the mode active

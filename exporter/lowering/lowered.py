@@ -6,10 +6,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..lazy import Lazy
+from .lower import Lowering, lowering_record
 from ..ops import normalize_text, op_name
 from ..program import ProgramHandle
 from . import routes, tables
-from .graph_ops import op_counts, op_nodes
+from ..graph_walk import op_counts, op_nodes
 from .opset_check import route_lines
 
 if TYPE_CHECKING:
@@ -22,27 +23,42 @@ class LoweredProgram(ProgramHandle):
     a backend must implement (``ops()``), why each op is there (``explain(op)``, ``report()``), and
     what fell outside the declared opset (``outside_opset``)."""
 
-    def __init__(self, ep, *, source_ep, preset: str, table: dict, keep, supported, accepts,
-                 outside: dict[str, int], description: str, source=None, fingerprint: str | None = None,
-                 ops: dict[str, int] | None = None, unknown_supported_ops: list[str] | None = None):
-        # the lowered ExportedProgram, or a Lazy building it on first use (a cache hit, whose
-        # ``ops`` and ``outside`` the entry recorded)
-        self._built = ep if isinstance(ep, Lazy) else Lazy.of(ep)
-        self._ops = ops
-        self.fingerprint = fingerprint  # the request in full (None: a custom decomposition table)
+    def __init__(self, lowering: Lowering, *, source_ep, source=None, method: str = "forward",
+                 methods: dict | None = None, dim_names: dict | None = None):
+        """Built complete, once: ``lowering`` (lower.Lowering: the plan, the program or a Lazy building
+        it for a cache entry, and what its stages found), the undecomposed
+        program (``source_ep``: an ExportedProgram or a Lazy loading it; ``source``: the Pt2bProgram,
+        or a Lazy), the method's name and every method by name (a dict its maker fills)."""
+        built, plan = lowering.program, lowering.plan
+        self._built = built if isinstance(built, Lazy) else Lazy.of(built)
+        self._ops = lowering.ops
         self._source = source_ep  # an ExportedProgram, or a Lazy loading it on first use
-        self.preset = preset
-        self.table = table
-        self.keep = keep
-        self.supported = supported
-        self._accepts = accepts
-        self.outside_opset = outside  # op -> count of ops outside the declared opset (reported)
-        self.description = description
-        self.unknown_supported_ops = list(unknown_supported_ops or ())  # names this torch lacks, left out
         self._source_prog = source  # the Pt2bProgram it was lowered from (or a Lazy loading it)
-        self.from_cache = False  # True when load_for_backend took the result from the lowering cache
-        self.reused = None  # reuse.Reused when repeated layers were lowered once
-        self.validation = None  # validate.Validation: how the lowering compared with the program (None: not run)
+        self._accepts = plan.accepts
+        self.fingerprint = plan.fingerprint  # the request in full (None: a custom decomposition table)
+        # what it was lowered for, as reports and records name it ("core@2.13", "onnx@0.7.2", "supported_ops")
+        self.lowered_for = plan.label
+        self.preset = plan.label if plan.preset is not None else None  # the preset and its release, or None
+        self.backend = plan.backend  # the backend whose own op list it was lowered to ("onnx"), or None
+        self.table = plan.table
+        self.keep = plan.keep
+        self.supported = plan.supported
+        self.description = plan.description
+        self.unknown_supported_ops = list(plan.unknown)  # names this torch lacks, left out
+        self.outside_opset = dict(lowering.outside)  # op -> count of ops outside the declared opset (reported)
+        self.from_cache = lowering.from_cache  # True when load_for_backend took the result from the lowering cache
+        self.reused = lowering.reused  # engines.Reused when repeated layers were lowered once
+        self.validation = lowering.validation  # validate.Validation (None: not run)
+        self.method = method
+        self._methods = methods
+        self.dim_names = dict(dim_names or {})
+        self._complete = True
+
+    def __setattr__(self, name: str, value) -> None:
+        # a LoweredProgram is what its stages made: what it answers is fixed when it is built
+        if not name.startswith("_") and self.__dict__.get("_complete"):
+            raise AttributeError(f"LoweredProgram.{name} is set when the program is built, not after.")
+        object.__setattr__(self, name, value)
 
     @property
     def _ep(self):
@@ -63,13 +79,7 @@ class LoweredProgram(ProgramHandle):
 
     def lowering_record(self) -> dict[str, Any]:
         """What a .pt2b written from this program records about its lowering (format 1.1+)."""
-        import hashlib
-
-        import torch
-
-        digest = hashlib.sha256(self.fingerprint.encode()).hexdigest() if self.fingerprint else ""
-        return {"request": self.preset, "fingerprint": digest, "torch_version": torch.__version__,
-                "outside_opset": dict(self.outside_opset)}
+        return lowering_record(self.lowered_for, self.fingerprint, self.outside_opset)
 
     def ops(self) -> dict[str, int]:
         """The op overloads the backend must implement, with their number of call sites."""
@@ -79,7 +89,7 @@ class LoweredProgram(ProgramHandle):
 
     def report(self) -> str:
         """A text report: the preset, every op with its call sites, and what fell outside the opset."""
-        lines = [f"preset {self.preset}: {self.description}",
+        lines = [f"lowered for {self.lowered_for}: {self.description}",
                  f"{len(self.ops())} distinct ops, {sum(self.ops().values())} call sites:"]
         if self.validation is not None:
             lines.insert(1, self.validation.describe())
@@ -119,7 +129,7 @@ class LoweredProgram(ProgramHandle):
                 why = "supported by the backend (listed in supported_ops)"
             elif name in self.outside_opset:
                 declined = name in available and self.table and available[name] in self.table
-                why = (f"outside preset {self.preset}'s declared opset: "
+                why = (f"outside {self.lowered_for}'s declared opset: "
                        + ("its table decomposes it, but the decomposition declined these calls (it would "
                           "guard on a value known only at run time, or does not handle their inputs), "
                           "so the op stays" if declined else
@@ -128,7 +138,7 @@ class LoweredProgram(ProgramHandle):
             elif name not in available:
                 why = "no decomposition exists for it in this torch, so it stays"
             else:
-                why = f"in preset {self.preset}'s opset: not decomposed"
+                why = f"in {self.lowered_for}'s opset: not decomposed"
             lines = [f"{name}: {why}"]
             if name not in source or source.get(name, 0) < result[name]:
                 lines += ["  reached by:"] + ["    " + r for r in route_lines(
@@ -148,4 +158,4 @@ class LoweredProgram(ProgramHandle):
 
     def __repr__(self) -> str:
         extra = f", {len(self.outside_opset)} ops outside the opset" if self.outside_opset else ""
-        return f"LoweredProgram(preset={self.preset}, {len(self.ops())} ops{extra})"
+        return f"LoweredProgram({self.lowered_for}, {len(self.ops())} ops{extra})"

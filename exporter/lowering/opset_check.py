@@ -9,7 +9,7 @@ import torch
 
 from ..ops import op_name
 from . import routes
-from .graph_ops import op_nodes
+from ..graph_walk import op_nodes
 
 # Graph plumbing every opset accepts: shape queries, runtime assertions, control flow.
 INFRASTRUCTURE = {

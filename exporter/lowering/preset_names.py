@@ -8,16 +8,17 @@ from ..util.closest import did_you_mean
 PRESETS = ("none", "core", "core-tag", "max")
 
 
-def unknown_preset(spec) -> str | None:
-    """Why ``spec`` names no preset (neither one of PRESETS, optionally @<torch version>, nor an installed
-    or known backend's name), or None when it names one."""
-    from ..backends import names as backend_names
-
+def unknown_preset(spec, backends: tuple[str, ...] = ()) -> str | None:
+    """Why ``spec`` names no preset (one of PRESETS, optionally @<torch version>), or None when it
+    names one. ``backends``: the backends' names, offered where the closest name is one of them."""
     if not isinstance(spec, str):
         return f"preset must be a string such as 'core', got {type(spec).__name__}."
     name, _, version = spec.partition("@")
-    if name in PRESETS or (name in backend_names() and not version):
+    if name in PRESETS:
         return None
-    return (f"unknown preset {spec!r};{did_you_mean(name, (*PRESETS, *backend_names()))} Choose one of "
-            f"{', '.join(PRESETS)} (optionally @<torch version>), or a backend's own op list: "
-            f"{', '.join(backend_names())}.")
+    hint = did_you_mean(name, (*PRESETS, *backends))
+    if hint and any(f"'{b}'" in hint for b in backends):
+        hint = hint.replace("mean '", "mean backend='")
+    also = f" A backend's own op list is backend=NAME: {', '.join(backends)}." if backends else ""
+    return (f"unknown preset {spec!r};{hint} Choose one of {', '.join(PRESETS)} (optionally @<torch version>)."
+            + also)

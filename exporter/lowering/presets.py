@@ -35,7 +35,7 @@ class Preset:
     description: str
     decompose: tuple[str, ...]  # op names to decompose
     opset: tuple[str, ...] | None  # ops a result may hold; None: any functional op
-    strict: bool  # an op outside `opset` in the result is an error (else only reported)
+    closed_opset: bool  # an op outside `opset` in the result is an error (else only reported)
 
     @property
     def key(self) -> str:
@@ -71,19 +71,19 @@ def core_names() -> tuple[str, ...]:
 def compute(name: str) -> Preset:
     """The preset ``name`` computed from the running torch."""
     if name == "none":
-        decompose, opset, strict = (), None, False
+        decompose, opset, closed = (), None, False
     elif name == "core":
         decompose = tuple(sorted(op_name(op) for op in tables.torch_default_table()))
-        opset, strict = core_names(), False
+        opset, closed = core_names(), False
     elif name == "core-tag":
         decompose = tuple(sorted(op_name(op) for op in tables.available_decompositions() if not tables.is_core(op)))
-        opset, strict = core_names(), True
+        opset, closed = core_names(), True
     elif name == "max":
         decompose = tuple(sorted(op_name(op) for op in tables.available_decompositions()))
-        opset, strict = None, False
+        opset, closed = None, False
     else:
         raise LoweringError(unknown_preset(name) or f"unknown preset {name!r}.")
-    return Preset(name, torch_minor(), DESCRIPTIONS[name], decompose, opset, strict)
+    return Preset(name, torch_minor(), DESCRIPTIONS[name], decompose, opset, closed)
 
 
 def frozen_path(name: str, version: str) -> pathlib.Path:
@@ -100,7 +100,7 @@ def load(spec: str) -> Preset:
     if path.exists():
         data = package_data.read_json("opsets", path.name)
         return Preset(data["name"], data["torch_version"], data["description"], tuple(data["decompose"]),
-                      None if data["opset"] is None else tuple(data["opset"]), data["strict"])
+                      None if data["opset"] is None else tuple(data["opset"]), data["closed_opset"])
     if version and version != torch_minor():
         frozen = sorted(p.stem for p in OPSETS_DIR.glob(f"{name}@*.json"))
         raise LoweringError(f"no frozen opset {spec!r}; available: {', '.join(frozen) or 'none'}.")
@@ -120,7 +120,7 @@ def describe(p: Preset) -> str:
     lines = [f"{p.key}: {p.description}",
              f"  decomposes {len(p.decompose)} ops; opset: "
              + ("any op the table leaves" if p.opset is None else f"{len(p.opset)} ops")
-             + (" (strict: anything else is an error)" if p.strict else "")]
+             + (" (closed: anything else is an error)" if p.closed_opset else "")]
     lines += [f"  {name}" for name in p.opset or ()]
     return "\n".join(lines)
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import torch
 import torch.fx
-from torch._guards import detect_fake_mode
 
-from .._torch.dispatch import TorchDispatchMode
+from .._torch.dispatch import TorchDispatchMode, detect_fake_mode
 from .._torch.pytree import pytree
 from ..ops import op_name
 

@@ -18,8 +18,7 @@ import torch
 from ..ops import op_name
 
 # torch.library's own registries of the Python functions behind a custom op (read, never written)
-from torch._library.custom_ops import OPDEFS as _OPDEFS
-from torch._library.simple_registry import singleton as _SIMPLE_REGISTRY
+from .._torch.library import OPDEFS as _OPDEFS, SIMPLE_REGISTRY as _SIMPLE_REGISTRY
 
 # The code of these is keyed by the versions in the key (torch's, pt2b's, Python's): not walked.
 _TORCH_DIR = os.path.dirname(os.path.realpath(torch.__file__)) + os.sep

@@ -15,14 +15,15 @@ import time
 import torch
 
 from .._torch.pytree import pytree
-from ..errors import OpsetError
 from ..functionalize import LOCK
 from .decompose import shared_trace_table
 from ..graph_walk import call_nodes
+from ..shared.regions import is_autocast_marker
 from ..ops import op_name
 from ..util import nesting
 
-__all__ = ["Validation", "validate", "validated"]
+__all__ = ["SourceRuns", "Validation", "applied_decompositions", "bounds_for", "right_where_they_run", "validate",
+           "where_defined"]
 
 
 @dataclasses.dataclass
@@ -119,19 +120,19 @@ def _random_ops(ep) -> list[str]:
                    and torch.Tag.nondeterministic_seeded in n.target.tags and _can_draw(n)})
 
 
-def _applied(source_ep, table: dict) -> list:
+def applied_decompositions(source_ep, table: dict) -> list:
     """The ops of the program the table decomposes, in a stable order (not those the lowering keeps
     whatever the table says: decompose.trace_table)."""
     full = shared_trace_table(table)
     return sorted((op for op in _called_ops(source_ep) if op in table and op in full), key=op_name)
 
 
-def _where(fn) -> str:
+def where_defined(fn) -> str:
     """A decomposition's name in messages: module.qualname."""
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
 
 
-def _bounds(applied: list, source_ep=None) -> dict:
+def bounds_for(applied: list, source_ep=None) -> dict:
     """dtype -> the relative difference beyond which an output is wrong. A program with an enabled
     autocast region of a half-precision dtype computes part of its float32 and float64 values in that
     dtype: theirs is then its bound (an op in the region decomposed into steps that each round to
@@ -156,9 +157,7 @@ def _autocast_dtypes(source_ep) -> set:
     model code, as flat markers or as wrapped bodies)."""
     found = set()
     for node in call_nodes(source_ep.graph_module):
-        target = node.target  # (named, not imported: runtime_ref/regions.py is the home of torch's region markers)
-        flat = getattr(target, "__module__", None) == "torch.amp.autocast_mode" and target.__name__ == "_enter_autocast"
-        if flat or (isinstance(target, torch._ops.HigherOrderOperator) and target.name() == "wrap_with_autocast"):
+        if is_autocast_marker(node.target):
             _, dtype, enabled = (*node.args, None, None, None)[:3]
             if enabled and dtype in (torch.bfloat16, torch.float16):
                 found.add(dtype)
@@ -174,8 +173,8 @@ SHUFFLE_LIMIT = 1 << 20
 RECORD_LIMIT = 256 << 20
 
 # What checking a decomposition op by op costs per distinct call (its trace on fake tensors, the calls
-# run), about (seconds; measured on 2 cores: 16 ms on a diffusion U-Net, 23 on a Llama, 31 on an
-# encoder): _derived_at_ops checks a derived input op by op where that costs less than BUDGET times
+# run), in seconds, as found on real models (docs/journal/code-notes.md): _derived_at_ops checks a
+# derived input op by op where that costs less than BUDGET times
 # the two programs' runs on the stored inputs (what running them on the derived input costs)
 TRACE_ESTIMATE = 0.025
 BUDGET = 1.0
@@ -233,8 +232,8 @@ def _written_placeholders(graph) -> set[str]:
 class _Runner:
     """Runs the program's graph module on the flat inputs its signature lists, from the program's
     stored state each time (buffers are copied before every run: an unlowered program updates them
-    in place), and returns its user outputs. This skips ``ep.module()`` (unlifting its state costs
-    0.17 s on a 6-layer encoder, twice per validation); a program whose signature it cannot bind
+    in place), and returns its user outputs. This skips ``ep.module()`` (unlifting its state is a
+    large part of a validation, done twice); a program whose signature it cannot bind
     (tokens, script objects) runs through ``ep.module()`` as before. Either way the result is the
     list of output leaves (pytree.tree_leaves), so that the two programs compare leaf by leaf."""
 
@@ -382,7 +381,7 @@ class SourceRuns:
     first calls of each op of ``record`` receive (``recorded``; the decomposed ops) and its time
     (``seconds``): what a check of the derived input op by op works on, and what it must cost less than.
     (Run in a thread beside the lowering instead, they made the default lowering slower on 2 cores:
-    the encoder 0.34 s -> 0.41-0.51 s, the kernels and the trace contending for the cores.)"""
+    the kernels and the trace contend for the cores.)"""
 
     def __init__(self, source_ep, input_sets=None, wanted=None, record=()):
         self.ep, self.random = source_ep, _random_ops(source_ep)
@@ -428,8 +427,8 @@ def validate(source_ep, lowered_ep, table: dict, runs: SourceRuns | None = None)
     t0 = time.perf_counter()
     if source_ep.example_inputs is None:
         return Validation("skipped", why="the artifact stores no example inputs")
-    applied = _applied(source_ep, table)
-    bounds = _bounds(applied, source_ep)
+    applied = applied_decompositions(source_ep, table)
+    bounds = bounds_for(applied, source_ep)
     result = Validation("passed", verdict="exact", bound=bounds[torch.float32])
     runs, theirs = runs or SourceRuns(source_ep, record=applied), None
     t_lowered = 0.0
@@ -447,7 +446,7 @@ def validate(source_ep, lowered_ep, table: dict, runs: SourceRuns | None = None)
                 if wrong:
                     result.status, result.verdict = "failed", "wrong"
                     result.why = f"on a derived input, where {op_name(wrong[0])} runs: {local[wrong[0]][1]}"
-                    result.culprits = wrong  # (not a field: for validated())
+                    result.culprits = wrong  # (not a field: for repair.validated())
                 break
             result.derived = "program"
         outcome, want = runs.result(i)
@@ -482,77 +481,6 @@ def validate(source_ep, lowered_ep, table: dict, runs: SourceRuns | None = None)
             break
     result.seconds = time.perf_counter() - t0
     return result
-
-
-def validated(lowered, plan, source_ep, relower):
-    """``lowered`` (a LoweredProgram) with its validation. After a failure, each decomposition applied is
-    checked where it runs (on the values its op receives in this program, one recording pass): the
-    wrong ones are kept undecomposed where ``plan.accepts`` them, else OpsetError names the first; where
-    all are right, the program amplifies their rounding and passes, naming them. Only where some
-    cannot be recorded (in a subgraph) is the responsible one found by bisection.
-    ``relower(plan)`` lowers the source again with another plan."""
-    applied = _applied(source_ep, plan.table)
-    runs = SourceRuns(source_ep, record=applied)
-    lowered.validation = validate(source_ep, lowered.exported_program(), plan.table, runs)
-    if lowered.validation.status != "failed":
-        return lowered
-    failure = lowered.validation
-    t0 = time.perf_counter()
-    if getattr(failure, "culprits", None):  # found op by op on the derived input: named already
-        return _repaired(failure, failure.culprits, plan, source_ep, relower, runs)
-    failed_on, wanted = failure.failed_on
-    # on the stored inputs, the run that gave the outputs recorded the calls already
-    known = runs.recorded if failed_on is runs.inputs[0] else None
-    local = _right_where_they_run(source_ep, applied, plan.table, _bounds(applied, source_ep), failed_on, known)
-    culprits = [op for op in applied if op in local and local[op] is None]
-    unexplained = OpsetError(f"lowering with {plan.label}: the lowered program does not compute what the program "
-                             f"does ({failure.why}), and no single decomposition is responsible. Lower with fewer "
-                             "decompositions (keep=[...]) or validate=False to accept it.")
-    if not culprits and len(local) == len(applied):  # each right where it runs: rounding amplified, if they
-        # are what differs: the lowering that keeps them all validates on the input that failed
-        if not _validates_keeping(plan, source_ep, relower, applied, SourceRuns(source_ep, [failed_on], [wanted])):
-            raise unexplained
-        worst = sorted((rel, op_name(op)) for op, rel in local.items() if rel > 0)[::-1][:3]
-        lowered.validation = dataclasses.replace(failure, status="passed", verdict="lossy", why="",
-                                                 amplified={name: rel for rel, name in worst},
-                                                 seconds=failure.seconds + time.perf_counter() - t0)
-        return lowered
-    if not culprits:
-        culprit = _responsible(plan, source_ep, relower, runs)
-        if culprit is None:
-            raise unexplained
-        culprits = [culprit]
-    return _repaired(failure, culprits, plan, source_ep, relower, runs)
-
-
-def _repaired(failure: Validation, culprits: list, plan, source_ep, relower, runs: SourceRuns):
-    """The lowering that keeps ``culprits`` (the decompositions found wrong) undecomposed, validated;
-    OpsetError where the backend does not accept one of them or keeping them does not validate."""
-    found = {}
-    for op in culprits:
-        fn = plan.table[op]
-        where = _where(fn)
-        node = next((n.name for n in source_ep.graph.nodes if n.target is op), "(in a subgraph)")
-        measured = ("" if getattr(failure, "culprits", None)  # found op by op: the why holds the difference
-                    else f" (largest relative difference {failure.max_rel:.3g}, wrong beyond {failure.bound:.3g})")
-        found[op] = (where, node, f"lowering with {plan.label}: the decomposition of {op_name(op)} ({where}) makes "
-                                  f"the program wrong at node {node}: {failure.why}{measured}.")
-    for op in culprits:
-        if not plan.accepts(op):
-            raise OpsetError(f"{found[op][2]} The backend does not accept {op_name(op)} undecomposed; implement it "
-                             "(add it to supported_ops or keep=[...]), give another decomposition "
-                             "(decompositions={op: fn}), or lower with validate=False to accept the difference.")
-    repaired = relower(_without(plan, culprits))
-    check = validate(source_ep, repaired.exported_program(), repaired.table, runs)
-    names = ", ".join(op_name(op) for op in culprits)
-    if check.status == "failed":
-        raise OpsetError(f"{found[culprits[0]][2]} Keeping {names} undecomposed does not make the lowering validate "
-                         f"({check.why}); lower with fewer decompositions (keep=[...]) or validate=False to accept "
-                         "the difference.")
-    check.kept = {op_name(op): f"its decomposition ({where}) made the program wrong at node {node}: {failure.why}"
-                  for op, (where, node, _) in found.items()}
-    repaired.validation = check
-    return repaired
 
 
 class _Decomposed:
@@ -660,7 +588,7 @@ def _uninitialized(op) -> bool:
                                          "empty_permuted"}
 
 
-def _right_where_they_run(source_ep, ops, table: dict, bounds: dict, inputs, recorded: dict | None = None) -> dict:
+def right_where_they_run(source_ep, ops, table: dict, bounds: dict, inputs, recorded: dict | None = None) -> dict:
     """op -> the largest relative difference of its decomposition (``table[op]``, lowered further with
     ``table``) from op itself on the values op receives when the program runs on ``inputs`` (its first
     calls, ``recorded`` where they are known already), or None where it is wrong on one (the
@@ -731,7 +659,7 @@ def _derived_at_ops(runs: SourceRuns, applied: list, table: dict, bounds: dict, 
             if verdict == "error":  # the whole programs run on the derived input instead
                 return None
             if verdict == "wrong":
-                where = _where(table[op])  # (the table's entry, as the user or the preset gave it)
+                where = where_defined(table[op])  # (the table's entry, as the user or the preset gave it)
                 out[op] = (None, f"its decomposition ({where}) differs from it: {why or 'a value differs'}")
                 break
             out[op] = (max(out.get(op, (0.0,))[0], rel), "")
@@ -821,36 +749,3 @@ def _value_free(op, fn, full: dict, calls: list, decomposed: _Decomposed, mode=N
             return False
         seen.clear()
     return True
-
-
-def _without(plan, ops):
-    ops = set(ops) if isinstance(ops, (set, list, tuple)) else {ops}
-    return dataclasses.replace(plan, table={op: fn for op, fn in plan.table.items() if op not in ops})
-
-
-def _validates_keeping(plan, source_ep, relower, ops, runs: SourceRuns) -> bool:
-    """Whether the lowering that keeps ``ops`` undecomposed validates on the input sets of ``runs``
-    (kept ops outside the opset are fine here)."""
-    try:
-        again = relower(_without(dataclasses.replace(plan, strict=False, withheld={}), ops))
-    except Exception:  # noqa: BLE001 -- keeping these ops does not lower
-        return False
-    return validate(source_ep, again.exported_program(), again.table, runs).status != "failed"
-
-
-def _responsible(plan, source_ep, relower, runs):
-    """The op whose decomposition makes the lowering fail validation: bisection over the ops of the
-    program the table decomposes (one culprit assumed; None when keeping it alone does not help)."""
-    candidates = _applied(source_ep, plan.table)
-
-    def passes(kept) -> bool:
-        return _validates_keeping(plan, source_ep, relower, kept, runs)
-
-    if not candidates or not passes(candidates):
-        return None
-    known = True  # whether keeping just ``candidates`` is known to pass (each check is a lowering)
-    while len(candidates) > 1:
-        half = len(candidates) // 2
-        known = passes(candidates[:half])
-        candidates = candidates[:half] if known else candidates[half:]
-    return candidates[0] if known or passes(candidates) else None

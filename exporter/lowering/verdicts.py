@@ -1,8 +1,8 @@
 """The numerical verdicts on a decomposition (exact, ulp, lossy, wrong, untested: a result against the
 undecomposed op's and a float64 reference, bounded by ULP_LIMIT and WRONG_REL) and where they are
 stored: the audit (schemas/opsets/audit@<torch>.json, measured by exporter/explorer/audit.py), read
-here by strict lowering and validation. What each means:
-docs/lowering.md#decompositions-are-measured-the-audit-and-stricttrue."""
+here by lossless lowering and validation. What each means:
+docs/lowering.md#decompositions-are-measured-the-audit-and-losslesstrue."""
 
 from __future__ import annotations
 

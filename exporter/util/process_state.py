@@ -15,7 +15,7 @@ _AUTOCAST_DEVICES = tuple(_C._autocast_supported_devices())
 # back, when the call itself returned; tests and the fuzzers' oracle turn it on. Grad mode is not among
 # them: torch.export records a grad-mode region's exit as the mode it was traced in, so a valid program
 # run from another mode leaves that one, as torch's own GraphModule does.
-STRICT = False
+ASSERT_UNCHANGED = False
 
 FIELDS = ("grad mode", "autocast enabled (per device type)", "autocast nesting", "autocast cache", "default dtype",
           "deterministic algorithms", "deterministic warn-only", "deterministic fill of uninitialized memory",
@@ -136,7 +136,7 @@ def _given_back(before: tuple, full: bool, raised: bool) -> None:
         return
     restore(before, after)
     what = changed(before, after)
-    if STRICT and not raised and what != ["grad mode"]:
+    if ASSERT_UNCHANGED and not raised and what != ["grad mode"]:
         fields = ", ".join(w for w in what if w != "grad mode")
         raise AssertionError(f"pt2b changed the caller's process state ({fields}) "
                              f"and gave it back; a program that passed the file's checks must not change it.")

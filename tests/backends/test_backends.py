@@ -10,11 +10,11 @@ import torch
 
 from exporter import backends, export_model, load_for_backend
 from exporter.cli import main as cli_main
-from exporter.errors import BackendUnavailableError, LoweringError, OpsetError, UnknownOpsWarning
+from exporter.errors import BackendHandOffError, BackendUnavailableError, LoweringError, OpsetError, UnknownOpsWarning
 from exporter.lowering import tables
-from exporter.lowering.lower import plan_lowering
+from exporter.lowering.plan import plan_lowering
 from exporter.ops import op_name
-from exporter.corpus.zoo import make_case
+from tools.corpus.zoo import make_case
 from runtime_ref import Runtime
 
 
@@ -64,7 +64,7 @@ def test_an_op_without_a_decomposition_falls_back_on_inductor_as_inductor_does(t
     export_model(_ChecksAllTrue(), (x,), tmp_path / "m.pt2b")
     assert torch._inductor.config.implicit_fallbacks and backends.get("inductor").falls_back_to_aten
     assert "aten::_is_all_true.default" not in backends.get("inductor").supported_ops
-    lp = load_for_backend(tmp_path / "m.pt2b", "inductor", cache=False)
+    lp = load_for_backend(tmp_path / "m.pt2b", backend="inductor", cache=False)
     assert lp.ops().get("aten::_is_all_true.default") == 1 and "taken as it is" in lp.description
     torch.testing.assert_close(lp(x), x)
     with pytest.raises(OpsetError, match=r"aten::_is_all_true\.default \(1 call sites\): no decomposition reaches"):
@@ -76,9 +76,9 @@ def test_load_for_backend_with_the_inductor_preset(cnn):
     path, case = cnn
     with warnings.catch_warnings():
         warnings.simplefilter("error", UnknownOpsWarning)  # the backend's own list: no warning for its extras
-        lp = load_for_backend(path, "inductor", cache=False)
+        lp = load_for_backend(path, backend="inductor", cache=False)
     b = backends.get("inductor")
-    assert lp.preset == b.key and "inductor's own ops" in lp.description
+    assert lp.lowered_for == b.key and lp.backend == "inductor" and "inductor's own ops" in lp.description
     assert set(lp.ops()) <= set(b.supported_ops), set(lp.ops()) - set(b.supported_ops)
     assert "aten::add.int" in lp.unknown_supported_ops  # TorchScript-only: no dispatcher entry
     assert "left out" in lp.report()
@@ -89,11 +89,11 @@ def test_load_for_backend_with_the_inductor_preset(cnn):
 
 
 def test_the_backend_and_its_version_key_the_lowering():
-    plan = plan_lowering("inductor")
+    plan = plan_lowering(backend=backends.get("inductor"))
     assert f'"backend": "{backends.get("inductor").key}"' in plan.fingerprint
     assert plan.fingerprint != plan_lowering(supported_ops=list(backends.get("inductor").supported_ops)).fingerprint
-    with pytest.raises(LoweringError, match="pass supported_ops or the backend's preset, not both"):
-        plan_lowering("inductor", supported_ops=["aten::add.Tensor"])
+    with pytest.raises(LoweringError, match="brings its own op list: pass supported_ops or backend, not both"):
+        plan_lowering(backend=backends.get("inductor"), supported_ops=["aten::add.Tensor"])
 
 
 @pytest.fixture(scope="module")
@@ -116,9 +116,10 @@ def test_a_foreign_op_list_lowers_and_names_what_this_torch_lacks(encoder):
     assert not set(lp.unknown_supported_ops) & set(lp.ops())
     with torch.no_grad():
         torch.testing.assert_close(lp(*case.args), case.model(*case.args), rtol=1e-5, atol=1e-5)
-    with pytest.raises(LoweringError, match=r"supported_ops names ops this torch does not have: .*aten::add.int.* "
-                                            r"\(strict=True refuses them"):
-        load_for_backend(path, supported_ops=foreign, strict=True, cache=False)
+    with warnings.catch_warnings():  # the user's own filter makes them an error
+        warnings.simplefilter("error", UnknownOpsWarning)
+        with pytest.raises(UnknownOpsWarning, match=r"supported_ops names \d+ op\(s\) this torch .* does not have"):
+            load_for_backend(path, supported_ops=foreign, cache=False)
 
 
 def test_the_backend_preset_brings_the_decompositions_the_backend_applies(cnn):
@@ -128,13 +129,15 @@ def test_the_backend_preset_brings_the_decompositions_the_backend_applies(cnn):
     path, _ = cnn
     with pytest.warns(UnknownOpsWarning), pytest.raises(OpsetError, match="_native_batch_norm_legit_no_training"):
         load_for_backend(path, supported_ops=sorted(_inductor_registry()), cache=False)
-    assert "aten::_native_batch_norm_legit_no_training.default" not in load_for_backend(path, "inductor", cache=False).ops()
+    assert "aten::_native_batch_norm_legit_no_training.default" not in load_for_backend(path, backend="inductor", cache=False).ops()
 
 
 def test_an_unknown_or_missing_backend_is_a_clear_error(cnn, monkeypatch):
     path, _ = cnn
-    with pytest.raises(LoweringError, match=r"unknown preset 'onnxx'; .* or a backend's own op list: inductor, onnx, "
-                                            r"openvino"):
+    with pytest.raises(BackendUnavailableError, match=r"unknown backend 'onnxx'; Did you mean 'onnx'\? pt2b knows "
+                                                      r"inductor, onnx, openvino"):
+        load_for_backend(path, backend="onnxx")
+    with pytest.raises(LoweringError, match=r"unknown preset 'onnxx'; Did you mean backend='onnx'"):
         load_for_backend(path, "onnxx")
     with pytest.raises(BackendUnavailableError, match="unknown backend 'onnxx'"):
         backends.get("onnxx")
@@ -159,8 +162,25 @@ def test_pt2b_lower_takes_a_backend_preset(cnn, capsys):
 def test_inductor_hand_off_compiles_and_runs(cnn, tmp_path):
     """AOTInductor compiles the lowered program into a package that runs close to eager (minutes on 2 cores)."""
     path, case = cnn
-    lp = load_for_backend(path, "inductor", cache=False)
+    lp = load_for_backend(path, backend="inductor", cache=False)
     compiled = backends.to_backend("inductor", lp, package_path=str(tmp_path / "cnn.pt2"))
     assert compiled.native == str(tmp_path / "cnn.pt2")
     with torch.no_grad():
         torch.testing.assert_close(compiled(*case.args), case.model(*case.args))
+
+
+def test_a_program_is_handed_to_the_backend_it_was_lowered_for(cnn):
+    """to_backend(lowered) takes the backend from the lowering; naming another one, or none for a program
+    lowered with a preset, is a BackendHandOffError before any backend work."""
+    path, _ = cnn
+    lowered = load_for_backend(path, backend="inductor", cache=False)
+    assert lowered.backend == "inductor" and lowered.preset is None and lowered.lowered_for.startswith("inductor@")
+    with pytest.raises(BackendHandOffError, match=r"lowered to inductor's own op list, not onnx's: hand it to "
+                                                  r"inductor, or lower it with backend='onnx'"):
+        backends.to_backend("onnx", lowered)
+    core = load_for_backend(path, "core", cache=False)
+    assert core.backend is None and core.preset.startswith("core@")
+    with pytest.raises(BackendHandOffError, match=r"not lowered for a backend .* to_backend\('onnx', program\)"):
+        backends.to_backend(core)
+    with pytest.raises(LoweringError, match=r"backend='inductor' brings its own op list: do not pass preset='max'"):
+        load_for_backend(path, "max", backend="inductor")

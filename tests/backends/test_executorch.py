@@ -14,7 +14,7 @@ import torch
 pytest.importorskip("executorch.extension.pybindings.portable_lib")
 
 from exporter import backends, export_model, load_for_backend  # noqa: E402
-from exporter.corpus.zoo import make_case  # noqa: E402
+from tools.corpus.zoo import make_case  # noqa: E402
 from exporter.errors import BackendHandOffError  # noqa: E402
 
 pytestmark = pytest.mark.backends
@@ -44,7 +44,7 @@ def test_views_reach_the_runtimes_copy_kernels_not_prims(tmp_path):
     """The case that stopped with OpsetError at prims::squeeze / broadcast_in_dim / collapse_view."""
     x = torch.randn(3, 4, 5)
     export_model(Views(), (x,), tmp_path / "v.pt2b")
-    lp = load_for_backend(tmp_path / "v.pt2b", "executorch", cache=False)
+    lp = load_for_backend(tmp_path / "v.pt2b", backend="executorch", cache=False)
     assert not any(op.startswith("prims::") for op in lp.ops()), lp.ops()
     torch.testing.assert_close(backends.to_backend("executorch", lp)(x), Views()(x))
 
@@ -55,7 +55,7 @@ def test_the_zoo_runs_on_the_portable_kernels(tmp_path, name):
     case = make_case(name)
     pristine = copy.deepcopy(case.model)
     export_model(case.model, case.args, tmp_path / "m.pt2b", kwargs=case.kwargs, dynamic_shapes=case.dynamic_shapes)
-    compiled = backends.to_backend("executorch", load_for_backend(tmp_path / "m.pt2b", "executorch", cache=False))
+    compiled = backends.to_backend("executorch", load_for_backend(tmp_path / "m.pt2b", backend="executorch", cache=False))
     with torch.no_grad():
         want = pristine(*case.args, **(case.kwargs or {}))
     torch.testing.assert_close(compiled(*case.args, **(case.kwargs or {})), want, rtol=1e-4, atol=1e-4)
@@ -64,7 +64,7 @@ def test_the_zoo_runs_on_the_portable_kernels(tmp_path, name):
 def test_what_the_runtime_cannot_take_is_a_typed_error(tmp_path):
     case = make_case("while_loop")
     export_model(case.model, case.args, tmp_path / "w.pt2b")
-    lp = load_for_backend(tmp_path / "w.pt2b", "executorch", cache=False)
+    lp = load_for_backend(tmp_path / "w.pt2b", backend="executorch", cache=False)
     with pytest.raises(BackendHandOffError, match="executorch@.* could not take the program: .*while_loop"):
         backends.to_backend("executorch", lp)
 
@@ -81,7 +81,7 @@ def test_a_cache_filled_eagerly_is_written_back_on_the_runtime(tmp_path):
     with pytest.raises(BackendHandOffError, match="leaf Variable that requires grad"):
         backends.to_backend("executorch", ep)
     export_model(ep, path=tmp_path / "cache.pt2b")
-    compiled = backends.to_backend("executorch", load_for_backend(tmp_path / "cache.pt2b", "executorch", cache=False))
+    compiled = backends.to_backend("executorch", load_for_backend(tmp_path / "cache.pt2b", backend="executorch", cache=False))
     again, _ = CacheFilledEagerly.made()
     with torch.no_grad():
         torch.testing.assert_close(compiled(*args), again(*args), rtol=1e-5, atol=1e-5)

@@ -13,7 +13,7 @@ import torch
 
 from exporter import backends, export_model, load_for_backend
 from exporter.errors import BackendHandOffError, BackendRunError, OpsetError
-from exporter.corpus.zoo import make_case
+from tools.corpus.zoo import make_case
 from exporter.ops import op_name
 
 pytest.importorskip("onnxruntime")
@@ -93,8 +93,8 @@ def test_the_zoo_runs_on_the_backend_close_to_eager(artifacts, backend, name):
     if (backend, name) in LIMITS:
         pytest.skip(f"{backend}'s own limit: {LIMITS[backend, name]}")
     path, case = artifacts(name)
-    lp = load_for_backend(path, backend, cache=False)
-    assert lp.preset == backends.get(backend).key
+    lp = load_for_backend(path, backend=backend, cache=False)
+    assert lp.lowered_for == backends.get(backend).key and lp.backend == backend
     compiled = backends.to_backend(backend, lp)
     assert compiled.backend.name == backend and compiled.native is not None
     torch.testing.assert_close(compiled(*case.args, **(case.kwargs or {})), _eager(case), **TOL)
@@ -104,7 +104,7 @@ def test_the_zoo_runs_on_the_backend_close_to_eager(artifacts, backend, name):
 def test_a_dynamic_program_runs_at_other_sizes(artifacts, backend):
     """The program's batch and sequence Dims stay symbolic through the lowering and the hand-off."""
     path, case = artifacts("dynamic_shapes")
-    compiled = backends.to_backend(backend, load_for_backend(path, backend, cache=False))
+    compiled = backends.to_backend(backend, load_for_backend(path, backend=backend, cache=False))
     torch.manual_seed(1)
     for b, n in ((7, 2), (2, 11)):
         args = (torch.randn(b, n, 4), torch.randn(b, 8))
@@ -130,7 +130,7 @@ def test_a_lowered_program_carries_no_shape_results_of_its_lowering(tmp_path):
     ep = torch.export.export(model, (x,), dynamic_shapes=({1: torch.export.Dim.DYNAMIC},))
     path = str(tmp_path / "chunks.pt2b")
     export_model(ep, path=path)
-    compiled = backends.to_backend("onnx", load_for_backend(path, "onnx", cache=False))
+    compiled = backends.to_backend("onnx", load_for_backend(path, backend="onnx", cache=False))
     for n in (12, 21):
         x = torch.randn(2, n, 4)
         torch.testing.assert_close(compiled(x), model(x), **TOL)
@@ -164,7 +164,7 @@ def test_a_backend_is_never_handed_a_primtorch_view(tmp_path):
     model, x = _RmsByVariance(), torch.randn(2, 3, 8)
     path = str(tmp_path / "rms.pt2b")
     export_model(model, (x,), path)
-    lp = load_for_backend(path, "onnx", cache=False)
+    lp = load_for_backend(path, backend="onnx", cache=False)
     assert "prims::broadcast_in_dim.default" not in lp.ops()
     assert {"prims::var.default", "aten::unsqueeze.default", "aten::expand.default"} <= set(lp.ops())
     with torch.no_grad():
@@ -188,7 +188,7 @@ def test_openvino_lowers_train_mode_batch_norm_as_convert_model_does(artifacts):
     path, case = artifacts("cnn_bn_train")
     with pytest.raises(OpsetError, match="prims::"):
         load_for_backend(path, supported_ops=list(backends.get("openvino").supported_ops), cache=False)
-    lp = load_for_backend(path, "openvino", cache=False)
+    lp = load_for_backend(path, backend="openvino", cache=False)
     assert "aten::_native_batch_norm_legit_functional.default" in lp.ops()
     torch.testing.assert_close(backends.to_backend("openvino", lp)(*case.args), _eager(case), **TOL)
 
@@ -203,7 +203,7 @@ def test_a_backend_that_cannot_take_the_program_is_a_typed_error(artifacts):
     """A custom op torch.onnx has no translation for: the error names the backend and torch.onnx's reason
     in one line; the backend's own exception is chained."""
     path, _ = artifacts("custom_op")
-    lp = load_for_backend(path, "onnx", cache=False)
+    lp = load_for_backend(path, backend="onnx", cache=False)
     with pytest.raises(BackendHandOffError, match=r"onnx@.* could not take the program: ConversionError: "
                                                   r"DispatchError: No ONNX function found for .*pt2b_zoo.scaled_add") as e:
         backends.to_backend("onnx", lp)
@@ -212,7 +212,7 @@ def test_a_backend_that_cannot_take_the_program_is_a_typed_error(artifacts):
 
 def test_calling_with_the_wrong_inputs_is_a_typed_error(artifacts):
     path, case = artifacts("pytree_io")
-    compiled = backends.to_backend("onnx", load_for_backend(path, "onnx", cache=False))
+    compiled = backends.to_backend("onnx", load_for_backend(path, backend="onnx", cache=False))
     with pytest.raises(BackendRunError, match="the call does not match the program's inputs"):
         compiled(torch.randn(2, 3))
 
@@ -248,7 +248,7 @@ def test_backend_limits_are_the_backends(artifacts):
     pt2b's (the matrix attributes failures so, tools/backend_matrix.py)."""
     path, case = artifacts("pytree_io")
     ep = torch.export.export(case.model, case.args, kwargs=case.kwargs)
-    for program in (load_for_backend(path, "openvino", cache=False), ep):
+    for program in (load_for_backend(path, backend="openvino", cache=False), ep):
         with pytest.raises(BackendHandOffError, match="dynamic rank"):
             backends.to_backend("openvino", program)
 
@@ -261,14 +261,14 @@ WERE_PT2BS = [("openvino", "doge/static-cache")]
 
 @pytest.mark.parametrize("backend,name", [(b, n) for n in REAL for b in ("onnx", "openvino")] + WERE_PT2BS)
 def test_real_models_run_on_the_backend_close_to_eager(tmp_path, backend, name):
-    from exporter.corpus.programs import capture_real
-    from exporter.corpus.transformers_zoo import make_case as make_real
+    from tools.corpus.programs import capture_real
+    from tools.corpus.transformers_zoo import make_case as make_real
 
     case = make_real(name)
     pristine = copy.deepcopy(case.model)
     path = tmp_path / "m.pt2b"
     export_model(capture_real(case, {}), path=path)
-    compiled = backends.to_backend(backend, load_for_backend(path, backend, cache=False))
+    compiled = backends.to_backend(backend, load_for_backend(path, backend=backend, cache=False))
     torch.manual_seed(0)
     got = compiled(*case.args, **(case.kwargs or {}))
     torch.manual_seed(0)

@@ -27,7 +27,7 @@ class _Heads(torch.nn.Module):
 def test_the_program_handed_over_has_reshapes_for_views_and_leaves_the_lowered_one_alone(tmp_path):
     x = torch.randn(2, 5, 32)
     export_model(_Heads(), (x,), tmp_path / "m.pt2b")
-    lp = load_for_backend(tmp_path / "m.pt2b", "inductor", cache=False)
+    lp = load_for_backend(tmp_path / "m.pt2b", backend="inductor", cache=False)
     ep = lp.exported_program()
     before = [n.target for n in ep.graph.nodes if n.op == "call_function"]
     assert torch.ops.aten.view.default in before
@@ -64,14 +64,14 @@ def inductor_registry_restored():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", REAL)
 def test_real_models_run_on_aotinductor_close_to_eager(tmp_path, name, inductor_registry_restored):
-    from exporter.corpus.programs import capture_real
-    from exporter.corpus.transformers_zoo import make_case
+    from tools.corpus.programs import capture_real
+    from tools.corpus.transformers_zoo import make_case
 
     case = make_case(name)
     pristine = copy.deepcopy(case.model)
     export_model(capture_real(case, {}), path=tmp_path / "m.pt2b")
-    compiled = backends.to_backend("inductor", load_for_backend(tmp_path / "m.pt2b", "inductor", cache=False),
-                                   package_path=str(tmp_path / "m.aoti.pt2"))
+    lowered = load_for_backend(tmp_path / "m.pt2b", backend="inductor", cache=False)
+    compiled = backends.to_backend(lowered, package_path=str(tmp_path / "m.aoti.pt2"))  # the backend it was lowered for
     assert (tmp_path / "m.aoti.pt2").exists()
     with torch.no_grad():
         got = compiled(*case.args, **(case.kwargs or {}))
@@ -92,7 +92,7 @@ def test_views_in_control_flow_branches_are_reshapes_too(tmp_path):
 
     x = torch.rand(3, 4) + 0.1
     export_model(_ViewInABranch(), (x,), tmp_path / "m.pt2b")
-    ep = load_for_backend(tmp_path / "m.pt2b", "inductor", cache=False).exported_program()
+    ep = load_for_backend(tmp_path / "m.pt2b", backend="inductor", cache=False).exported_program()
     assert any(n.target is torch.ops.aten.view.default for n in call_nodes(ep.graph_module))
     handed = inductor._views_as_reshapes(ep)
     targets = [n.target for n in call_nodes(handed.graph_module)]

@@ -15,7 +15,7 @@ pytest.importorskip("iree.turbine.aot")
 pytest.importorskip("iree.runtime")
 
 from exporter import backends, export_model, load_for_backend  # noqa: E402
-from exporter.corpus.zoo import make_case  # noqa: E402
+from tools.corpus.zoo import make_case  # noqa: E402
 from exporter.errors import BackendHandOffError  # noqa: E402
 
 pytestmark = pytest.mark.backends
@@ -56,7 +56,7 @@ def test_aten_diff_reaches_iree_decomposed(tmp_path):
     ep = torch.export.export(Diff(), (x,))
     with pytest.raises(BackendHandOffError, match="iree@.* could not take the program"):
         backends.to_backend("iree", ep)  # torch.export's own program, as turbine takes it
-    lp = load_for_backend(tmp_path / "d.pt2b", "iree", cache=False)
+    lp = load_for_backend(tmp_path / "d.pt2b", backend="iree", cache=False)
     assert "aten::diff.default" not in lp.ops()
     torch.testing.assert_close(backends.to_backend("iree", lp)(x), Diff()(x))
 
@@ -69,7 +69,7 @@ def test_a_conv_net_with_batch_norm_compiles_and_runs(tmp_path):
     assert "aten::_native_batch_norm_legit_no_training.default" in core.ops()
     with pytest.raises(BackendHandOffError, match="iree@.* could not take the program"):
         backends.to_backend("iree", core)
-    lp = load_for_backend(path, "iree", cache=False)
+    lp = load_for_backend(path, backend="iree", cache=False)
     assert "aten::_native_batch_norm_legit_no_training.default" not in lp.ops()
     with torch.no_grad():
         torch.testing.assert_close(backends.to_backend("iree", lp)(*case.args), pristine(*case.args), rtol=1e-4, atol=1e-4)
@@ -79,7 +79,7 @@ def test_a_conv_net_with_batch_norm_compiles_and_runs(tmp_path):
                                   "kwargs_only", "dynamic_shapes", "buffer_mutation", "cnn_bn_train", "inplace_ops"])
 def test_the_zoo_runs_on_iree(tmp_path, name):
     path, case, pristine = _artifact(tmp_path, name)
-    compiled = backends.to_backend("iree", load_for_backend(path, "iree", cache=False))
+    compiled = backends.to_backend("iree", load_for_backend(path, backend="iree", cache=False))
     with torch.no_grad():
         want = pristine(*case.args, **(case.kwargs or {}))
     torch.testing.assert_close(compiled(*case.args, **(case.kwargs or {})), want, rtol=1e-4, atol=1e-4)

@@ -161,7 +161,7 @@ def test_convert_rejects_other_files(tmp_path):
 def test_run_takes_extra_ops_for_a_custom_op(tmp_path):
     """Issue 39: `pt2b run` refused a custom op with no way to name it (Python had Runtime(extra_ops=))."""
     from exporter import export_model
-    from exporter.corpus.zoo import CUSTOM_OP_NAME, make_case
+    from tools.corpus.zoo import CUSTOM_OP_NAME, make_case
 
     case = make_case("custom_op")
     path = tmp_path / "custom.pt2b"

@@ -21,7 +21,7 @@ from exporter import cli, export_model, load
 from exporter.cli import pt2_program, terminal
 from exporter.cli.convert import convert
 from exporter.cli.pt2_pickles import _globals
-from exporter.corpus.zoo import make_case
+from tools.corpus.zoo import make_case
 from exporter.errors import CorruptArtifactError, PickledContentError, SchemaDriftError, UnsupportedVersionError
 from exporter.serialize import reader
 from exporter.serialize.generated import pt2b_generated as G

@@ -11,7 +11,7 @@ pytest.importorskip("transformers")
 
 from exporter import export_model, load, load_for_backend  # noqa: E402
 from exporter.serialize import reader  # noqa: E402
-from exporter.corpus.methods import decoder_case, seq2seq_case  # noqa: E402
+from tools.corpus.methods import decoder_case, seq2seq_case  # noqa: E402
 from runtime_ref import runtimes  # noqa: E402
 
 

@@ -23,7 +23,7 @@ from exporter import export_model, load, load_for_backend
 from exporter.errors import OpsetError
 from exporter.lowering import tables
 from exporter.ops import resolve_op
-from exporter.lowering.lower import plan_lowering
+from exporter.lowering.plan import plan_lowering
 from tests.support.helpers import assert_bitwise
 from tests.support.op_corpus import build, captures, close_to, export, fresh, manifest_path, read_manifest, run_eager
 from runtime_ref import Runtime

@@ -1,5 +1,5 @@
 """The real-model corpus: transformers architectures enumerated from transformers' own registry
-(exporter/corpus/transformers_zoo.py), built offline from shrunk configs with random weights, taken
+(tools/corpus/transformers_zoo.py), built offline from shrunk configs with random weights, taken
 through the whole pipeline by tools/real_models.run_case: torch.export capture (dynamic sequence
 length where torch allows), export_model, load (bitwise against torch.export's module), then for
 none/core/max (none/core in the default run's sample): load_for_backend, runtime_ref, outputs close to
@@ -15,9 +15,9 @@ Outcomes:
   limitation; lowering you can trust is the subject of its own work);
 - anything else (pt2b cannot write, load, round-trip bitwise, or fails where torch succeeds): fails.
 
-The default run takes the sample in exporter/corpus/transformers_sample.txt (cases chosen so that every op any
+The default run takes the sample in tools/corpus/transformers_sample.txt (cases chosen so that every op any
 captured architecture calls is called by one of them, and every task is represented:
-`python -m tools.real_models --out SWEEP.json --pick-sample exporter/corpus/transformers_sample.txt`); the full sweep over every case is `-m slow`.
+`python -m tools.real_models --out SWEEP.json --pick-sample tools/corpus/transformers_sample.txt`); the full sweep over every case is `-m slow`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ pytest.importorskip("transformers")
 
 from tools import real_models as rm  # noqa: E402
 
-from exporter.corpus.programs import transformers_sample  # noqa: E402
+from tools.corpus.programs import transformers_sample  # noqa: E402
 
 SAMPLE = transformers_sample()
 
@@ -119,8 +119,8 @@ def test_real_model_variant_passes_with_default_settings(name, tmp_path):
 
 
 def test_a_variant_name_is_checked():
-    from exporter.corpus import variants
-    from exporter.corpus.transformers_zoo import make_case
+    from tools.corpus import variants
+    from tools.corpus.transformers_zoo import make_case
 
     assert variants.split("llama/causal-lm@bf16") == ("llama/causal-lm", "bf16")
     assert variants.split("llama") == ("llama", None)
@@ -130,14 +130,14 @@ def test_a_variant_name_is_checked():
 
 def test_sample_names_are_in_the_corpus():
     """The sample file names cases the corpus enumerates (a renamed architecture fails here)."""
-    from exporter.corpus import transformers_zoo
+    from tools.corpus import transformers_zoo
 
     missing = sorted(set(SAMPLE) - set(transformers_zoo.case_names()))
     assert not missing, f"transformers_sample.txt names cases the corpus does not hold: {missing}"
 
 
 def _all_cases():
-    from exporter.corpus import transformers_zoo
+    from tools.corpus import transformers_zoo
 
     return transformers_zoo.case_names()
 
@@ -152,7 +152,7 @@ def test_named_corpora_feed_the_explorer_and_coverage(monkeypatch, tmp_path, cap
     """`pt2b opset coverage/page --corpus transformers` capture the real-model sample; a case torch
     cannot capture is left out (here a name the corpus cannot build)."""
     from exporter import cli
-    from exporter.corpus import programs
+    from tools.corpus import programs
 
     monkeypatch.setattr(programs, "transformers_sample", lambda: ["llama", "no_such_model_type"])
     got = [label for label, _ in programs.programs(("transformers",))]
@@ -194,8 +194,8 @@ def test_a_routes_sweep_record_is_what_the_explorer_traces_and_ships(tmp_path):
     import copy
     import json
 
-    from exporter.corpus import transformers_zoo
-    from exporter.corpus.programs import capture_real
+    from tools.corpus import transformers_zoo
+    from tools.corpus.programs import capture_real
     from exporter.explorer.corpus import CorpusProgram, corpus_routes
     from exporter.explorer.selection import Selection, evaluate
     from tools import explorer_data

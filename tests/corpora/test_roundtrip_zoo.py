@@ -1,4 +1,4 @@
-"""The model zoo (exporter/corpus/zoo.py: MLP, CNN+BN, RNNs, transformers, buffer mutation, pytrees,
+"""The model zoo (tools/corpus/zoo.py: MLP, CNN+BN, RNNs, transformers, buffer mutation, pytrees,
 kwargs, dynamic shapes, cond/map/while_loop, custom op, tied weights, dtypes, in-place ops)
 round-trips through .pt2b: graph node by node, outputs bitwise, close to eager."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from exporter import export_model, load
-from exporter.corpus.zoo import make_case, zoo_names
+from tools.corpus.zoo import make_case, zoo_names
 from exporter.versioning.formats import FORMAT_VERSION
 from tests.support.helpers import assert_bitwise, assert_close_to_eager, assert_programs_equal
 

@@ -1,4 +1,4 @@
-"""Fast unit tests of the real-model corpus builder (exporter/corpus/transformers_zoo.py) itself: the config
+"""Fast unit tests of the real-model corpus builder (tools/corpus/transformers_zoo.py) itself: the config
 shrinking rules keep the relations transformers' validators and modeling code rely on, the input recipes have
 the shapes each family's forward takes, and make_case stays deterministic. The models themselves go through
 the pipeline in tests/corpora/test_real_models.py."""
@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 
 import torch  # noqa: E402
 
-from exporter.corpus import transformers_zoo as z  # noqa: E402
+from tools.corpus import transformers_zoo as z  # noqa: E402
 
 
 def _shrink(d: dict) -> dict:

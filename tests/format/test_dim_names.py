@@ -11,7 +11,7 @@ import torch
 
 from exporter import export_model, load, load_for_backend
 from exporter.cli.inspect import summarize
-from exporter.corpus.zoo import make_case
+from tools.corpus.zoo import make_case
 from exporter.errors import RuntimeInputError
 from runtime_ref import Runtime, runtimes
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from exporter import export_model, load, load_for_backend
-from exporter.corpus.zoo import make_case, zoo_names
+from tools.corpus.zoo import make_case, zoo_names
 from tests.support.helpers import assert_bitwise
 
 

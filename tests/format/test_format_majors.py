@@ -18,7 +18,7 @@ import zlib
 import pytest
 import torch
 
-import exporter.corpus.zoo  # noqa: F401  registers the custom op some goldens call
+import tools.corpus.zoo  # noqa: F401  registers the custom op some goldens call
 from exporter import export_model, load, load_for_backend
 from exporter.errors import ExportError, UnsupportedVersionError
 from exporter.serialize.layout import container

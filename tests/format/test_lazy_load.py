@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from exporter import export_model, load
-from exporter.corpus.zoo import make_case, zoo_names
+from tools.corpus.zoo import make_case, zoo_names
 from exporter.serialize import reader
 from tests.support.artifact_surgery import damage_graph_table
 from tests.support.helpers import assert_bitwise, assert_programs_equal

@@ -14,7 +14,7 @@ from exporter import export_model, load, load_for_backend
 from exporter.errors import CorruptArtifactError, ExportError, MethodNotFoundError
 from exporter.serialize import reader
 from exporter.versioning.formats import FORMAT_VERSION
-from exporter.corpus.methods import MAX_LEN, TinyKV
+from tools.corpus.methods import MAX_LEN, TinyKV
 from runtime_ref import Runtime, runtimes
 
 PROMPT = torch.tensor([3, 14, 15, 9])

@@ -119,7 +119,7 @@ def test_what_only_the_full_verify_refuses(tmp_path, capsys):
 
 def test_every_method_is_walked(tmp_path):
     """A multi-method file: each method's graph table is walked; a damaged one is named."""
-    from exporter.corpus.methods import TinyKV
+    from tools.corpus.methods import TinyKV
     from tests.format.test_methods import methods_of
 
     path = tmp_path / "two.pt2b"

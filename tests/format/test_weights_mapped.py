@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from exporter import export_model, load, load_for_backend
-from exporter.corpus.zoo import make_case
+from tools.corpus.zoo import make_case
 from exporter.serialize import reader
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or not os.path.exists("/proc/self/maps"),

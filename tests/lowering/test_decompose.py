@@ -18,7 +18,7 @@ import torch
 from exporter import export_model, load_for_backend
 from exporter.lowering import tables
 from exporter.lowering.engines import run_decompositions
-from exporter.lowering.graph_ops import op_counts
+from exporter.graph_walk import op_counts
 from runtime_ref import Runtime
 
 

@@ -1,4 +1,4 @@
-"""The programs a lowering makes on the way generate no Python code (exporter/lowering/deferred_codegen.py);
+"""The programs a lowering makes on the way generate no Python code (exporter/_torch/deferred_codegen.py);
 the one it returns is compiled and runs as torch's does; nothing leaks to other threads or to
 torch.export itself."""
 
@@ -8,8 +8,9 @@ import torch
 from torch import nn
 
 from exporter import export_model, load_for_backend
-from exporter.lowering import deferred_codegen as dc
+from exporter._torch import deferred_codegen as dc
 from exporter.lowering.lower import lower
+from exporter.lowering.plan import plan_lowering
 from tests.support.helpers import assert_bitwise
 
 
@@ -66,7 +67,7 @@ def test_the_lowered_program_is_compiled_and_the_one_read_from_the_file_is_left_
 
 def test_lower_outside_api_returns_a_compiled_program():
     m, x, ep = _exported()
-    low = lower(ep, "core")
+    low = lower(ep, plan_lowering("core"))
     assert not dc.is_deferred(low.exported_program().graph_module)
     assert_bitwise(low.exported_program().graph_module(*_flat_inputs(low.exported_program(), x))[0],
                    ep.run_decompositions().module()(x))

@@ -14,7 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 
 from exporter import eager_decompositions
 from exporter.ops import op_name
-from exporter.corpus.zoo import make_case, zoo_names
+from tools.corpus.zoo import make_case, zoo_names
 
 # a fused CPU kernel with no decomposition that aten::lstm picks inside C++: reported, run as it is
 REPORTED = {"lstm": {"aten::mkldnn_rnn_layer.default"}}

@@ -17,7 +17,7 @@ from exporter import export_model, load_for_backend
 from exporter.errors import ArtifactError, CorruptArtifactError, OpsetError
 from exporter.lowering import cache
 from exporter.serialize import reader
-from exporter.corpus.zoo import make_case
+from tools.corpus.zoo import make_case
 from runtime_ref import Runtime
 
 
@@ -238,7 +238,7 @@ def test_concurrent_cold_lowerings_agree(cache_dir, artifact, case):
     # run after the join: matmuls running side by side in threads may block differently (last-bit noise)
     results = [_run(lp, case) for lp in results]
     assert all(torch.equal(r, results[0]) for r in results)
-    script = ("import sys, torch; from exporter import load_for_backend; from exporter.corpus.zoo import make_case; "
+    script = ("import sys, torch; from exporter import load_for_backend; from tools.corpus.zoo import make_case; "
               "from runtime_ref import Runtime; c = make_case('mlp'); "
               f"lp = load_for_backend({os.fspath(artifact)!r}, 'core'); "
               "print(lp.from_cache, Runtime(lp)(*c.args).sum().item())")
@@ -407,7 +407,7 @@ def test_code_that_reaches_too_far_is_not_keyed(cache_dir, artifact):
     import dataclasses
 
     from exporter.lowering import user_code
-    from exporter.lowering.lower import plan_lowering
+    from exporter.lowering.plan import plan_lowering
 
     namespace = {}
     for i in range(200):  # a chain of helpers deeper than the walk follows

@@ -25,7 +25,7 @@ from exporter import export_model, load, load_for_backend
 from exporter.errors import LoweringError
 from exporter.lowering import tables
 from exporter.lowering.engines import run_decompositions
-from exporter.lowering.graph_ops import op_counts
+from exporter.graph_walk import op_counts
 from tests.support.helpers import assert_close_to_eager
 from runtime_ref import Runtime
 from tests.lowering.test_decompose import global_state
@@ -189,7 +189,7 @@ def test_a_decomposition_that_would_guard_on_data_declines(artifacts):
     lowering is what ``keep=["aten::slice.Tensor"]`` gives (which torch lowers too), for every value."""
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
-    from exporter.lowering.lower import plan_lowering
+    from exporter.lowering.plan import plan_lowering
 
     path, args, kwargs, eager = artifacts("assume_constant_result:nonstrict")
     with pytest.raises(GuardOnDataDependentSymNode, match=r"u0 < 0"):

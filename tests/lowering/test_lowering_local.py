@@ -12,7 +12,7 @@ from torch import nn
 from exporter.lowering import tables
 from exporter.lowering.decompose import trace_table
 from exporter.lowering.engines import local, run_decompositions
-from exporter.lowering.graph_ops import op_counts
+from exporter.graph_walk import op_counts
 
 
 @pytest.fixture(autouse=True)
@@ -795,13 +795,14 @@ def test_the_none_preset_functionalizes_writes_into_fresh_values_node_by_node(mo
     the ops and values of the whole retrace."""
     from exporter.lowering.engines.whole_program import retrace
     from exporter.lowering.lower import lower
+    from exporter.lowering.plan import plan_lowering
 
     x, mask = torch.randn(4, 4), torch.rand(4, 4) > 0.5
     ep = torch.export.export(WritesIntoFresh(), (x, mask))
     calls = []
     real = local.lower_locally
     monkeypatch.setattr(local, "lower_locally", lambda *a: calls.append(real(*a)) or calls[-1])
-    ours = lower(ep, "none").exported_program()
+    ours = lower(ep, plan_lowering("none")).exported_program()
     assert len(calls) == 1 and calls[0] is ours
     whole = retrace(ep)
     _assert_same(ours, whole, ep.run_decompositions({}), x, mask)

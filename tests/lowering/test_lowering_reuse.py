@@ -11,7 +11,7 @@ from torch import nn
 
 from exporter import export_model, load_for_backend
 from exporter.lowering.engines import reuse
-from exporter.corpus.zoo import GPT
+from tools.corpus.zoo import GPT
 from tests.support.helpers import assert_bitwise
 from runtime_ref import Runtime
 
@@ -128,7 +128,7 @@ def test_reuse_equals_torchs_run_decompositions_bitwise(name, tmp_path, monkeypa
     core with the repeated layers traced once has torch's run_decompositions nodes, op counts and signature,
     and bitwise-equal outputs."""
     from exporter import load
-    from exporter.lowering.graph_ops import op_counts
+    from exporter.graph_walk import op_counts
 
     path, args, lowered = _lowered_with_reuse(name, "core", tmp_path, monkeypatch)
     theirs = load(path).exported_program().run_decompositions()

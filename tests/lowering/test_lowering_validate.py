@@ -12,10 +12,11 @@ import torch
 
 from exporter import export_model, load, load_for_backend
 from exporter.errors import LoweringError, OpsetError
-from exporter.corpus.zoo import make_case
+from tools.corpus.zoo import make_case
 from exporter.lowering import tables
+from exporter.lowering import repair as R
 from exporter.lowering import validate as V
-from exporter.lowering.lower import plan_lowering
+from exporter.lowering.plan import plan_lowering
 from runtime_ref import Runtime
 
 aten = torch.ops.aten
@@ -105,7 +106,7 @@ def test_the_one_wrong_decomposition_among_many_is_named(tmp_path):
 
     table = {**tables.available_decompositions(), aten.hardswish.default: wrong_hardswish}
     plan = plan_lowering("max", decompositions={aten.hardswish.default: wrong_hardswish})
-    applied = V._applied(load(path).exported_program(), plan.table)
+    applied = V.applied_decompositions(load(path).exported_program(), plan.table)
     assert len(applied) >= 4 and aten.hardswish.default in applied  # silu, layer_norm, gelu, linear, ...
     with pytest.raises(OpsetError, match=r"the decomposition of aten::hardswish\.default \(.*wrong_hardswish\)"):
         load_for_backend(path, "max", cache=False, decompositions=table)
@@ -266,7 +267,7 @@ def test_validation_work_on_a_large_input_is_a_fixed_number_of_passes_over_it(tm
     for got in ([want[0].clone()], [want[0] + torch.finfo(torch.float16).eps]):
         work = _Work()
         with work:
-            verdict, _, why = V._compare(got, want, V._bounds(V._applied(source, lowered.table)))
+            verdict, _, why = V._compare(got, want, V.bounds_for(V.applied_decompositions(source, lowered.table)))
         assert verdict in ("exact", "ulp", "lossy"), why
         assert not any(dt == torch.float64 and k >= n for _, dt, k in work.calls), "float64 copies of the outputs"
         assert len([1 for _, _, k in work.calls if k >= n]) <= 64, "more than a fixed number of passes over the output"
@@ -280,7 +281,7 @@ def test_the_bound_described_is_the_outputs_dtypes(tmp_path):
     path = tmp_path / "bf16.pt2b"
     export_model(model, (torch.randn(4, 16, dtype=torch.bfloat16),), path)
     lowered = load_for_backend(path, "core")
-    bounds = V._bounds(V._applied(load(path).exported_program(), lowered.table))
+    bounds = V.bounds_for(V.applied_decompositions(load(path).exported_program(), lowered.table))
     assert lowered.validation.status == "passed"
     assert lowered.validation.bound == bounds[torch.bfloat16] >= 0.05
     assert f"(wrong beyond {bounds[torch.bfloat16]:.3g})" in lowered.validation.describe()
@@ -300,7 +301,7 @@ def test_a_decomposition_right_where_it_runs_passes_in_a_program_that_amplifies_
     torch.manual_seed(0)
     x = torch.randn(4096)
     export_model(_Amplifies(), (x,), tmp_path / "m.pt2b")
-    monkeypatch.setattr(V, "_responsible", lambda *a: pytest.fail("bisected"))
+    monkeypatch.setattr(R, "_responsible", lambda *a: pytest.fail("bisected"))
     lowered = load_for_backend(tmp_path / "m.pt2b", "core", cache=False)
     v = lowered.validation
     assert v.status == "passed" and v.max_rel > v.bound, v.describe()  # the outputs do differ that much
@@ -325,10 +326,10 @@ def test_each_wrong_decomposition_is_found_where_it_runs_and_kept_in_one_relower
                                 torch.nn.SiLU()).eval()
     model_, args, path = _artifact(tmp_path, model, (torch.randn(3, 4),))
     wrong = {aten.gelu.default: _half_gelu, aten.hardswish.default: lambda x: x * 0.25}
-    monkeypatch.setattr(V, "_responsible", lambda *a: pytest.fail("bisected"))
+    monkeypatch.setattr(R, "_responsible", lambda *a: pytest.fail("bisected"))
     lowerings = []
-    real = V.validate
-    monkeypatch.setattr(V, "validate", lambda *a: lowerings.append(1) or real(*a))
+    real = R.validate
+    monkeypatch.setattr(R, "validate", lambda *a: lowerings.append(1) or real(*a))
     lp = load_for_backend(path, "max", cache=False, keep=["aten::gelu.default", "aten::hardswish.default"],
                           decompositions=wrong)
     assert sorted(lp.validation.kept) == ["aten::gelu.default", "aten::hardswish.default"]
@@ -349,8 +350,8 @@ def test_an_op_called_only_in_a_subgraph_is_found_by_bisection(tmp_path):
     _, _, path = _artifact(tmp_path, _WrongInABranch(), (torch.rand(3, 4) + 0.1,))
     source = load(path).exported_program()
     plan = plan_lowering("max", decompositions={aten.hardswish.default: lambda x: x * 0.25})
-    assert aten.hardswish.default in V._applied(source, plan.table)
-    assert aten.hardswish.default not in V._right_where_they_run(source, [aten.hardswish.default], plan.table, {}, source.example_inputs)
+    assert aten.hardswish.default in V.applied_decompositions(source, plan.table)
+    assert aten.hardswish.default not in V.right_where_they_run(source, [aten.hardswish.default], plan.table, {}, source.example_inputs)
     with pytest.raises(OpsetError, match=r"the decomposition of aten::hardswish\.default .* makes the program wrong "
                                          r"at node \(in a subgraph\)"):
         load_for_backend(path, "max", cache=False, decompositions={aten.hardswish.default: lambda x: x * 0.25})
@@ -456,7 +457,7 @@ def test_checked_op_by_op_an_op_returning_unfilled_memory_is_compared_on_its_lay
     monkeypatch.setattr(V, "BUDGET", 1e9)
     model, args, path = _artifact(tmp_path, _EmptyFilled(), (torch.randn(4, 4),))
     lp = load_for_backend(path, "core", cache=False)
-    assert aten.empty_like.default in V._applied(load(path).exported_program(), lp.table)
+    assert aten.empty_like.default in V.applied_decompositions(load(path).exported_program(), lp.table)
     assert (lp.validation.status, lp.validation.derived, lp.validation.kept) == ("passed", "ops", {})
     torch.testing.assert_close(Runtime(lp)(*args), model(*args))
 

@@ -22,7 +22,7 @@ import torch
 from exporter import export_model, load, load_for_backend
 from exporter.lowering import tables
 from exporter.lowering.engines import run_decompositions
-from exporter.lowering.graph_ops import op_counts
+from exporter.graph_walk import op_counts
 from tests.support.helpers import assert_close_to_eager
 from runtime_ref import Runtime
 
@@ -196,7 +196,7 @@ def test_transformers_swin_lowers(tmp_path, name, preset):
     transpose().contiguous().view(): the contiguous must be decomposed where that layout is seen, in
     the one functionalizing trace, together with the pooler's decomposition that writes in place."""
     pytest.importorskip("transformers")
-    from exporter.corpus.transformers_zoo import make_case
+    from tools.corpus.transformers_zoo import make_case
 
     case = make_case(name)
     path = tmp_path / f"{name}.pt2b"

@@ -184,8 +184,8 @@ def test_a_decomposition_right_only_on_contiguous_inputs_is_wrong_with_its_layou
     assert "layout" in verdicts.describe(rec)
 
 
-def test_strict_lowering_withholds_a_decomposition_classed_wrong(tmp_path, monkeypatch):
-    """strict=True keeps an op whose decomposition the audit classes wrong undecomposed (max decomposes
+def test_lossless_lowering_withholds_a_decomposition_classed_wrong(tmp_path, monkeypatch):
+    """lossless=True keeps an op whose decomposition the audit classes wrong undecomposed (max decomposes
     view_copy; here its record says wrong, as it did before pt2b applied it to dense inputs)."""
     import copy
 
@@ -201,9 +201,9 @@ def test_strict_lowering_withholds_a_decomposition_classed_wrong(tmp_path, monke
     path = tmp_path / "m.pt2b"
     exporter.export_model(ViewCopy(), (torch.randn(3, 4),), path)
     lenient = exporter.load_for_backend(path, "max", cache=False, validate=False)
-    strict = exporter.load_for_backend(path, "max", cache=False, strict=True, validate=False)
+    lossless = exporter.load_for_backend(path, "max", cache=False, lossless=True, validate=False)
     assert "aten.view_copy.default" not in {str(n.target) for n in lenient.exported_program().graph.nodes}
-    assert "aten.view_copy.default" in {str(n.target) for n in strict.exported_program().graph.nodes}
+    assert "aten.view_copy.default" in {str(n.target) for n in lossless.exported_program().graph.nodes}
 
 
 def test_random_and_uninitialized_ops_are_not_judged():
@@ -229,12 +229,12 @@ class Lerp(torch.nn.Module):
 def lerp_artifact(tmp_path_factory):
     from exporter import export_model
 
-    path = tmp_path_factory.mktemp("strict") / "lerp.pt2b"
+    path = tmp_path_factory.mktemp("lossless") / "lerp.pt2b"
     export_model(Lerp(), (torch.randn(64), torch.randn(64)), path)
     return path
 
 
-def test_strict_lowering_keeps_or_refuses_lossy_decompositions(lerp_artifact):
+def test_lossless_lowering_keeps_or_refuses_lossy_decompositions(lerp_artifact):
     from exporter import load_for_backend
     from exporter.errors import OpsetError
 
@@ -242,27 +242,44 @@ def test_strict_lowering_keeps_or_refuses_lossy_decompositions(lerp_artifact):
     x, y = torch.randn(64), torch.randn(64)
     plain = load_for_backend(lerp_artifact, "max", cache=False)
     assert "aten::lerp.Scalar" not in plain.ops()  # decomposed, with its measured error
-    kept = load_for_backend(lerp_artifact, "max", cache=False, strict=True)
-    assert "aten::lerp.Scalar" in kept.ops() and kept.preset.endswith("+strict")
+    kept = load_for_backend(lerp_artifact, "max", cache=False, lossless=True)
+    assert "aten::lerp.Scalar" in kept.ops() and kept.lowered_for.endswith("+lossless")
     assert torch.equal(kept(x, y), Lerp()(x, y))  # the op itself: bitwise eager
     ok = load_for_backend(lerp_artifact, supported_ops=["aten::lerp.Scalar", "aten::mul.Tensor"], cache=False,
-                          strict=True)
+                          lossless=True)
     assert set(ok.ops()) == {"aten::lerp.Scalar", "aten::mul.Tensor"}
     for kwargs in ({"preset": "core"}, {"supported_ops": ["aten::mul.Tensor", "aten::add.Tensor", "aten::sub.Tensor",
                                                          "aten::mul.Scalar", "aten::where.self", "aten::abs.default",
                                                          "aten::lt.Scalar", "aten::rsub.Scalar"]}):
         with pytest.raises(OpsetError, match=r"(?s)aten::lerp\.Scalar \(1 call sites\): its decomposition is lossy: "
                                              r"[0-9.e+]+ ulp .*Implement them in the backend"):
-            load_for_backend(lerp_artifact, cache=False, strict=True, **kwargs)
+            load_for_backend(lerp_artifact, cache=False, lossless=True, **kwargs)
 
 
-def test_cli_lower_strict(lerp_artifact, capsys):
+def test_cli_lower_lossless(lerp_artifact, capsys):
     from exporter import cli
 
-    assert cli.main(["lower", str(lerp_artifact), "--preset", "max", "--strict", "--no-cache"]) == 0
+    assert cli.main(["lower", str(lerp_artifact), "--preset", "max", "--lossless", "--no-cache"]) == 0
     assert "aten::lerp.Scalar" in capsys.readouterr().out
-    assert cli.main(["lower", str(lerp_artifact), "--preset", "core", "--strict", "--no-cache"]) != 0
+    assert cli.main(["lower", str(lerp_artifact), "--preset", "core", "--lossless", "--no-cache"]) != 0
     assert "its decomposition is lossy" in capsys.readouterr().err
+    assert cli.main(["lower", str(lerp_artifact), "--preset", "max", "--strict", "--no-cache"]) == 0  # the old flag
+    out = capsys.readouterr()
+    assert "aten::lerp.Scalar" in out.out and "--strict is spelt --lossless now" in out.err
+
+
+def test_earlier_spellings_still_lower_with_a_deprecation_warning(lerp_artifact):
+    """strict= (now lossless=) and a backend named as preset= (now backend=) work for one more release."""
+    from exporter import load_for_backend
+    from exporter.errors import DeprecatedSpellingWarning
+
+    with pytest.warns(DeprecatedSpellingWarning, match=r"strict= is spelt lossless= now"):
+        old = load_for_backend(lerp_artifact, "max", cache=False, strict=True)
+    assert old.ops() == load_for_backend(lerp_artifact, "max", cache=False, lossless=True).ops()
+    with pytest.warns(DeprecatedSpellingWarning, match=r"preset='inductor' names a backend: write backend='inductor'"):
+        old = load_for_backend(lerp_artifact, "inductor", cache=False)
+    assert old.backend == "inductor" and old.preset is None
+    assert old.ops() == load_for_backend(lerp_artifact, backend="inductor", cache=False).ops()
 
 
 def test_hazards_are_read_from_what_the_decomposition_calls():

@@ -7,7 +7,7 @@ import torch
 from exporter import export_model, load_for_backend
 from exporter.errors import OpsetError
 from exporter.explorer import coverage
-from exporter.corpus.zoo import make_case
+from tools.corpus.zoo import make_case
 
 SUPPORTED = ["aten.addmm", "aten.mm", "aten.relu", "aten.permute", "aten.view", "aten.add", "aten.mul"]
 

@@ -15,14 +15,16 @@ import pytest
 
 from exporter import load_for_backend
 from exporter.ops import op_name
-from exporter.corpus.zoo import zoo_names
+from tools.corpus.zoo import zoo_names
 from exporter.api import export_model, load
 from exporter.errors import LoweringError
 from exporter.explorer.corpus import artifact_corpus, corpus_routes, default_corpus, shipped_routes
 from exporter.explorer.page import build_data, write_page
 from exporter.explorer.selection import Selection, evaluate
 from exporter.lowering import tables
-from exporter.lowering.lower import lower, plan_lowering
+from exporter.lowering.pipeline import lower_exported
+from exporter.lowering.plan import plan_lowering
+from exporter.request import plan_request
 from exporter.lowering.presets import torch_minor
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -73,13 +75,12 @@ def library_answer(folder, sel: Selection) -> dict:
 
 
 def _library_answer(folder, sel: Selection) -> dict:
-    plan = plan_lowering(**sel.load_kwargs())
-    plan.strict = False  # report, as `pt2b opset coverage` does, instead of raising
+    plan = plan_request(**sel.load_kwargs()).reporting()  # report, as `pt2b opset coverage` does, not raise
     out = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for path in sorted(folder.glob("*.pt2b")):
-            lowered = lower(load(str(path)).exported_program(), plan=plan)
+            lowered = lower_exported(load(str(path)).exported_program(), plan)
             ops = sorted(o for o in lowered.ops() if not o.startswith("higher_order::") and o != "<built-in function getitem>")
             out[path.name] = (ops, sorted(lowered.outside_opset))
     return out
@@ -324,7 +325,7 @@ def test_a_program_whose_full_lowering_fails_is_left_out_and_named(tmp_path, mon
     torch 2.13: the sdpa decomposition views a non-contiguous tensor, torch's run_decompositions fails
     too) the page and `pt2b opset closure` leave the program out and say so, instead of failing."""
     from exporter import cli
-    from exporter.corpus.zoo import make_case
+    from tools.corpus.zoo import make_case
     from exporter.explorer import route_trace
 
     for name in ("mlp", "cnn_bn"):
@@ -372,7 +373,7 @@ def test_page_without_a_corpus_reads_the_shipped_routes_and_captures_nothing(tmp
     (tools/real_models.py --stages routes, then tools/explorer_data.py --sweep) and ships as package
     data; a captured case whose routes could not be traced is listed with why."""
     from exporter import cli
-    from exporter.corpus import programs
+    from tools.corpus import programs
 
     shipped = shipped_routes()
     assert shipped is not None, f"no exporter/_data/explorer/routes@{torch_minor()}.json: run python -m tools.explorer_data"
@@ -405,7 +406,7 @@ def _expanded(routes: dict) -> dict:
 def test_the_shipped_routes_are_what_the_corpus_traces_to_now():
     """The shipped file is not stale: tracing the zoo and the transformers sample again gives, model by
     model, the routes it ships (5 min)."""
-    from exporter.corpus import programs
+    from tools.corpus import programs
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -427,7 +428,7 @@ def test_the_page_offers_each_installed_backend_as_a_preset(corpus):
         b = backends.get(name)
         p = data["presets"][name]
         assert p["key"] == b.key and b.version in p["description"]
-        plan = plan_lowering(name)
+        plan = plan_lowering(backend=b)
         assert set(p["table"]) == {n for n in (op_name(op) for op in plan.table) if n in set(data["available"])
                                    or n in {op_name(op) for op in b.decompositions()}
                                    or n in {op_name(op) for op in tables.view_prims_via_aten()}}

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-import exporter.corpus.zoo  # noqa: F401  registers the custom op some goldens call
+import tools.corpus.zoo  # noqa: F401  registers the custom op some goldens call
 from exporter import load, load_for_backend
 from exporter.versioning.formats import FORMAT_VERSION, KNOWN_VERSIONS, version_str
 from tests.support.golden_io import load_io

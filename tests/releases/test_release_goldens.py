@@ -26,7 +26,7 @@ import re
 import pytest
 import torch
 
-import exporter.corpus.zoo  # noqa: F401  registers the custom op some goldens call
+import tools.corpus.zoo  # noqa: F401  registers the custom op some goldens call
 from exporter import load, load_for_backend
 from tests.support.golden_io import assert_close_to_stored, load_io, torchs_own_result
 from tests.support.helpers import assert_bitwise, assert_close_to_eager

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from exporter import export_model, load_for_backend
-from exporter.corpus.zoo import make_case
+from tools.corpus.zoo import make_case
 from exporter.lowering import presets
 from runtime_ref import Runtime
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch._export.serde.serialize import ExportedProgramDeserializer, SerializeError
 
-import exporter.corpus.zoo  # noqa: F401  registers pt2b_zoo::scaled_add
+import tools.corpus.zoo  # noqa: F401  registers pt2b_zoo::scaled_add
 from tests.support.artifact_surgery import add_op_record, drop_inputs, find_nodes, rewrite_artifact, set_op_record
 from exporter import load
 from exporter.errors import CorruptArtifactError, MissingOperatorError

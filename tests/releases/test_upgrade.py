@@ -120,12 +120,12 @@ def test_unknown_target_version(artifact):
 
 
 def test_cli_import_registers_custom_ops(tmp_path):
-    from exporter.corpus.zoo import make_case
+    from tools.corpus.zoo import make_case
 
     case = make_case("custom_op")
     path = tmp_path / "c.pt2b"
     export_model(case.model, case.args, path)
-    code, out, err = run_cli("--import", "exporter.corpus.zoo", "upgrade", "--check", str(path))
+    code, out, err = run_cli("--import", "tools.corpus.zoo", "upgrade", "--check", str(path))
     assert code == 0, err
     code, _, err = run_cli("--import", "no_such_mod_q", "inspect", str(path))
     assert code == 2 and "--import no_such_mod_q" in err

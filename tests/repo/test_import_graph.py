@@ -90,6 +90,15 @@ def _within(module: str, package: str) -> bool:
     ("exporter.serialize.layout", "exporter.versioning"),
     ("exporter.serialize", "exporter.lowering"),
     ("exporter.lowering", "exporter.api"),
+    # a lowering request flows one way: the user's words (request.py) above the plan, a backend's
+    # own op list handed down as data, the read stage (loading.py) and the program below the lowering
+    ("exporter.lowering", "exporter.request"),
+    ("exporter.lowering", "exporter.backends"),
+    ("exporter.program", "exporter.lowering"),
+    ("exporter.loading", "exporter.lowering"),
+    ("exporter.backends", "exporter.api"),
+    ("exporter.shared", "exporter.lowering"),
+    ("exporter.shared", "exporter.serialize"),
     ("exporter.lowering.engines", "exporter.lowering.lower"),
     ("runtime_ref", "exporter.api"),
     ("exporter.versioning", "exporter.api"),
@@ -164,7 +173,7 @@ def test_functionalization_and_the_engines_are_used_through_their_public_api(fac
 
 
 def test_import_exporter_loads_the_api_on_first_use():
-    """Issue 42: `import exporter` (and `pt2b --version`) cost little more than `import torch`: the API,
+    """`import exporter` (and `pt2b --version`) cost little more than `import torch`: the API,
     torch.export's serializer (which imports torch._dynamo) and the lowering load when first used."""
     import subprocess
     import sys
@@ -182,7 +191,7 @@ def test_import_exporter_loads_the_api_on_first_use():
 
 
 def test_import_runtime_ref_imports_no_sympy():
-    """`import runtime_ref` leaves sympy (0.3-0.4 s to import) to programs with symbolic dims."""
+    """`import runtime_ref` leaves sympy (slow to import) to programs with symbolic dims."""
     import subprocess
     import sys
 
@@ -191,10 +200,10 @@ def test_import_runtime_ref_imports_no_sympy():
                           check=True).stdout.strip() == "False"
 
 
-def _private_torch_imports():
-    """(module of ours, what it imports) for every import of a private torch module or name: one whose
-    dotted path has a part starting with "_" (``from torch._x import y`` counts torch._x, and torch._x.y
-    too where y is a module; ``from torch.m import _f`` counts torch.m._f)."""
+def _private_torch_imports_in(tree: ast.AST):
+    """What each import statement in ``tree`` takes from a private torch module or name: one whose dotted
+    path has a part starting with "_" (``from torch._x import y`` counts torch._x, and torch._x.y too where
+    y is a module; ``from torch.m import _f`` counts torch.m._f)."""
     import importlib.util
 
     def is_module(name):
@@ -203,26 +212,49 @@ def _private_torch_imports():
         except (ImportError, ValueError):
             return False
 
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found = [node.module] + [f"{node.module}.{a.name}" for a in node.names
+                                     if a.name.startswith("_") or is_module(f"{node.module}.{a.name}")]
+        else:
+            continue
+        for target in found:
+            parts = target.split(".")
+            if parts[0] == "torch" and any(p.startswith("_") and not p.startswith("__") for p in parts):
+                yield target
+
+
+def _private_torch_imports():
+    """(module of ours, what it imports) for every import of a private torch module or name."""
     for name, (path, _) in _modules().items():
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                found = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                found = [node.module] + [f"{node.module}.{a.name}" for a in node.names
-                                         if a.name.startswith("_") or is_module(f"{node.module}.{a.name}")]
-            else:
-                continue
-            for target in found:
-                parts = target.split(".")
-                if parts[0] == "torch" and any(p.startswith("_") and not p.startswith("__") for p in parts):
-                    yield name, target
+        for target in _private_torch_imports_in(ast.parse(path.read_text(), str(path))):
+            yield name, target
 
 
-def test_only_the_door_imports_torch_export_serde():
-    """torch.export's serializer (torch._export.serde) is imported by exporter/_torch/ alone."""
-    wrong = sorted(f"{m} imports {t}" for m, t in _private_torch_imports()
-                   if _within(t, "torch._export.serde") and not _within(m, "exporter._torch"))
+def test_only_the_door_imports_torch_internals():
+    """exporter/_torch/ is the one door to torch's private modules and names: no other module of
+    exporter/ or runtime_ref/ imports one (an attribute such as ``torch._ops.OpOverload`` is not an
+    import); what a module needs is named there (docs/architecture.md#where-each-concept-lives)."""
+    found = list(_private_torch_imports())
+    assert any(_within(m, "exporter._torch") for m, _ in found)  # (the scan sees the door)
+    wrong = sorted(f"{m} imports {t}" for m, t in found if not _within(m, "exporter._torch"))
     assert not wrong, wrong
+
+
+def test_the_door_scan_finds_each_kind_of_private_import():
+    """The scan itself, on planted imports: a private module, a module under one, a private name of a
+    public module, inside a function too; public imports and attribute uses pass."""
+    planted = ("import torch._guards\n"
+               "from torch._library.custom_ops import OPDEFS\n"
+               "from torch.amp.autocast_mode import _enter_autocast\n"
+               "def f():\n    from torch.utils import _pytree\n")
+    assert set(_private_torch_imports_in(ast.parse(planted))) == {
+        "torch._guards", "torch._library.custom_ops", "torch.amp.autocast_mode._enter_autocast",
+        "torch.utils._pytree"}
+    clean = "import torch\nfrom torch.export import export\nx = torch._ops.OpOverload\nfrom ._torch import serde\n"
+    assert not list(_private_torch_imports_in(ast.parse(clean)))
 
 
 def test_each_private_torch_module_has_one_importer():
@@ -245,3 +277,57 @@ def test_the_command_line_imports_no_tqdm_until_a_bar_is_drawn():
     code = "import sys, exporter.cli, exporter.cli.verify, exporter.cli.progress\nprint('tqdm' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           check=True).stdout.strip() == "False"
+
+
+# runtime_ref stands on exporter's public names, the shared core and torch's door, never on exporter's layout
+SHARED_CORE = ("exporter.shared", "exporter._torch")
+
+
+def _public_names() -> dict[str, set[str]]:
+    """Public package -> its ``__all__`` (exporter's packages, as docs/api.md lists them)."""
+    from tools.api_reference import public_packages
+
+    return {p.__name__: set(p.__all__) for p in public_packages() if _within(p.__name__, "exporter")}
+
+
+def exporter_imports_outside_the_edge(source: str, public: dict[str, set[str]]) -> list[str]:
+    """Each import of exporter in ``source`` (a runtime_ref module) that takes something other than a
+    public name (a name in a public package's ``__all__``, or that package) or a module inside the
+    shared core."""
+    wrong = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            taken = [(a.name, None) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            taken = [(node.module, a.name) for a in node.names]
+        else:
+            continue
+        for module, name in taken:
+            if module.split(".")[0] != "exporter" or any(_within(module, c) for c in SHARED_CORE):
+                continue
+            if module in public and (name is None or name in public[module]):
+                continue
+            wrong.append(f"line {node.lineno}: {module}" + (f" import {name}" if name else ""))
+    return wrong
+
+
+def test_runtime_ref_imports_exporter_only_through_its_public_names_and_the_shared_core():
+    public = _public_names()
+    assert {"exporter", "exporter.errors", "exporter.backends"} <= set(public)
+    wrong = [f"{m}: {w}" for m, (path, _) in _modules().items() if _within(m, "runtime_ref")
+             for w in exporter_imports_outside_the_edge(path.read_text(), public)]
+    assert not wrong, wrong
+    graph = import_graph()
+    assert "exporter.shared" in graph["runtime_ref.runtime"]  # (the scan sees runtime_ref's imports)
+
+
+def test_an_import_of_exporter_internals_is_caught():
+    public = {"exporter": {"errors", "load", "LoweredProgram"}, "exporter.errors": {"OpsetError"}}
+    source = ("import torch\nfrom exporter import load, LoweredProgram\nfrom exporter.errors import OpsetError\n"
+              "from exporter.shared import op_name\nfrom exporter._torch.pytree import pytree\n"
+              "from exporter.ops import op_name\nfrom exporter import names\nimport exporter.lowering.lowered\n"
+              "from exporter.errors import NotPublicError\n"
+              "def f():\n    from exporter.graph_walk import walk_graphs\n")
+    assert exporter_imports_outside_the_edge(source, public) == [
+        "line 6: exporter.ops import op_name", "line 7: exporter import names", "line 8: exporter.lowering.lowered",
+        "line 9: exporter.errors import NotPublicError", "line 11: exporter.graph_walk import walk_graphs"]

@@ -73,7 +73,7 @@ def test_the_transformers_corpora_without_transformers_say_what_to_install(monke
     """The corpus machinery that needs transformers is the optional extra pt2b[corpus]."""
     import importlib.util
 
-    from exporter.corpus import programs
+    from tools.corpus import programs
     from exporter.errors import ExportError
 
     real = importlib.util.find_spec

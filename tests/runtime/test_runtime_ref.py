@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from exporter._torch import compat as torch_compat
 from exporter.errors import OpsetError, RuntimeInputError
-from exporter.corpus.zoo import make_case, zoo_names
+from tools.corpus.zoo import make_case, zoo_names
 from tests.support.helpers import assert_bitwise, assert_close_to_eager
 from runtime_ref import Runtime, default_opset_accepts
 

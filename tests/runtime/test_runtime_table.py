@@ -14,7 +14,7 @@ import torch
 
 from tests.support.artifact_surgery import damage_graph_table
 from exporter import export_model, load, load_for_backend
-from exporter.corpus.zoo import make_case, zoo_names
+from tools.corpus.zoo import make_case, zoo_names
 from exporter.errors import CorruptArtifactError, OpsetError, RuntimeInputError
 from tests.support.helpers import assert_bitwise
 from runtime_ref import Runtime

@@ -106,7 +106,7 @@ def damage_graph_table(tmp_path, source=None, method=None):
     import pathlib
 
     from exporter import export_model
-    from exporter.corpus.zoo import make_case
+    from tools.corpus.zoo import make_case
 
     path = pathlib.Path(tmp_path) / "damaged.pt2b"
     if source is None:

@@ -24,7 +24,7 @@ class Program:
 
 
 def zoo_programs() -> list[Program]:
-    from exporter.corpus.zoo import make_case, zoo_names
+    from tools.corpus.zoo import make_case, zoo_names
 
     def maker(name):
         def make():

@@ -15,10 +15,11 @@ import warnings
 import pytest
 import torch
 
-from exporter import export_model, load_for_backend
+from exporter import export_model, load, load_for_backend
 from exporter.cli import main as cli
 from exporter.lowering import cache
-from exporter.lowering.lower import plan_lowering
+from exporter.lowering.lower import lower
+from exporter.lowering.plan import plan_lowering
 from exporter.serialize import reader
 from tests.support.helpers import Mlp
 
@@ -58,9 +59,9 @@ def test_a_planted_entry_is_removed_and_lowered_again(tmp_path, cache_dir, plant
     assert not torch.allclose(other_model(X), victim_model(X))
     slot = cache.Entry.of(reader.open_artifact(victim), plan_lowering("core"), method=None, device="cpu")
     if planted == "another model":
-        lowered, source = load_for_backend(other, "core", cache=False), reader.open_artifact(other)
+        lowered, source = lower(load(other).exported_program(), plan_lowering("core")), reader.open_artifact(other)
     else:
-        lowered, source = load_for_backend(victim, "none", cache=False), reader.open_artifact(victim)
+        lowered, source = lower(load(victim).exported_program(), plan_lowering("none")), reader.open_artifact(victim)
     assert slot.store({"forward": lowered}, source=source)
     assert cache.entries() == [slot.path]
     served = load_for_backend(victim, "core", verify=verify)

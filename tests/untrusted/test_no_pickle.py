@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from exporter import export_model
-from exporter.corpus.zoo import make_case
+from tools.corpus.zoo import make_case
 
 GOLDEN = pathlib.Path(__file__).parents[1] / "golden"
 
@@ -57,7 +57,7 @@ torch.export.load = _refuse("torch.export.load")
 PROBE = GUARD + r'''
 import contextlib, io, json, os, traceback
 
-import exporter.corpus.zoo  # registers the custom op some artifacts call
+import tools.corpus.zoo  # registers the custom op some artifacts call
 from exporter import load, load_for_backend
 from exporter.cli import main
 from exporter.cli.inspect import summarize

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from tests.support.artifact_surgery import rewrite_artifact
 from exporter import export_model, load, load_for_backend
 from exporter.cli import main as cli
-from exporter.corpus.zoo import make_case
+from tools.corpus.zoo import make_case
 from exporter.errors import CorruptArtifactError, ExportError, SchemaDriftError
 from exporter.lowering.validate import Validation
 from exporter.serialize import reader

@@ -150,7 +150,7 @@ def test_without_the_pairing_check_the_state_is_still_given_back(tmp_path, monke
     strict mode (tests, fuzzers) a change other than grad mode is an AssertionError."""
     path = _crafted(tmp_path, CASES[case][0])
     monkeypatch.setattr(untrusted, "check_regions", lambda graph, where: None)
-    monkeypatch.setattr(process_state, "STRICT", False)  # (the suite runs strict: tests/conftest.py) users do not
+    monkeypatch.setattr(process_state, "ASSERT_UNCHANGED", False)  # (the suite turns it on: tests/conftest.py) users do not
     x = torch.randn(2, 4)
     before = observed()
     load(path)(x)
@@ -159,7 +159,7 @@ def test_without_the_pairing_check_the_state_is_still_given_back(tmp_path, monke
     assert_untouched(before)
     Runtime(lowered)(x)
     assert_untouched(before)
-    monkeypatch.setattr(process_state, "STRICT", True)
+    monkeypatch.setattr(process_state, "ASSERT_UNCHANGED", True)
     if case == "grad":  # a valid program may leave grad mode as it was traced: restored, not an error
         load(path)(x)
     else:
@@ -266,7 +266,7 @@ def _eager(x):
 
 
 def test_a_program_with_regions_runs_as_eager_and_changes_nothing(regions_file, monkeypatch):
-    monkeypatch.setattr(process_state, "STRICT", True)  # nothing but grad mode may even change on the way
+    monkeypatch.setattr(process_state, "ASSERT_UNCHANGED", True)  # nothing but grad mode may even change on the way
     x = torch.randn(2, 5, 8)
     eager = _eager(x)
     for grad in (True, False):
@@ -371,7 +371,7 @@ def test_every_field_is_given_back_after_a_raise(full):
 
 
 def test_strict_mode_names_what_changed_and_gives_it_back(monkeypatch):
-    monkeypatch.setattr(process_state, "STRICT", True)
+    monkeypatch.setattr(process_state, "ASSERT_UNCHANGED", True)
     before = observed()
     with pytest.raises(AssertionError, match=r"default dtype, deterministic algorithms, deterministic warn-only, "
                                              r"float32 matmul precision, torch function modes, torch dispatch modes"):

@@ -23,7 +23,7 @@ from exporter.serialize.layout import fbs
 from exporter.serialize.read import buffer_bounds, decode_schema, unpack_tables
 from exporter.serialize.layout.container import FILE_IDENTIFIER, Header
 from exporter.serialize.generated import pt2b_generated as G
-from exporter.corpus.zoo import make_case
+from tools.corpus.zoo import make_case
 
 GOLDEN = pathlib.Path(__file__).parents[1] / "golden"
 

@@ -17,7 +17,7 @@ SEED_METHODS = ("forward", "again")
 
 def seed_case(name: str):
     """(zoo case, the methods the seed artifact holds) of a seed name."""
-    from exporter.corpus.zoo import make_case
+    from tools.corpus.zoo import make_case
 
     base = name.removesuffix(METHODS_SUFFIX)
     return make_case(base), (SEED_METHODS if base != name else ("forward",))

@@ -7,15 +7,10 @@ from __future__ import annotations
 
 import torch
 
+from ..._torch.functorch import predispatch_functions as _functions
 from ...graph_walk import iter_graphs
 
 __all__ = ["has_regions", "flatten_regions"]
-
-
-def _functions(*names):
-    import torch._functorch.predispatch as predispatch
-
-    return frozenset(f for f in (getattr(predispatch, n, None) for n in names) if f is not None)
 
 
 _OPEN = _functions("_vmap_increment_nesting", "_jvp_increment_nesting", "_enter_dual_level")

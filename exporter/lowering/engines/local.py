@@ -28,11 +28,8 @@ def _pays_off(n_traced: int, n_inputs: int, n_calls: int) -> bool:
     """Whether tracing ``n_traced`` distinct calls on ``n_inputs`` values of the program is cheaper
     than retracing its ``n_calls`` calls: each traced call costs about two thirds of what a call of
     the whole retrace does (traced without functionalization: functionalize.trace_plain), each input
-    of the trace about half a traced call. Measured on 2026-12-03 (CPU seconds, node-local against
-    whole, medians of 3): BiT (78 traced, 112 inputs, 101 calls) 0.29 / 0.46, MobileNetV2 (80, 188,
-    204) 0.44 / 1.36, EfficientNet-B0 (116, 274, 254) 1.05 / 1.86, ResNet-50 (39, 109, 175) 0.52 /
-    1.51: a traced unit cost 0.38-0.65 of a retraced call. (Before the plain trace, the unit cost
-    about one retraced call: BiT 0.43 / 0.38.)"""
+    of the trace about half a traced call (so 1.5, the inverse of two thirds, on the right). The weights
+    come from timing both lowerings of vision models (docs/journal/code-notes.md)."""
     return n_traced + n_inputs / 2 < 1.5 * n_calls
 
 
@@ -432,13 +429,13 @@ def _new_output(node, traced) -> bool:
 
 # Ops whose schema returns a view of their input but which copy where the layout asks for it
 # (``x.permute(...).contiguous()``, a reshape of a slice): written into, they are assumed to copy,
-# which _Lowering.check_fresh verifies on their decomposition
+# which _Lowering.check_fresh checks on their decomposition
 _COPY_WHEN_RELAID = frozenset({torch.ops.aten.contiguous.default, torch.ops.aten.reshape.default})
 
 
 def _copied_by_decomposition(node, traced) -> bool:
     """A decomposed contiguous or reshape (_COPY_WHEN_RELAID) of a value whose recorded layout it cannot
-    view as it stands (not contiguous): its decomposition copies, which check_fresh verifies."""
+    view as it stands (not contiguous): its decomposition copies, which check_fresh checks."""
     if node.op != "call_function" or node.target not in _COPY_WHEN_RELAID or not traced(node) or \
             not node.args or not isinstance(node.args[0], torch.fx.Node):
         return False
@@ -720,7 +717,7 @@ class _Lowering:
         mini.output(tuple(outputs))
         gm = torch.fx.GraphModule(torch.nn.Module(), mini)
         try:
-            # without functionalization where that gives what it gives (a third of the time), else with it
+            # without functionalization where that gives what it gives (the cheaper trace), else with it
             new_gm, aot_sig = (trace_plain(gm, placeholders, self.table)
                                or functionalize_graph(gm, placeholders, self.table))
         except Exception as e:  # noqa: BLE001 -- the whole retrace decides (and reports what fails there)

@@ -26,4 +26,4 @@ def size_views(gm: torch.fx.GraphModule) -> None:
             node.args = (node.args[0], [*size[:i], val.shape[i], *size[i + 1:]], *node.args[2:])
             changed = True
     if changed:
-        gm.recompile()  # (lazy inside a lowering: lowering/deferred_codegen.py)
+        gm.recompile()  # (lazy inside a lowering: _torch/deferred_codegen.py)

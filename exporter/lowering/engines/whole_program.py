@@ -204,7 +204,8 @@ def _signature(ep, gm, tokens, new_phs, aot_sig, traced_names):
 
 def _program(ep, gm, sig):
     from torch.export import ExportedProgram
-    from torch.export.exported_program import _get_updated_module_call_graph, _get_updated_range_constraints
+    from ..._torch.tracing import get_updated_module_call_graph as _get_updated_module_call_graph
+    from ..._torch.tracing import get_updated_range_constraints as _get_updated_range_constraints
 
     gm.meta.update(ep.graph_module.meta)
     return ExportedProgram(

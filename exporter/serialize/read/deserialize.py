@@ -1,7 +1,7 @@
 """torch's ExportedProgramDeserializer with four steps made cheaper: the fake tensors of nodes
 (_fast_tensor_meta), the parsing of symbolic expressions (_memoized_parse), the module stacks of nodes
 (_shared_module_stacks) and the search for unbacked symbols (_skipping_empty_walks). Each function's
-docstring has its mechanism and measurement; the last step of a load:
+docstring has its mechanism (what each saves: docs/journal/code-notes.md); the last step of a load:
 docs/architecture.md#load-load."""
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import threading
 import types
 
 import torch
-from torch._export.verifier import load_verifier
 from torch.fx.experimental import symbolic_shapes
 
 from ..._torch import compat, patches
@@ -29,10 +28,10 @@ def _fast_tensor_meta(self, tensor_meta):
     """GraphModuleDeserializer.deserialize_tensor_meta with the direct path for static CPU tensors.
 
     torch makes each node's ``meta["val"]`` by calling ``torch.empty_strided`` under its FakeTensorMode,
-    a full fake dispatch (~60 us); for a tensor whose sizes and strides are plain integers on the CPU
-    this builds the same FakeTensor directly from a meta tensor (~9 us): same mode, device, dtype,
-    sizes, strides and requires_grad, nothing else differs. Symbolic shapes, other devices and every
-    other step stay torch's own code. On the 6x512 encoder (1,415 tensors) this is a quarter of a load."""
+    a full fake dispatch; for a tensor whose sizes and strides are plain integers on the CPU this
+    builds the same FakeTensor directly from a meta tensor, several times faster: same mode, device,
+    dtype, sizes, strides and requires_grad, nothing else differs. Symbolic shapes, other devices and
+    every other step stay torch's own code. A program has a tensor per node, so this is much of a load."""
     device = tensor_meta.device
     if device.type == "cpu" and device.index is None:
         try:
@@ -53,8 +52,8 @@ def _memoized_parse(d):
 
     torch parses each symbolic size by sympifying its text and then walking every sub-expression
     again, recursively, before looking the result up in its cache of parsed expressions: a program
-    whose sizes are deep expressions (lara_mini: 2,456 of them, 54,266 recursive calls) spends 20 s
-    there. The same walk on an expression already parsed only re-registers what it registered the
+    whose sizes are deep expressions spends most of its load there, the walk growing with each
+    expression's depth. The same walk on an expression already parsed only re-registers what it registered the
     first time, so an expression or sub-expression met again returns the object torch cached for it
     (one that comes with a hint torch has not recorded for it yet still takes torch's own path)."""
     parse = d._parse_sym_expr
@@ -125,8 +124,7 @@ def _shared_module_stacks(d):
 
     torch splits each node's ``nn_module_stack`` text character by character (its entries may hold
     bracketed commas); the nodes of one module share the same text, so each distinct text is split
-    once by torch's own code and every node gets a new dict of that result (on llama, 546 nodes and
-    1,344 entries: 6 ms of a 50 ms read)."""
+    once by torch's own code and every node gets a new dict of that result."""
     deserialize = d.deserialize_metadata
     split = {}
 
@@ -173,7 +171,7 @@ def _skipping_empty_walks(walk):
     unbacked symbols it has not yet found a node binding (``pending``, which the walk empties as it
     finds them). A walk with nothing pending finds nothing and changes nothing (each binding it
     records is a symbol taken out of ``pending``), so while pt2b's deserializer runs in this thread,
-    that walk returns at once: 2% of a cold lowering on llama, gemma3 and dinov3_vit. torch's function
+    that walk returns at once instead of visiting every value of the graph. torch's function
     is wrapped once for the process (declared in exporter/_torch/patches.py); outside
     ``deserialize_program``, and in every other thread, the wrapper calls it unchanged."""
 
@@ -275,8 +273,8 @@ def deserialize_for_call(serialized, state_dict, constants) -> CallableGraph:
     """The lifted graph module deserialize_program builds, by torch's own deserializer (the same nodes,
     targets and arguments, placed by the same schema walk), without what only an ExportedProgram needs:
     a fake value for each node that is not an input, node metadata (stack traces, module stacks), and
-    the ExportedProgram with its verifier. What a loaded program's first call needs
-    (ProgramHandle.__call__): on a 22-layer Llama, 0.11 s of the 0.22 s deserialize_program takes."""
+    the ExportedProgram with its verifier: what a loaded program's first call needs
+    (ProgramHandle.__call__), in about half the time deserialize_program takes."""
     with _reading():
         ranges = _symbol_ranges(serialized)
         d = _graph_module_deserializer()
@@ -308,7 +306,7 @@ def _deserialize_program(serialized, state_dict, constants, example_inputs) -> t
         root=res.graph_module, graph=res.graph_module.graph, graph_signature=res.signature,
         state_dict=res.state_dict, range_constraints=range_constraints, module_call_graph=res.module_call_graph,
         example_inputs=res.example_inputs, constants=res.constants,
-        verifiers=[load_verifier(v) for v in serialized.verifiers],
+        verifiers=[_serde.load_verifier(v) for v in serialized.verifiers],
     )
     result._guards_code = serialized.guards_code
     return result

@@ -72,7 +72,7 @@ def open_artifact(path) -> Artifact:
     budget = buffer_bounds.Budget(len(program_bytes))  # one for the file: every graph's walk below draws on it
     skipped = buffer_bounds.check_buffer(program_bytes, where, skip=(_GRAPH_FIELD,), budget=budget)
     try:
-        # = G.ProgramT.InitFromPackedBuf, 4x faster; the graph is left packed for decode_graph to read directly
+        # = G.ProgramT.InitFromPackedBuf, faster; the graph is left packed for decode_graph to read directly
         program = unpack_tables.unpack_program(program_bytes, lazy=("exportedProgram",))
     except Exception as e:  # the verifier should make this unreachable; any failure still means damage
         raise CorruptArtifactError(f"{where}: program section is malformed ({type(e).__name__}: {e}).") from None
@@ -524,7 +524,7 @@ def _state_values_as_stored(ep) -> None:
 
 def _restore_unused_ranges(ep, serialized: S.ExportedProgram) -> None:
     """torch's deserializer drops the ranges of symbols no graph node mentions; keep them."""
-    import sympy  # (here, not at import: `pt2b verify` of a static program never needs sympy, 0.3 s)
+    import sympy  # (here, not at import: `pt2b verify` of a static program never pays for importing sympy)
 
     from ..._torch.symbolic import ValueRanges, int_oo
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from ...errors import CorruptArtifactError
 from ...graph_walk import iter_serialized_graphs
+from ...shared.regions import SERIALIZED_ENTER_AUTOCAST, SERIALIZED_EXIT_AUTOCAST, SERIALIZED_GRAD
 
-_GRAD = "torch._C._set_grad_enabled"
+_GRAD = SERIALIZED_GRAD
 _PREDISPATCH = "torch._functorch.predispatch."
-_AUTOCAST = "torch.amp.autocast_mode."
 # target -> (family, the region kind it opens or None, the kind it closes or None). vmap and jvp levels
 # share one family: both push onto functorch's one stack of levels, and a decrement pops whatever is on top
 _MARKERS = {
-    f"{_AUTOCAST}_enter_autocast": ("autocast", "autocast", None),
-    f"{_AUTOCAST}_exit_autocast": ("autocast", None, "autocast"),
+    SERIALIZED_ENTER_AUTOCAST: ("autocast", "autocast", None),
+    SERIALIZED_EXIT_AUTOCAST: ("autocast", None, "autocast"),
     f"{_PREDISPATCH}_vmap_increment_nesting": ("functorch level", "vmap", None),
     f"{_PREDISPATCH}_vmap_decrement_nesting": ("functorch level", None, "vmap"),
     f"{_PREDISPATCH}_jvp_increment_nesting": ("functorch level", "jvp", None),

@@ -94,8 +94,8 @@ class Early:
     two threads at least, so that the disk and a core work at once), and on that one too once the
     caller asks for the result.
     A thread of this process would hash the same bytes, but between its pieces it has to take the GIL
-    back from an import of torch that holds it through long C calls: on 2 cores the 2.07 GB of a
-    bfloat16 Llama hashed alone in 1.5 s took 2.3 s beside the import, and `pt2b verify` waited for it.
+    back from an import of torch that holds it through long C calls, which slows the hashing enough
+    that `pt2b verify` would wait for it.
     Elsewhere (``process=False``) one thread hashes, the segments in the file's order, and ``result()``
     hashes what is left beside it. ``close()`` (or leaving a ``with`` block) stops a child the caller no
     longer needs."""
@@ -169,8 +169,7 @@ class Early:
         if self._failed or self._extents is None:
             return
         # at least two threads, so that one reads while the other hashes: one alone alternates between the
-        # disk and the CPU (on 2 cores, `pt2b verify` of the 2.07 GB bfloat16 Llama took 3.27-5.48 s, median
-        # 3.38, with one, 2.61-3.15 s, median 2.93, with two; six runs each, in turns, cold cache)
+        # disk and the CPU, and leaves each idle half the time
         workers = max(1, min(max(2, (os.cpu_count() or 1) - 1), len(self._extents)))
         with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
             running = [pool.submit(self._hash_until_done) for _ in range(workers)]
@@ -206,9 +205,8 @@ class Early:
                 return
             self._fd = os.dup(f.fileno())
         self._extents, self._sha256 = extents, not program.WeightDigestsIsNone()
-        # in the file's order (the first taken last in the list), read ahead sequentially: `pt2b verify
-        # --checksums` of the 2.07 GB bfloat16 Llama, cold, took 4.6-5.3 s with the largest segments
-        # first, 2.7-3.3 s in order (the raw read and hash: 2.2-3.4 s)
+        # in the file's order (the first taken last in the list), so the disk reads ahead sequentially:
+        # taking the largest segments first makes a cold read seek
         self._todo = sorted(range(len(extents)), key=lambda i: -extents[i][0])
 
     def _take(self) -> int | None:
@@ -219,8 +217,7 @@ class Early:
         """Hash segments until none is left to take (called by the hashing threads; then by result(),
         in process, or by the child's main thread once the caller's core is free). Read with pread
         into a buffer, as the raw read-and-hash the benchmark compares with does, not through a
-        mapping, whose page faults read a file not in the page cache a little at a time (on a busy
-        machine the mapped hashing of a 2.07 GB file took 2.6-3.2 s where the raw one took 1.7 s)."""
+        mapping, whose page faults read a file not in the page cache a little at a time."""
         if self._fd is None:
             return
         buf = bytearray(READ_PIECE)

@@ -1,5 +1,5 @@
 """Unpack pt2b's own tables of a VERIFIED program buffer (tensor records, segments, op table, metadata,
-provenance) into flatc's object-API classes (G.<Table>T), about 4x faster than InitFromPackedBuf; the
+provenance) into flatc's object-API classes (G.<Table>T), several times faster than InitFromPackedBuf; the
 graph is left packed as a TableRef for decode_schema. It trusts offsets: run buffer_bounds.check_buffer
 first. How: docs/format.md#the-mapping-and-the-codec."""
 

@@ -84,7 +84,7 @@ MAX_CALL_ARGS = 64
 MAX_EXPR_DEPTH = 128  # nested syntax nodes in one expression or guard (a sum of n terms nests n deep)
 # torch's value-range analysis of an expression (bound_sympy, when a fake tensor is made from it) takes
 # time exponential in the factors of a product and in nested calls: a product of 12 symbols, or 16
-# nested FloorDivs, take over 10 s. Real programs (transformers architectures with dynamic shapes)
+# nested FloorDivs, already take far longer than any load should. Real programs (transformers architectures with dynamic shapes)
 # stay far below these caps.
 MAX_FACTORS = 5  # non-constant factors of one product
 MAX_CALL_NESTING = 8  # function calls (FloorDiv, Mod, Max, ...) inside one another (real programs: up to 6)
@@ -304,7 +304,7 @@ def _target_ok(target, recorded=frozenset()) -> bool:
     if target.startswith(_HOP_PREFIX):
         return target[len(_HOP_PREFIX):] in ALLOWED_HOPS and ops.op_of_target(target) is not None
     # the operator registry first: a program of operators alone never imports torch's serializer (with
-    # torch._dynamo, 0.9 s of `pt2b verify`), which _python_targets needs
+    # torch._dynamo, the slowest import of `pt2b verify`), which _python_targets needs
     return (ops.op_of_target(target) is not None or target in PREDISPATCH_TARGETS or target in recorded
             or target in _python_targets())
 
@@ -380,7 +380,7 @@ INT64_MAX = (1 << 63) - 1
 
 def _itemsize(dtype) -> int:
     # pt2b's own dtype table (its codes are torch's export-schema codes): torch's serializer, whose table
-    # this once read, brings torch._dynamo along (0.9 s of `pt2b verify`)
+    # this once read, brings torch._dynamo along (the slowest import of `pt2b verify`)
     from ..mapping.dtypes import itemsize_of
 
     size = itemsize_of(dtype)

@@ -2,9 +2,9 @@
 
 A buffered write of gigabytes is mostly the kernel's own work: each page is allocated in the page
 cache, copied into and, once the cache is full, reclaimed from under some other file, which on a
-shared machine costs 2-3 s of kernel time per GB. The same bytes written with O_DIRECT go from the
-process's memory to the disk by DMA: on the machine the big-model bench runs on, 2.07 GB took 1.1-1.6
-s that way against 5.3-7.2 s buffered (with fsync both), with 0.1 s of CPU time against 4-6 s.
+shared machine costs seconds of kernel time per GB. The same bytes written with O_DIRECT go from the
+process's memory to the disk by DMA, in a fraction of the time and of the CPU time (the timings:
+docs/journal/code-notes.md).
 
 O_DIRECT wants the memory, the file offset and the length aligned to the disk's block. Tensor
 memory is not page-aligned (torch's allocator aligns to 64 bytes), so the bytes pass through two
@@ -95,7 +95,7 @@ class DirectSink:
         while done < n:
             take = min(n - done, BUFFER - self.fill)
             # numpy's copy: one thread, the GIL released (torch's copy_ on its thread pool spins threads
-            # the hashes need: 3 s more CPU time for a 4.14 GB write on 2 cores)
+            # that take the cores the hashes need)
             self._views[self._turn][self.fill:self.fill + take] = np.frombuffer(src[done:done + take], dtype=np.uint8)
             self.fill += take
             done += take

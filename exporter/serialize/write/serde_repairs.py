@@ -10,9 +10,10 @@ import torch
 
 from ..._torch.serde import schema as S
 from ... import ops
+from ...shared.regions import SERIALIZED_REGION_HOPS
 
 _ITEM = "torch.ops.aten.item.default"
-_REGIONS = {"torch.ops.higher_order.wrap_with_set_grad_enabled", "torch.ops.higher_order.wrap_with_autocast"}
+_REGIONS = SERIALIZED_REGION_HOPS
 
 
 def _valueless_item(node: S.Node) -> bool:

@@ -103,7 +103,7 @@ def serialize_graph(ep: torch.export.ExportedProgram):
 def _serialize_program(ep) -> S.ExportedProgram:
     """What ExportedProgramSerializer().serialize(ep).exported_program holds, built from the same
     torch pieces, without its self-test: serialize() canonicalizes a deep copy of the result only to
-    check that a canonical form exists and throws it away (a third of a save of the 6x512 encoder)."""
+    check that a canonical form exists and throws it away, a large share of a save."""
     from ..._torch.serializer import SCHEMA_VERSION, GraphModuleSerializer, serialize_range_constraints
 
     ep.validate()

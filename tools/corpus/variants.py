@@ -1,4 +1,4 @@
-"""Variants of a real-model case: the workloads people bring beside fp32 with plain weights (issue 39).
+"""Variants of a real-model case: the workloads people bring beside fp32 with plain weights.
 A case name carries its variant after ``@`` (``llama@bf16``, ``bert/masked-lm@pt2e``); make_case in
 transformers_zoo.py builds the base case, then ``apply`` turns it into the variant:
 
@@ -22,9 +22,9 @@ import dataclasses
 
 import torch
 
-from .._torch.pytree import pytree
-from ..capture import subclass_weights
-from ..lowering.verdicts import WRONG_REL
+from exporter._torch.pytree import pytree
+from exporter.capture import subclass_weights
+from exporter.lowering.verdicts import WRONG_REL
 
 VARIANTS = ("bf16", "fp16", "int8wo", "fp8wo", "pt2e")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}

@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from ..capture import BoundMethod
+from exporter.capture import BoundMethod
 
 __all__ = ["MethodsCase", "Seq2Seq", "TinyKV", "decoder_case", "seq2seq_case"]
 

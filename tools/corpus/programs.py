@@ -1,6 +1,7 @@
-"""Named corpora of captured programs, shared by the opset explorer, `pt2b opset coverage` and the tests.
+"""Named corpora of captured programs, shared by the opset explorer, `pt2b opset coverage` and the tests
+(a developer tool: the installed package finds it through exporter.explorer.corpus.corpus_builders).
 
-- "zoo": the built-in model zoo (exporter/corpus/zoo.py);
+- "zoo": the model zoo (tools/corpus/zoo.py);
 - "exportdb": the ExportDB examples inside torch that torch.export captures (strict, as ExportDB
   documents them);
 - "transformers": the real-model sample (transformers_sample.txt: every op any transformers
@@ -19,8 +20,9 @@ from collections.abc import Iterator
 
 import torch
 
-NAMES = ("zoo", "exportdb", "transformers", "transformers-all")
-DEFAULT = ("zoo", "transformers")
+from exporter.explorer.corpus import DEFAULT_CORPORA as DEFAULT
+from exporter.explorer.corpus import NAMED_CORPORA as NAMES  # the words --corpus takes: the CLI's home
+
 SAMPLE_FILE = pathlib.Path(__file__).with_name("transformers_sample.txt")
 
 
@@ -54,7 +56,7 @@ def capture_real(case, notes: dict | None = None) -> torch.export.ExportedProgra
     static-cache recipe) that fails is tried non-strict. ``notes`` receives how it was captured
     ("dynamic", "strict" and, where a first try failed, torch's error)."""
     notes = {} if notes is None else notes
-    from ..capture import with_plain_weights
+    from exporter.capture import with_plain_weights
 
     model = with_plain_weights(case.model)  # tensor-subclass weights unwrapped, as export_model does
 
@@ -88,12 +90,12 @@ def capture_real(case, notes: dict | None = None) -> torch.export.ExportedProgra
 
 
 def _transformers_zoo():
-    """exporter/corpus/transformers_zoo.py, once transformers is known to be installed (the optional
+    """tools/corpus/transformers_zoo.py, once transformers is known to be installed (the optional
     extra pt2b[corpus]): without it, an ExportError that says so."""
     import importlib.util
 
     if importlib.util.find_spec("transformers") is None:
-        from ..errors import ExportError
+        from exporter.errors import ExportError
 
         raise ExportError("the transformers corpora build their models with the transformers library, which is "
                           "not installed: pip install 'pt2b[corpus]', or name other corpora (zoo, exportdb) or "

@@ -9,13 +9,13 @@ from typing import Callable
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from .._torch.tracing import hop_map, while_loop
+
+from exporter._torch.tracing import hop_map, while_loop
 
 __all__ = [
     "ZooCase",
     "zoo_names",
     "make_case",
-    "small_transformer",
     "encoder_6x512",
 ]
 
@@ -432,14 +432,6 @@ def make_case(name: str) -> ZooCase:
         raise KeyError(f"unknown zoo case {name!r}; known cases: {', '.join(zoo_names())}") from None
     torch.manual_seed(0)
     return builder()
-
-
-def small_transformer() -> ZooCase:
-    """2-layer nn.TransformerEncoder, d_model=64, nhead=4, batch_first, eval.
-
-    Same as make_case("transformer_encoder").
-    """
-    return make_case("transformer_encoder")
 
 
 def encoder_6x512(num_layers: int = 6) -> ZooCase:

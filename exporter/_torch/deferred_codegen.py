@@ -11,7 +11,7 @@ import warnings
 
 import torch
 
-from .._torch import compat, patches
+from . import compat, patches
 
 __all__ = ["compiled", "deferred"]
 
@@ -61,7 +61,7 @@ def _deferring_pick(pick):
 @contextlib.contextmanager
 def deferred():
     """Inside, this thread's new ExportedPrograms, and the graph modules the traces make (make_fx's
-    result in each aot_export, otherwise made and then recompiled after its passes, twice 3-10 ms),
+    result in each aot_export, otherwise made and then recompiled after its passes, each time a full code generation),
     are torch.fx's _LazyGraphModule, which generates its code on first use. ExportedProgram makes its
     graph module in torch.export.exported_program._create_graph_module_for_export, and torch.fx picks
     the class of the graph modules it makes in torch.fx._lazy_graph_module._get_graph_module_cls; this

@@ -1,0 +1,267 @@
+"""plan_lowering(): a lowering request (a preset or a backend's op list, keep, decompose, your own
+decompositions, lossless) resolved into a LoweringPlan, before any graph is touched."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import warnings
+from typing import Any, Callable
+
+import torch
+
+from ..errors import LoweringError, UnknownOpsWarning
+from ..functionalize import forced_ops
+from ..ops import OpMatcher, op_name, resolve_op
+from . import presets as _presets
+from . import tables
+
+ATEN_LIKE = {"aten", "prims"}
+
+
+@dataclasses.dataclass(frozen=True)
+class LoweringPlan:
+    """What a lowering request resolves to: the decomposition table, which ops the result may hold
+    (``accepts``), and everything that determines the result (``fingerprint``)."""
+
+    table: dict
+    accepts: Callable
+    label: str  # what the lowering is for, as messages and reports name it ("core@2.13", "onnx@1.20")
+    description: str
+    closed_opset: bool  # an op the result holds outside ``accepts`` is an OpsetError (else only reported)
+    keep: OpMatcher | None
+    supported: OpMatcher | None
+    fingerprint: str | None  # everything that determines the result; None when it cannot be keyed
+    withheld: dict = dataclasses.field(default_factory=dict)  # lossless=True: op name -> measured error
+    unknown: list = dataclasses.field(default_factory=list)  # supported_ops names this torch lacks (left out)
+    preset: str | None = None  # the preset asked for ("core", "core@2.13"); None for a backend or an op list
+    backend: str | None = None  # the backend whose own op list this is ("onnx"); None otherwise
+
+    def without(self, ops) -> "LoweringPlan":
+        """This plan with ``ops`` left out of its table (what accepts them is unchanged)."""
+        ops = set(ops)
+        return dataclasses.replace(self, table={op: fn for op, fn in self.table.items() if op not in ops})
+
+    def reporting(self) -> "LoweringPlan":
+        """This plan with what falls outside its opset reported, not refused, and nothing withheld
+        (coverage measures what a request leaves; it does not stop at the first model)."""
+        return dataclasses.replace(self, closed_opset=False, withheld={})
+
+
+def is_custom(op) -> bool:
+    return isinstance(op, torch._ops.OpOverload) and op.namespace not in ATEN_LIKE
+
+
+def _entries(entries) -> list:
+    if entries is None:
+        return []
+    return [entries] if isinstance(entries, (str, torch._ops.OpOverload, torch._ops.OpOverloadPacket)) else list(entries)
+
+
+def _entry_text(e) -> str:
+    return op_name(e) if isinstance(e, torch._ops.OpOverload) else str(e)
+
+
+def _matcher(entries, what: str, unknown_out: list | None = None) -> OpMatcher | None:
+    """The matcher of an op list. A name the running torch lacks is a LoweringError, unless
+    ``unknown_out`` collects such names (a backend's own list, taken as it comes)."""
+    if entries is None:
+        return None
+    try:
+        m = OpMatcher(_entries(entries))
+    except TypeError as e:
+        raise LoweringError(f"{what}: {e}") from None
+    unknown = m.unknown_entries()
+    if unknown and unknown_out is None:
+        raise LoweringError(f"{what} names ops this torch does not have: {', '.join(unknown)} "
+                            f"(write them as 'aten::add.Tensor', 'aten.add', 'aten.add.*' or 'mylib::*').")
+    if unknown_out is not None:
+        unknown_out.extend(unknown)
+    return m
+
+
+def _foreign_supported_ops(supported_ops, warn: bool = True) -> tuple[OpMatcher, list[str]]:
+    """A backend's supported_ops as it comes: names this torch lacks (TorchScript-only overloads such as
+    aten::add.int, ops of another release, typos) are left out with an UnknownOpsWarning naming them
+    (``warnings.simplefilter("error", UnknownOpsWarning)`` makes them an error)."""
+    unknown: list[str] = []
+    m = _matcher(supported_ops, "supported_ops", unknown)
+    if unknown and warn:
+        shown = ", ".join(unknown[:8]) + (f" and {len(unknown) - 8} more" if len(unknown) > 8 else "")
+        warnings.warn(f"supported_ops names {len(unknown)} op(s) this torch ({torch.__version__}) does not have, "
+                      f"left out: {shown} (LoweredProgram.unknown_supported_ops lists them all).",
+                      UnknownOpsWarning, stacklevel=4)
+    return m, unknown
+
+
+def _user_table(decompositions) -> dict:
+    out = {}
+    for key, fn in (decompositions or {}).items():
+        op = resolve_op(key) if isinstance(key, str) else key
+        if not isinstance(op, torch._ops.OpOverload) or not callable(fn):
+            raise LoweringError(f"decompositions must map op overloads to callables; got {key!r}: {fn!r}.")
+        out[op] = fn
+    return out
+
+
+def _withhold_lossy(table: dict, user: dict) -> dict[str, str]:
+    """lossless=True: drop from ``table`` every decomposition the audit classes lossy or wrong (a
+    decomposition the caller passed in ``decompositions`` is theirs to trust); op name -> why."""
+    from . import verdicts
+
+    stored = verdicts.read()
+    if stored is None:
+        minor = _presets.torch_minor()
+        raise LoweringError(f"lossless=True needs the decomposition audit of torch {minor} "
+                            f"(schemas/opsets/audit@{minor}.json): run `pt2b opset audit`.")
+    withheld = {}
+    for op in list(table):
+        rec = stored["ops"].get(op_name(op))
+        if op not in user and rec is not None and rec["verdict"] in ("lossy", "wrong"):
+            del table[op]
+            withheld[op_name(op)] = f"its decomposition is {rec['verdict']}: {verdicts.describe(rec)}"
+    return withheld
+
+
+def _check_keepable(keep_m: OpMatcher | None) -> None:
+    """keep= naming an op every lowering decomposes whatever its table says (functionalize.forced_ops:
+    ops that write their inputs, such as batch_norm's running stats, or have no functional form) is a
+    LoweringError: it cannot be kept, and keeping it silently would not happen."""
+    if keep_m is None or not keep_m.exact:
+        return
+    forced = sorted(keep_m.exact & {op_name(op) for op in forced_ops()})
+    if forced:
+        raise LoweringError(f"keep names ops that every lowering decomposes, whatever its table says: {', '.join(forced)} "
+                            f"(torch decomposes them before any table applies: they write their inputs or have no "
+                            f"functional form). Keep the ops they decompose to instead (LoweredProgram.explain shows "
+                            f"them).")
+
+
+def _extra_decompositions(decompose, kept) -> dict:
+    """The registered decompositions of the ops ``decompose`` names (kept ops excluded)."""
+    m = _matcher(decompose, "decompose")
+    if m is None:
+        return {}
+    available = tables.available_decompositions()
+    chosen = {op: fn for op, fn in available.items() if op in m and not kept(op)}
+    names = {op_name(op) for op in available}
+    missing = sorted(n for n in m.exact if n not in names)
+    if missing:
+        raise LoweringError(f"decompose names ops that have no registered decomposition: {', '.join(missing)} "
+                            f"(pass your own with decompositions={{op: fn}}).")
+    return chosen
+
+
+@functools.cache
+def _preset_base(p: _presets.Preset) -> tuple[dict, dict, str]:
+    """(op -> decomposition, op -> name, the preset as JSON) for preset ``p``, computed once: torch's
+    tables are fixed for the process (tables.py caches them), and a cache hit would otherwise
+    rebuild this on every request."""
+    source_table = tables.torch_default_table() if p.name == "core" else tables.available_decompositions()
+    by_name = {op_name(op): op for op in source_table}
+    table = {by_name[n]: source_table[by_name[n]] for n in p.decompose if n in by_name}
+    return table, {op: n for n, op in by_name.items() if op in table}, p.to_json()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Resolved:
+    """What a preset, a backend or an op list contributes to a plan."""
+
+    table: dict
+    accepts: Callable
+    label: str
+    description: str
+    closed_opset: bool
+    what: dict  # the fingerprint's part for it
+    names: dict = dataclasses.field(default_factory=dict)  # op -> its name in the source table
+    supported: OpMatcher | None = None
+    unknown: list = dataclasses.field(default_factory=list)
+
+
+def _for_whole_table_backend(backend, extra: dict, user: dict, kept) -> _Resolved:
+    """A backend that decomposes with its own whole table and translates whatever that leaves (OpenVINO)."""
+    sup_m, unknown = _foreign_supported_ops(backend.supported_ops, warn=False)
+    table = {op: fn for op, fn in backend.decompositions().items() if not kept(op)}
+    table.update(extra)
+    table.update(user)
+    return _Resolved(table, lambda op: op not in table or kept(op), backend.key,
+                     f"decomposed with {backend.name}'s own table ({backend.source}); {backend.name} "
+                     f"{backend.version} takes what it leaves", True,
+                     {"backend": backend.key, "supported_ops": sorted(backend.supported_ops)},
+                     supported=sup_m, unknown=unknown)
+
+
+def _for_op_list(supported_ops, backend, extra: dict, user: dict, kept) -> _Resolved:
+    """Decomposed until only ``supported_ops`` remain (a backend's own list when ``backend`` is given)."""
+    sup_m, unknown = _foreign_supported_ops(supported_ops, warn=backend is None)
+    available = tables.closure_decompositions()
+    if backend is not None:  # what the backend decomposes itself, as it does it
+        available.update(backend.decompositions())
+    table = {op: fn for op, fn in available.items() if op not in sup_m and not kept(op)}
+    table.update(extra)
+    table.update(user)
+    falls_back = backend is not None and backend.falls_back_to_aten  # (an op without a decomposition runs as it is)
+    accepts = lambda op: op in sup_m or kept(op) or ((falls_back or is_custom(op)) and op not in table)
+    what = {"supported_ops": sorted(_entry_text(e) for e in _entries(supported_ops))}
+    if backend is None:
+        return _Resolved(table, accepts, "supported_ops", "decomposed until only the backend's supported ops remain",
+                         True, what, supported=sup_m, unknown=unknown)
+    description = (f"decomposed until only {backend.name}'s own ops remain ({len(backend.supported_ops)} "
+                   f"from {backend.source}, {backend.name} {backend.version})")
+    if falls_back:
+        description += "; an op without a decomposition is taken as it is (the backend runs its ATen kernel)"
+    what["backend"] = backend.key
+    return _Resolved(table, accepts, backend.key, description, True, what, supported=sup_m, unknown=unknown)
+
+
+def _for_preset(preset: str, extra: dict, user: dict, kept) -> _Resolved:
+    p = _presets.load(preset)
+    base, names, frozen = _preset_base(p)
+    table = {op: fn for op, fn in base.items() if not kept(op)}
+    table.update(extra)
+    table.update(user)
+    opset_m = OpMatcher(p.opset) if p.opset is not None else None
+    if opset_m is None:  # none/max: any op the table no longer decomposes
+        accepts = lambda op: op not in table or kept(op)
+    else:
+        accepts = lambda op: op in opset_m or kept(op) or (is_custom(op) and op not in table)
+    # a pinned preset ("core@2.13") guarantees its frozen opset: anything outside is an error
+    closed = p.closed_opset or ("@" in preset and p.opset is not None)
+    return _Resolved(table, accepts, p.key, p.description, closed, {"preset": preset, "frozen": frozen}, names)
+
+
+def plan_lowering(preset: str | None = "core", *, backend: Any = None, supported_ops=None, decompositions=None,
+                  keep=None, decompose=None, lossless: bool = False) -> LoweringPlan:
+    """Resolve a request into a LoweringPlan. One of: ``preset`` (a name of presets.PRESETS, optionally
+    @<torch version>); ``backend`` (an installed backend as exporter.backends.get returns it: its own op
+    list and decompositions); ``supported_ops`` (your backend's op list). ``keep``: ops never to
+    decompose. ``decompose``: ops to decompose beyond the preset, with the decompositions torch
+    registers for them (``decompositions`` passes your own functions instead). ``lossless``: withhold
+    the decompositions the audit classes lossy or wrong (LoweringPlan.withheld)."""
+    if backend is not None and supported_ops is not None:
+        raise LoweringError(f"backend {backend.name!r} brings its own op list: pass supported_ops or backend, "
+                            f"not both.")
+    keep_m = _matcher(keep, "keep")
+    _check_keepable(keep_m)
+    kept = (lambda op: op in keep_m) if keep_m is not None else (lambda op: False)
+    user = _user_table(decompositions)
+    extra = _extra_decompositions(decompose, kept)
+    if backend is not None and backend.takes_what_its_table_leaves:
+        r = _for_whole_table_backend(backend, extra, user, kept)
+    elif backend is not None:
+        r = _for_op_list(backend.supported_ops, backend, extra, user, kept)
+    elif supported_ops is not None:
+        r = _for_op_list(supported_ops, None, extra, user, kept)
+    else:
+        r = _for_preset(preset or "core", extra, user, kept)
+    table = r.table
+    withheld = _withhold_lossy(table, user) if lossless else {}
+    what = dict(r.what, keep=sorted(_entry_text(e) for e in _entries(keep)),
+                decompose=sorted(op_name(op) for op in extra), closed_opset=r.closed_opset, lossless=lossless,
+                table=sorted(r.names.get(op) or op_name(op) for op in table), withheld=sorted(withheld))
+    fingerprint = None if user else json.dumps(what, sort_keys=True)
+    return LoweringPlan(table, r.accepts, r.label + ("+lossless" if lossless else ""), r.description,
+                        r.closed_opset, keep_m, r.supported, fingerprint, withheld, r.unknown,
+                        preset=(preset or "core") if backend is None and supported_ops is None else None,
+                        backend=backend.name if backend is not None else None)
