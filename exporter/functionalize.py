@@ -1,8 +1,8 @@
 """Functionalization: remove mutation and aliasing from a program's graph as torch.export does (in-place
 ops become functional, buffer and input mutations extra outputs), applying a decomposition table in the
-same trace. It owns what is mutation (is_mutating, may_mutate, updates_hidden_state, functional_variant),
-what every retrace decomposes (forced_decompositions) and the functionalizing trace (functionalize_graph,
-materialize_conj, insert_runtime_asserts), the public API the lowering engines call.
+same trace. It owns what every retrace decomposes (forced_decompositions) and the functionalizing trace
+(functionalize_graph, materialize_conj, insert_runtime_asserts), the public API the lowering engines
+call; what is mutation is exporter/mutation.py's.
 
 Why and how: docs/lowering.md#lowering-leaves-global-state-alone."""
 
@@ -17,91 +17,15 @@ import torch
 from ._torch import compat as torch_compat
 from ._torch import patches
 from ._torch.dispatch import disable_fake_tensor_cache
-from .ops import op_name
 from .graph_walk import iter_graphs
+from .mutation import is_mutating, returns_alias
 
-__all__ = ["LOCK", "forced_decompositions", "forced_ops", "functional_variant", "functionalize_graph",
-           "insert_runtime_asserts", "is_mutating", "materialize_conj", "may_mutate", "program_fake_mode",
-           "returns_alias", "runs_cia_kernel", "signature_of", "trace_plain", "updates_hidden_state"]
+__all__ = ["LOCK", "forced_decompositions", "forced_ops", "functionalize_graph", "insert_runtime_asserts",
+           "materialize_conj", "program_fake_mode", "runs_cia_kernel", "signature_of", "trace_plain"]
 
 # Lowerings are serialized: two threads lowering programs that share a FakeTensorMode (one
 # loaded program lowered twice at once) would interleave inside it.
 LOCK = threading.RLock()
-
-
-# ---- what functionalization removes ----
-
-# Ops whose schemas do not declare that they update an argument, but do (running stats).
-HIDDEN_MUTATION = {
-    "aten::batch_norm.default", "aten::_batch_norm_impl_index.default", "aten::instance_norm.default",
-    "aten::native_batch_norm.default", "aten::_native_batch_norm_legit.default",
-    "aten::cudnn_batch_norm.default", "aten::miopen_batch_norm.default",
-}
-
-
-def is_mutating(op) -> bool:
-    """In-place, out= and other ops that write an argument: functionalization removes them."""
-    return isinstance(op, torch._ops.OpOverload) and any(
-        a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
-
-
-def functional_variant(op):
-    """The functional op that replaces the in-place op ``op`` (aten.add.Tensor for aten.add_.Tensor), or
-    None: ``op`` is an aten op writing only its first argument, which it returns, named ``base_`` (no
-    leading underscore); the variant is the overload of ``base`` of the same name, else (floor_divide_.Tensor
-    -> floor_divide.default) the default one, taking exactly ``op``'s arguments (names and types) and
-    neither taking nor returning an alias. So ``variant(*args, **kwargs)`` computes, into a new tensor,
-    what ``op(*args, **kwargs)`` writes: the node-local lowering (lowering/engines/local.py) puts it in
-    a write's place, eager mode (lowering/eager.py) runs it and copies the result into the written tensor."""
-    schema = op._schema
-    written = [i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
-    if written != [0] or len(schema.returns) != 1 or schema.name.split("::")[0] != "aten":
-        return None
-    base = op._overloadpacket.__name__
-    if not base.endswith("_") or base.startswith("_"):
-        return None
-    packet = getattr(torch.ops.aten, base[:-1], None)
-    if packet is None:
-        return None
-    for name in dict.fromkeys((op._overloadname, "default")):
-        overload = getattr(packet, name, None)
-        if isinstance(overload, torch._ops.OpOverload) and \
-                [(a.name, str(a.type)) for a in overload._schema.arguments] == \
-                [(a.name, str(a.type)) for a in schema.arguments] and \
-                not any(a.alias_info is not None for a in overload._schema.arguments) and \
-                not any(r.alias_info is not None for r in overload._schema.returns):
-            return overload
-    return None
-
-
-def updates_hidden_state(node) -> bool:
-    """A call whose schema declares no write but that updates running stats in place (HIDDEN_MUTATION)."""
-    return op_name(node.target) in HIDDEN_MUTATION and _updates_running_stats(node)
-
-
-def may_mutate(ep) -> bool:
-    """True when functionalization has work to do on ``ep``."""
-    for graph in iter_graphs(ep.graph_module):
-        for node in graph.nodes:
-            if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) and (
-                    is_mutating(node.target) or updates_hidden_state(node)):
-                return True
-    return False
-
-
-def _updates_running_stats(node) -> bool:
-    """A batch/instance norm node updates its running stats unless its training (use_input_stats)
-    flag is literally False (eval mode), or it has no running stats."""
-    names = [a.name for a in node.target._schema.arguments]
-
-    def arg(name):
-        if name not in names:
-            return None
-        i = names.index(name)
-        return node.args[i] if i < len(node.args) else node.kwargs.get(name)
-
-    flag = arg("training") if "training" in names else arg("use_input_stats")
-    return flag is not False and not (arg("running_mean") is None and arg("running_var") is None)
 
 
 # ---- what every retrace decomposes ----
@@ -370,12 +294,6 @@ def _recording(op, fn, used: set):
         return fn(*args, **kwargs)
 
     return decomposition
-
-
-def returns_alias(op) -> bool:
-    """Whether an op's schema returns a view of an input (reshape, contiguous, flatten: what their
-    decompositions give depends on the strides they see)."""
-    return any(r.alias_info is not None for r in op._schema.returns)
 
 
 def signature_of(v):

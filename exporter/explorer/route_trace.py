@@ -9,7 +9,8 @@ import dataclasses
 import torch
 from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
-from ..functionalize import forced_ops, may_mutate
+from ..functionalize import forced_ops
+from ..mutation import may_mutate
 from ..lowering import tables
 from ..lowering.decompose import flag_free
 from ..lowering.engines import run_decompositions

@@ -11,7 +11,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from .._torch.dispatch import TorchDispatchMode
-from ..functionalize import functional_variant
+from ..mutation import functional_variant
 from ..ops import op_name
 from .plan import LoweringPlan
 

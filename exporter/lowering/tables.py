@@ -12,7 +12,7 @@ from .._torch import compat
 from .._torch.tracing import collect_all_valid_cia_ops_for_aten_namespace as _collect_all_valid_cia_ops_for_aten_namespace
 from .._torch.tracing import decomposition_table as _REGISTRY
 from .._torch.tracing import get_decomp_for_cia as _get_decomp_for_cia
-from ..functionalize import is_mutating
+from ..mutation import is_mutating
 from ..ops import op_name
 
 # Registered decompositions that produce a non-functional graph (prims.copy_to, in-place batch
@@ -113,7 +113,7 @@ def view_prims_via_aten() -> dict:
     retraces the program, and torch's functionalization refuses a non-ATen op whose output aliases
     an input. A supported_ops closure uses these to reach the ATen views a backend accepts (a route
     that would come back to the same prim declines, and the prim stays: an OpsetError names it)."""
-    from ..functionalize import returns_alias
+    from ..mutation import returns_alias
 
     routes = {}
     for qualified in torch._C._dispatch_get_all_op_names():

@@ -200,7 +200,7 @@ def _derived(inputs):
 def _written_placeholders(graph) -> set[str]:
     """The names of the placeholders ``graph`` writes in place, directly or through views of them
     (``with torch.no_grad(): self.p.div_(2)``; ``self.p[0].zero_()``)."""
-    from ..functionalize import is_mutating
+    from ..mutation import is_mutating
 
     def writes(node):  # the arguments ``node`` writes
         if isinstance(node.target, torch._ops.HigherOrderOperator):  # a region whose body writes its operands:
@@ -554,7 +554,7 @@ def _check_call(op, fn, decomposed: _Decomposed, args, kwargs, bounds: dict) -> 
     None where op itself raises on them (values outside its domain) or ``fn`` declines the call (the
     lowering keeps the op there): no check; verdict "error" where
     the decomposition cannot be run here (the lowering traced it its own way: nothing known)."""
-    from ..functionalize import is_mutating
+    from ..mutation import is_mutating
 
     writes = is_mutating(op)  # (a functional op's arguments are shared by both calls)
     want_in, got_in = ((copy.deepcopy((args, kwargs)), copy.deepcopy((args, kwargs))) if writes
@@ -701,7 +701,7 @@ def _value_free(op, fn, full: dict, calls: list, decomposed: _Decomposed, mode=N
     where this cannot be told, for an op that writes in place, and for any that computes values anew.
     ``mode``: the FakeTensorMode to run in (one for all the ops of a program: the weights made fake once)."""
     from .._torch.dispatch import FakeTensorMode, TorchDispatchMode, enable_python_dispatcher
-    from ..functionalize import is_mutating
+    from ..mutation import is_mutating
 
     if not any(isinstance(v, torch.Tensor) for call in calls for v in pytree.tree_leaves(call)):
         return True  # (arange, ones: the derived input gives these calls the arguments the stored one did)

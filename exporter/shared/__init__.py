@@ -2,7 +2,7 @@
 dim names, mutation predicates, the caller's process state); runtime_ref takes exporter's internals from here alone."""
 
 from .. import dims
-from ..functionalize import is_mutating, updates_hidden_state
+from ..mutation import is_mutating, updates_hidden_state
 from ..graph_walk import call_nodes, count_calls, subgraph_of, walk_graphs
 from ..ops import OpSpec, normalize_text, op_name, resolve_op
 from ..util.process_state import preserved

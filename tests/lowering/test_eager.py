@@ -106,11 +106,11 @@ def test_in_place_and_out_variants_and_views():
 
 def test_in_place_ops_take_the_one_functional_variant_rule():
     """An in-place op is run as its functional variant and a copy_ only where that variant takes the
-    op's own arguments (exporter.functionalize.functional_variant, the rule the node-local lowering
+    op's own arguments (exporter.mutation.functional_variant, the rule the node-local lowering
     uses too): pow_.Scalar's namesake pow.Scalar takes (Scalar self, Tensor exponent) and there is no
     aten::ldexp.default, so those two run their registered decompositions (they raised before);
     floor_divide_.Tensor's variant is floor_divide.default."""
-    from exporter.functionalize import functional_variant
+    from exporter.mutation import functional_variant
 
     aten = torch.ops.aten
     assert functional_variant(aten.add_.Tensor) is aten.add.Tensor

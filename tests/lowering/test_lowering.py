@@ -13,7 +13,7 @@ import torch
 from exporter import export_model, load, load_for_backend
 from exporter.errors import LoweringError, OpsetError, UnknownOpsWarning
 from exporter.lowering import presets, tables
-from exporter.functionalize import is_mutating
+from exporter.mutation import is_mutating
 from exporter.graph_walk import op_counts, op_nodes
 from exporter.lowering.opset_check import is_infrastructure
 from exporter.ops import op_name, resolve_op

@@ -99,6 +99,8 @@ def _within(module: str, package: str) -> bool:
     ("exporter.backends", "exporter.api"),
     ("exporter.shared", "exporter.lowering"),
     ("exporter.shared", "exporter.serialize"),
+    ("exporter.mutation", "exporter.functionalize"),
+    ("exporter.exporting", "exporter.api"),
     ("exporter.lowering.engines", "exporter.lowering.lower"),
     ("runtime_ref", "exporter.api"),
     ("exporter.versioning", "exporter.api"),

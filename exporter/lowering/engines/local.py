@@ -9,9 +9,9 @@ import operator
 import torch
 
 from ..._torch.pytree import pytree
-from ...functionalize import (LOCK, functional_variant, functionalize_graph, insert_runtime_asserts, is_mutating,
-                              materialize_conj, program_fake_mode, returns_alias, signature_of, trace_plain,
-                              updates_hidden_state)
+from ...functionalize import (LOCK, functionalize_graph, insert_runtime_asserts, materialize_conj, program_fake_mode,
+                              signature_of, trace_plain)
+from ...mutation import functional_variant, is_mutating, returns_alias, updates_hidden_state
 from . import functorch_regions
 
 __all__ = ["lower_locally"]

@@ -13,7 +13,7 @@ from torch.export.exported_program import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, OutputKind, OutputSpec, TensorArgument
 
 from ..._torch.pytree import pytree
-from ...functionalize import may_mutate
+from ...mutation import may_mutate
 
 __all__ = ["Reused", "expand", "find_blocks", "lower_with_reuse", "program_with_graph", "valid_recipe"]
 

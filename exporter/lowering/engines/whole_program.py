@@ -12,7 +12,8 @@ import torch
 
 from ...errors import LoweringError
 from ...functionalize import (LOCK, forced_decompositions, functionalize_graph, insert_runtime_asserts,
-                              materialize_conj, may_mutate, program_fake_mode)
+                              materialize_conj, program_fake_mode)
+from ...mutation import may_mutate
 from . import functorch_regions
 
 __all__ = ["needs_functionalization", "retrace"]
