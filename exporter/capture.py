@@ -9,6 +9,7 @@ import itertools
 
 import torch
 
+from ._torch.compat import with_guards_of
 from .errors import ExportError, UnsupportedValueError
 
 
@@ -162,4 +163,4 @@ def without_unused_weights(ep: torch.export.ExportedProgram) -> tuple[torch.expo
         range_constraints=ep.range_constraints, module_call_graph=ep.module_call_graph,
         example_inputs=ep.example_inputs,
         constants={k: v for k, v in ep.constants.items() if k not in targets}, verifiers=ep.verifiers)
-    return pruned, sorted(targets)
+    return with_guards_of(pruned, ep), sorted(targets)

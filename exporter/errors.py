@@ -103,6 +103,12 @@ class RuntimeInputError(Pt2bError):
     """Inputs given to a loaded program do not match its recorded signature."""
 
 
+class InputGuardError(RuntimeInputError, AssertionError):
+    """Inputs that break a condition on input sizes the program was exported with (a static size, or a
+    derived dim's relation: ``x.size(0) == y.size(0) + 1``). An AssertionError too, as torch's own
+    module raises for it, with torch's text of the condition."""
+
+
 class UnknownOpsWarning(UserWarning):
     """A backend's supported_ops list names ops the running torch does not have (TorchScript-only
     overloads such as aten::add.int, ops of another torch release): they are left out of the lowering
@@ -128,6 +134,7 @@ __all__ = [
     "BackendHandOffError",
     "BackendRunError",
     "RuntimeInputError",
+    "InputGuardError",
     "UnknownOpsWarning",
     "InstallationError",
     "TargetTorchError",

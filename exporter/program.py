@@ -131,8 +131,17 @@ class ProgramHandle:
             from .dims import label
 
             self._input_ranges = [(*r[:3], label(r[3], self.dim_names), *r[4:]) for r in _dim_ranges(self._ep)]
-        _check_dynamic_dims(self._ep, self._input_ranges, args, kwargs, getattr(self, "path", "the program"))
-        return module(*args, **kwargs)
+        where = getattr(self, "path", "the program")
+        _check_dynamic_dims(self._ep, self._input_ranges, args, kwargs, where)
+        try:
+            return module(*args, **kwargs)
+        except AssertionError as e:  # torch's module checks the recorded input guards first
+            if not str(e).startswith("Guard failed: "):
+                raise
+            from .errors import InputGuardError
+
+            raise InputGuardError(f"{where}: the inputs break a condition on input sizes the program was "
+                                  f"exported with: {str(e).removeprefix('Guard failed: ')}.") from None
 
     @property
     def methods(self) -> dict[str, "ProgramHandle"]:

@@ -164,3 +164,18 @@ def hop_takes_operator(hop: str, op) -> bool:
     except (ImportError, AttributeError, TypeError):
         return True
     return True
+
+
+def guards_code(ep) -> list[str]:
+    """The input guards torch.export recorded for ``ep`` (``ExportedProgram._guards_code``: the relations
+    of derived dims, ``x.size(0) - 1 == y.size(0)``), which its module() checks at every call."""
+    return list(getattr(ep, "_guards_code", None) or [])
+
+
+def with_guards_of(made, source):
+    """``made`` (a program built from ``source``, with the same inputs) checking the input guards
+    ``source`` records: the ExportedProgram constructor takes none, and a program without them runs
+    inputs that break a derived dim's relation into a shape error deep inside."""
+    if guards_code(source) and not guards_code(made):
+        made._guards_code = guards_code(source)
+    return made

@@ -5,4 +5,17 @@ from torch._prims_common import is_channels_last_contiguous_or_false, is_contigu
 from torch.utils._sympy.numbers import int_oo
 from torch.utils._sympy.value_ranges import ValueRanges
 
-__all__ = ["ValueRanges", "int_oo", "is_channels_last_contiguous_or_false", "is_contiguous_or_false"]
+
+def sympy_function_names() -> frozenset:
+    """The names of the sympy functions torch's symbolic shapes are written with
+    (torch.utils._sympy.functions: FloorDiv, ToFloat, FloatTrueDiv, OpaqueUnaryFn_sqrt, BitwiseFn_*, ...),
+    as this torch defines them."""
+    import sympy
+    from torch.utils._sympy import functions
+
+    return frozenset(name for name, value in vars(functions).items()
+                     if isinstance(value, type) and issubclass(value, sympy.Basic) and value.__module__ == functions.__name__
+                     and name == value.__name__)
+
+__all__ = ["ValueRanges", "int_oo", "is_channels_last_contiguous_or_false", "is_contiguous_or_false",
+           "sympy_function_names"]

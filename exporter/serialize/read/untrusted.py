@@ -51,8 +51,9 @@ def _predispatch_targets() -> frozenset:
 
 PREDISPATCH_TARGETS = _predispatch_targets()
 _SYMBOL = re.compile(r"[a-z]{1,8}\d+")
-_EXPR_FUNCTIONS = {
-    # the functions torch's deserializer hands to sympify
+_SYMPY_NAMES = {
+    # the functions torch's deserializer hands to sympify (the running torch's whole set is added:
+    # _expr_functions)
     "FloorDiv", "ModularIndexing", "Where", "PythonMod", "Mod", "CleanDiv", "CeilToInt", "FloorToInt",
     "CeilDiv", "LShift", "RShift", "PowByNatural", "FloatPow", "FloatTrueDiv", "IntTrueDiv",
     "IsNonOverlappingAndDenseIndicator", "TruncToFloat", "TruncToInt", "RoundToInt", "RoundDecimal",
@@ -69,6 +70,19 @@ _ASSUMPTIONS = {"positive", "negative", "nonnegative", "nonpositive", "integer",
                 "infinite", "zero", "nonzero", "even", "odd", "rational", "commutative", "extended_real",
                 "precision"}
 _QUOTED_NAME = re.compile(r"[A-Za-z_]\w{0,63}")
+# srepr writes a float as its decimal text: Float('2.0', precision=53)
+_DECIMAL = re.compile(r"[-+]?(\d{1,32}(\.\d{0,32})?|\.\d{1,32})([eE][-+]?\d{1,3})?")
+_NUMBER_CALLS = frozenset({"Float", "Integer", "Rational"})
+
+
+@functools.cache
+def _expr_functions() -> frozenset:
+    """The names an expression may call or name: sympy's own that shape expressions print, and every
+    sympy function the running torch writes symbolic shapes with (sym_float's ToFloat and FloatTrueDiv,
+    sym_sqrt's OpaqueUnaryFn_sqrt, FloatPow, the bitwise functions, ...), read from torch itself."""
+    from ..._torch.symbolic import sympy_function_names
+
+    return frozenset(_SYMPY_NAMES) | sympy_function_names()
 MAX_EXPR_LEN = 4096
 MAX_EXPONENT = 64  # 9**9**9 would make sympy compute forever
 MAX_INT = 1 << 64
@@ -178,10 +192,13 @@ def _check_torch_cost(tree, bad) -> None:
 
 def _small_exponent(node) -> bool:
     return (isinstance(node, ast.Name) and _SYMBOL.fullmatch(node.id) is not None) or (
+        isinstance(node, ast.Call) and getattr(node.func, "id", "") == "Symbol") or (
         isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and abs(node.value) <= MAX_EXPONENT) or (
+        isinstance(node, ast.Constant) and isinstance(node.value, str) and _DECIMAL.fullmatch(node.value) is not None
+        and abs(float(node.value)) <= MAX_EXPONENT) or (
         isinstance(node, ast.UnaryOp) and _small_exponent(node.operand)) or (
-        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("Integer", "Rational")
-        and all(_small_exponent(a) for a in node.args))
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _NUMBER_CALLS
+        and all(_small_exponent(a) for a in node.args[:2]))
 
 
 def _parse(text: str, bad) -> ast.Expression:
@@ -215,6 +232,10 @@ def check_expr(expr: str, where: str) -> None:
     tree = _parse(expr, bad)
     nodes = _nodes(tree, bad)
     _check_torch_cost(tree, bad)
+    functions = _expr_functions()
+    # the decimal text a number's constructor is given: Float('2.0', precision=53)
+    decimals = {id(n.args[0]) for n in nodes if isinstance(n, ast.Call) and getattr(n.func, "id", "") in _NUMBER_CALLS
+                and n.args and isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str)}
     minmax = 0
     for node in nodes:
         if not isinstance(node, _AST_OK):
@@ -226,13 +247,15 @@ def check_expr(expr: str, where: str) -> None:
                           f"them pairwise: quadratic work)")
         if isinstance(node, ast.Call) and len(node.args) + len(node.keywords) > MAX_CALL_ARGS:
             raise bad(f"calls a function with more than {MAX_CALL_ARGS} arguments")
-        if isinstance(node, ast.Name) and not (node.id in _EXPR_FUNCTIONS or _SYMBOL.fullmatch(node.id)):
+        if isinstance(node, ast.Name) and not (node.id in functions or _SYMBOL.fullmatch(node.id)):
             raise bad(f"names {node.id!r}")
-        if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in _EXPR_FUNCTIONS):
+        if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in functions):
             raise bad("calls something that is not a known sympy name")
         if isinstance(node, ast.keyword) and node.arg not in _ASSUMPTIONS:
             raise bad(f"passes keyword {node.arg!r}")
-        if isinstance(node, ast.Constant):
+        if isinstance(node, ast.Constant) and id(node) in decimals:
+            _check_constant(node.value, _DECIMAL.fullmatch, "a decimal number", bad)
+        elif isinstance(node, ast.Constant):
             _check_constant(node.value, _QUOTED_NAME.fullmatch, "a symbol name", bad)
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow) and not _small_exponent(node.right):
             raise bad("raises to a large or nested power")
