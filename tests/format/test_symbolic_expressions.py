@@ -81,3 +81,20 @@ def test_float_size_arithmetic_round_trips_and_lowers_as_torch_does(tmp_path, mo
     assert torch.equal(load(tmp_path / "m.pt2b")(other), ep.module()(other))
     lowered = load_for_backend(tmp_path / "m.pt2b", "core", cache=False)
     assert torch.equal(lowered(other), ep.run_decompositions().module()(other))
+
+
+class _RoundedSize(torch.nn.Module):
+    def forward(self, x):
+        return x * round(x.shape[0] / 3)
+
+
+def test_what_torchs_serializer_refuses_pt2b_refuses_with_its_reason(tmp_path):
+    """round() of a symbolic float: torch.export.save refuses it, and export_model says torch's reason."""
+    from exporter.errors import ExportError
+
+    ep = torch.export.export(_RoundedSize(), (torch.randn(9, 3),), dynamic_shapes=({0: Dim("b", min=2, max=64)},))
+    with pytest.raises(Exception, match="round"):
+        torch.export.save(ep, tmp_path / "m.pt2")
+    with pytest.raises(ExportError, match=r"torch's export serializer rejected the program: .*round"):
+        export_model(ep, path=tmp_path / "m.pt2b")
+    assert not (tmp_path / "m.pt2b").exists()

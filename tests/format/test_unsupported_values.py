@@ -39,6 +39,21 @@ def test_an_exported_program_with_a_subclass_weight_is_refused_by_name_with_the_
     assert issubclass(UnsupportedValueError, ExportError)
 
 
+def test_a_program_exported_under_fake_tensors_is_refused_as_such(tmp_path):
+    """A program exported under FakeTensorMode has weights with no values: refused naming that, not as
+    a tensor subclass (which a FakeTensor is to Python)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        ep = torch.export.export(torch.nn.Linear(4, 3), (torch.randn(2, 4),))
+    path = tmp_path / "m.pt2b"
+    with pytest.raises(UnsupportedValueError, match=r"'weight' is a fake tensor: the program was exported under a "
+                                                    r"FakeTensorMode, and its weights have shapes and dtypes but no "
+                                                    r"values.* Export the module with its real weights"):
+        export_model(ep, path)
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_subclass_torch_cannot_trace_the_construction_of_is_refused_by_node(tmp_path):
     """TwoTensor's constructor is a Python call torch.export records as flat_apply (a callable by object):
     after unwrapping, the writer refuses it by name instead of torch's serializer failing deep inside."""

@@ -14,6 +14,7 @@ import msgpack
 import numpy as np
 import torch
 
+from ..._torch.dispatch import FakeTensor
 from ..._torch.pytree import pytree
 from ..._torch.serde import schema as S
 from ..._torch.serializer import ExportedProgramSerializer
@@ -46,6 +47,13 @@ def _refuse_tensor_subclasses(ep) -> None:
     storage of its own to write: an UnsupportedValueError naming it and what to do, before any byte
     is written."""
     for name, value in (*ep.state_dict.items(), *ep.constants.items()):
+        if isinstance(value, FakeTensor):
+            raise UnsupportedValueError(
+                f"{name!r} is a fake tensor: the program was exported under a FakeTensorMode, and its weights have "
+                f"shapes and dtypes but no values, while a .pt2b stores weight values. Export the module with "
+                f"its real weights (outside FakeTensorMode); to ship a program whose weights are filled in "
+                f"later, export it with real placeholder weights (torch.zeros) and load_state_dict the real ones "
+                f"into its module().")
         if isinstance(value, torch.Tensor) and type(value) not in _PLAIN:
             cls = type(value)
             inner = ""
