@@ -179,3 +179,24 @@ def with_guards_of(made, source):
     if guards_code(source) and not guards_code(made):
         made._guards_code = guards_code(source)
     return made
+
+
+def as_aten_dialect(ep):
+    """``ep`` (a functional program pt2b lowered) declaring the ATen dialect and its verifier, as
+    torch's own run_decompositions output does (``ep.dialect == "ATEN"``): consumers that take a
+    lowered program (coremltools) refuse one that still says "TRAINING". Each call node's
+    ``meta["tensor_meta"]`` is filled from its ``meta["val"]`` where missing (StableHLO exporters read
+    it). Returns ``ep``."""
+    from torch.fx.passes.shape_prop import _extract_tensor_metadata
+
+    from .serializer import load_verifier
+
+    ep._verifiers = [load_verifier("ATEN")]
+    for module in ep.graph_module.modules():
+        if not isinstance(module, torch.fx.GraphModule):
+            continue
+        for node in module.graph.nodes:
+            val = node.meta.get("val")
+            if node.op == "call_function" and "tensor_meta" not in node.meta and isinstance(val, torch.Tensor):
+                node.meta["tensor_meta"] = _extract_tensor_metadata(val)
+    return ep

@@ -277,6 +277,7 @@ def _hit(art, record, metadata: dict, name: str, plan) -> Lowering | None:
     from ..lazy import Lazy
     from ..serialize import reader
     from ..util.gc_pause import gc_paused
+    from .._torch.compat import as_aten_dialect
     from .engines import expand, valid_recipe
     from .validate import Validation
 
@@ -291,7 +292,7 @@ def _hit(art, record, metadata: dict, name: str, plan) -> Lowering | None:
     def build():
         with gc_paused():
             ep = reader.rebuild(art)
-        return ep if recipe is None else expand(ep, recipe)
+        return as_aten_dialect(ep if recipe is None else expand(ep, recipe))
 
     return Lowering(plan, Lazy(build), dict(record["outside_opset"]), ops=dict(ops), from_cache=True,
                     validation=Validation.from_json(verdict) if isinstance(verdict, str) else None)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..errors import OpsetError
-from .._torch.compat import with_guards_of
+from .._torch.compat import as_aten_dialect, with_guards_of
 from .._torch.dispatch import drop_cached_dispatches
 from ..functionalize import program_fake_mode
 from ..lazy import Lazy
@@ -43,7 +43,9 @@ def lower(source_ep, plan: LoweringPlan) -> Lowering:
     opset refuses (each with the route that brought it there)."""
     with deferred():  # the programs made on the way generate no code (_torch/deferred_codegen.py)
         lowered, reused = lower_program(source_ep, plan.table)  # (lowering/engines/)
-    lowered = with_guards_of(lowered, source_ep)  # the relations its inputs must keep, checked at each call
+    if lowered is not source_ep:  # (nothing to do leaves the program as it was captured)
+        lowered = with_guards_of(lowered, source_ep)  # the relations its inputs must keep, checked at each call
+        lowered = as_aten_dialect(lowered)  # what it is, as torch's run_decompositions output says it
     # what the lowering's traces cached is not for the backend's own retrace (another config)
     drop_cached_dispatches(program_fake_mode(lowered.graph_module))
     compiled(lowered)

@@ -1,0 +1,70 @@
+"""A lowered program is what torch's run_decompositions output is to any ExportedProgram consumer,
+whichever engine lowered it: the ATen dialect and its verifier (coremltools refuses "TRAINING"),
+and ``meta["tensor_meta"]`` on every call that makes a tensor (StableHLO exporters read it)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from exporter import export_model, load_for_backend
+from exporter.lowering import engines
+from exporter.lowering.engines import local
+
+
+class _Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin, self.norm = torch.nn.Linear(16, 16), torch.nn.LayerNorm(16)
+
+    def forward(self, x):
+        return self.norm(torch.nn.functional.gelu(self.lin(x)) + x)
+
+
+class _Stack(torch.nn.Module):
+    def __init__(self, n=4):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(_Block() for _ in range(n))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def _engine(name, monkeypatch):
+    """Force one lowering engine: node by node, the whole-program retrace, or repeated layers once."""
+    if name != "reuse":
+        monkeypatch.setattr(engines, "lower_with_reuse", lambda ep, decompose: None)
+    if name == "whole program":
+        monkeypatch.setattr(local, "lower_locally", lambda *a, **k: None)
+
+
+@pytest.mark.parametrize("engine", ["node by node", "whole program", "reuse"])
+def test_each_engine_lowers_to_the_aten_dialect_with_tensor_metadata(tmp_path, monkeypatch, engine):
+    torch.manual_seed(0)
+    model, x = _Stack().eval(), torch.randn(3, 16)
+    ep = torch.export.export(model, (x,))
+    export_model(ep, path=tmp_path / "m.pt2b")
+    _engine(engine, monkeypatch)
+    lowered = load_for_backend(tmp_path / "m.pt2b", "core", cache=False)
+    assert (lowered.reused is not None) == (engine == "reuse")
+    ours, theirs = lowered.exported_program(), ep.run_decompositions()
+    assert ours.dialect == theirs.dialect == "ATEN"
+    assert [type(v) for v in ours.verifiers] == [type(v) for v in theirs.verifiers]
+    ours.validate()  # torch's ATen verifier accepts the program
+    missing = [n.name for n in ours.graph.nodes if n.op == "call_function"
+               and isinstance(n.meta.get("val"), torch.Tensor) and "tensor_meta" not in n.meta]
+    assert not missing
+    torch.testing.assert_close(lowered(x), theirs.module()(x), rtol=0, atol=0)
+
+
+def test_a_lowering_served_from_the_cache_says_the_same(tmp_path, monkeypatch):
+    monkeypatch.setenv("PT2B_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("PT2B_CACHE", raising=False)  # (the suite turns the cache off)
+    export_model(_Stack(2).eval(), (torch.randn(3, 16),), tmp_path / "m.pt2b")
+    load_for_backend(tmp_path / "m.pt2b", "core")
+    hit = load_for_backend(tmp_path / "m.pt2b", "core")
+    assert hit.from_cache and hit.exported_program().dialect == "ATEN"
+    assert all("tensor_meta" in n.meta for n in hit.exported_program().graph.nodes
+               if n.op == "call_function" and isinstance(n.meta.get("val"), torch.Tensor))
