@@ -94,6 +94,16 @@ class BackendHandOffError(Pt2bError):
     own error, which is chained)."""
 
 
+class BackendResultError(Pt2bError):
+    """A backend's compiled program computes other outputs than the lowered program it was given, on the
+    artifact's stored example inputs, as to_backend compares them: names the output and the difference."""
+
+
+class BackendStateError(BackendHandOffError):
+    """A program that writes its buffers (a KV cache, running statistics, a counter) handed to a backend
+    that would hold them as constants, running every call from their exported values."""
+
+
 class BackendRunError(Pt2bError):
     """A backend's compiled program was called with inputs that do not match, or did not return what
     the program returns."""
@@ -133,6 +143,8 @@ __all__ = [
     "BackendUnavailableError",
     "BackendHandOffError",
     "BackendRunError",
+    "BackendResultError",
+    "BackendStateError",
     "RuntimeInputError",
     "InputGuardError",
     "UnknownOpsWarning",

@@ -21,7 +21,7 @@ import logging
 import re
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..errors import BackendHandOffError, BackendUnavailableError, Pt2bError
+from ..errors import BackendHandOffError, BackendStateError, BackendUnavailableError, Pt2bError
 
 if TYPE_CHECKING:
     import torch
@@ -59,6 +59,9 @@ class Backend:
     # True: an op that no decomposition brings to supported_ops is taken as it is, run by its ATen kernel
     # (Inductor's implicit fallbacks); supported_ops then lists what it lowers itself
     falls_back_to_aten: bool = False
+    # True: the buffers a program writes live in the backend's runtime and carry from call to call
+    # (ExecuTorch's mutable buffers); False: the backend holds them as constants
+    holds_state: bool = False
 
     @property
     def key(self) -> str:
@@ -76,6 +79,7 @@ class Compiled:
     native: Any
     program: Any  # the torch.export.ExportedProgram the backend took
     plan: Any = None  # what the adapter's run needs beside them (the loaded runtime module; OpenVINO: its results' names)
+    validation: Any = None  # validation.HandOffValidation: the outputs compared with the program's (None: not run)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the program on the backend with the exported model's arguments; its outputs, structured."""
@@ -115,12 +119,20 @@ def _get(name: str, module: str, package: str) -> Backend:
     return _CACHE[name]
 
 
-def to_backend(name: str | LoweredProgram, lowered: LoweredProgram | torch.export.ExportedProgram | None = None,
-               **options: Any) -> Compiled:
+def to_backend(name: str | LoweredProgram, lowered: LoweredProgram | torch.export.ExportedProgram | None = None, *,
+               validate: bool = True, frozen_state: bool = False, **options: Any) -> Compiled:
     """Hand a program to a backend: ``to_backend(lowered)`` hands what ``load_for_backend(path,
     backend=NAME)`` made to that backend; ``to_backend(NAME, program)`` names the backend (for any
     ExportedProgram, or a program lowered with a preset). Options go to the backend's hand-off
-    (docs/backends.md lists them)."""
+    (docs/backends.md lists them).
+
+    ``validate=True`` (the default) runs the backend's compiled program on the program's stored example
+    inputs and compares its outputs with the program's own run, within the dtype's bound
+    (``Compiled.validation``); a difference is a BackendResultError naming the output.
+
+    A program that writes its buffers (a KV cache, running statistics) is a BackendStateError: the
+    backends hold buffers as constants, so every call would start from their exported values.
+    ``frozen_state=True`` accepts that explicitly."""
     if lowered is None and not isinstance(name, str):
         lowered, name = name, getattr(name, "backend", None)
         if name is None:
@@ -130,13 +142,28 @@ def to_backend(name: str | LoweredProgram, lowered: LoweredProgram | torch.expor
         raise BackendHandOffError(f"the program was lowered to {lowered.backend}'s own op list, not {name}'s: hand "
                                   f"it to {lowered.backend}, or lower it with backend={name!r}.")
     backend = get(name)
+    ep = exported_program(lowered)
+    written = sorted(set(ep.graph_signature.buffers_to_mutate.values()))
+    if written and not (frozen_state or backend.holds_state):
+        shown = ", ".join(written[:6]) + (f" and {len(written) - 6} more" if len(written) > 6 else "")
+        raise BackendStateError(
+            f"the program writes its buffers ({shown}), and {backend.key} would hold them as constants: every "
+            f"call would start from their exported values (a KV cache that never fills, running statistics "
+            f"that never move). Run it with runtime_ref or the program itself, which carry the state, or pass "
+            f"to_backend(..., frozen_state=True) (`pt2b run --frozen-state`) to accept constants.")
     try:
-        native, program, *plan = backend.hand_off(exported_program(lowered), **options)
+        native, program, *plan = backend.hand_off(ep, **options)
     except Pt2bError:
         raise
     except Exception as e:  # noqa: BLE001 (whatever the backend raises, typed and chained)
         raise BackendHandOffError(f"{backend.key} could not take the program: {first_line(e)}") from e
-    return Compiled(backend, native, program, *plan)
+    compiled = Compiled(backend, native, program, *plan)
+    if not validate:
+        return compiled
+    from .validation import validated_hand_off
+    from ..lowering.verdicts import WRONG_REL
+
+    return dataclasses.replace(compiled, validation=validated_hand_off(compiled, ep, WRONG_REL))
 
 
 def first_line(e: BaseException) -> str:

@@ -120,4 +120,5 @@ def backend() -> Backend:
     accepted, _ = _supported()
     return Backend("executorch", version("executorch"), accepted,
                    "executorch's portable_lib._get_operator_names() (out-variant kernels, read as functional ops)",
-                   dict, hand_off, run, "portable kernels, no delegate")
+                   dict, hand_off, run, "portable kernels, no delegate",
+                   holds_state=True)  # the loaded Method keeps its mutable buffers between executions

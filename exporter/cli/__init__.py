@@ -100,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="apply no decomposition the audit classes lossy or wrong (schemas/opsets/audit@*.json)")
         lo.add_argument("--strict", action="store_true", help=argparse.SUPPRESS)  # an earlier release's --lossless
         lo.add_argument("--no-validate", action="store_true",
-                        help="do not run the lowered program against the unlowered one on the stored example inputs")
+                        help="do not run the lowered program against the unlowered one on the stored example inputs"
+                        + ("" if name == "lower" else ", nor the backend's against the lowered one"))
         if name == "lower":
             lo.add_argument("-o", "--output", help="write the lowered program as a .pt2b")
         else:
@@ -109,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
                             help="ops runtime_ref runs beyond its opset (custom ops, with --import of their library)")
             lo.add_argument("--device", default="cpu")
             lo.add_argument("--repeat", type=int, default=3, metavar="N", help="timed runs after the first (default 3)")
+            lo.add_argument("--frozen-state", action="store_true", help="hand a program that writes its buffers to "
+                            "--backend with them as constants (every call starts from their exported values)")
     u = sub.add_parser("upgrade", help="rewrite artifacts to the current format and op schemas")
     u.add_argument("source", help="a .pt2b file or a folder of them (upgraded in place)")
     u.add_argument("dest", nargs="?", help="destination file (default: in place, atomically)")

@@ -51,7 +51,8 @@ def _runner(ns, lowered):
         from .. import backends
 
         with progress.status(f"handing {ns.artifact} to {ns.backend}"):
-            compiled = backends.to_backend(ns.backend, lowered)
+            compiled = backends.to_backend(ns.backend, lowered, validate=not ns.no_validate,
+                                           frozen_state=ns.frozen_state)
         return compiled, compiled.backend.key
     from runtime_ref import Runtime
 
@@ -93,4 +94,6 @@ def run(ns) -> int:
         timing += f", median of {len(times)} more {statistics.median(times) * 1e3:.1f} ms"
     print(timing)
     print(lowered.validation.describe() if lowered.validation is not None else "not validated")
+    if getattr(runner, "validation", None) is not None:  # the backend's outputs against the lowered program's
+        print(runner.validation.describe())
     return 0

@@ -5,6 +5,7 @@ other shapes where the program is dynamic; a backend's failure is a typed error 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import subprocess
 import sys
 
@@ -83,6 +84,7 @@ def test_the_openvino_preset_is_convert_models_own_table():
 # the zoo through each backend: the case, and a second call with other sizes where the program is dynamic
 ZOO = ["mlp", "cnn_bn", "transformer_encoder", "kwargs_only", "pytree_io", "buffer_mutation", "dynamic_shapes",
        "multihead_attention", "lstm"]
+STATEFUL = {"buffer_mutation"}  # programs that write their buffers
 # the backend's own limits, met the same way on torch.export's program (test_backend_limits_are_the_backends)
 LIMITS = {("openvino", "pytree_io"): "dynamic rank"}
 
@@ -95,8 +97,10 @@ def test_the_zoo_runs_on_the_backend_close_to_eager(artifacts, backend, name):
     path, case = artifacts(name)
     lp = load_for_backend(path, backend=backend, cache=False)
     assert lp.lowered_for == backends.get(backend).key and lp.backend == backend
-    compiled = backends.to_backend(backend, lp)
+    # a program writing its buffers is handed over with them as constants only when asked (STATEFUL)
+    compiled = backends.to_backend(backend, lp, frozen_state=name in STATEFUL)
     assert compiled.backend.name == backend and compiled.native is not None
+    assert compiled.validation.status == "passed" and compiled.validation.max_rel <= compiled.validation.bound
     torch.testing.assert_close(compiled(*case.args, **(case.kwargs or {})), _eager(case), **TOL)
 
 
@@ -190,7 +194,8 @@ def test_openvino_lowers_train_mode_batch_norm_as_convert_model_does(artifacts):
         load_for_backend(path, supported_ops=list(backends.get("openvino").supported_ops), cache=False)
     lp = load_for_backend(path, backend="openvino", cache=False)
     assert "aten::_native_batch_norm_legit_functional.default" in lp.ops()
-    torch.testing.assert_close(backends.to_backend("openvino", lp)(*case.args), _eager(case), **TOL)
+    compiled = backends.to_backend("openvino", lp, frozen_state=True)  # (train mode: running stats written)
+    torch.testing.assert_close(compiled(*case.args), _eager(case), **TOL)
 
 
 def test_to_backend_takes_an_exported_program_too(artifacts):
@@ -268,7 +273,9 @@ def test_real_models_run_on_the_backend_close_to_eager(tmp_path, backend, name):
     pristine = copy.deepcopy(case.model)
     path = tmp_path / "m.pt2b"
     export_model(capture_real(case, {}), path=path)
-    compiled = backends.to_backend(backend, load_for_backend(path, backend=backend, cache=False))
+    lowered = load_for_backend(path, backend=backend, cache=False)
+    stateful = bool(lowered.exported_program().graph_signature.buffers_to_mutate)  # (a static KV cache)
+    compiled = backends.to_backend(backend, lowered, frozen_state=stateful)
     torch.manual_seed(0)
     got = compiled(*case.args, **(case.kwargs or {}))
     torch.manual_seed(0)
@@ -278,3 +285,37 @@ def test_real_models_run_on_the_backend_close_to_eager(tmp_path, backend, name):
     assert len(got_leaves) == len(want_leaves)
     for g, w in zip(got_leaves, want_leaves):
         torch.testing.assert_close(g, w, rtol=1e-3, atol=1e-3)
+
+
+def test_a_program_writing_its_buffers_is_not_handed_over_frozen_unasked(artifacts):
+    """The backends hold buffers as constants: a KV cache or a counter handed over would run every call
+    from its exported value. A BackendStateError says so before any backend work, naming the buffers."""
+    from exporter.errors import BackendStateError
+
+    path, _ = artifacts("buffer_mutation")
+    lowered = load_for_backend(path, backend="onnx", cache=False)
+    with pytest.raises(BackendStateError, match=r"the program writes its buffers \(count, ema\), and onnx@.* would "
+                                                r"hold them as constants.*frozen_state=True"):
+        backends.to_backend(lowered)
+
+
+def test_a_backend_result_that_differs_is_caught_at_the_hand_off(artifacts, monkeypatch):
+    """A backend that computes something else (here its outputs nudged by 1%) is a BackendResultError
+    naming the output, from to_backend's run on the stored example inputs; validate=False skips it."""
+    from exporter.errors import BackendResultError
+
+    path, case = artifacts("pytree_io")
+    lowered = load_for_backend(path, backend="onnx", cache=False)
+    onnx = backends.get("onnx")
+    real_run = onnx.run
+
+    def nudged(*a, **k):
+        out = real_run(*a, **k)
+        return torch.utils._pytree.tree_map(lambda t: t * 1.01 if isinstance(t, torch.Tensor) else t, out)
+
+    monkeypatch.setattr(backends, "_CACHE", {**backends._CACHE, "onnx": dataclasses.replace(onnx, run=nudged)})
+    with pytest.raises(BackendResultError, match=r"onnx@.*: output\[.*\] \(torch.float32\) differs from the lowered "
+                                                 r"program's by [0-9.e-]+ \(relative\), beyond 0.001"):
+        backends.to_backend(lowered)
+    unchecked = backends.to_backend(lowered, validate=False)
+    assert unchecked.validation is None

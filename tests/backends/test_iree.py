@@ -79,7 +79,9 @@ def test_a_conv_net_with_batch_norm_compiles_and_runs(tmp_path):
                                   "kwargs_only", "dynamic_shapes", "buffer_mutation", "cnn_bn_train", "inplace_ops"])
 def test_the_zoo_runs_on_iree(tmp_path, name):
     path, case, pristine = _artifact(tmp_path, name)
-    compiled = backends.to_backend("iree", load_for_backend(path, backend="iree", cache=False))
+    lowered = load_for_backend(path, backend="iree", cache=False)
+    stateful = bool(lowered.exported_program().graph_signature.buffers_to_mutate)  # buffer_mutation, cnn_bn_train
+    compiled = backends.to_backend("iree", lowered, frozen_state=stateful)
     with torch.no_grad():
         want = pristine(*case.args, **(case.kwargs or {}))
     torch.testing.assert_close(compiled(*case.args, **(case.kwargs or {})), want, rtol=1e-4, atol=1e-4)

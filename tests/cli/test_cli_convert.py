@@ -199,8 +199,11 @@ def test_run_on_a_backend(tmp_path):
     path = tmp_path / "net.pt2b"
     export_model(model, args, path, dynamic_shapes=dynamic)
     code, out, err = run_cli("run", str(path), "--backend", "onnx", "--no-cache", "--repeat", "0")
+    assert code != 0 and "BackendStateError" in err and "--frozen-state" in err  # the program counts its steps
+    code, out, err = run_cli("run", str(path), "--backend", "onnx", "--no-cache", "--repeat", "0", "--frozen-state")
     assert code == 0, err
     key = backends.get("onnx").key
     assert f"lowered in" in out and f"({key}); {key}: prepared in" in out and "median" not in out
+    assert "hand-off validation passed: 1 output(s) on the stored example inputs" in out  # the backend's own outputs
     code, out, err = run_cli("run", str(path), "--backend", "nonesuch")
     assert code != 0 and "unknown backend 'nonesuch'" in err

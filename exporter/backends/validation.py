@@ -1,0 +1,104 @@
+"""A backend's result validated: its compiled program run on the artifact's stored example inputs and
+compared, output by output, with the lowered program's own run (the reference) within the dtype's bound."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from .._torch.pytree import pytree
+from ..errors import BackendResultError
+
+__all__ = ["HandOffValidation", "reference_outputs", "validated_hand_off"]
+
+
+@dataclasses.dataclass(frozen=True)
+class HandOffValidation:
+    """How the backend's outputs compared with the reference's (``Compiled.validation``)."""
+
+    status: str  # "passed", or "skipped" (``why`` says why)
+    max_rel: float = 0.0  # the largest relative difference of a float output
+    bound: float = 0.0  # the bound beyond which it would be wrong (the outputs' widest dtype's)
+    outputs: int = 0  # output leaves compared
+    why: str = ""
+
+    def describe(self) -> str:
+        if self.status != "passed":
+            return f"hand-off validation {self.status}: {self.why}"
+        return (f"hand-off validation passed: {self.outputs} output(s) on the stored example inputs, largest "
+                f"relative difference {self.max_rel:.3g} from the lowered program (wrong beyond {self.bound:.3g})")
+
+
+def reference_outputs(ep, args: tuple, kwargs: dict):
+    """``ep``'s outputs on ``args``/``kwargs``, run by its own module from its stored state, with the
+    buffers it writes copied first: the program's own state is left as it was."""
+    module = ep.module()
+    written = set(ep.graph_signature.buffers_to_mutate.values())
+    buffers = {name: b.clone() for name, b in module.named_buffers() if name in written}
+    with torch.no_grad():
+        return torch.func.functional_call(module, buffers, args, kwargs)
+
+
+def _leaf_name(path) -> str:
+    return "output" + "".join(f"[{k.idx}]" if hasattr(k, "idx") else f"[{k.key!r}]" if hasattr(k, "key")
+                              else f".{getattr(k, 'name', k)}" for k in path)
+
+
+def validated_hand_off(compiled, ep, bounds: dict) -> HandOffValidation:
+    """``compiled`` (a Compiled of ``ep``) run on ``ep``'s stored example inputs and compared with
+    ``ep``'s own run; BackendResultError naming the first output that differs beyond ``bounds`` (dtype
+    -> relative bound, as validation's), or that has another shape or dtype."""
+    key = compiled.backend.key
+    if ep.example_inputs is None:
+        return HandOffValidation("skipped", why="the program stores no example inputs")
+    if ep.graph_signature.buffers_to_mutate and compiled.backend.holds_state:
+        return HandOffValidation("skipped", why=f"the program writes its buffers and {key} holds them: a run to "
+                                                 f"compare would change the state its first call starts from")
+    fresh = lambda: pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t,  # noqa: E731
+                                    ep.example_inputs)  # (a program may write its inputs)
+    want = reference_outputs(ep, *fresh())
+    args, kwargs = fresh()
+    with torch.no_grad():
+        got = compiled(*args, **kwargs)
+    wanted, _ = pytree.tree_flatten_with_path(want)
+    gotten = pytree.tree_leaves(got)
+    if len(wanted) != len(gotten):
+        raise BackendResultError(f"{key} returns {len(gotten)} output(s) where the lowered program returns "
+                                 f"{len(wanted)}; to_backend(..., validate=False) hands it over unchecked.")
+    worst, widest = 0.0, 0.0
+    for (path, w), g in zip(wanted, gotten):
+        name = _leaf_name(path)
+        if not isinstance(w, torch.Tensor):
+            if w != g:
+                raise BackendResultError(f"{key}: {name} is {g!r} where the lowered program gives {w!r} on the "
+                                         f"stored example inputs; to_backend(..., validate=False) hands it over unchecked.")
+            continue
+        if not isinstance(g, torch.Tensor) or g.shape != w.shape or g.dtype != w.dtype:
+            what = f"{tuple(g.shape)} {g.dtype}" if isinstance(g, torch.Tensor) else type(g).__name__
+            raise BackendResultError(f"{key}: {name} is {what} where the lowered program gives {tuple(w.shape)} "
+                                     f"{w.dtype}; to_backend(..., validate=False) hands it over unchecked.")
+        if not w.is_floating_point():
+            if not torch.equal(g, w):
+                raise BackendResultError(f"{key}: {name} ({w.dtype}) differs from the lowered program's on the "
+                                         f"stored example inputs; to_backend(..., validate=False) hands it over "
+                                         f"unchecked.")
+            continue
+        bound = bounds.get(w.dtype, bounds[torch.float32])
+        widest = max(widest, bound)
+        if w.numel() == 0 or torch.equal(g, w):
+            continue
+        wide = torch.promote_types(w.dtype, torch.float32)
+        a, b = g.to(wide), w.to(wide)
+        if not torch.equal(a.isnan(), b.isnan()) or not torch.equal(a.isinf() & (a > 0), b.isinf() & (b > 0)):
+            raise BackendResultError(f"{key}: {name} has NaN or infinite values where the lowered program's does "
+                                     f"not (or the reverse); to_backend(..., validate=False) hands it over unchecked.")
+        fin = a.isfinite() & b.isfinite()
+        rel = torch.where(fin, (a - b).abs().div(b.abs().clamp_min(1.0)), 0.0).max().item()
+        worst = max(worst, rel)
+        if rel > bound:
+            raise BackendResultError(
+                f"{key}: {name} ({w.dtype}) differs from the lowered program's by {rel:.3g} (relative), beyond "
+                f"{bound:.3g}, on the stored example inputs: the backend computes something else. Report it to "
+                f"the backend; to_backend(..., validate=False) hands it over unchecked.")
+    return HandOffValidation("passed", worst, widest or bounds[torch.float32], len(wanted))
