@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import importlib
 import logging
+import os
 import re
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -62,6 +63,8 @@ class Backend:
     # True: the buffers a program writes live in the backend's runtime and carry from call to call
     # (ExecuTorch's mutable buffers); False: the backend holds them as constants
     holds_state: bool = False
+    save: Callable[..., None] | None = None  # (Compiled, path): the backend's own file, read by its own runtime
+    file_suffix: str = ""  # that file's usual suffix
 
     @property
     def key(self) -> str:
@@ -80,6 +83,16 @@ class Compiled:
     program: Any  # the torch.export.ExportedProgram the backend took
     plan: Any = None  # what the adapter's run needs beside them (the loaded runtime module; OpenVINO: its results' names)
     validation: Any = None  # validation.HandOffValidation: the outputs compared with the program's (None: not run)
+
+    def save(self, path: str | os.PathLike) -> str:
+        """Write the backend's own file (``m.onnx``, ``m.pte``, ``m.vmfb``, OpenVINO's ``m.xml``, an
+        AOTInductor ``m.pt2``), which the backend's own runtime loads with no pt2b installed; returns
+        its path."""
+        if self.backend.save is None:
+            raise BackendHandOffError(f"{self.backend.key} has no file of its own that pt2b writes.")
+        path = os.fspath(path)
+        self.backend.save(self, path)
+        return path
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the program on the backend with the exported model's arguments; its outputs, structured."""

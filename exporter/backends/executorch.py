@@ -121,4 +121,11 @@ def backend() -> Backend:
     return Backend("executorch", version("executorch"), accepted,
                    "executorch's portable_lib._get_operator_names() (out-variant kernels, read as functional ops)",
                    dict, hand_off, run, "portable kernels, no delegate",
-                   holds_state=True)  # the loaded Method keeps its mutable buffers between executions
+                   holds_state=True,  # the loaded Method keeps its mutable buffers between executions
+                   save=save, file_suffix=".pte")
+
+
+def save(compiled, path: str) -> None:
+    """The .pte program (ExecutorchProgramManager.buffer), loaded by ExecuTorch's runtime."""
+    with open(path, "wb") as f:
+        f.write(compiled.native.buffer)

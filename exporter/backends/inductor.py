@@ -74,4 +74,12 @@ def backend() -> Backend:
     source = "torch._inductor.lowering.lowerings + fallbacks" + (
         ", and any other op by implicit fallback (torch._inductor.config.implicit_fallbacks)" if implicit else "")
     return Backend("inductor", torch.__version__.split("+")[0], _supported_ops(), source, _decompositions, hand_off,
-                   run, falls_back_to_aten=implicit)
+                   run, falls_back_to_aten=implicit, save=save, file_suffix=".pt2")
+
+
+def save(compiled, path: str) -> None:
+    """AOTInductor's package (a .pt2 zip), loaded by torch._inductor.aoti_load_package."""
+    import shutil
+
+    if os.path.abspath(compiled.native) != os.path.abspath(path):
+        shutil.copyfile(compiled.native, path)

@@ -66,4 +66,11 @@ def backend() -> Backend:
 
     return Backend("iree", f"{version('iree-base-compiler')}+turbine{version('iree-turbine')}", (),
                    "torch.export's CompositeImplicitAutograd decompositions with iree-turbine's current_aot_decompositions() over them (IREE publishes no op list)", _table, hand_off, run,
-                   f"target {TARGET}, runtime driver {DRIVER}", takes_what_its_table_leaves=True)
+                   f"target {TARGET}, runtime driver {DRIVER}", takes_what_its_table_leaves=True, save=save,
+                   file_suffix=".vmfb")
+
+
+def save(compiled, path: str) -> None:
+    """The compiled module's bytes (a .vmfb), loaded by iree.runtime."""
+    with open(path, "wb") as f:
+        f.write(compiled.native)

@@ -33,8 +33,12 @@ def _registry():
 def _supported_ops() -> tuple[str, ...]:
     from onnxscript import _framework_apis
 
+    from .._torch.compat import TORCH_OWN_LIBRARIES, load_torch_own_libraries
     from ..ops import op_name
 
+    # torchlib registers an op only where the running torch defines it: torch's own libraries
+    # (quantized_decomposed) loaded first, the list is the same whatever was imported before
+    load_torch_own_libraries(TORCH_OWN_LIBRARIES)
     registry = _registry()
     ops = set()
     for targets in registry.functions.values():
@@ -71,4 +75,9 @@ def backend() -> Backend:
 
     version = f"{onnxscript.__version__}+ort{onnxruntime.__version__}"
     return Backend("onnx", version, _supported_ops(), "torch.onnx's ONNXRegistry.from_torchlib() (onnxscript torchlib)",
-                   dict, hand_off, run)
+                   dict, hand_off, run, save=save, file_suffix=".onnx")
+
+
+def save(compiled, path: str) -> None:
+    """The ONNX model (ONNXProgram.save: the graph and its initializers), run by onnxruntime."""
+    compiled.native.save(path)

@@ -11,6 +11,7 @@ pip install pt2b[openvino]
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -54,7 +55,16 @@ def hand_off(ep, *, device: str = "CPU", config: dict | None = None):
     gm = ep.module()
     model = openvino.convert_model(TorchFXPythonDecoder(gm, dynamic_shapes=True))
     settings = {"INFERENCE_PRECISION_HINT": "f32", **(config or {})}
-    return openvino.Core().compile_model(model, device, settings), ep, _result_names(gm)
+    return openvino.Core().compile_model(model, device, settings), ep, Converted(_result_names(gm), model)
+
+
+@dataclasses.dataclass(frozen=True)
+class Converted:
+    """What running and saving the compiled model need beside it: the results' names in OpenVINO's
+    order, and the model convert_model made (what openvino.save_model writes)."""
+
+    names: list
+    model: object
 
 
 def _result_names(gm) -> list[str]:
@@ -72,9 +82,17 @@ def run(compiled, ep, args, kwargs, plan=None):
     leaves = calling.flat_inputs(ep, args, kwargs)
     result = compiled(calling.numpy_inputs(leaves))
     values = [torch.from_numpy(result[i].copy()) for i in range(len(result))]
-    if len(values) != len(plan):
-        raise BackendRunError(f"OpenVINO returned {len(values)} results for the program's {len(plan)} tensor outputs.")
-    return calling.user_outputs(ep, dict(zip(plan, values)), leaves)
+    names = plan.names
+    if len(values) != len(names):
+        raise BackendRunError(f"OpenVINO returned {len(values)} results for the program's {len(names)} tensor outputs.")
+    return calling.user_outputs(ep, dict(zip(names, values)), leaves)
+
+
+def save(compiled, path: str) -> None:
+    """The converted model as OpenVINO's IR (``path``.xml and its .bin), read by openvino.Core().read_model."""
+    import openvino
+
+    openvino.save_model(compiled.plan.model, path)
 
 
 def backend() -> Backend:
@@ -82,4 +100,4 @@ def backend() -> Backend:
 
     return Backend("openvino", openvino.__version__.split("-")[0], _supported_ops(),
                    "torch.export's default table minus openvino's export_decompositions.ops_to_not_decompose()",
-                   _table, hand_off, run, SETTINGS, takes_what_its_table_leaves=True)
+                   _table, hand_off, run, SETTINGS, takes_what_its_table_leaves=True, save=save, file_suffix=".xml")

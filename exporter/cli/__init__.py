@@ -102,16 +102,20 @@ def build_parser() -> argparse.ArgumentParser:
         lo.add_argument("--no-validate", action="store_true",
                         help="do not run the lowered program against the unlowered one on the stored example inputs"
                         + ("" if name == "lower" else ", nor the backend's against the lowered one"))
+        lo.add_argument("--frozen-state", action="store_true", help="hand a program that writes its buffers to "
+                        "the backend with them as constants (every call starts from their exported values)")
         if name == "lower":
-            lo.add_argument("-o", "--output", help="write the lowered program as a .pt2b")
+            lo.add_argument("-o", "--output", help="write the lowered program as a .pt2b (with --to: the backend's "
+                            "own file)")
+            lo.add_argument("--to", metavar="NAME", help="lower to this installed backend's op list, hand it over and "
+                            "write the backend's own file to -o (m.onnx, m.pte, m.vmfb, OpenVINO's m.xml, AOTInductor's "
+                            "m.pt2): its own runtime loads it without pt2b")
         else:
             lo.add_argument("--inputs", nargs="*", metavar="X.npy", help="positional inputs (default: the stored example inputs)")
             lo.add_argument("--extra-ops", nargs="*", metavar="OP", default=[],
                             help="ops runtime_ref runs beyond its opset (custom ops, with --import of their library)")
             lo.add_argument("--device", default="cpu")
             lo.add_argument("--repeat", type=int, default=3, metavar="N", help="timed runs after the first (default 3)")
-            lo.add_argument("--frozen-state", action="store_true", help="hand a program that writes its buffers to "
-                            "--backend with them as constants (every call starts from their exported values)")
     u = sub.add_parser("upgrade", help="rewrite artifacts to the current format and op schemas")
     u.add_argument("source", help="a .pt2b file or a folder of them (upgraded in place)")
     u.add_argument("dest", nargs="?", help="destination file (default: in place, atomically)")

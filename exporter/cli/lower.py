@@ -36,6 +36,8 @@ def lower_from_args(ns, *, backend: str | None = None):
 def run(ns) -> int:
     from ..api import export_model
 
+    if ns.to:
+        return _write_backend_file(ns)
     lowered = lower_from_args(ns, backend=ns.backend)
     methods = lowered.methods
     for name, low in methods.items():
@@ -44,4 +46,27 @@ def run(ns) -> int:
         with progress.status(f"writing {ns.output}"):  # with the record of how each was lowered
             export_model(lowered if len(methods) == 1 else methods, path=ns.output)
         print(f"wrote {ns.output}")
+    return 0
+
+
+def _write_backend_file(ns) -> int:
+    """`pt2b lower ART --to NAME -o FILE`: lowered to the backend's own op list, handed over (validated
+    unless --no-validate) and written as the backend's own file."""
+    from .. import backends
+    from ..errors import BackendHandOffError
+
+    if not ns.output:
+        raise BackendHandOffError(f"--to {ns.to} writes the backend's own file: give its path with -o "
+                                  f"(e.g. -o model{backends.get(ns.to).file_suffix}).")
+    if ns.backend and ns.backend != ns.to:
+        raise BackendHandOffError(f"--to {ns.to} lowers to {ns.to}'s own op list: drop --backend {ns.backend}.")
+    backends.get(ns.to)  # known and installed, before any lowering
+    lowered = lower_from_args(ns, backend=ns.to)
+    with progress.status(f"handing {ns.artifact} to {ns.to}"):
+        compiled = backends.to_backend(lowered, validate=not ns.no_validate, frozen_state=ns.frozen_state)
+    if compiled.validation is not None:
+        print(compiled.validation.describe())
+    with progress.status(f"writing {ns.output}"):
+        compiled.save(ns.output)
+    print(f"wrote {ns.output} ({compiled.backend.key})")
     return 0

@@ -59,6 +59,8 @@ def test_the_zoo_runs_on_the_portable_kernels(tmp_path, name):
     with torch.no_grad():
         want = pristine(*case.args, **(case.kwargs or {}))
     torch.testing.assert_close(compiled(*case.args, **(case.kwargs or {})), want, rtol=1e-4, atol=1e-4)
+    pte = compiled.save(tmp_path / "m.pte")  # the program the runtime loads, as to_executorch made it
+    assert open(pte, "rb").read() == compiled.native.buffer
 
 
 def test_what_the_runtime_cannot_take_is_a_typed_error(tmp_path):

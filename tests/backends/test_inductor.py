@@ -73,6 +73,8 @@ def test_real_models_run_on_aotinductor_close_to_eager(tmp_path, name, inductor_
     lowered = load_for_backend(tmp_path / "m.pt2b", backend="inductor", cache=False)
     compiled = backends.to_backend(lowered, package_path=str(tmp_path / "m.aoti.pt2"))  # the backend it was lowered for
     assert (tmp_path / "m.aoti.pt2").exists()
+    copied = compiled.save(tmp_path / "copy.pt2")  # AOTInductor's package, as aoti_load_package reads it
+    assert open(copied, "rb").read() == open(tmp_path / "m.aoti.pt2", "rb").read()
     with torch.no_grad():
         got = compiled(*case.args, **(case.kwargs or {}))
         want = pristine(*case.args, **(case.kwargs or {}))

@@ -85,4 +85,6 @@ def test_the_zoo_runs_on_iree(tmp_path, name):
     with torch.no_grad():
         want = pristine(*case.args, **(case.kwargs or {}))
     torch.testing.assert_close(compiled(*case.args, **(case.kwargs or {})), want, rtol=1e-4, atol=1e-4)
+    vmfb = compiled.save(tmp_path / "m.vmfb")  # the module IREE's runtime loads
+    assert open(vmfb, "rb").read() == compiled.native
 

@@ -1,0 +1,54 @@
+"""`pt2b lower ART --to NAME -o FILE` writes the backend's own file, which that backend's own runtime
+loads and runs in a fresh process with no pt2b imported, computing what the model does."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from exporter import export_model
+from tests.cli.test_cli_convert import run_cli
+
+# a fresh interpreter: the backend's runtime alone reads the file and runs it on x.npy
+RUNNERS = {
+    "onnx": ("import numpy as np, onnxruntime as ort, sys\n"
+             "s = ort.InferenceSession(sys.argv[1], providers=['CPUExecutionProvider'])\n"
+             "out = s.run(None, {s.get_inputs()[0].name: np.load(sys.argv[2])})[0]\n"),
+    "openvino": ("import numpy as np, openvino, sys\n"
+                 "m = openvino.Core().compile_model(openvino.Core().read_model(sys.argv[1]), 'CPU',\n"
+                 "                                  {'INFERENCE_PRECISION_HINT': 'f32'})\n"
+                 "out = m(np.load(sys.argv[2]))[0]\n"),
+}
+TAIL = ("np.save(sys.argv[3], out)\n"
+        "print('pt2b imported:', any(m == 'exporter' or m.startswith(('exporter.', 'runtime_ref')) for m in sys.modules))\n")
+
+
+@pytest.mark.parametrize("backend, suffix", [("onnx", ".onnx"), ("openvino", ".xml")])
+def test_the_backends_own_file_runs_in_its_own_runtime(tmp_path, backend, suffix):
+    pytest.importorskip("onnxruntime" if backend == "onnx" else "openvino")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).eval()
+    x = torch.randn(3, 8)
+    export_model(model, (x,), tmp_path / "m.pt2b")
+    out_file = tmp_path / f"m{suffix}"
+    code, out, err = run_cli("lower", str(tmp_path / "m.pt2b"), "--to", backend, "-o", str(out_file), "--no-cache")
+    assert code == 0, err
+    assert "hand-off validation passed" in out and f"wrote {out_file}" in out and out_file.exists()
+    np.save(tmp_path / "x.npy", x.numpy())
+    ran = subprocess.run([sys.executable, "-c", RUNNERS[backend] + TAIL, str(out_file), str(tmp_path / "x.npy"),
+                          str(tmp_path / "y.npy")], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    assert "pt2b imported: False" in ran.stdout
+    with torch.no_grad():
+        torch.testing.assert_close(torch.from_numpy(np.load(tmp_path / "y.npy")), model(x), rtol=1e-3, atol=1e-3)
+
+
+def test_to_needs_a_destination(tmp_path):
+    pytest.importorskip("onnxruntime")
+    export_model(torch.nn.Linear(4, 2), (torch.randn(2, 4),), tmp_path / "m.pt2b")
+    code, _, err = run_cli("lower", str(tmp_path / "m.pt2b"), "--to", "onnx", "--no-cache")
+    assert code != 0 and "--to onnx writes the backend's own file: give its path with -o (e.g. -o model.onnx)" in err
