@@ -83,6 +83,7 @@ class Compiled:
     program: Any  # the torch.export.ExportedProgram the backend took
     plan: Any = None  # what the adapter's run needs beside them (the loaded runtime module; OpenVINO: its results' names)
     validation: Any = None  # validation.HandOffValidation: the outputs compared with the program's (None: not run)
+    dim_names: dict = dataclasses.field(default_factory=dict)  # torch's symbol -> the user's Dim name (files name dims so)
 
     def save(self, path: str | os.PathLike) -> str:
         """Write the backend's own file (``m.onnx``, ``m.pte``, ``m.vmfb``, OpenVINO's ``m.xml``, an
@@ -170,7 +171,7 @@ def to_backend(name: str | LoweredProgram, lowered: LoweredProgram | torch.expor
         raise
     except Exception as e:  # noqa: BLE001 (whatever the backend raises, typed and chained)
         raise BackendHandOffError(f"{backend.key} could not take the program: {first_line(e)}") from e
-    compiled = Compiled(backend, native, program, *plan)
+    compiled = Compiled(backend, native, program, *plan, dim_names=dict(getattr(lowered, "dim_names", None) or {}))
     if not validate:
         return compiled
     from .validation import validated_hand_off

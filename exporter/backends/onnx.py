@@ -79,5 +79,30 @@ def backend() -> Backend:
 
 
 def save(compiled, path: str) -> None:
-    """The ONNX model (ONNXProgram.save: the graph and its initializers), run by onnxruntime."""
+    """The ONNX model (ONNXProgram.save: the graph and its initializers), run by onnxruntime, its
+    dynamic dims named as the user named them at export (``batch``, not torch's ``s31``)."""
+    _name_dims(compiled.native.model, compiled.dim_names)
     compiled.native.save(path)
+
+
+def _name_dims(model, names: dict) -> None:
+    """Rename the symbolic dims of every value of ``model`` (an onnx_ir.Model) by ``names`` (torch's
+    symbol -> the user's Dim name)."""
+    import onnx_ir as ir
+
+    if not names:
+        return
+
+    def renamed(value):
+        shape = value.shape
+        if shape is None or not any(isinstance(d, ir.SymbolicDim) and d.value in names for d in shape):
+            return
+        value.shape = ir.Shape([ir.SymbolicDim(names[d.value]) if isinstance(d, ir.SymbolicDim) and d.value in names
+                                else d for d in shape])
+
+    graph = model.graph
+    for value in (*graph.inputs, *graph.outputs):
+        renamed(value)
+    for node in graph.all_nodes():
+        for value in node.outputs:
+            renamed(value)

@@ -33,7 +33,7 @@ def test_the_backends_own_file_runs_in_its_own_runtime(tmp_path, backend, suffix
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).eval()
     x = torch.randn(3, 8)
-    export_model(model, (x,), tmp_path / "m.pt2b")
+    export_model(model, (x,), tmp_path / "m.pt2b", dynamic_shapes=({0: torch.export.Dim("batch", max=64)},))
     out_file = tmp_path / f"m{suffix}"
     code, out, err = run_cli("lower", str(tmp_path / "m.pt2b"), "--to", backend, "-o", str(out_file), "--no-cache")
     assert code == 0, err
@@ -45,6 +45,12 @@ def test_the_backends_own_file_runs_in_its_own_runtime(tmp_path, backend, suffix
     assert "pt2b imported: False" in ran.stdout
     with torch.no_grad():
         torch.testing.assert_close(torch.from_numpy(np.load(tmp_path / "y.npy")), model(x), rtol=1e-3, atol=1e-3)
+    if backend == "onnx":  # the dims named as the user named them at export, not torch's symbols
+        import onnx
+
+        graph = onnx.load(out_file).graph
+        assert [[d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+                for v in (*graph.input, *graph.output)] == [["batch", 8], ["batch", 4]]
 
 
 def test_to_needs_a_destination(tmp_path):
