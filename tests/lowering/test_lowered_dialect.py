@@ -68,3 +68,20 @@ def test_a_lowering_served_from_the_cache_says_the_same(tmp_path, monkeypatch):
     assert hit.from_cache and hit.exported_program().dialect == "ATEN"
     assert all("tensor_meta" in n.meta for n in hit.exported_program().graph.nodes
                if n.op == "call_function" and isinstance(n.meta.get("val"), torch.Tensor))
+
+
+@pytest.mark.parametrize("name", ["cnn_bn", "transformer_encoder", "buffer_mutation", "kwargs_only"])
+def test_state_and_signature_are_laid_out_as_torchs_lowering_lays_them_out(tmp_path, name):
+    """The same state_dict and constants, the same inputs by kind, as run_decompositions gives."""
+    from tools.corpus.zoo import make_case
+
+    case = make_case(name)
+    ep = torch.export.export(case.model, case.args, kwargs=case.kwargs, dynamic_shapes=case.dynamic_shapes)
+    export_model(ep, path=tmp_path / "m.pt2b", keep_unused_weights=True)
+    ours = load_for_backend(tmp_path / "m.pt2b", "core", cache=False).exported_program()
+    theirs = ep.run_decompositions()
+    assert set(ours.state_dict) == set(theirs.state_dict) and set(ours.constants) == set(theirs.constants)
+    assert [(s.kind, s.target) for s in ours.graph_signature.input_specs] == \
+        [(s.kind, s.target) for s in theirs.graph_signature.input_specs]
+    assert [(s.kind, s.target) for s in ours.graph_signature.output_specs] == \
+        [(s.kind, s.target) for s in theirs.graph_signature.output_specs]
