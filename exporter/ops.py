@@ -135,6 +135,19 @@ class OpMatcher:
         name = op if isinstance(op, str) else op_name(op)
         return name in self.exact or any(p.fullmatch(name) for p in self.patterns)
 
+    @staticmethod
+    def closest(name: str) -> str | None:
+        """The registered op overload of ``name``'s namespace closest to it ("aten::linear.default" for
+        "aten::linearr"), or None when none is close (difflib's ratio of 0.75 or more)."""
+        import difflib
+
+        namespace = name.partition("::")[0] + "::"
+        names = [n if "." in n.partition("::")[2] else f"{n}.default" for n in torch._C._dispatch_get_all_op_names()
+                 if n.startswith(namespace)]
+        wanted = name if "." in name.partition("::")[2] else f"{name}.default"
+        close = difflib.get_close_matches(wanted, names, n=1, cutoff=0.75)
+        return close[0] if close else None
+
     def unknown_entries(self) -> list[str]:
         """String entries that name no registered op or overload (likely typos): "aten::linearr",
         "aten::linear.defualt"."""

@@ -74,7 +74,8 @@ def _matcher(entries, what: str, unknown_out: list | None = None) -> OpMatcher |
         raise LoweringError(f"{what}: {e}") from None
     unknown = m.unknown_entries()
     if unknown and unknown_out is None:
-        raise LoweringError(f"{what} names ops this torch does not have: {', '.join(unknown)} "
+        named = [f"{n} (did you mean {close}?)" if (close := OpMatcher.closest(n)) else n for n in unknown]
+        raise LoweringError(f"{what} names ops this torch does not have: {', '.join(named)} "
                             f"(write them as 'aten::add.Tensor', 'aten.add', 'aten.add.*' or 'mylib::*').")
     if unknown_out is not None:
         unknown_out.extend(unknown)

@@ -238,7 +238,8 @@ def test_a_typo_in_an_op_list_is_a_lowering_error_naming_it(tmp_path, arg, typo)
     path, _ = _export(tmp_path, "mlp")
     name = typo.replace(".", "::", 1) if "::" not in typo else typo
     if arg != "supported_ops":
-        with pytest.raises(LoweringError, match=rf"{arg} names ops this torch does not have: {re.escape(name)} "):
+        with pytest.raises(LoweringError, match=rf"{arg} names ops this torch does not have: {re.escape(name)} "
+                                                r"\(did you mean aten::linear\.default\?\)"):
             load_for_backend(path, **{arg: [typo]}, validate=False)
     else:
         with pytest.warns(UnknownOpsWarning, match=rf"left out: {re.escape(name)} "), pytest.raises(OpsetError):
