@@ -7,7 +7,7 @@ from . import dims
 from .lazy import Lazy
 from .program import OperatorInfo, Pt2bProgram
 from .serialize import reader
-from .serialize.generated import pt2b_generated as G
+from .layout.generated import pt2b_generated as G
 from .util.gc_pause import gc_paused
 from ._torch.deferred_codegen import deferred
 

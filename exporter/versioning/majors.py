@@ -17,7 +17,7 @@ class RawProgram:
     """An artifact's format version, header and program section, as bytes, between steps."""
 
     version: tuple[int, int]
-    header: object  # serialize.layout.container.Header (its major/minor are the file's)
+    header: object  # layout.container.Header (its major/minor are the file's)
     program: bytes
 
 

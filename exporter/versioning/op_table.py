@@ -11,7 +11,7 @@ import torch.fx
 
 from ..graph_walk import iter_graphs
 from ..ops import resolve_op
-from ..serialize.generated import pt2b_generated as G
+from ..layout.generated import pt2b_generated as G
 
 ATEN_NAMESPACES = {"aten", "prims", "_quantized", "quantized"}
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from .._torch.serde import schema as S
 from ..errors import MissingOperatorError, TargetTorchError
 from ..graph_walk import iter_serialized_graphs
-from ..serialize.generated import pt2b_generated as G
+from ..layout.generated import pt2b_generated as G
 from . import registries, schema_drift
 
 

@@ -15,7 +15,7 @@ import torch
 from .._torch.serde import schema as S
 from ..errors import CorruptArtifactError, MissingOperatorError, SchemaDriftError
 from ..graph_walk import iter_serialized_graphs
-from ..serialize.generated import pt2b_generated as G
+from ..layout.generated import pt2b_generated as G
 from ..util import nesting
 from . import op_table, upgraders
 

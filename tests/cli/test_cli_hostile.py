@@ -24,8 +24,8 @@ from exporter.cli.pt2_pickles import _globals
 from tools.corpus.zoo import make_case
 from exporter.errors import CorruptArtifactError, PickledContentError, SchemaDriftError, UnsupportedVersionError
 from exporter.serialize import reader
-from exporter.serialize.generated import pt2b_generated as G
-from exporter.serialize.layout.container import FILE_IDENTIFIER, Header, align
+from exporter.layout.generated import pt2b_generated as G
+from exporter.layout.container import FILE_IDENTIFIER, Header, align
 from exporter.util import nesting
 from exporter.versioning.formats import FORMAT_MAJOR, FORMAT_VERSION
 from tests.support.artifact_surgery import rewrite_artifact, set_op_record

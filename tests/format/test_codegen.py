@@ -7,7 +7,7 @@ import pytest
 
 from exporter.serialize.mapping import schema_map
 from tools import regen_flatbuffers as regen
-from exporter.serialize.generated import pt2b_generated as G
+from exporter.layout.generated import pt2b_generated as G
 from torch._export.serde import schema as S
 
 

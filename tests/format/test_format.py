@@ -13,7 +13,7 @@ from exporter.errors import (ArtifactError, CorruptArtifactError, ExportError, N
                              UnsupportedVersionError)
 from exporter.serialize import reader
 from exporter.serialize.write import weights
-from exporter.serialize.layout.container import HEADER_SIZE
+from exporter.layout.container import HEADER_SIZE
 from exporter.versioning.formats import FORMAT_MAJOR, FORMAT_MINOR
 
 

@@ -21,8 +21,8 @@ import torch
 import tools.corpus.zoo  # noqa: F401  registers the custom op some goldens call
 from exporter import export_model, load, load_for_backend
 from exporter.errors import ExportError, UnsupportedVersionError
-from exporter.serialize.layout import container
-from exporter.serialize.generated import pt2b_generated as G
+from exporter.layout import container
+from exporter.layout.generated import pt2b_generated as G
 from exporter.versioning import formats, majors
 from tests.support.golden_io import load_io
 from tests.support.helpers import assert_close_to_eager

@@ -261,7 +261,7 @@ def test_a_1_1_reader_sees_the_default_method(written):
     default method, complete (a minor bump's promise, checked with the released 1.1 schema's layout)."""
     import pathlib
 
-    from exporter.serialize.layout import fbs
+    from exporter.layout import fbs
     from exporter.serialize.read import buffer_bounds
 
     old = fbs.parse((pathlib.Path(__file__).parents[2] / "schemas/history/1.1/pt2b.fbs").read_text())

@@ -17,7 +17,7 @@ from exporter import export_model, load, load_for_backend, names, ops
 from exporter.errors import CorruptArtifactError, ExportError
 from exporter.serialize import reader
 from exporter.serialize.read import untrusted
-from exporter.serialize.generated import pt2b_generated as G
+from exporter.layout.generated import pt2b_generated as G
 from runtime_ref import Runtime
 
 

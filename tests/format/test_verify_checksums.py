@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from exporter import cli, export_model, load_for_backend
 from exporter.errors import CorruptArtifactError, Pt2bError
 from exporter.serialize import reader
-from exporter.serialize.generated import pt2b_generated as G
-from exporter.serialize.layout.container import HEADER_SIZE
-from exporter.serialize.layout.segments import read_segments
+from exporter.layout.generated import pt2b_generated as G
+from exporter.layout.container import HEADER_SIZE
+from exporter.layout.segments import read_segments
 from exporter.serialize.read import integrity
 from tests.support.artifact_surgery import add_op_record, damage_graph_table, rewrite_artifact
 
@@ -173,7 +173,7 @@ def test_segments_claiming_the_same_bytes_again_are_refused_before_hashing(tmp_p
     """A crafted table of many segments over the same bytes would make a small file cost hashing many
     times its size (2,000 segments over 0.26 MB: 0.5 GB); together they claim more than the data section
     holds, which no written file does, and both verify paths refuse it before hashing anything."""
-    from exporter.serialize.generated import pt2b_generated as G
+    from exporter.layout.generated import pt2b_generated as G
     from exporter.serialize.read import segment_hashes
 
     torch.manual_seed(0)

@@ -72,7 +72,7 @@ def test_the_format_version_is_read_from_the_schema(tmp_path, monkeypatch):
     import importlib
 
     from exporter import package_data
-    from exporter.serialize.layout import fbs
+    from exporter.layout import fbs
     from exporter.versioning import formats
 
     text = (SCHEMAS / "pt2b.fbs").read_text()
@@ -101,7 +101,7 @@ def test_the_format_version_is_read_from_the_schema(tmp_path, monkeypatch):
     ('(since: "one")', 'since must look like "MAJOR.MINOR"'),
 ])
 def test_the_schema_reader_refuses_other_attributes(attrs, why):
-    from exporter.serialize.layout import fbs
+    from exporter.layout import fbs
 
     text = (SCHEMAS / "pt2b.fbs").read_text().replace("  producer: string;", f"  producer: string {attrs};")
     with pytest.raises(fbs.SchemaLayoutError, match=why.replace("(", r"\(").replace(".", r"\.")):

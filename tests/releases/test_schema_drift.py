@@ -17,7 +17,7 @@ from tests.support.artifact_surgery import add_op_record, drop_inputs, find_node
 from exporter import load
 from exporter.errors import CorruptArtifactError, MissingOperatorError
 from exporter.serialize import reader
-from exporter.serialize.generated import pt2b_generated as G
+from exporter.layout.generated import pt2b_generated as G
 from exporter.versioning import schema_drift, upgraders
 from exporter.versioning import op_table
 from exporter.versioning.schema_drift import SchemaDriftError, compare, parse, same_schema, upgrade_program

@@ -23,7 +23,7 @@ HOMES = {
                                "exporter/cli/verify.py", "exporter/cli/upgrade.py", "exporter/cli/progress.py",
                                "exporter/lowering/cache.py", "exporter/lowering/pipeline.py",
                                "exporter/backends/executorch.py",  # ExecuTorch's exir.verification module
-                               "exporter/serialize/read/*", "exporter/serialize/layout/*"},
+                               "exporter/serialize/read/*", "exporter/layout/*"},
     # a lowered program's values against the unlowered program's (torch's ExportedProgram.validate()
     # keeps its name)
     r"\bvalidat\w*": {"exporter/api.py", "exporter/cli/__init__.py", "exporter/cli/lower.py", "exporter/cli/run.py",

@@ -18,8 +18,8 @@ import flatbuffers
 from exporter.serialize import reader
 from exporter.serialize.write import encode_schema
 from exporter.util.atomic import atomic_write
-from exporter.serialize.layout.container import FILE_IDENTIFIER, Header, align
-from exporter.serialize.generated import pt2b_generated as G
+from exporter.layout.container import FILE_IDENTIFIER, Header, align
+from exporter.layout.generated import pt2b_generated as G
 
 
 def find_nodes(serialized_ep, target: str) -> list:

@@ -18,7 +18,7 @@ from torch._export.serde.union import _Union
 
 from exporter.errors import CorruptArtifactError
 from exporter.serialize.mapping import schema_map
-from exporter.serialize.generated import pt2b_generated as G
+from exporter.layout.generated import pt2b_generated as G
 
 _SCALAR_KINDS = frozenset({"int", "float", "bool", "enum"})
 

@@ -15,7 +15,7 @@ import torch
 from exporter import export_model, load
 from exporter.cli import main as cli
 from exporter.errors import ArtifactError, CorruptArtifactError
-from exporter.serialize.layout.container import HEADER_SIZE, MAX_PROGRAM_SIZE, unpack_header
+from exporter.layout.container import HEADER_SIZE, MAX_PROGRAM_SIZE, unpack_header
 from exporter.serialize.read import integrity, section
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

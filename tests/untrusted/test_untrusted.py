@@ -43,7 +43,7 @@ def _tamper(path, edit, edit_table=None):
     import flatbuffers
     import zlib
 
-    from exporter.serialize.layout.container import FILE_IDENTIFIER, Header
+    from exporter.layout.container import FILE_IDENTIFIER, Header
 
     art = reader.open_artifact(path)
     ep = reader.decode_graph(art)

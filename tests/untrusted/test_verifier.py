@@ -19,10 +19,10 @@ from hypothesis import strategies as st
 from exporter import export_model, load
 from exporter.errors import CorruptArtifactError
 from exporter.serialize import reader
-from exporter.serialize.layout import fbs
+from exporter.layout import fbs
 from exporter.serialize.read import buffer_bounds, decode_schema, unpack_tables
-from exporter.serialize.layout.container import FILE_IDENTIFIER, Header
-from exporter.serialize.generated import pt2b_generated as G
+from exporter.layout.container import FILE_IDENTIFIER, Header
+from exporter.layout.generated import pt2b_generated as G
 from tools.corpus.zoo import make_case
 
 GOLDEN = pathlib.Path(__file__).parents[1] / "golden"

@@ -412,7 +412,7 @@ def _fill_bytes(rng, fill: str, n: int) -> bytes:
 def _pack(s: Seed, tree) -> bytearray:
     import flatbuffers
 
-    from exporter.serialize.layout.container import FILE_IDENTIFIER
+    from exporter.layout.container import FILE_IDENTIFIER
 
     try:
         b = flatbuffers.Builder(1 << 16)

@@ -50,7 +50,7 @@ class Seed:
     """A pristine artifact and everything the mutators need to know about its layout."""
 
     def __init__(self, name: str, data: bytes):
-        from exporter.serialize.generated import pt2b_generated as G
+        from exporter.layout.generated import pt2b_generated as G
 
         self.name, self.data = name, data
         (_, self.major, self.minor, self.header_size, self.flags, self.d_off, self.d_size, self.p_off,
@@ -71,7 +71,7 @@ class Seed:
 
     def program_tree(self):
         """A fresh object-API tree of the seed's program table (each mutation edits its own)."""
-        from exporter.serialize.generated import pt2b_generated as G
+        from exporter.layout.generated import pt2b_generated as G
 
         return G.ProgramT.InitFromPackedBuf(self.program, 0)
 

@@ -131,7 +131,7 @@ def pack_schema(s: Seed, tree, ep) -> bytearray:
 
 
 def pack_tree(s: Seed, tree) -> bytearray:
-    from exporter.serialize.layout.container import FILE_IDENTIFIER
+    from exporter.layout.container import FILE_IDENTIFIER
 
     try:
         b = flatbuffers.Builder(1 << 16)
@@ -179,7 +179,7 @@ def shared_tables(types: tuple):
 def pack_shared_schema(s: Seed, tree, ep, types: tuple) -> bytearray:
     """pack_schema with every object of ``types`` in ``ep`` packed once and shared."""
     from exporter.serialize.write import encode_schema
-    from exporter.serialize.layout.container import FILE_IDENTIFIER
+    from exporter.layout.container import FILE_IDENTIFIER
 
     try:
         with shared_tables(types):
@@ -198,8 +198,8 @@ def pack_shared_methods(s: Seed, n: int, share_vectors: bool = True, tree=None) 
     """Seed ``s`` with ``n`` more methods (Program.methods, format 1.2), every one pointing at the
     root's one exported_program table (and, with ``share_vectors``, at its one tensor-record and
     op-table vectors): the file grows by a few bytes per method, a per-method walk n-fold."""
-    from exporter.serialize.layout.container import FILE_IDENTIFIER
-    from exporter.serialize.generated import pt2b_generated as G
+    from exporter.layout.container import FILE_IDENTIFIER
+    from exporter.layout.generated import pt2b_generated as G
 
     tree = tree or s.program_tree()
     b = flatbuffers.Builder(1 << 16)

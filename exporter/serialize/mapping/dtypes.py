@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from ...errors import CorruptArtifactError, UnsupportedValueError
-from ..generated.pt2b_generated import ScalarType
+from ...layout.generated.pt2b_generated import ScalarType
 
 _TO_ENUM = {
     torch.uint8: ScalarType.BYTE,

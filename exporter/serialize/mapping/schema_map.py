@@ -16,8 +16,8 @@ import numpy as np
 from ..._torch import compat as torch_compat
 from ..._torch.serde import schema as S
 from ...errors import ArtifactError, CorruptArtifactError, ExportError, UnsupportedVersionError
-from ..layout import fbs
-from ..generated import pt2b_generated as G
+from ...layout import fbs
+from ...layout.generated import pt2b_generated as G
 
 STR = ("str",)
 _SCALARS = {str: STR, int: ("int",), float: ("float",), bool: ("bool",)}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import struct
 
 from ...errors import CorruptArtifactError
-from ..layout.fbs import SCALARS, Layout, layout
+from ...layout.fbs import SCALARS, Layout, layout
 
 MAX_DEPTH = 128  # nested tables (each subgraph adds about six: Argument -> GraphArgument -> Graph -> ...)
 

@@ -9,8 +9,8 @@ import struct
 
 
 from ..._torch.serde import Union as _Union
-from ..layout import fbs
-from ..layout.fbs import SCALARS
+from ...layout import fbs
+from ...layout.fbs import SCALARS
 from ..mapping import schema_map
 
 _U32 = struct.Struct("<I").unpack_from

@@ -17,9 +17,9 @@ import stat
 
 from ...errors import ArtifactError, CorruptArtifactError, NotAnArtifactError
 from ...versioning import formats, majors
-from ..generated import pt2b_generated as G
-from ..layout.container import FILE_IDENTIFIER, HEADER_SIZE, Header, read_preamble, unpack_header
-from ..layout.segments import DIGEST_SIZE, read_segments
+from ...layout.generated import pt2b_generated as G
+from ...layout.container import FILE_IDENTIFIER, HEADER_SIZE, Header, read_preamble, unpack_header
+from ...layout.segments import DIGEST_SIZE, read_segments
 from . import buffer_bounds, section, segment_hashes
 
 

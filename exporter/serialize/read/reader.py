@@ -24,9 +24,9 @@ from ... import names
 from ...errors import ArtifactError, CorruptArtifactError, MethodNotFoundError, MissingPytreeTypeError
 from ...util import nesting
 from ...versioning import schema_drift
-from ..generated import pt2b_generated as G
-from ..layout.container import Header
-from ..layout.segments import KIND_NAMES
+from ...layout.generated import pt2b_generated as G
+from ...layout.container import Header
+from ...layout.segments import KIND_NAMES
 from ..mapping import module_stacks, return_types
 from . import buffer_bounds, decode_schema, integrity, segment_hashes, unpack_tables, untrusted, weights
 

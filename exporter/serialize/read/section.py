@@ -9,8 +9,8 @@ import mmap
 import os
 
 from ...errors import ArtifactError, CorruptArtifactError
-from ..layout.container import Header, check_program_size
-from ..layout.segments import crc32
+from ...layout.container import Header, check_program_size
+from ...layout.segments import crc32
 
 PIECE = 1 << 20  # the most bytes one read of the checksum pass brings into memory
 

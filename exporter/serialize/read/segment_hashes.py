@@ -21,7 +21,7 @@ import struct
 import sys
 import threading
 
-from ..layout.segments import crc32
+from ...layout.segments import crc32
 
 # the bytes one task hashes at most: a CRC32 of a large segment is the CRC of its pieces chained in
 # order, so a segment of several GB is not one core's work alone (its sha256 is: the hash is sequential)
@@ -190,9 +190,9 @@ class Early:
             view = view[os.write(out, view):]
 
     def _read_extents(self, path: str) -> None:
-        from ..generated import pt2b_generated as G
-        from ..layout.container import HEADER_SIZE, unpack_header
-        from ..layout.segments import read_segments
+        from ...layout.generated import pt2b_generated as G
+        from ...layout.container import HEADER_SIZE, unpack_header
+        from ...layout.segments import read_segments
         from .section import read_program
 
         with open(path, "rb") as f:

@@ -11,8 +11,8 @@ import struct
 import flatbuffers
 import numpy as np
 
-from ..generated import pt2b_generated as G
-from ..layout import fbs
+from ...layout.generated import pt2b_generated as G
+from ...layout import fbs
 from ..mapping import schema_map
 
 _U32 = struct.Struct("<I").unpack_from

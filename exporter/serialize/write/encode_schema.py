@@ -10,7 +10,7 @@ import flatbuffers.number_types as N
 import numpy as np
 
 from ..._torch.serde import Union as _Union
-from ..layout import fbs
+from ...layout import fbs
 from ..mapping import schema_map
 
 _FLAGS = {"bool": N.BoolFlags, "byte": N.Int8Flags, "int8": N.Int8Flags, "ubyte": N.Uint8Flags,

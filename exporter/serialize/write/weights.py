@@ -10,9 +10,9 @@ import dataclasses
 
 import torch
 
-from ..generated import pt2b_generated as G
-from ..layout.container import align
-from ..layout.segments import crc32, digest
+from ...layout.generated import pt2b_generated as G
+from ...layout.container import align
+from ...layout.segments import crc32, digest
 from ..mapping.dtypes import dtype_to_enum
 
 

@@ -26,8 +26,8 @@ from ...versioning.formats import FIELDS_ADDED, FORMAT_VERSION, version_str
 from ...util.atomic import atomic_path, check_destination
 from ...util.gc_pause import gc_paused
 from ...util import nesting
-from ..generated import pt2b_generated as G
-from ..layout.container import ALIGNMENT, FILE_IDENTIFIER, HEADER_SIZE, Header, align
+from ...layout.generated import pt2b_generated as G
+from ...layout.container import ALIGNMENT, FILE_IDENTIFIER, HEADER_SIZE, Header, align
 from ..mapping import module_stacks, return_types
 from ..read import untrusted
 from . import direct, encode_schema, serde_repairs, weights

@@ -13,7 +13,7 @@ import functools
 import pathlib
 import re
 
-from ... import package_data
+from .. import package_data
 
 SCHEMA = package_data.path("pt2b.fbs")
 

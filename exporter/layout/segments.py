@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 
-from ..generated import pt2b_generated as G
+from .generated import pt2b_generated as G
 
 KIND_NAMES = {G.TensorKind.PARAMETER: "parameter", G.TensorKind.BUFFER: "buffer",
               G.TensorKind.CONSTANT: "constant", G.TensorKind.EXAMPLE_INPUT: "example input"}

@@ -15,7 +15,7 @@ import dataclasses
 import struct
 import zlib
 
-from ...errors import CorruptArtifactError, NotAnArtifactError
+from ..errors import CorruptArtifactError, NotAnArtifactError
 
 MAGIC = b"PT2B"
 PREAMBLE = struct.Struct("<4sHH")
