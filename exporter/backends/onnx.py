@@ -14,6 +14,7 @@ import functools
 import torch
 
 from . import Backend, calling, quiet_logger, retraceable
+from .._torch.pytree import pytree
 
 
 def _qualified(name: str) -> str:
@@ -81,8 +82,34 @@ def backend() -> Backend:
 def save(compiled, path: str) -> None:
     """The ONNX model (ONNXProgram.save: the graph and its initializers), run by onnxruntime, its
     dynamic dims named as the user named them at export (``batch``, not torch's ``s31``)."""
-    _name_dims(compiled.native.model, compiled.dim_names)
-    compiled.native.save(path)
+    model = compiled.native.model
+    _name_dims(model, compiled.dim_names)
+    made = [v.name for v in model.graph.outputs]  # what run() maps the session's outputs by
+    _name_outputs(model, compiled.program)
+    try:
+        compiled.native.save(path)
+    finally:
+        for value, name in zip(model.graph.outputs, made):
+            value.name = name
+
+
+def _name_outputs(model, ep) -> None:
+    """Name the graph's outputs by where each sits in the program's output structure ("logits",
+    "past_key_values.0.1"; one tensor: "output"), not by the node that made it ("linear_14"), where
+    the graph returns exactly the program's outputs."""
+    spec = ep.call_spec.out_spec
+    outputs = model.graph.outputs
+    if spec is None or spec.num_leaves != len(outputs):
+        return
+    paths, _ = pytree.tree_flatten_with_path(pytree.tree_unflatten(list(range(spec.num_leaves)), spec))
+    names = [".".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path) or "output"
+             for path, _ in paths]
+    taken = {v.name for v in model.graph.inputs} | set(model.graph.initializers) | {
+        v.name for node in model.graph.all_nodes() for v in node.outputs if v not in outputs}
+    if len(set(names)) != len(names) or taken & set(names):
+        return
+    for value, name in zip(outputs, names):
+        value.name = name
 
 
 def _name_dims(model, names: dict) -> None:

@@ -51,6 +51,7 @@ def test_the_backends_own_file_runs_in_its_own_runtime(tmp_path, backend, suffix
         graph = onnx.load(out_file).graph
         assert [[d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
                 for v in (*graph.input, *graph.output)] == [["batch", 8], ["batch", 4]]
+        assert [v.name for v in graph.output] == ["output"]  # (a dict output: its keys)
 
 
 def test_to_needs_a_destination(tmp_path):
@@ -58,3 +59,26 @@ def test_to_needs_a_destination(tmp_path):
     export_model(torch.nn.Linear(4, 2), (torch.randn(2, 4),), tmp_path / "m.pt2b")
     code, _, err = run_cli("lower", str(tmp_path / "m.pt2b"), "--to", "onnx", "--no-cache")
     assert code != 0 and "--to onnx writes the backend's own file: give its path with -o (e.g. -o model.onnx)" in err
+
+
+class _DictOut(torch.nn.Module):
+    def forward(self, x):
+        return {"logits": x * 2, "hidden": (x + 1, x.sum(0))}
+
+
+def test_the_onnx_file_names_its_outputs_by_the_programs_structure(tmp_path):
+    """Outputs named by where they sit in what the model returns, not by the node that made them; the
+    compiled program keeps running after the file is written."""
+    pytest.importorskip("onnxruntime")
+    import onnx
+
+    from exporter import backends, load_for_backend
+
+    export_model(_DictOut(), (torch.randn(3, 4),), tmp_path / "m.pt2b")
+    compiled = backends.to_backend(load_for_backend(tmp_path / "m.pt2b", backend="onnx", cache=False))
+    compiled.save(tmp_path / "m.onnx")
+    assert [v.name for v in onnx.load(tmp_path / "m.onnx").graph.output] == ["logits", "hidden.0", "hidden.1"]
+    x = torch.randn(3, 4)
+    got, want = compiled(x), _DictOut()(x)
+    torch.testing.assert_close(got["hidden"][1], want["hidden"][1])
+    torch.testing.assert_close(got["logits"], want["logits"])
