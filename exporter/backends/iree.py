@@ -67,7 +67,8 @@ def backend() -> Backend:
     return Backend("iree", f"{version('iree-base-compiler')}+turbine{version('iree-turbine')}", (),
                    "torch.export's CompositeImplicitAutograd decompositions with iree-turbine's current_aot_decompositions() over them (IREE publishes no op list)", _table, hand_off, run,
                    f"target {TARGET}, runtime driver {DRIVER}", takes_what_its_table_leaves=True, save=save,
-                   file_suffix=".vmfb")
+                   file_suffix=".vmfb",
+                   holds_state=True)  # turbine makes written buffers the module's mutable globals
 
 
 def save(compiled, path: str) -> None:

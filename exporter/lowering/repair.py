@@ -25,9 +25,10 @@ def validated(lowering: Lowering, source_ep) -> Lowering:
     plan = lowering.plan
     applied = applied_decompositions(source_ep, plan.table)
     runs = SourceRuns(source_ep, record=applied)
-    failure = validate(source_ep, lowering.exported_program(), plan.table, runs)
-    if failure.status != "failed":
-        return dataclasses.replace(lowering, validation=failure)
+    verdict = validate(source_ep, lowering.exported_program(), plan.table, runs)
+    if verdict.status != "failed":
+        return dataclasses.replace(lowering, validation=verdict)
+    failure = verdict
     t0 = time.perf_counter()
     if getattr(failure, "culprits", None):  # found op by op on the derived input: named already
         return _repaired(failure, failure.culprits, plan, source_ep, runs)

@@ -89,3 +89,17 @@ def test_a_cache_filled_eagerly_is_written_back_on_the_runtime(tmp_path):
     again, _ = CacheFilledEagerly.made()
     with torch.no_grad():
         torch.testing.assert_close(compiled(*args), again(*args), rtol=1e-5, atol=1e-5)
+
+
+def test_the_buffers_a_program_writes_carry_from_call_to_call(tmp_path):
+    """Why ExecuTorch is a backend that holds state: the loaded Method keeps the program's mutable
+    buffers, so three calls give what three eager calls give (a frozen copy would repeat the first)."""
+    case = make_case("buffer_mutation")
+    pristine = copy.deepcopy(case.model)
+    export_model(case.model, case.args, tmp_path / "m.pt2b")
+    compiled = backends.to_backend(load_for_backend(tmp_path / "m.pt2b", backend="executorch", cache=False))
+    assert compiled.validation.status == "skipped"  # (a check run would advance the state)
+    for _ in range(3):
+        x = torch.randn(4, 8)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), pristine(x), rtol=1e-4, atol=1e-4)
