@@ -9,6 +9,7 @@ import torch
 
 from .._torch.pytree import pytree
 from ..errors import BackendResultError
+from ..lowering.verdicts import relative_difference
 
 __all__ = ["HandOffValidation", "reference_outputs", "validated_hand_off"]
 
@@ -88,13 +89,10 @@ def validated_hand_off(compiled, ep, bounds: dict) -> HandOffValidation:
         widest = max(widest, bound)
         if w.numel() == 0 or torch.equal(g, w):
             continue
-        wide = torch.promote_types(w.dtype, torch.float32)
-        a, b = g.to(wide), w.to(wide)
-        if not torch.equal(a.isnan(), b.isnan()) or not torch.equal(a.isinf() & (a > 0), b.isinf() & (b > 0)):
+        if not torch.equal(g.isnan(), w.isnan()) or not torch.equal(g.isinf() & (g > 0), w.isinf() & (w > 0)):
             raise BackendResultError(f"{key}: {name} has NaN or infinite values where the lowered program's does "
                                      f"not (or the reverse); to_backend(..., validate=False) hands it over unchecked.")
-        fin = a.isfinite() & b.isfinite()
-        rel = torch.where(fin, (a - b).abs().div(b.abs().clamp_min(1.0)), 0.0).max().item()
+        rel = relative_difference(g, w)
         worst = max(worst, rel)
         if rel > bound:
             raise BackendResultError(

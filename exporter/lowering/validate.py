@@ -349,13 +349,8 @@ def _compare(got, want, bounds: dict) -> tuple[str, float, str]:
     for a, b in zip(pytree.tree_leaves(got), pytree.tree_leaves(want)):
         if not isinstance(b, torch.Tensor) or not b.is_floating_point() or b.numel() == 0 or torch.equal(a, b):
             continue
-        # float32 holds a half-precision difference exactly and a float32 one to 2**-24 of itself:
-        # float64 only for float64 outputs (a pass over a large output costs what the program's run does)
         dtype = b.dtype
-        wide = torch.promote_types(dtype, torch.float32)
-        a, b = a.to(wide), b.to(wide)
-        fin = b.isfinite() & a.isfinite()
-        rel = torch.where(fin, (a - b).abs_().div_(b.abs().clamp_min_(1.0)), 0.0).max().item()
+        rel = verdicts.relative_difference(a, b)  # (in float32, float64 only for float64 outputs)
         worst = max(worst, rel)
         if rel > bounds.get(dtype, 1e-3):
             return "wrong", rel, f"a {str(dtype).removeprefix('torch.')} output differs by {rel:.3g} (relative)"

@@ -87,6 +87,17 @@ def compare(got, ref, ref64) -> dict:
     return worst
 
 
+def relative_difference(got: torch.Tensor, want: torch.Tensor) -> float:
+    """The largest difference of ``got`` from ``want`` (float tensors of one shape), relative to
+    ``want``'s magnitude where it is above 1 and absolute below: the measure a whole output is judged by
+    against WRONG_REL. Elements not finite in either are left out. Computed in float32 (float64 for
+    float64 outputs): float32 holds a half-precision difference exactly."""
+    wide = torch.promote_types(want.dtype, torch.float32)
+    a, b = got.to(wide), want.to(wide)
+    fin = b.isfinite() & a.isfinite()
+    return torch.where(fin, (a - b).abs_().div_(b.abs().clamp_min_(1.0)), 0.0).max().item()
+
+
 def data_path(torch_minor: str | None = None):
     from .presets import frozen_path, torch_minor as current
 
