@@ -8,9 +8,6 @@ import copy
 import dataclasses
 import functools
 import inspect
-import logging
-import math
-import os
 import re
 import warnings
 
