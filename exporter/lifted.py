@@ -57,6 +57,12 @@ class Binding:
             else:
                 self.other_outputs = True
 
+    def bind(self, flat: list) -> list:
+        """The graph's inputs for a call whose flat user inputs are ``flat``: those in order, the
+        program's own state between them."""
+        users = iter(flat)
+        return [next(users) if value is None else value for _, _, value in self.inputs]
+
 
 def finite_int(v) -> int | None:
     """``v`` (a range bound: int, sympy integer or infinity) as an int; None when unbounded."""
@@ -119,8 +125,7 @@ class DirectCall:
         flat, spec = pytree.tree_flatten((args, kwargs))
         if spec != self.in_spec or len(flat) != len(self.expected) or not self._matches(flat):
             return NotImplemented
-        users = iter(flat)
-        inputs = [next(users) if value is None else value for _, _, value in self.binding.inputs]
+        inputs = self.binding.bind(flat)
         out = self.gm(*inputs)
         out = out if isinstance(out, (list, tuple)) else [out]
         for i, at in self.binding.writes:

@@ -73,7 +73,7 @@ def _imports(tree: ast.Module, top_level_only: bool) -> list[str]:
 def corpus_builders(files: dict[str, str | None]) -> list[str]:
     """The files of a package listing (path in the wheel -> a .py file's text, None for other files) that
     are corpus builders or reach for them: anything of tools/, a *zoo* or corpus-sample file, a module
-    importing transformers (whose model classes only the corpora build), or a module importing tools at
+    importing transformers beyond its exporters' tables (its model classes only the corpora build), or a module importing tools at
     import time (the product reaches the builders only when asked: exporter/explorer/corpus.py)."""
     found = []
     for name, text in sorted(files.items()):
@@ -85,7 +85,9 @@ def corpus_builders(files: dict[str, str | None]) -> list[str]:
             why = "a model zoo"
         elif text is not None and name.endswith(".py"):
             tree = ast.parse(text, name)
-            if any(m.split(".")[0] == "transformers" for m in _imports(tree, top_level_only=False)):
+            # (its exporters' conversion tables are a backend's, read by exporter/backends/library_tables.py)
+            if any(m.split(".")[0] == "transformers" and not m.startswith("transformers.exporters")
+                   for m in _imports(tree, top_level_only=False)):
                 why = "imports transformers"
             elif any(m.split(".")[0] == "tools" for m in _imports(tree, top_level_only=True)):
                 why = "imports tools at import time"

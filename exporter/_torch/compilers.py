@@ -1,9 +1,10 @@
 """The private tables of the compilers inside torch that pt2b's backends read: Inductor's lowerings,
-fallbacks and decompositions, and torch.onnx's registry of torchlib translations. Each imports on call."""
+fallbacks and decompositions, torch.onnx's torchlib registry and assertion pass. Each imports on call."""
 
 from __future__ import annotations
 
-__all__ = ["ONNX_REGISTRATION", "inductor_decompositions", "inductor_lowerings", "onnx_torchlib_registry"]
+__all__ = ["ONNX_REGISTRATION", "inductor_decompositions", "inductor_lowerings", "onnx_assertion_pass",
+           "onnx_torchlib_registry"]
 
 ONNX_REGISTRATION = "torch.onnx._internal.exporter._registration"  # its module, and its logger's name
 
@@ -28,3 +29,11 @@ def onnx_torchlib_registry():
     from torch.onnx._internal.exporter import _registration
 
     return _registration.ONNXRegistry.from_torchlib()
+
+
+def onnx_assertion_pass():
+    """torch.onnx's pass that erases the runtime assertions of a GraphModule (and of its submodules)
+    before translating it: ``remove_assertion_nodes(graph_module)``, in place."""
+    from torch.onnx._internal.exporter import _fx_passes
+
+    return _fx_passes.remove_assertion_nodes

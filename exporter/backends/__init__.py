@@ -10,6 +10,9 @@ the model.
   executorch.py ExecuTorch's portable kernels, its runtime's own kernel registry (pip install executorch)
   iree.py       IREE through iree-turbine, its own AOT table, compiled for llvm-cpu (pip install iree-turbine ...)
   calling.py    the program's calling convention around a backend's runner
+  library_tables.py  the conversion tables transformers' exporters keep for onnx and openvino, read from it
+  validation.py the hand-off check: the backend's outputs against the program's own run
+  partition.py  a program split between a backend and the reference (to_backend(..., fallback="reference"))
 """
 
 from __future__ import annotations
@@ -84,11 +87,16 @@ class Compiled:
     plan: Any = None  # what the adapter's run needs beside them (the loaded runtime module; OpenVINO: its results' names)
     validation: Any = None  # validation.HandOffValidation: the outputs compared with the program's (None: not run)
     dim_names: dict = dataclasses.field(default_factory=dict)  # torch's symbol -> the user's Dim name (files name dims so)
+    share: Any = None  # partition.Share: what the backend runs of a program split with the reference (fallback=)
 
     def save(self, path: str | os.PathLike) -> str:
         """Write the backend's own file (``m.onnx``, ``m.pte``, ``m.vmfb``, OpenVINO's ``m.xml``, an
         AOTInductor ``m.pt2``), which the backend's own runtime loads with no pt2b installed; returns
         its path."""
+        if self.share is not None:
+            raise BackendHandOffError(f"the program runs split between {self.backend.key} and the reference "
+                                      f"(fallback=), and no one file of {self.backend.name}'s holds both: save "
+                                      f"the .pt2b and hand it over where it runs.")
         if self.backend.save is None:
             raise BackendHandOffError(f"{self.backend.key} has no file of its own that pt2b writes.")
         path = os.fspath(path)
@@ -134,7 +142,8 @@ def _get(name: str, module: str, package: str) -> Backend:
 
 
 def to_backend(name: str | LoweredProgram, lowered: LoweredProgram | torch.export.ExportedProgram | None = None, *,
-               validate: bool = True, frozen_state: bool = False, **options: Any) -> Compiled:
+               validate: bool = True, frozen_state: bool = False, fallback: str | None = None,
+               **options: Any) -> Compiled:
     """Hand a program to a backend: ``to_backend(lowered)`` hands what ``load_for_backend(path,
     backend=NAME)`` made to that backend; ``to_backend(NAME, program)`` names the backend (for any
     ExportedProgram, or a program lowered with a preset). Options go to the backend's hand-off
@@ -146,7 +155,14 @@ def to_backend(name: str | LoweredProgram, lowered: LoweredProgram | torch.expor
 
     A program that writes its buffers (a KV cache, running statistics) is a BackendStateError: the
     backends hold buffers as constants, so every call would start from their exported values.
-    ``frozen_state=True`` accepts that explicitly."""
+    ``frozen_state=True`` accepts that explicitly.
+
+    ``fallback="reference"``: where the backend cannot take the whole program, it runs what it can: the
+    program is split into the runs of nodes whose ops the backend lists, each handed over as a program
+    of its own, and the nodes between them run by their ATen kernels (as runtime_ref runs them); a
+    part the backend refuses runs there too. ``Compiled.share`` says what share of the op nodes and
+    FLOPs the backend runs, and the whole is validated as any hand-off. Without it, a program the
+    backend cannot take is a BackendHandOffError."""
     if lowered is None and not isinstance(name, str):
         lowered, name = name, getattr(name, "backend", None)
         if name is None:
@@ -165,19 +181,45 @@ def to_backend(name: str | LoweredProgram, lowered: LoweredProgram | torch.expor
             f"call would start from their exported values (a KV cache that never fills, running statistics "
             f"that never move). Run it with runtime_ref or the program itself, which carry the state, or pass "
             f"to_backend(..., frozen_state=True) (`pt2b run --frozen-state`) to accept constants.")
+    if fallback not in (None, "reference"):
+        raise BackendHandOffError(f"fallback={fallback!r}: pt2b falls back on 'reference' (runtime_ref's way: the "
+                                  f"program's own ATen kernels), or None for no fallback.")
+    dim_names = dict(getattr(lowered, "dim_names", None) or {})
     try:
-        native, program, *plan = backend.hand_off(ep, **options)
-    except Pt2bError:
-        raise
-    except Exception as e:  # noqa: BLE001 (whatever the backend raises, typed and chained)
-        raise BackendHandOffError(f"{backend.key} could not take the program: {first_line(e)}") from e
-    compiled = Compiled(backend, native, program, *plan, dim_names=dict(getattr(lowered, "dim_names", None) or {}))
+        compiled = Compiled(backend, *_handed(backend, ep, options), dim_names=dim_names)
+    except BackendHandOffError:
+        if fallback is None:
+            raise
+        compiled = _split(backend, ep, lowered, options, dim_names)
     if not validate:
         return compiled
     from .validation import validated_hand_off
     from ..lowering.verdicts import WRONG_REL
 
     return dataclasses.replace(compiled, validation=validated_hand_off(compiled, ep, WRONG_REL))
+
+
+def _handed(backend: Backend, ep, options: dict) -> tuple:
+    """(native, the program it took[, plan]): ``backend``'s hand-off of ``ep``, its failure typed."""
+    try:
+        return backend.hand_off(ep, **options)
+    except Pt2bError:
+        raise
+    except Exception as e:  # noqa: BLE001 (whatever the backend raises, typed and chained)
+        raise BackendHandOffError(f"{backend.key} could not take the program: {first_line(e)}") from e
+
+
+def _split(backend: Backend, ep, lowered, options: dict, dim_names: dict) -> Compiled:
+    """``ep`` split between ``backend`` (the ops its list names) and the reference (partition.py)."""
+    from ..ops import OpMatcher
+    from .partition import split_for
+
+    listed = getattr(lowered, "supported", None) or OpMatcher(backend.supported_ops)
+    part = lambda part_ep, **o: Compiled(backend, *_handed(backend, part_ep, o))  # noqa: E731
+    partitioned = split_for(backend, ep, lambda op: op in listed, part, options)
+    run = lambda native, program, args, kwargs: native(*args, **kwargs)  # noqa: E731
+    return Compiled(dataclasses.replace(backend, run=run, save=None), partitioned, ep, dim_names=dim_names,
+                    share=partitioned.share)
 
 
 def first_line(e: BaseException) -> str:

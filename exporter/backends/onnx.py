@@ -1,8 +1,9 @@
 """ONNX through torch.onnx (onnxscript's torchlib) and onnxruntime: the ops torchlib translates, as
 torch.onnx's own registry lists them (``ONNXRegistry.from_torchlib()``) plus the names onnxscript
-declares that this torch lacks (reported, not fatal); no decompositions of its own (torch.onnx
-decomposes with torch's table what torchlib lacks, as pt2b does); the hand-off is
-``torch.onnx.export(program)``, an ``ONNXProgram``; onnxruntime runs it.
+declares that this torch lacks (reported, not fatal), plus the ops transformers' ONNX translation
+table converts where transformers is installed (library_tables); no decompositions of its own
+(torch.onnx decomposes with torch's table what torchlib lacks, as pt2b does); the hand-off is
+``torch.onnx.export(program)`` with that table, an ``ONNXProgram``; onnxruntime runs it.
 
 pip install pt2b[onnx]  (onnx, onnxscript, onnxruntime)
 """
@@ -13,7 +14,7 @@ import functools
 
 import torch
 
-from . import Backend, calling, quiet_logger, retraceable
+from . import Backend, calling, library_tables, quiet_logger, retraceable
 from .._torch.pytree import pytree
 
 
@@ -31,7 +32,7 @@ def _registry():
         return onnx_torchlib_registry()
 
 
-def _supported_ops() -> tuple[str, ...]:
+def _supported_ops(library: library_tables.LibraryTable) -> tuple[str, ...]:
     from onnxscript import _framework_apis
 
     from .._torch.compat import TORCH_OWN_LIBRARIES, load_torch_own_libraries
@@ -50,13 +51,21 @@ def _supported_ops() -> tuple[str, ...]:
     api = getattr(_framework_apis, "torch_2_5")
     ops.update(_qualified(meta.qualified_name) for meta in api.get_torchlib_ops()
                if meta.qualified_name.startswith(("aten::", "prims::")))
+    # the library's translations: torch.onnx.export takes them as it takes torchlib's (hand_off passes them)
+    ops.update(library.ops)
     return retraceable(sorted(ops))
 
 
-def hand_off(ep, *, opset_version: int | None = None, optimize: bool = True):
-    """``torch.onnx.export`` of ``ep``: an ``ONNXProgram`` (``.model_proto``, ``.save(path)``), and the
-    program torch.onnx translated (after its own decompositions, a no-op on pt2b's lowering)."""
+def hand_off(ep, *, opset_version: int | None = None, optimize: bool = True,
+             custom_translation_table: dict | None = None, library: library_tables.LibraryTable | None = None):
+    """``torch.onnx.export`` of ``ep`` with ``library``'s translation table (transformers', where it is
+    installed) and ``custom_translation_table`` over it: an ``ONNXProgram`` (``.model_proto``,
+    ``.save(path)``), and the program torch.onnx translated (after its own decompositions, a no-op on
+    pt2b's lowering)."""
     options = {"opset_version": opset_version} if opset_version is not None else {}
+    table = {**(library.entries if library else {}), **(custom_translation_table or {})}
+    if table:
+        options["custom_translation_table"] = table
     with quiet_logger("torch.onnx"):
         onnx_program = torch.onnx.export(ep, (), dynamo=True, optimize=optimize, verbose=False, **options)
     return onnx_program, onnx_program.exported_program
@@ -74,9 +83,14 @@ def backend() -> Backend:
     import onnxruntime
     import onnxscript
 
+    library = library_tables.transformers_table("onnx")
     version = f"{onnxscript.__version__}+ort{onnxruntime.__version__}"
-    return Backend("onnx", version, _supported_ops(), "torch.onnx's ONNXRegistry.from_torchlib() (onnxscript torchlib)",
-                   dict, hand_off, run, save=save, file_suffix=".onnx")
+    source = "torch.onnx's ONNXRegistry.from_torchlib() (onnxscript torchlib)"
+    if library:  # the table changes what the backend makes of a program: the version (and key) names it
+        version += f"+{library.library}"
+        source += f" and {library.library}'s translation table ({library.where})"
+    return Backend("onnx", version, _supported_ops(library), source, dict,
+                   functools.partial(hand_off, library=library), run, save=save, file_suffix=".onnx")
 
 
 def save(compiled, path: str) -> None:

@@ -3,7 +3,9 @@ PyTorch frontend, which first runs torch's default decompositions minus the ops 
 (``export_decompositions.ops_to_not_decompose()``) and translates whatever that leaves. The preset does
 the same: that table, read from the installed torch and OpenVINO, and every op it leaves accepted (an
 op OpenVINO then has no translator for is OpenVINO's gap, as it is on torch.export's own program). The
-ops it names are the core ATen ops (torch.Tag.core) plus that list. The hand-off is an ``openvino.CompiledModel`` for the CPU device, in float32
+ops it names are the core ATen ops (torch.Tag.core) plus that list, plus, where transformers is installed,
+the ops its conversion extensions translate that the table leaves (library_tables; convert_model gets
+the extensions). The hand-off is an ``openvino.CompiledModel`` for the CPU device, in float32
 (``INFERENCE_PRECISION_HINT=f32``: on CPUs with AMX or AVX512-BF16 OpenVINO otherwise computes in bf16).
 
 pip install pt2b[openvino]
@@ -16,7 +18,7 @@ import functools
 
 import torch
 
-from . import Backend, calling
+from . import Backend, calling, library_tables
 from .._torch.pytree import pytree
 from ..errors import BackendRunError
 from ..ops import op_name
@@ -24,11 +26,14 @@ from ..ops import op_name
 SETTINGS = "device CPU, INFERENCE_PRECISION_HINT=f32 (OpenVINO computes in bf16 on AMX/AVX512-BF16 CPUs otherwise)"
 
 
-def _supported_ops() -> tuple[str, ...]:
+def _supported_ops(library: library_tables.LibraryTable) -> tuple[str, ...]:
     from ..lowering.presets import core_names
 
     core = {n for n in core_names() if n.startswith("aten::")}
-    return tuple(sorted(core | {op_name(op) for op in _not_decomposed()}))
+    # the library's extensions translate an op only where the table leaves it
+    decomposed = {op_name(op) for op in _table()}
+    extended = {n for n in library.ops if n not in decomposed}
+    return tuple(sorted(core | {op_name(op) for op in _not_decomposed()} | extended))
 
 
 @functools.cache  # read once a process
@@ -45,17 +50,38 @@ def _table() -> dict:
     return {op: fn for op, fn in torch_default_table().items() if op not in _not_decomposed()}
 
 
-def hand_off(ep, *, device: str = "CPU", config: dict | None = None):
-    """``openvino.convert_model`` of ``ep`` after OpenVINO's own table (as convert_model applies it),
-    compiled for ``device`` in float32 unless ``config`` says otherwise."""
+def hand_off(ep, *, device: str = "CPU", config: dict | None = None,
+             library: library_tables.LibraryTable | None = None):
+    """``openvino.convert_model`` of ``ep`` after OpenVINO's own table (as convert_model applies it), with
+    ``library``'s conversion extensions (transformers', where it is installed), compiled for ``device``
+    in float32 unless ``config`` says otherwise."""
     import openvino
     from openvino.frontend.pytorch.fx_decoder import TorchFXPythonDecoder
 
     ep = ep.run_decompositions(_table())  # what convert_model's from_exported_program does first
     gm = ep.module()
-    model = openvino.convert_model(TorchFXPythonDecoder(gm, dynamic_shapes=True))
+    if library:
+        _as_builtins(gm, library)
+    extensions = {"extension": list(library.entries)} if library else {}
+    model = openvino.convert_model(TorchFXPythonDecoder(gm, dynamic_shapes=True), **extensions)
     settings = {"INFERENCE_PRECISION_HINT": "f32", **(config or {})}
     return openvino.Core().compile_model(model, device, settings), ep, Converted(_result_names(gm), model)
+
+
+def _as_builtins(gm, library: library_tables.LibraryTable) -> None:
+    """``torch.sym_min``/``sym_max`` nodes of ``gm`` (the module handed over, not the lowered program) as
+    the builtins ``min``/``max`` where the library's extensions translate those: OpenVINO finds a
+    translation by the target's text, and torch.sym_min's text holds its address, which no extension can
+    name, while on SymInts the builtins compute the same."""
+    builtins = {sym: builtin for sym, builtin in ((torch.sym_min, min), (torch.sym_max, max))
+                if str(builtin) in library.others}
+    for module in gm.modules():
+        nodes = [n for n in module.graph.nodes if n.op == "call_function" and n.target in builtins] \
+            if isinstance(module, torch.fx.GraphModule) else []
+        for node in nodes:
+            node.target = builtins[node.target]
+        if nodes:
+            module.recompile()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +124,12 @@ def save(compiled, path: str) -> None:
 def backend() -> Backend:
     import openvino
 
-    return Backend("openvino", openvino.__version__.split("-")[0], _supported_ops(),
-                   "torch.export's default table minus openvino's export_decompositions.ops_to_not_decompose()",
-                   _table, hand_off, run, SETTINGS, takes_what_its_table_leaves=True, save=save, file_suffix=".xml")
+    library = library_tables.transformers_table("openvino")
+    version = openvino.__version__.split("-")[0]
+    source = "torch.export's default table minus openvino's export_decompositions.ops_to_not_decompose()"
+    if library:  # the extensions change what the backend makes of a program: the version (and key) names them
+        version += f"+{library.library}"
+        source += f", with {library.library}'s conversion extensions ({library.where})"
+    return Backend("openvino", version, _supported_ops(library), source, _table,
+                   functools.partial(hand_off, library=library), run, SETTINGS, takes_what_its_table_leaves=True,
+                   save=save, file_suffix=".xml")

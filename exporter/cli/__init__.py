@@ -114,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
             lo.add_argument("--inputs", nargs="*", metavar="X.npy", help="positional inputs (default: the stored example inputs)")
             lo.add_argument("--extra-ops", nargs="*", metavar="OP", default=[],
                             help="ops runtime_ref runs beyond its opset (custom ops, with --import of their library)")
+            lo.add_argument("--fallback", choices=["reference"], help="with --backend: run on the reference what "
+                            "the backend cannot take (the program split between them; the share each runs is printed)")
             lo.add_argument("--device", default="cpu")
             lo.add_argument("--repeat", type=int, default=3, metavar="N", help="timed runs after the first (default 3)")
     u = sub.add_parser("upgrade", help="rewrite artifacts to the current format and op schemas")

@@ -52,7 +52,7 @@ def _runner(ns, lowered):
 
         with progress.status(f"handing {ns.artifact} to {ns.backend}"):
             compiled = backends.to_backend(ns.backend, lowered, validate=not ns.no_validate,
-                                           frozen_state=ns.frozen_state)
+                                           frozen_state=ns.frozen_state, fallback=ns.fallback)
         return compiled, compiled.backend.key
     from runtime_ref import Runtime
 
@@ -96,4 +96,6 @@ def run(ns) -> int:
     print(lowered.validation.describe() if lowered.validation is not None else "not validated")
     if getattr(runner, "validation", None) is not None:  # the backend's outputs against the lowered program's
         print(runner.validation.describe())
+    if getattr(runner, "share", None) is not None:  # a program split with the reference (--fallback)
+        print(runner.share.describe())
     return 0

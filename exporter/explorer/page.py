@@ -50,7 +50,22 @@ def build_data(corpus: list[CorpusProgram] | None = None, track=None, routes: di
             "release": running, "releases": releases, "preset_names": list(_presets.PRESETS) + backend_names,
             "backend_presets": backend_names, "presets": preset_data,
             "trees": routes["trees"], "models": routes["models"], "left_out": routes["left_out"], "audit": audit,
-            "infrastructure": sorted(route_trace.INFRASTRUCTURE)}
+            "infrastructure": sorted(route_trace.INFRASTRUCTURE), "kernels": _kernel_ops(routes["trees"])}
+
+
+def _kernel_ops(trees: list) -> list[str]:
+    """The custom ops whose own kernels the routes traced (an op-list lowering inlines them)."""
+    found = set()
+
+    def walk(tree):
+        if "children" in tree and not tree["op"].startswith(("aten::", "prims::")):
+            found.add(tree["op"])
+        for child in tree.get("children", ()):
+            walk(child)
+
+    for tree in trees:
+        walk(tree)
+    return sorted(found)
 
 
 def _backend_presets() -> dict:
@@ -67,13 +82,16 @@ def _backend_presets() -> dict:
             b = backends.get(name)
         except BackendUnavailableError:
             continue
-        table = sorted(op_name(op) for op in plan_lowering(backend=b).table)
+        plan = plan_lowering(backend=b)
+        table = sorted(op_name(op) for op in plan.table)
         if b.takes_what_its_table_leaves:
             opset, how = None, f"its own table ({len(table)} ops), and every op that leaves"
         else:
             opset, how = sorted(b.supported_ops), f"its own op list ({len(b.supported_ops)} ops)"
         out[name] = {"key": b.key, "description": f"{b.name} {b.version}: {how}, read from the installed backend "
-                                                  f"({b.source}).", "table": table, "opset": opset}
+                                                  f"({b.source}).", "table": table, "opset": opset,
+                   # the list whose missing custom ops are lowered through their kernels (None: none are)
+                   "lists": sorted(b.supported_ops) if plan.inlines is not None else None}
     return out
 
 

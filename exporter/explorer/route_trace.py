@@ -17,6 +17,8 @@ from ..lowering.engines import run_decompositions
 from ..graph_walk import op_nodes
 from ..lowering.opset_check import INFRASTRUCTURE, is_infrastructure
 from ..ops import op_name
+from .._torch.custom_kernels import composite_kernel
+from ..lowering.plan import is_custom
 
 
 def _has_cia(name: str) -> bool:
@@ -100,7 +102,10 @@ class ProgramRoutes:
 def record(ep: torch.export.ExportedProgram) -> ProgramRoutes:
     """The routes of every call site of ``ep`` (an undecomposed program)."""
 
-    available = tables.available_decompositions()
+    available = dict(tables.available_decompositions())
+    # a custom op's own kernel, which an op-list lowering inlines (LoweringPlan.with_kernels_for)
+    kernels = kernels_of(ep)
+    available.update(kernels)
     rec = _Recorder()
     forced = forced_ops()  # decomposed whatever the table says: what they emit is their caller's
     # (whole: the recorder follows every call of each decomposition into the one traced graph; the
@@ -110,7 +115,9 @@ def record(ep: torch.export.ExportedProgram) -> ProgramRoutes:
     rec.final_graphs = {id(m.graph) for m in lowered.graph_module.modules() if isinstance(m, torch.fx.GraphModule)}
     trees = [rec.prune(r).as_tree() for r in rec.roots if not rec.dead(r)]
     trees = [t for t in trees if t["op"] not in INFRASTRUCTURE]
-    names = {op_name(op) for op in available}
+    # (a kernel that does not trace on the program's values leaves its op: a leaf, as one without a kernel)
+    names = {op_name(op) for op in available if op not in kernels} | ({op_name(op) for op in kernels}
+                                                                      & {t["op"] for t in trees})
     # leaves: what the program calls after the decompositions every lowering applies (eval batch
     # norm -> _native_batch_norm_legit_no_training), functionalized; `none` returns that when the
     # program mutates and the program itself otherwise (functionalize.py)
@@ -124,6 +131,15 @@ def record(ep: torch.export.ExportedProgram) -> ProgramRoutes:
     leaves = sorted(o for o in set(ops_of(functional)) | set(unlowered)
                     if o not in names and not (o.startswith("aten::") and _has_cia(o)))
     return ProgramRoutes(trees, leaves, unlowered, not mutates)
+
+
+def kernels_of(ep) -> dict:
+    """The custom ops ``ep`` calls that have a kernel for every device, each with it as a decomposition."""
+    out = {}
+    for node in op_nodes(ep.graph_module):
+        if is_custom(node.target) and node.target not in out and (kernel := composite_kernel(node.target)):
+            out[node.target] = kernel
+    return out
 
 
 def evaluate(routes: ProgramRoutes, table) -> list[str]:

@@ -34,21 +34,26 @@ class Selection:
 
 
 def table_and_accepts(data: dict, sel: Selection):
-    """(op names decomposed, accepts(op name)) for ``sel`` with plan_lowering's rules."""
+    """(op names decomposed, accepts(op name)) for ``sel`` with plan_lowering's rules: an op list (yours,
+    or a backend's that inlines) also gets the kernels of the custom ops it does not name."""
     keep, extra = set(sel.keep), set(sel.decompose) & set(data["available"])
     if sel.preset is None:
         sup = set(sel.supported)
         table = {n for n in data["available"] if n not in sup and n not in keep} | (extra - keep)
-        opset = sup
+        opset = lists = sup
     else:
         p = data["presets"][sel.preset]
         table = ({n for n in p["table"] if n not in keep} | extra) - keep
         opset = None if p["opset"] is None else set(p["opset"])
+        lists = set(p["lists"]) if p.get("lists") is not None else None
+    base = set(table)  # (what a kernel that does not trace leaves is accepted as it is)
+    if lists is not None:
+        table |= {k for k in data.get("kernels", ()) if k not in lists and k not in keep}
 
     def accepts(op: str) -> bool:
         if opset is None:
-            return op not in table or op in keep
-        return op in opset or op in keep or (not op.startswith(ATEN_LIKE) and op not in table)
+            return op not in base or op in keep
+        return op in opset or op in keep or (not op.startswith(ATEN_LIKE) and op not in base)
 
     return table, accepts
 

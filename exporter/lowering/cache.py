@@ -152,7 +152,8 @@ def cache_key(source: str, request: dict) -> str:
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
 
-def _op_qualnames(art, methods) -> set[str]:
+def op_qualnames(art, methods) -> set[str]:
+    """The names of the ops the methods ``methods`` of ``art`` call, from its operator table (no graph read)."""
     from ..serialize import reader
 
     return {q for name in methods for q, _, _, _ in reader.operator_records(reader.method(art, name))}
@@ -181,7 +182,7 @@ class Entry:
         if folder is None:
             return None
         methods = art.method_names if method is None else [method]
-        code = user_code.lowering_code_digest(plan.table, _op_qualnames(art, methods))
+        code = user_code.lowering_code_digest(plan.table, op_qualnames(art, methods))
         if code is None:
             warnings.warn("pt2b lowering cache: a decomposition or custom op of this lowering reaches more code "
                           "than the cache key can hold; lowering without the cache.", RuntimeWarning, stacklevel=3)

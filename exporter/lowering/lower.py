@@ -9,6 +9,7 @@ from ..errors import OpsetError
 from .._torch.compat import as_aten_dialect, with_guards_of
 from .._torch.dispatch import drop_cached_dispatches
 from ..functionalize import program_fake_mode
+from ..graph_walk import op_nodes
 from ..lazy import Lazy
 from ..util.process_state import preserved
 from .._torch.deferred_codegen import compiled, deferred
@@ -40,7 +41,9 @@ class Lowering:
 @preserved()
 def lower(source_ep, plan: LoweringPlan) -> Lowering:
     """``source_ep`` lowered with ``plan``; OpsetError where the result holds ops the plan's closed
-    opset refuses (each with the route that brought it there)."""
+    opset refuses (each with the route that brought it there). A custom op the backend lacks is
+    lowered through its own kernel (LoweringPlan.with_kernels_for; the result's plan names it)."""
+    plan = plan.with_kernels_for({node.target for node in op_nodes(source_ep.graph_module)})
     with deferred():  # the programs made on the way generate no code (_torch/deferred_codegen.py)
         lowered, reused = lower_program(source_ep, plan.table)  # (lowering/engines/)
     if lowered is not source_ep:  # (nothing to do leaves the program as it was captured)

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..lazy import Lazy
 from .lower import Lowering, lowering_record
-from ..ops import normalize_text, op_name
+from ..ops import normalize_text, op_name, resolve_op
+from .._torch.custom_kernels import where_defined
 from ..program import ProgramHandle
 from . import routes, tables
 from ..graph_walk import op_counts, op_nodes
@@ -41,6 +42,7 @@ class LoweredProgram(ProgramHandle):
         self.preset = plan.label if plan.preset is not None else None  # the preset and its release, or None
         self.backend = plan.backend  # the backend whose own op list it was lowered to ("onnx"), or None
         self.table = plan.table
+        self._inlined = tuple(plan.inlined)  # custom ops given their own kernels as decompositions
         self.keep = plan.keep
         self.supported = plan.supported
         self.description = plan.description
@@ -88,7 +90,8 @@ class LoweredProgram(ProgramHandle):
         return op_counts(self._ep.graph_module)
 
     def report(self) -> str:
-        """A text report: the preset, every op with its call sites, and what fell outside the opset."""
+        """A text report: the preset, every op with its call sites, what fell outside the opset, and each
+        runtime assertion with what becomes of it (lowering/assertions.py)."""
         lines = [f"lowered for {self.lowered_for}: {self.description}",
                  f"{len(self.ops())} distinct ops, {sum(self.ops().values())} call sites:"]
         if self.validation is not None:
@@ -100,11 +103,32 @@ class LoweredProgram(ProgramHandle):
         if self.unknown_supported_ops:
             lines.append(f"supported_ops names this torch does not have, left out ({len(self.unknown_supported_ops)}): "
                          + ", ".join(self.unknown_supported_ops))
+        inlined = self.inlined_custom_ops()
+        if inlined:
+            lines.append(f"custom ops the backend does not list, lowered through their own kernels ({len(inlined)}): "
+                         + ", ".join(inlined))
         if self.outside_opset:
             lines.append(f"outside the declared opset ({len(self.outside_opset)}):")
             lines += [f"  {n:5d}  {name}  -- {self.explain(name).splitlines()[0]}"
                       for name, n in self.outside_opset.items()]
+        from .assertions import ASSERTION_OPS, runtime_assertions
+
+        if ASSERTION_OPS & set(self.ops()):  # (listing them builds the program: only where there are some)
+            found = runtime_assertions(self._ep, self.backend)
+            fates = {}
+            for a in found:
+                fates[a.fate] = fates.get(a.fate, 0) + 1
+            lines.append(f"runtime assertions ({len(found)}): "
+                         + ", ".join(f"{n} {fate}" for fate, n in fates.items()))
+            lines += [f"  {a.describe()}" for a in found]
         return "\n".join(lines)
+
+    def inlined_custom_ops(self) -> dict[str, str]:
+        """The custom ops the backend does not list that were lowered through their own kernels: op ->
+        where the kernel is written. A custom op whose kernel does not trace on the program's values
+        (it decides its control flow from data) stays as it is, and is not named here."""
+        held = self.ops()
+        return {name: where_defined(resolve_op(name)) for name in self._inlined if name not in held}
 
     def unused_keep(self) -> list[str]:
         """The ops keep= names exactly that the undecomposed program never calls (nothing to keep)."""
@@ -127,6 +151,10 @@ class LoweredProgram(ProgramHandle):
                 why = f"kept: its decomposition failed validation ({self.validation.kept[name]})"
             elif self.supported is not None and name in self.supported:
                 why = "supported by the backend (listed in supported_ops)"
+            elif name in self._inlined:
+                why = (f"a custom op {self.lowered_for} does not list: its own kernel ({where_defined(resolve_op(name))}) "
+                       f"does not trace on this program's values (it decides its control flow from data), so the "
+                       f"op stays as it is (keep= it to say so, or give a decomposition: decompositions={{op: fn}})")
             elif name in self.outside_opset:
                 declined = name in available and self.table and available[name] in self.table
                 why = (f"outside {self.lowered_for}'s declared opset: "
@@ -147,7 +175,9 @@ class LoweredProgram(ProgramHandle):
         if name in source:
             node = next(n for n in op_nodes(self._source_ep.graph_module) if op_name(n.target) == name)
             tree = routes.tree_for_node(node, self.table, self._stop)
-            lines = [f"{name}: decomposed (route traced at node {node.name}):"] + ["  " + line for line in routes.render(tree)]
+            how = (f"inlined for {self.lowered_for}, which does not list it: lowered through its own kernel "
+                   f"({where_defined(resolve_op(name))}), " if name in self._inlined else "decomposed ")
+            lines = [f"{name}: {how}(route traced at node {node.name}):"] + ["  " + line for line in routes.render(tree)]
             if self.validation is not None:
                 lines.append("  " + self.validation.describe())
             return "\n".join(lines)

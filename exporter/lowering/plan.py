@@ -14,6 +14,7 @@ import torch
 from ..errors import LoweringError, UnknownOpsWarning
 from ..functionalize import forced_ops
 from ..ops import OpMatcher, op_name, resolve_op
+from .._torch.custom_kernels import composite_kernel
 from . import presets as _presets
 from . import tables
 
@@ -37,11 +38,38 @@ class LoweringPlan:
     unknown: list = dataclasses.field(default_factory=list)  # supported_ops names this torch lacks (left out)
     preset: str | None = None  # the preset asked for ("core", "core@2.13"); None for a backend or an op list
     backend: str | None = None  # the backend whose own op list this is ("onnx"); None otherwise
+    # op -> whether a custom op the backend does not list is lowered through its own kernel (None: never)
+    inlines: Callable | None = None
+    inlined: tuple = ()  # the custom ops whose kernels the table holds (with_kernels_for), by name
+
+    def with_kernels_for(self, ops) -> "LoweringPlan":
+        """This plan with, in its table, the kernel of each custom op of ``ops`` (op overloads or their
+        names) that its backend does not list and keep= does not name, where the op's author registered
+        one kernel for every device (torch.library.custom_op's default): the ops that kernel calls are
+        what the backend gets. A kernel that does not trace on a call's values (it reads data to decide
+        its control flow) is declined there by the engine, and the op stays, as without a kernel."""
+        if self.inlines is None:
+            return self
+        kernels = {}
+        for op in ops:
+            op = resolve_op(op) if isinstance(op, str) else op
+            if isinstance(op, torch._ops.OpOverload) and op not in self.table and self.inlines(op):
+                kernel = composite_kernel(op)
+                if kernel is not None:
+                    kernels[op] = kernel
+        if not kernels:
+            return self
+        return dataclasses.replace(self, table={**self.table, **kernels},
+                                   inlined=tuple(sorted({*self.inlined, *map(op_name, kernels)})))
 
     def without(self, ops) -> "LoweringPlan":
-        """This plan with ``ops`` left out of its table (what accepts them is unchanged)."""
+        """This plan with ``ops`` left out of its table (what accepts them is unchanged), custom ops among
+        them no longer given their kernels."""
         ops = set(ops)
-        return dataclasses.replace(self, table={op: fn for op, fn in self.table.items() if op not in ops})
+        inlines = self.inlines if self.inlines is None else (lambda op, was=self.inlines: was(op) and op not in ops)
+        names = {op_name(op) for op in ops}
+        return dataclasses.replace(self, table={op: fn for op, fn in self.table.items() if op not in ops},
+                                   inlines=inlines, inlined=tuple(n for n in self.inlined if n not in names))
 
     def reporting(self) -> "LoweringPlan":
         """This plan with what falls outside its opset reported, not refused, and nothing withheld
@@ -178,6 +206,12 @@ class _Resolved:
     names: dict = dataclasses.field(default_factory=dict)  # op -> its name in the source table
     supported: OpMatcher | None = None
     unknown: list = dataclasses.field(default_factory=list)
+    inlines: Callable | None = None
+
+
+def _lacks(sup_m: OpMatcher, kept) -> Callable:
+    """Whether a custom op is one a backend with list ``sup_m`` lacks and keep= does not protect."""
+    return lambda op: is_custom(op) and op not in sup_m and not kept(op)
 
 
 def _for_whole_table_backend(backend, extra: dict, user: dict, kept) -> _Resolved:
@@ -189,8 +223,8 @@ def _for_whole_table_backend(backend, extra: dict, user: dict, kept) -> _Resolve
     return _Resolved(table, lambda op: op not in table or kept(op), backend.key,
                      f"decomposed with {backend.name}'s own table ({backend.source}); {backend.name} "
                      f"{backend.version} takes what it leaves", True,
-                     {"backend": backend.key, "supported_ops": sorted(backend.supported_ops)},
-                     supported=sup_m, unknown=unknown)
+                     {"backend": backend.key, "supported_ops": sorted(backend.supported_ops), "inline_custom_ops": True},
+                     supported=sup_m, unknown=unknown, inlines=_lacks(sup_m, kept))
 
 
 def _for_op_list(supported_ops, backend, extra: dict, user: dict, kept) -> _Resolved:
@@ -205,15 +239,20 @@ def _for_op_list(supported_ops, backend, extra: dict, user: dict, kept) -> _Reso
     falls_back = backend is not None and backend.falls_back_to_aten  # (an op without a decomposition runs as it is)
     accepts = lambda op: op in sup_m or kept(op) or ((falls_back or is_custom(op)) and op not in table)
     what = {"supported_ops": sorted(_entry_text(e) for e in _entries(supported_ops))}
+    # a backend that runs any op by its ATen kernel runs a custom op by its own kernels too: it stays whole
+    inlines = None if falls_back else _lacks(sup_m, kept)
+    if inlines is not None:
+        what["inline_custom_ops"] = True
     if backend is None:
         return _Resolved(table, accepts, "supported_ops", "decomposed until only the backend's supported ops remain",
-                         True, what, supported=sup_m, unknown=unknown)
+                         True, what, supported=sup_m, unknown=unknown, inlines=inlines)
     description = (f"decomposed until only {backend.name}'s own ops remain ({len(backend.supported_ops)} "
                    f"from {backend.source}, {backend.name} {backend.version})")
     if falls_back:
         description += "; an op without a decomposition is taken as it is (the backend runs its ATen kernel)"
     what["backend"] = backend.key
-    return _Resolved(table, accepts, backend.key, description, True, what, supported=sup_m, unknown=unknown)
+    return _Resolved(table, accepts, backend.key, description, True, what, supported=sup_m, unknown=unknown,
+                     inlines=inlines)
 
 
 def _for_preset(preset: str, extra: dict, user: dict, kept) -> _Resolved:
@@ -265,4 +304,4 @@ def plan_lowering(preset: str | None = "core", *, backend: Any = None, supported
     return LoweringPlan(table, r.accepts, r.label + ("+lossless" if lossless else ""), r.description,
                         r.closed_opset, keep_m, r.supported, fingerprint, withheld, r.unknown,
                         preset=(preset or "core") if backend is None and supported_ops is None else None,
-                        backend=backend.name if backend is not None else None)
+                        backend=backend.name if backend is not None else None, inlines=r.inlines)

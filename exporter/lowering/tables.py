@@ -142,11 +142,30 @@ def _via_aten(op):
     return decomposition
 
 
+def _is_all_true(t):
+    # the op's own kernel is `self.all()` on a bool tensor and refuses any other dtype: the
+    # decomposition declines there rather than accept what the op does not
+    if t.dtype != torch.bool:
+        return NotImplemented
+    return torch.ops.aten.all.default(t)
+
+
+@functools.cache
+def runtime_check_decompositions() -> dict:
+    """The ops torch's runtime assertions record that torch registers no decomposition for -> one
+    into ops backends list: aten::_is_all_true (what torch._check_tensor_all and transformers'
+    torch_compilable_check record: a 0-dim bool, the tensor's all()) -> aten::all, its own kernel's
+    one call, so the same value, dtype and shape. What becomes of the assertion that reads it is
+    the backend's (lowering/assertions.py reports it)."""
+    return {torch.ops.aten._is_all_true.default: _is_all_true}
+
+
 def closure_decompositions() -> dict:
     """What a supported_ops closure decomposes with (a fresh dict): every decomposition the running torch
-    offers (available_decompositions), and the ATen implementations of the PrimTorch views its references
-    emit (view_prims_via_aten), used only for ops the backend does not accept."""
+    offers (available_decompositions), the ATen implementations of the PrimTorch views its references
+    emit (view_prims_via_aten), and pt2b's own for the ops of runtime assertions
+    (runtime_check_decompositions), used only for ops the backend does not accept."""
     table = available_decompositions()
-    for op, fn in view_prims_via_aten().items():
+    for op, fn in {**view_prims_via_aten(), **runtime_check_decompositions()}.items():
         table.setdefault(op, fn)
     return table

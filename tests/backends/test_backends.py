@@ -48,12 +48,12 @@ def test_the_inductor_backend_is_inductors_own_registry():
     assert backends.get("inductor") is b  # read once a process
 
 
-class _ChecksAllTrue(torch.nn.Module):
-    """Calls an op Inductor has no lowering for and no decomposition reaches (gemma3's and d_fine's
-    `torch._check` of a tensor: aten::_is_all_true)."""
+class _ChecksAnyTrue(torch.nn.Module):
+    """Calls an op Inductor has no lowering for and no decomposition reaches (aten::_is_any_true, the
+    sibling of the aten::_is_all_true that `torch._check` of a tensor records, which pt2b decomposes)."""
 
     def forward(self, x):
-        return x * torch.ops.aten._is_all_true(x > -10).to(x.dtype)
+        return x * torch.ops.aten._is_any_true(x > -10).to(x.dtype)
 
 
 def test_an_op_without_a_decomposition_falls_back_on_inductor_as_inductor_does(tmp_path):
@@ -61,13 +61,13 @@ def test_an_op_without_a_decomposition_falls_back_on_inductor_as_inductor_does(t
     default): the inductor preset keeps such an op and hands it over; the same op list given as
     supported_ops, without the fallback, still refuses it, naming it."""
     x = torch.randn(3, 4)
-    export_model(_ChecksAllTrue(), (x,), tmp_path / "m.pt2b")
+    export_model(_ChecksAnyTrue(), (x,), tmp_path / "m.pt2b")
     assert torch._inductor.config.implicit_fallbacks and backends.get("inductor").falls_back_to_aten
-    assert "aten::_is_all_true.default" not in backends.get("inductor").supported_ops
+    assert "aten::_is_any_true.default" not in backends.get("inductor").supported_ops
     lp = load_for_backend(tmp_path / "m.pt2b", backend="inductor", cache=False)
-    assert lp.ops().get("aten::_is_all_true.default") == 1 and "taken as it is" in lp.description
+    assert lp.ops().get("aten::_is_any_true.default") == 1 and "taken as it is" in lp.description
     torch.testing.assert_close(lp(x), x)
-    with pytest.raises(OpsetError, match=r"aten::_is_all_true\.default \(1 call sites\): no decomposition reaches"):
+    with pytest.raises(OpsetError, match=r"aten::_is_any_true\.default \(1 call sites\): no decomposition reaches"):
         load_for_backend(tmp_path / "m.pt2b", supported_ops=sorted(backends.get("inductor").supported_ops),
                          cache=False)
 

@@ -205,10 +205,11 @@ def test_to_backend_takes_an_exported_program_too(artifacts):
 
 
 def test_a_backend_that_cannot_take_the_program_is_a_typed_error(artifacts):
-    """A custom op torch.onnx has no translation for: the error names the backend and torch.onnx's reason
-    in one line; the backend's own exception is chained."""
+    """A custom op torch.onnx has no translation for (kept whole: keep= forbids lowering it through its
+    kernel): the error names the backend and torch.onnx's reason in one line; the backend's own
+    exception is chained."""
     path, _ = artifacts("custom_op")
-    lp = load_for_backend(path, backend="onnx", cache=False)
+    lp = load_for_backend(path, backend="onnx", keep=["pt2b_zoo::scaled_add"], cache=False)
     with pytest.raises(BackendHandOffError, match=r"onnx@.* could not take the program: ConversionError: "
                                                   r"DispatchError: No ONNX function found for .*pt2b_zoo.scaled_add") as e:
         backends.to_backend("onnx", lp)

@@ -278,12 +278,17 @@ def test_keep_protects_ops_and_custom_table_applies(tmp_path):
     torch.testing.assert_close(out, case.model(*case.args), rtol=1e-5, atol=1e-5)
 
 
-def test_custom_ops_are_kept(tmp_path):
+def test_custom_ops_are_kept_by_presets_and_lists_that_name_them(tmp_path):
+    """A preset holds custom ops as they are; an op list that names one keeps it, one that does not gets
+    the ATen ops of its kernel (tests/lowering/test_custom_op_inlining.py)."""
     path, case = _export(tmp_path, "custom_op")
     for preset in ("core", "core-tag", "max"):
         assert "pt2b_zoo::scaled_add.default" in load_for_backend(path, preset).ops()
-    lowered = load_for_backend(path, supported_ops=["aten::*"])
+    lowered = load_for_backend(path, supported_ops=["aten::*", "pt2b_zoo::*"])
     assert "pt2b_zoo::scaled_add.default" in lowered.ops()
+    inlined = load_for_backend(path, supported_ops=["aten::*"])
+    assert list(inlined.inlined_custom_ops()) == ["pt2b_zoo::scaled_add.default"]
+    assert all(name.startswith("aten::") for name in inlined.ops())
 
 
 def test_frozen_presets_match_running_torch():

@@ -48,9 +48,10 @@ def test_the_corpus_builder_check_finds_planted_builders():
         "exporter/models.py": "def build():\n    from transformers import BertModel\n",
         "exporter/reach.py": "try:\n    import tools.corpus.zoo\nexcept ImportError:\n    pass\n",
         "exporter/fine.py": "def builders():\n    from tools.corpus import programs\n    return programs\n",
+        "exporter/tables.py": "def table():\n    import transformers.exporters.exporter_onnx\n",
     }
     found = corpus_builders(planted)
-    assert [f.split(" ")[0] for f in found] == sorted(set(planted) - {"exporter/fine.py"})
+    assert [f.split(" ")[0] for f in found] == sorted(set(planted) - {"exporter/fine.py", "exporter/tables.py"})
     assert "exporter/reach.py (imports tools at import time)" in found
 
 

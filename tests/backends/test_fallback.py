@@ -1,0 +1,159 @@
+"""to_backend(..., fallback="reference"): a program the backend cannot take whole runs split, the runs of
+nodes the backend lists handed over as programs of their own and the rest run by their ATen kernels; the
+share the backend runs is reported, and the whole is checked against the program's own run."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+from torch.export import Dim
+
+from exporter import backends, export_model, load_for_backend
+from exporter._torch.pytree import pytree
+from exporter.errors import BackendHandOffError, BackendResultError, BackendStateError
+
+pytest.importorskip("onnxscript")
+pytest.importorskip("onnxruntime")
+
+NS = "pt2b_fallback_test"
+
+
+@torch.library.custom_op(f"{NS}::branchy", mutates_args=())
+def branchy(x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """Rows scaled by their segment's number, empty segments skipped: a branch on data, so no backend
+    gets it (its kernel cannot be traced) and torch.onnx has no translation for it."""
+    out = torch.zeros_like(x)
+    start = 0
+    for i, end in enumerate(offs.tolist()):
+        if start == end:
+            continue
+        out[start:end] = x[start:end] * (i + 1)
+        start = end
+    return out
+
+
+@branchy.register_fake
+def _(x, offs):
+    return torch.empty_like(x)
+
+
+class Segmented(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 16), nn.Linear(16, 4)
+
+    def forward(self, x, offs):
+        h = torch.ops.pt2b_fallback_test.branchy(self.a(x).relu(), offs)
+        return self.b(h).softmax(-1), h.sum()
+
+
+class Counting(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("calls", torch.zeros(()))
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        self.calls.add_(1)
+        return self.lin(x) * self.calls
+
+
+@pytest.fixture(scope="module")
+def segmented(tmp_path_factory):
+    torch.manual_seed(0)
+    model = Segmented().eval()
+    path = tmp_path_factory.mktemp("fallback") / "seg.pt2b"
+    export_model(model, (torch.randn(6, 4), torch.tensor([2, 6])), path,
+                 dynamic_shapes=({0: Dim("rows", min=2, max=64)}, None))
+    return path, model
+
+
+def _assert_runs_as_eager(compiled, model):
+    for rows, offs in ((6, [2, 6]), (9, [0, 9]), (3, [1, 3])):
+        x, offs = torch.randn(rows, 4), torch.tensor(offs)
+        for got, want in zip(compiled(x, offs), model(x, offs)):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_without_fallback_the_program_is_refused_with_fallback_the_backend_runs_the_rest(segmented):
+    path, model = segmented
+    lowered = load_for_backend(path, backend="onnx", cache=False)
+    assert lowered.ops()[f"{NS}::branchy.default"] == 1
+    with pytest.raises(BackendHandOffError, match=f"No ONNX function found for .*{NS}.branchy"):
+        backends.to_backend(lowered)
+    compiled = backends.to_backend(lowered, fallback="reference")
+    share = compiled.share
+    ops = sum(lowered.ops().values())
+    assert (share.nodes, share.backend_nodes) == (ops, ops - 1)
+    assert share.on_reference == {f"{NS}::branchy.default": 1} and share.refused == ()
+    assert share.flops > 0 and share.backend_flops == share.flops  # (the linears; the custom op counts none)
+    assert compiled.validation.status == "passed"
+    assert "the reference runs pt2b_fallback_test::branchy.default x1" in share.describe()
+    _assert_runs_as_eager(compiled, model)  # (the rows are a dynamic dim: the parts take them too)
+    with pytest.raises(BackendHandOffError, match="runs split between onnx@.* and the reference"):
+        compiled.save("split.onnx")
+
+
+def test_a_part_the_backend_refuses_runs_on_the_reference(segmented, monkeypatch):
+    path, model = segmented
+    real = backends.get("onnx")
+
+    def no_softmax(ep, **options):
+        if any(n.target is torch.ops.aten.softmax.int for n in ep.graph.nodes):
+            raise RuntimeError("softmax is not taken here")
+        return real.hand_off(ep, **options)
+
+    monkeypatch.setitem(backends._CACHE, "onnx", dataclasses.replace(real, hand_off=no_softmax))
+    compiled = backends.to_backend(load_for_backend(path, backend="onnx", cache=False), fallback="reference")
+    share = compiled.share
+    assert [why for _, why in share.refused] == ["onnx@" + real.version + " could not take the program: "
+                                                 "RuntimeError: softmax is not taken here"]
+    assert share.on_reference[f"{NS}::branchy.default"] == 1 and share.on_reference["aten::softmax.int"] == 1
+    assert 0 < share.backend_nodes < share.nodes - 1
+    _assert_runs_as_eager(compiled, model)
+
+
+def test_a_split_program_is_checked_as_any_hand_off(segmented, monkeypatch):
+    path, _ = segmented
+    real = backends.get("onnx")
+    off = lambda native, program, args, kwargs: pytree.tree_map(  # noqa: E731
+        lambda o: o + 1 if isinstance(o, torch.Tensor) and o.is_floating_point() else o,
+        real.run(native, program, args, kwargs))
+    monkeypatch.setitem(backends._CACHE, "onnx", dataclasses.replace(real, run=off))
+    with pytest.raises(BackendResultError, match=r"output\[0\] \(torch.float32\) differs from the lowered program's"):
+        backends.to_backend(load_for_backend(path, backend="onnx", cache=False), fallback="reference")
+
+
+def test_fallback_names_what_it_takes_and_keeps_the_state_rule(segmented, tmp_path):
+    path, _ = segmented
+    lowered = load_for_backend(path, backend="onnx", cache=False)
+    with pytest.raises(BackendHandOffError, match=r"fallback='runtime_ref': pt2b falls back on 'reference'"):
+        backends.to_backend(lowered, fallback="runtime_ref")
+    export_model(Counting(), (torch.randn(2, 4),), tmp_path / "counting.pt2b")
+    with pytest.raises(BackendStateError, match="writes its buffers"):
+        backends.to_backend(load_for_backend(tmp_path / "counting.pt2b", backend="onnx", cache=False),
+                            fallback="reference")
+
+
+def test_a_program_the_backend_takes_whole_is_not_split(segmented, tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 2)).eval()
+    export_model(model, (torch.randn(3, 4),), tmp_path / "mlp.pt2b")
+    compiled = backends.to_backend(load_for_backend(tmp_path / "mlp.pt2b", backend="onnx", cache=False),
+                                   fallback="reference")
+    assert compiled.share is None and type(compiled.native).__name__ == "ONNXProgram"
+
+
+def test_pt2b_run_falls_back_and_prints_the_share(segmented, capsys):
+    from exporter import cli
+
+    path, _ = segmented
+    assert cli.main(["run", str(path), "--backend", "onnx", "--no-cache"]) != 0
+    assert "No ONNX function found" in capsys.readouterr().err
+    assert cli.main(["run", str(path), "--backend", "onnx", "--fallback", "reference", "--no-cache"]) == 0
+    out = capsys.readouterr().out
+    assert "hand-off validation passed" in out
+    assert f"the backend runs 5 of 6 op nodes (83.3%) and 100.0% of the FLOPs; the reference runs {NS}::branchy" in out
