@@ -14,30 +14,12 @@ from torch.export import Dim
 from exporter import backends, export_model, load_for_backend
 from exporter._torch.pytree import pytree
 from exporter.errors import BackendHandOffError, BackendResultError, BackendStateError
+from tests.support import segment_ops
 
 pytest.importorskip("onnxscript")
 pytest.importorskip("onnxruntime")
 
-NS = "pt2b_fallback_test"
-
-
-@torch.library.custom_op(f"{NS}::branchy", mutates_args=())
-def branchy(x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    """Rows scaled by their segment's number, empty segments skipped: a branch on data, so no backend
-    gets it (its kernel cannot be traced) and torch.onnx has no translation for it."""
-    out = torch.zeros_like(x)
-    start = 0
-    for i, end in enumerate(offs.tolist()):
-        if start == end:
-            continue
-        out[start:end] = x[start:end] * (i + 1)
-        start = end
-    return out
-
-
-@branchy.register_fake
-def _(x, offs):
-    return torch.empty_like(x)
+NS = segment_ops.NS  # (its branchy op: no backend gets it, its kernel cannot be traced)
 
 
 class Segmented(nn.Module):
@@ -46,7 +28,7 @@ class Segmented(nn.Module):
         self.a, self.b = nn.Linear(4, 16), nn.Linear(16, 4)
 
     def forward(self, x, offs):
-        h = torch.ops.pt2b_fallback_test.branchy(self.a(x).relu(), offs)
+        h = torch.ops.pt2b_segment_test.branchy(self.a(x).relu(), offs)
         return self.b(h).softmax(-1), h.sum()
 
 
@@ -91,7 +73,7 @@ def test_without_fallback_the_program_is_refused_with_fallback_the_backend_runs_
     assert share.on_reference == {f"{NS}::branchy.default": 1} and share.refused == ()
     assert share.flops > 0 and share.backend_flops == share.flops  # (the linears; the custom op counts none)
     assert compiled.validation.status == "passed"
-    assert "the reference runs pt2b_fallback_test::branchy.default x1" in share.describe()
+    assert f"the reference runs {NS}::branchy.default x1" in share.describe()
     _assert_runs_as_eager(compiled, model)  # (the rows are a dynamic dim: the parts take them too)
     with pytest.raises(BackendHandOffError, match="runs split between onnx@.* and the reference"):
         compiled.save("split.onnx")

@@ -11,6 +11,7 @@ from torch import nn
 from exporter import export_model, load_for_backend
 from exporter._torch.custom_kernels import composite_kernel
 from exporter.lowering.presets import load as load_preset
+from tests.support import segment_ops
 
 NS = "pt2b_inline_test"
 
@@ -23,40 +24,6 @@ def gated(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 @gated.register_fake
 def _(x, w):
     return x @ w
-
-
-@torch.library.custom_op(f"{NS}::segments", mutates_args=())
-def segments(x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    """Rows scaled by their segment's number: reads the offsets' values, with no branch on them."""
-    out = torch.zeros_like(x)
-    start = 0
-    for i, end in enumerate(offs.tolist()):
-        out[start:end] = x[start:end] * (i + 1)
-        start = end
-    return out
-
-
-@segments.register_fake
-def _(x, offs):
-    return torch.empty_like(x)
-
-
-@torch.library.custom_op(f"{NS}::branchy", mutates_args=())
-def branchy(x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    """As segments, but it skips empty segments: a branch on data, which no trace can follow."""
-    out = torch.zeros_like(x)
-    start = 0
-    for i, end in enumerate(offs.tolist()):
-        if start == end:
-            continue
-        out[start:end] = x[start:end] * (i + 1)
-        start = end
-    return out
-
-
-@branchy.register_fake
-def _(x, offs):
-    return torch.empty_like(x)
 
 
 @torch.library.custom_op(f"{NS}::scale_", mutates_args=("x",))
@@ -148,23 +115,23 @@ def test_the_cache_serves_the_inlined_lowering_as_it_was_made(gated_file, tmp_pa
 
 
 def test_a_kernel_that_reads_data_but_does_not_branch_on_it_is_inlined(tmp_path):
-    model = Segmented(torch.ops.pt2b_inline_test.segments)
+    model = Segmented(torch.ops.pt2b_segment_test.segments)
     x = torch.randn(6, 4)
     export_model(model, (x, torch.tensor([2, 6])), tmp_path / "seg.pt2b")
     lowered = load_for_backend(tmp_path / "seg.pt2b", supported_ops=CORE, cache=False)
-    assert f"{NS}::segments.default" in lowered.inlined_custom_ops()
-    assert not any(name.startswith(NS) for name in lowered.ops())
+    assert f"{segment_ops.NS}::segments.default" in lowered.inlined_custom_ops()
+    assert not any(name.startswith(segment_ops.NS) for name in lowered.ops())
     for offs in ([2, 6], [0, 6], [3, 3], [6, 6]):
         offs = torch.tensor(offs)
         assert torch.equal(lowered(x, offs), model(x, offs))
 
 
 def test_a_kernel_that_branches_on_data_leaves_the_op_and_says_why(tmp_path):
-    model = Segmented(torch.ops.pt2b_inline_test.branchy)
+    model = Segmented(torch.ops.pt2b_segment_test.branchy)
     x = torch.randn(6, 4)
     export_model(model, (x, torch.tensor([2, 6])), tmp_path / "branchy.pt2b")
     lowered = load_for_backend(tmp_path / "branchy.pt2b", supported_ops=CORE, cache=False)
-    name = f"{NS}::branchy.default"
+    name = f"{segment_ops.NS}::branchy.default"
     assert lowered.ops()[name] == 1 and lowered.inlined_custom_ops() == {}
     assert "does not trace on this program's values (it decides its control flow from data)" in lowered.explain(name)
     for offs in ([2, 6], [0, 6]):
