@@ -24,7 +24,7 @@ def build_data(corpus: list[CorpusProgram] | None = None, track=None, routes: di
     (corpus_routes' result, such as shipped_routes())."""
     from ..lowering import verdicts
 
-    available = sorted(op_name(op) for op in tables.available_decompositions())
+    available = sorted(op_name(op) for op in {**tables.available_decompositions(), **tables.pt2b_decompositions()})
     avail_set = set(available)
     default_table = {op_name(op) for op in tables.torch_default_table()}
     running, releases = target_releases()

@@ -103,6 +103,8 @@ def record(ep: torch.export.ExportedProgram) -> ProgramRoutes:
     """The routes of every call site of ``ep`` (an undecomposed program)."""
 
     available = dict(tables.available_decompositions())
+    for op, fn in tables.pt2b_decompositions().items():  # (what an op-list lowering adds to torch's)
+        available.setdefault(op, fn)
     # a custom op's own kernel, which an op-list lowering inlines (LoweringPlan.with_kernels_for)
     kernels = kernels_of(ep)
     available.update(kernels)

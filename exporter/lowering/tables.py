@@ -160,12 +160,21 @@ def runtime_check_decompositions() -> dict:
     return {torch.ops.aten._is_all_true.default: _is_all_true}
 
 
+def pt2b_decompositions() -> dict:
+    """pt2b's own decompositions of ops torch leaves undecomposed, which an op-list lowering applies
+    where the backend lacks the op: those of runtime assertions' ops and the exact rewrites (rewrites.py)."""
+    from .rewrites import written_decompositions
+
+    return {**runtime_check_decompositions(), **written_decompositions()}
+
+
 def closure_decompositions() -> dict:
     """What a supported_ops closure decomposes with (a fresh dict): every decomposition the running torch
     offers (available_decompositions), the ATen implementations of the PrimTorch views its references
     emit (view_prims_via_aten), and pt2b's own for the ops of runtime assertions
-    (runtime_check_decompositions), used only for ops the backend does not accept."""
+    (runtime_check_decompositions) and its exact rewrites of ops torch leaves undecomposed
+    (rewrites.py), used only for ops the backend does not accept."""
     table = available_decompositions()
-    for op, fn in {**view_prims_via_aten(), **runtime_check_decompositions()}.items():
+    for op, fn in {**view_prims_via_aten(), **pt2b_decompositions()}.items():
         table.setdefault(op, fn)
     return table

@@ -1,0 +1,73 @@
+"""pt2b's own decompositions, exact rewrites into ATen ops for backends whose list does not name the
+op: ops torch registers no decomposition for, and library ops whose kernels no trace can follow."""
+
+from __future__ import annotations
+
+import torch
+
+from ..ops import resolve_op
+
+
+def grouped_mm_fallback(input: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """transformers::grouped_mm_fallback without its loop over ``offs.tolist()``: its kernel writes rows
+    ``[start, end)`` of a zero output with ``input[rows] @ weight[i]`` for each group ``i`` in turn
+    (``start`` the previous group's end, bounds read as Python slices read them: a negative one counts
+    from the end, both clamped to the rows), so each row holds the product with the last group whose
+    slice covers it, or zeros. The same here, computed for every group at once: every row's product
+    with every group's weight (groups x rows x outputs), the last covering group's picked."""
+    rows_n = input.shape[0]
+    rows = torch.arange(rows_n, device=input.device)
+    ends = offs.to(torch.int64)
+    starts = torch.cat([ends.new_zeros(1), ends[:-1]])
+
+    def bound(v):  # a slice bound as Python reads it
+        return torch.clamp(torch.where(v < 0, v + rows_n, v), 0, rows_n)
+
+    covers = (rows[None, :] >= bound(starts)[:, None]) & (rows[None, :] < bound(ends)[:, None])  # groups x rows
+    groups = torch.arange(weight.shape[0], device=input.device)
+    last = torch.where(covers, groups[:, None], -1).amax(0)  # the last group writing each row, or -1
+    every = torch.matmul(input.unsqueeze(0), weight)
+    picked = every[last.clamp(min=0), rows]
+    return torch.where((last >= 0)[:, None], picked, picked.new_zeros(()))
+
+
+def histc(x: torch.Tensor, bins: int = 100, min=0, max=0) -> torch.Tensor:
+    """aten::histc as its CPU kernel counts: an element in ``[min, max]`` (NaN in none; both bounds in the
+    input's dtype) goes to bin ``(x - min) * bins / (max - min)`` computed in the input's dtype in that
+    order and truncated, the top bound in the last bin (the kernel interpolates linearly, with no search
+    of the edges). ``min == max`` makes the kernel read the data's extremes: declined (NotImplemented)."""
+    if min == max or not x.is_floating_point():
+        return NotImplemented
+    lo, hi = (torch.scalar_tensor(v, dtype=x.dtype, device=x.device) for v in (min, max))
+    flat = x.reshape(-1, 1)
+    inside = (flat >= lo) & (flat <= hi)
+    at = torch.clamp(((flat - lo) * bins / (hi - lo)).to(torch.int64), 0, bins - 1)
+    hits = (at == torch.arange(bins, device=x.device)) & inside
+    return hits.sum(0).to(x.dtype)
+
+
+def empty_permuted(size, physical_layout, *, dtype=None, layout=None, device=None, pin_memory=None):
+    """aten::empty_permuted: uninitialized memory laid out in ``physical_layout`` order, as the view of an
+    empty tensor of the permuted size that puts the dims back (the same sizes and strides)."""
+    physical = [size[d] for d in physical_layout]
+    back = [physical_layout.index(d) for d in range(len(physical_layout))]
+    return torch.empty(physical, dtype=dtype, layout=layout, device=device, pin_memory=pin_memory).permute(back)
+
+
+# op name -> pt2b's decomposition; a library's op applies only where the library is loaded
+WRITTEN = {
+    "aten::histc.default": histc,
+    "aten::empty_permuted.default": empty_permuted,
+    "transformers::grouped_mm_fallback.default": grouped_mm_fallback,
+}
+
+
+def written_decompositions() -> dict:
+    """The ops of WRITTEN this process has registered -> their decompositions (resolved on each call:
+    a library's ops register when it is imported)."""
+    out = {}
+    for name, fn in WRITTEN.items():
+        op = resolve_op(name)
+        if op is not None:
+            out[op] = fn
+    return out

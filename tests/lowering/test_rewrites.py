@@ -1,0 +1,113 @@
+"""pt2b's own exact rewrites (exporter/lowering/rewrites.py) for ops no torch decomposition reaches:
+each equals the op's own kernel, bitwise where the kernel's arithmetic is reproduced, on inputs chosen
+to hit its edges, and a mixture-of-experts layer built on them lowers to core ATen ops."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from torch import nn
+
+from exporter import export_model, load_for_backend
+from exporter.lowering.opset_check import INFRASTRUCTURE
+from exporter.lowering.presets import load as load_preset
+from exporter.lowering.rewrites import empty_permuted, grouped_mm_fallback, histc
+from exporter.lowering.tables import closure_decompositions
+
+CORE = sorted(load_preset("core").opset)
+
+
+def _histc_inputs(seed: int):
+    rng = random.Random(seed)
+    for case in range(240):
+        bins = rng.randint(1, 12)
+        lo = rng.choice([0, -3, 0.5, -1e-3])
+        hi = lo + rng.choice([1, 7, 11, 0.3, 1e3])
+        dtype = rng.choice([torch.float32, torch.float64])
+        kind = case % 4
+        if kind == 0:
+            x = torch.randn(rng.randint(0, 50)) * (hi - lo) + lo
+        elif kind == 1:  # whole numbers, as expert indices are, some outside the range
+            x = torch.randint(int(lo) - 1, int(hi) + 2, (30,)).float()
+        elif kind == 2:  # every edge, where truncation decides the bin
+            x = torch.linspace(lo, hi, bins + 1)
+        else:
+            x = torch.cat([torch.randn(9) * hi, torch.tensor([float("nan"), float("inf"), -float("inf"), lo, hi])])
+        yield x.to(dtype), bins, lo, hi
+
+
+def test_histc_counts_as_the_cpu_kernel_does():
+    for x, bins, lo, hi in _histc_inputs(0):
+        got, want = histc(x, bins, lo, hi), torch.histc(x, bins, lo, hi)
+        assert torch.equal(got, want), (x, bins, lo, hi, got, want)
+    assert histc(torch.randn(5, 3).double(), 4, -1, 1).shape == (4,)
+
+
+def test_histc_declines_what_reads_the_data():
+    assert histc(torch.randn(8), 4, 0, 0) is NotImplemented  # min == max: the data's extremes
+    assert histc(torch.arange(8), 4, 0, 7) is NotImplemented  # (the CPU kernel takes floats only)
+
+
+def test_empty_permuted_has_the_sizes_and_strides_of_the_op():
+    for size, layout in (([2, 3, 4], [2, 0, 1]), ([5, 1, 3, 2], [0, 2, 3, 1]), ([7], [0])):
+        got, want = empty_permuted(size, layout, dtype=torch.float16), torch.empty_permuted(size, layout,
+                                                                                             dtype=torch.float16)
+        assert (got.shape, got.stride(), got.dtype) == (want.shape, want.stride(), want.dtype)
+
+
+def test_grouped_mm_fallback_equals_transformers_kernel_for_any_offsets():
+    pytest.importorskip("transformers.integrations.moe")
+    op = torch.ops.transformers.grouped_mm_fallback.default
+    rng = random.Random(1)
+    for case in range(200):
+        groups, rows = rng.randint(1, 5), rng.randint(0, 12)
+        offs = torch.tensor([rng.randint(-rows - 3, rows + 3) for _ in range(groups)])
+        if case % 3 == 0:  # as a router makes them: sorted, within the rows
+            offs = offs.sort().values.clamp(0, rows)
+        x, w = torch.randn(rows, 4), torch.randn(groups, 4, 3)
+        torch.testing.assert_close(grouped_mm_fallback(x, w, offs), op(x, w, offs), rtol=1e-6, atol=1e-6)
+
+
+def test_the_rewrites_apply_only_where_the_list_lacks_the_op():
+    table = closure_decompositions()
+    assert table[torch.ops.aten.histc.default] is histc
+    assert table[torch.ops.aten.empty_permuted.default] is empty_permuted
+
+
+class Experts(nn.Module):
+    """A mixture-of-experts layer as transformers writes one: tokens counted per expert (histc), sorted
+    by expert, and multiplied by their expert's weight (grouped_mm_fallback)."""
+
+    def __init__(self, experts: int = 4, width: int = 8, top: int = 2):
+        super().__init__()
+        self.router = nn.Linear(width, experts)
+        self.weight = nn.Parameter(torch.randn(experts, width, width) / width ** 0.5)
+        self.experts, self.top = experts, top
+
+    def forward(self, x):
+        scores, chosen = self.router(x).softmax(-1).topk(self.top, dim=-1)
+        flat = chosen.reshape(-1)
+        order = flat.argsort()
+        counts = torch.histc(flat.float(), bins=self.experts, min=0, max=self.experts - 1)
+        offs = counts.cumsum(0).to(torch.int32)
+        rows = x.repeat_interleave(self.top, dim=0)[order]
+        out = torch.ops.transformers.grouped_mm_fallback(rows, self.weight, offs)
+        back = torch.empty_like(out)
+        back[order] = out
+        return (back.view(-1, self.top, x.shape[-1]) * scores.unsqueeze(-1)).sum(1)
+
+
+def test_a_mixture_of_experts_layer_lowers_to_core_aten_and_runs_as_eager(tmp_path):
+    pytest.importorskip("transformers.integrations.moe")
+    torch.manual_seed(0)
+    model = Experts().eval()
+    x = torch.randn(6, 8)
+    export_model(model, (x,), tmp_path / "moe.pt2b")
+    lowered = load_for_backend(tmp_path / "moe.pt2b", supported_ops=CORE, cache=False)
+    assert not set(lowered.ops()) - set(CORE) - INFRASTRUCTURE, set(lowered.ops()) - set(CORE)
+    assert lowered.validation.status == "passed"
+    for _ in range(3):  # other routings than the example's
+        x = torch.randn(6, 8)
+        torch.testing.assert_close(lowered(x), model(x), rtol=1e-5, atol=1e-5)
