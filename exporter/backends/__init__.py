@@ -25,7 +25,7 @@ import os
 import re
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..errors import BackendHandOffError, BackendStateError, BackendUnavailableError, Pt2bError
+from ..errors import BackendHandOffError, BackendResultError, BackendStateError, BackendUnavailableError, Pt2bError
 
 if TYPE_CHECKING:
     import torch
@@ -160,9 +160,11 @@ def to_backend(name: str | LoweredProgram, lowered: LoweredProgram | torch.expor
     ``fallback="reference"``: where the backend cannot take the whole program, it runs what it can: the
     program is split into the runs of nodes whose ops the backend lists, each handed over as a program
     of its own, and the nodes between them run by their ATen kernels (as runtime_ref runs them); a
-    part the backend refuses runs there too. ``Compiled.share`` says what share of the op nodes and
-    FLOPs the backend runs, and the whole is validated as any hand-off. Without it, a program the
-    backend cannot take is a BackendHandOffError."""
+    part the backend refuses runs there too. Where the backend takes the program but computes it
+    wrong, the split parts are each checked, and a wrong part is cut down until the nodes the backend
+    computes wrong run on the reference. ``Compiled.share`` says what share of the op nodes and FLOPs
+    the backend runs, and the whole is validated as any hand-off. Without it, a program the backend
+    cannot take is a BackendHandOffError, one it computes wrong a BackendResultError."""
     if lowered is None and not isinstance(name, str):
         lowered, name = name, getattr(name, "backend", None)
         if name is None:
@@ -184,19 +186,27 @@ def to_backend(name: str | LoweredProgram, lowered: LoweredProgram | torch.expor
     if fallback not in (None, "reference"):
         raise BackendHandOffError(f"fallback={fallback!r}: pt2b falls back on 'reference' (runtime_ref's way: the "
                                   f"program's own ATen kernels), or None for no fallback.")
+    from .validation import validated_hand_off
+    from ..lowering.verdicts import WRONG_REL
+
+    check = (lambda compiled, program: validated_hand_off(compiled, program, WRONG_REL)) if validate else None
     dim_names = dict(getattr(lowered, "dim_names", None) or {})
     try:
         compiled = Compiled(backend, *_handed(backend, ep, options), dim_names=dim_names)
     except BackendHandOffError:
         if fallback is None:
             raise
-        compiled = _split(backend, ep, lowered, options, dim_names)
-    if not validate:
+        compiled = _split(backend, ep, lowered, options, dim_names, check)
+    if check is None:
         return compiled
-    from .validation import validated_hand_off
-    from ..lowering.verdicts import WRONG_REL
-
-    return dataclasses.replace(compiled, validation=validated_hand_off(compiled, ep, WRONG_REL))
+    try:
+        return dataclasses.replace(compiled, validation=check(compiled, ep))
+    except BackendResultError:
+        if fallback is None or compiled.share is not None:
+            raise
+    # the backend computes the whole program wrong: split, each part checked, the wrong ones cut down
+    compiled = _split(backend, ep, lowered, options, dim_names, check)
+    return dataclasses.replace(compiled, validation=check(compiled, ep))
 
 
 def _handed(backend: Backend, ep, options: dict) -> tuple:
@@ -209,14 +219,15 @@ def _handed(backend: Backend, ep, options: dict) -> tuple:
         raise BackendHandOffError(f"{backend.key} could not take the program: {first_line(e)}") from e
 
 
-def _split(backend: Backend, ep, lowered, options: dict, dim_names: dict) -> Compiled:
-    """``ep`` split between ``backend`` (the ops its list names) and the reference (partition.py)."""
+def _split(backend: Backend, ep, lowered, options: dict, dim_names: dict, check) -> Compiled:
+    """``ep`` split between ``backend`` (the ops its list names) and the reference (partition.py), each
+    part handed over checked with ``check`` (None: unchecked)."""
     from ..ops import OpMatcher
     from .partition import split_for
 
     listed = getattr(lowered, "supported", None) or OpMatcher(backend.supported_ops)
     part = lambda part_ep, **o: Compiled(backend, *_handed(backend, part_ep, o))  # noqa: E731
-    partitioned = split_for(backend, ep, lambda op: op in listed, part, options)
+    partitioned = split_for(backend, ep, lambda op: op in listed, part, options, check)
     run = lambda native, program, args, kwargs: native(*args, **kwargs)  # noqa: E731
     return Compiled(dataclasses.replace(backend, run=run, save=None), partitioned, ep, dim_names=dim_names,
                     share=partitioned.share)

@@ -72,9 +72,15 @@ def hand_off(ep, *, opset_version: int | None = None, optimize: bool = True,
 
 
 def run(onnx_program, ep, args, kwargs):
-    """Run on onnxruntime's CPU provider (ONNXProgram's own session); outputs by graph output name."""
+    """Run on onnxruntime's CPU provider (ONNXProgram's own session); inputs by graph input name (an input
+    the translation made a constant, such as a size export specialized, is no graph input), outputs by
+    graph output name."""
     leaves = calling.flat_inputs(ep, args, kwargs)
-    outs = onnx_program(*leaves)
+    names = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    by_name = dict(zip(names, leaves))
+    graph_inputs = [v.name for v in onnx_program.model.graph.inputs]
+    fed = [by_name[n] for n in graph_inputs] if all(n in by_name for n in graph_inputs) else leaves
+    outs = onnx_program(*fed)
     produced = dict(zip((v.name for v in onnx_program.model.graph.outputs), outs))
     return calling.user_outputs(ep, produced, leaves)
 

@@ -12,6 +12,7 @@ import torch.fx
 
 from ..errors import BackendHandOffError, Pt2bError
 from ..lifted import Binding, Unbindable
+from ..lowering.opset_check import is_infrastructure
 from ..ops import op_name
 from .._torch.pytree import pytree
 
@@ -29,6 +30,7 @@ class Share:
     flops: int
     on_reference: dict  # op name -> call sites run by the reference
     refused: tuple = ()  # (part, the backend's reason) for every part handed over and refused
+    wrong: tuple = ()  # (node, op, how it differed) for every node the backend computes wrong
 
     @property
     def node_share(self) -> float:
@@ -45,17 +47,21 @@ class Share:
             text += "; the reference runs " + ", ".join(f"{name} x{n}" for name, n in self.on_reference.items())
         for part, why in self.refused:
             text += f"; {part} went back to the reference: {why}"
+        for node, op, why in self.wrong:
+            text += f"; the backend computes node {node} ({op}) wrong, so the reference runs it ({why})"
         return text
 
 
 class _Listed(torch.fx.passes.operator_support.OperatorSupportBase):
-    def __init__(self, supported: Callable):
-        self.supported = supported
+    def __init__(self, supported: Callable, excluded: set):
+        self.supported, self.excluded = supported, excluded
 
     def is_node_supported(self, submodules, node: torch.fx.Node) -> bool:
-        if node.op != "call_function":
+        if node.op != "call_function" or node.name in self.excluded:
             return False
         if node.target is operator.getitem:  # (a multi-output op's results go where the op goes)
+            return True
+        if is_infrastructure(node.target):  # sizes and runtime checks go with the part around them
             return True
         return isinstance(node.target, torch._ops.OpOverload) and self.supported(node.target)
 
@@ -63,13 +69,28 @@ class _Listed(torch.fx.passes.operator_support.OperatorSupportBase):
 class _Handed(torch.nn.Module):
     """A part of the program run by the backend, called as the part's GraphModule was."""
 
-    def __init__(self, compiled, single: bool):
+    def __init__(self, compiled, single: bool, part: torch.fx.GraphModule):
         super().__init__()
-        self.compiled, self.single = compiled, single
+        self.compiled, self.single, self.part = compiled, single, part  # (part: the nodes it runs)
+        # a size the part returns comes back from a backend as a 0-dim tensor: the next part takes a number
+        outs = part.graph.output_node().args[0]
+        self.numbers = [_number_type(o) for o in ([outs] if single else outs)]
 
     def forward(self, *args):
         out = self.compiled(*args)
-        return out if self.single else tuple(out)
+        out = [out] if self.single else list(out)
+        out = [kind(o.item()) if kind is not None and isinstance(o, torch.Tensor) else o
+               for o, kind in zip(out, self.numbers)]
+        return out[0] if self.single else tuple(out)
+
+
+def _number_type(node):
+    """int, float or bool where ``node`` (a part's output) is a size or a number, else None."""
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else node
+    for kind, sym in ((bool, torch.SymBool), (int, torch.SymInt), (float, torch.SymFloat)):
+        if isinstance(val, (kind, sym)):
+            return kind
+    return None
 
 
 class Partitioned:
@@ -130,14 +151,16 @@ def _flops(fn, args) -> int:
     return counter.get_total_flops()
 
 
-def split_for(backend, ep, supported: Callable, hand_off: Callable, options: dict) -> Partitioned:
+def split_for(backend, ep, supported: Callable, hand_off: Callable, options: dict,
+              check: Callable | None = None) -> Partitioned:
     """``ep`` split into the longest runs of nodes ``supported(op)`` accepts, each handed to ``backend``
     (``hand_off(part_ep, **options)`` -> a Compiled) as a program of its own, traced on the values it
     takes in the stored example inputs' run; a part the backend refuses runs on the reference instead
-    (Share.refused says why). BackendHandOffError where the program cannot be split (no stored example
-    inputs, inputs of a kind a direct run cannot bind)."""
-    from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
-
+    (Share.refused says why). ``check(compiled, part_ep)`` (the hand-off check, raising
+    BackendResultError) runs on each part: a part the backend computes wrong is cut at its middle op,
+    which the reference runs, and its halves handed over again, until every part handed over is right.
+    BackendHandOffError where the program cannot be split (no stored example inputs, inputs of a kind
+    a direct run cannot bind)."""
     from .calling import flat_inputs
 
     key = backend.key
@@ -148,35 +171,96 @@ def split_for(backend, ep, supported: Callable, hand_off: Callable, options: dic
         binding = Binding(ep)
     except Unbindable as e:
         raise BackendHandOffError(f"the program cannot be split for {key}: {e}.") from None
-    gm = torch.fx.GraphModule(ep.graph_module, ep.graph_module.graph.__deepcopy__())
-    all_ops = _op_nodes(gm)
     args, kwargs = pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, ep.example_inputs)
     inputs = binding.bind(flat_inputs(ep, args, kwargs))
-    total_flops = _flops(gm, inputs)  # (before the split: the partitioner fuses the graph in place)
-    split = CapabilityBasedPartitioner(gm, _Listed(supported), allows_single_node_partition=True).partition_and_fuse()
+    whole = torch.fx.GraphModule(ep.graph_module, ep.graph_module.graph.__deepcopy__())
+    nodes, total_flops = len(_op_nodes(whole)), _flops(whole, inputs)
+    excluded: set[str] = set()  # op nodes the reference runs because a part holding them came out wrong
+    cuts: list[str] = []  # those excluded to cut a wrong part in two, not found wrong themselves
+    handed: dict[tuple, tuple] = {}  # a part's op nodes -> (its Compiled, or None and why)
+    found: dict[str, str] = {}  # excluded node -> how the part it was cut from differed
+    while True:
+        split, wrong = _split_once(ep, inputs, _Listed(supported, excluded), handed, hand_off, options, check)
+        if wrong is None:
+            break
+        name, alone, why = wrong
+        excluded.add(name)
+        found[name] = why
+        if not alone:
+            cuts.append(name)
+    for name in reversed(cuts):  # a cut the backend computes right goes back to it, where the parts stay right
+        trial = excluded - {name}
+        tried, wrong = _split_once(ep, inputs, _Listed(supported, trial), handed, hand_off, options, check)
+        if wrong is None:
+            excluded, split = trial, tried
+    refused = [(name, handed[_key(part)][1]) for name, part in split.named_children()
+               if not isinstance(part, _Handed) and _key(part) in handed]
+    targets = {n.name: n.target for n in ep.graph.nodes}
+    wrong_nodes = tuple((n, op_name(targets[n]), found[n]) for n in sorted(excluded))
+    backend_nodes = backend_flops = 0
     recorded = _part_inputs(split, inputs)
-    backend_nodes, backend_flops, refused = 0, 0, []
     for name, part in list(split.named_children()):
-        if name not in recorded:
-            continue
-        part_args = recorded[name]
-        try:
-            part_ep = torch.export.export(part, part_args, dynamic_shapes=_dynamic(split, name), strict=False)
-            compiled = hand_off(part_ep, **options)
-        except Pt2bError as e:
-            refused.append((name, str(e).splitlines()[0]))
-            continue
-        except Exception as e:  # noqa: BLE001 (a part the backend or the trace refuses runs on the reference)
-            refused.append((name, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
-            continue
-        single = not isinstance(part.graph.output_node().args[0], (tuple, list))
-        backend_nodes += len(_op_nodes(part))
-        backend_flops += _flops(part, part_args)
-        setattr(split, name, _Handed(compiled, single))
+        if isinstance(part, _Handed):
+            backend_nodes += len(_op_nodes(part.part))
+            backend_flops += _flops(part.part, recorded[name])
     on_reference: dict[str, int] = {}
     for part in (split, *(p for p in split.children() if not isinstance(p, _Handed))):
         for node in _op_nodes(part):
             on_reference[op_name(node.target)] = on_reference.get(op_name(node.target), 0) + 1
-    share = Share(backend_nodes, len(all_ops), backend_flops, total_flops, dict(sorted(on_reference.items())),
-                  tuple(refused))
+    share = Share(backend_nodes, nodes, backend_flops, total_flops, dict(sorted(on_reference.items())),
+                  tuple(refused), wrong_nodes)
     return Partitioned(ep, split, share)
+
+
+def _key(part: torch.fx.GraphModule) -> tuple:
+    """A part by the nodes it holds (the same nodes: the same part, handed over once)."""
+    return tuple(n.name for n in part.graph.nodes if n.op == "call_function")
+
+
+def _split_once(ep, inputs: list, listed: _Listed, handed: dict, hand_off: Callable, options: dict,
+                check: Callable | None) -> tuple:
+    """(the split program with every part the backend takes handed over, None), or (None, (the name of an
+    op node to leave to the reference, whether it is the wrong part's only one, how the part differed))
+    where ``check`` finds a part wrong."""
+    from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+
+    from ..errors import BackendResultError
+
+    gm = torch.fx.GraphModule(ep.graph_module, ep.graph_module.graph.__deepcopy__())
+    split = CapabilityBasedPartitioner(gm, listed, allows_single_node_partition=True).partition_and_fuse()
+    recorded = _part_inputs(split, inputs)
+    for name, part in list(split.named_children()):
+        if name not in recorded:
+            continue
+        ops = _op_nodes(part)
+        key = _key(part)
+        if key not in handed:  # (compiled, its program) | (None, why it was refused, the cut if it came out wrong)
+            compiled, part_ep = _hand_part(split, name, part, recorded[name], hand_off, options)
+            handed[key] = (compiled, part_ep, None)
+            if compiled is not None and check is not None:
+                try:
+                    check(compiled, part_ep)
+                # (a part the backend computes wrong or cannot run is cut down alike)
+                except Exception as e:  # noqa: BLE001
+                    why = str(e).split(": the backend computes")[0] if isinstance(e, BackendResultError) else \
+                        f"it does not run: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[-1]}"
+                    cut = (ops[len(ops) // 2].name, len(ops) == 1, why) if ops else None  # (none: it stays whole)
+                    handed[key] = (None, why, cut)
+        compiled, _, cut = handed[key]
+        if cut is not None:  # (found wrong now, or before in the same split: a trial holding it fails alike)
+            return None, cut
+        if compiled is not None:
+            single = not isinstance(part.graph.output_node().args[0], (tuple, list))
+            setattr(split, name, _Handed(compiled, single, part))
+    return split, None
+
+
+def _hand_part(split, name: str, part, part_args: tuple, hand_off: Callable, options: dict) -> tuple:
+    """(the part's Compiled, its ExportedProgram), or (None, why the backend or the trace refused it)."""
+    try:
+        part_ep = torch.export.export(part, part_args, dynamic_shapes=_dynamic(split, name), strict=False)
+        return hand_off(part_ep, **options), part_ep
+    except Pt2bError as e:
+        return None, str(e).splitlines()[0]
+    except Exception as e:  # noqa: BLE001 (a part the backend or the trace refuses runs on the reference)
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"

@@ -98,15 +98,38 @@ def test_a_part_the_backend_refuses_runs_on_the_reference(segmented, monkeypatch
     _assert_runs_as_eager(compiled, model)
 
 
-def test_a_split_program_is_checked_as_any_hand_off(segmented, monkeypatch):
-    path, _ = segmented
-    real = backends.get("onnx")
-    off = lambda native, program, args, kwargs: pytree.tree_map(  # noqa: E731
-        lambda o: o + 1 if isinstance(o, torch.Tensor) and o.is_floating_point() else o,
-        real.run(native, program, args, kwargs))
-    monkeypatch.setitem(backends._CACHE, "onnx", dataclasses.replace(real, run=off))
-    with pytest.raises(BackendResultError, match=r"output\[0\] \(torch.float32\) differs from the lowered program's"):
-        backends.to_backend(load_for_backend(path, backend="onnx", cache=False), fallback="reference")
+def _wrong_at_softmax(real):
+    """The backend ``real`` with a fault: a program that holds a softmax comes out one too high."""
+    def run(native, program, args, kwargs):
+        out = real.run(native, program, args, kwargs)
+        if any(n.target is torch.ops.aten.softmax.int for n in program.graph.nodes):
+            out = pytree.tree_map(lambda o: o + 1 if isinstance(o, torch.Tensor) and o.is_floating_point() else o, out)
+        return out
+
+    return dataclasses.replace(real, run=run)
+
+
+def test_a_node_the_backend_computes_wrong_is_found_and_left_to_the_reference(tmp_path, monkeypatch):
+    """The backend takes the whole program but computes one node wrong: without fallback that is the
+    hand-off check's BackendResultError; with it, the program is split, each part checked, and the
+    wrong part cut down until the softmax runs on the reference and the rest on the backend."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 8), nn.Softmax(-1), nn.Linear(8, 2)).eval()
+    export_model(model, (torch.randn(3, 4),), tmp_path / "mlp.pt2b")
+    lowered = load_for_backend(tmp_path / "mlp.pt2b", backend="onnx", cache=False)
+    monkeypatch.setitem(backends._CACHE, "onnx", _wrong_at_softmax(backends.get("onnx")))
+    with pytest.raises(BackendResultError, match=r": output \(torch.float32\) differs from the lowered program's by 1 "):
+        backends.to_backend(lowered)
+    compiled = backends.to_backend(lowered, fallback="reference")
+    share = compiled.share
+    # (the nodes cut out on the way, found right, went back to the backend)
+    assert share.on_reference == {"aten::softmax.int": 1} and share.backend_nodes == share.nodes - 1
+    assert share.refused == () and [op for _, op, _ in share.wrong] == ["aten::softmax.int"]
+    assert "differs from the lowered program's by 1 " in share.wrong[0][2]
+    assert f"the backend computes node {share.wrong[0][0]} (aten::softmax.int) wrong" in share.describe()
+    assert compiled.validation.status == "passed"
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
 
 
 def test_fallback_names_what_it_takes_and_keeps_the_state_rule(segmented, tmp_path):
@@ -139,3 +162,20 @@ def test_pt2b_run_falls_back_and_prints_the_share(segmented, capsys):
     out = capsys.readouterr().out
     assert "hand-off validation passed" in out
     assert f"the backend runs 5 of 6 op nodes (83.3%) and 100.0% of the FLOPs; the reference runs {NS}::branchy" in out
+
+
+@pytest.mark.slow
+def test_a_real_model_onnxruntime_computes_wrong_runs_right_with_fallback(tmp_path):
+    """transformers' afmoe: onnxruntime's TopK breaks ties otherwise than torch, the chosen experts differ
+    and the model's output with them; the split finds the topk node and the reference runs it."""
+    pytest.importorskip("transformers")
+    from tools.corpus.transformers_zoo import make_case
+
+    case = make_case("afmoe")
+    export_model(case.model, case.args, tmp_path / "afmoe.pt2b", kwargs=case.kwargs, dynamic_shapes=case.dynamic_shapes)
+    lowered = load_for_backend(tmp_path / "afmoe.pt2b", backend="onnx", cache=False)
+    with pytest.raises(BackendResultError, match="differs from the lowered program's"):
+        backends.to_backend(lowered)
+    compiled = backends.to_backend(lowered, fallback="reference")
+    assert [op for _, op, _ in compiled.share.wrong] == ["aten::topk.default"]
+    assert compiled.share.backend_nodes == compiled.share.nodes - 1 and compiled.validation.status == "passed"
