@@ -3,7 +3,8 @@ pt2b, lowered with each backend's own preset, handed to the backend and run ther
 one forked process per case (tools/real_models.py's sweep).
 
 Stages per case: build, capture, eager, write; then per backend B: lower:B (load_for_backend(path, B)),
-handoff:B (backends.to_backend), run:B, match:B. Where one of them fails, direct:B hands torch.export's
+handoff:B (backends.to_backend), run:B, match:B. Where one of them fails, fallback:B runs it split with
+the reference (to_backend(..., fallback="reference"): the share the backend runs), and direct:B hands torch.export's
 own program to the backend (which decomposes it its own way) and runs it: where that works the failure
 is pt2b's (unless torch's own save/load round trip of the program fails there too: torch's), where it
 fails too it is the backend's (owner:B in the record).
@@ -34,7 +35,8 @@ TOLERANCE = 1e-3
 
 def _stages(backends) -> list[str]:
     return ["build", "capture", "eager", "write"] + [f"{s}:{b}" for b in backends for s in
-                                                     ("lower", "handoff", "run", "match", "direct", "direct_read_back")]
+                                                     ("lower", "handoff", "run", "match", "fallback", "direct",
+                                                      "direct_read_back")]
 
 
 def run_case(name: str, backends, conn, workdir: str) -> None:
@@ -140,6 +142,11 @@ def run_case(name: str, backends, conn, workdir: str) -> None:
         if ok:
             rec["owner"][b] = None
             continue
+        if rec["stages"].get(f"lower:{b}", {}).get("status") == "ok":  # what pt2b routes around with the reference
+            fb_ok, share = stage(f"fallback:{b}", lambda: fallback_share(registry.to_backend(b, lp, fallback="reference"),
+                                                                          runs, matches))
+            if fb_ok:
+                rec.setdefault("fallback", {})[b] = share
         if rec["stages"].get(f"match:{b}", {}).get("status") == "fail" and torch_module_differs():
             rec["owner"][b] = "torch"  # torch.export's own ep.module() differs from eager the same way
             rec["stages"][f"match:{b}"]["torch"] = torch_differs[0][: rm.MSG_CHARS]
@@ -151,6 +158,18 @@ def run_case(name: str, backends, conn, workdir: str) -> None:
         else:
             rec["owner"][b] = "backend"
     conn.send(rec)
+
+
+def fallback_share(compiled, runs, matches) -> dict:
+    """A case the backend runs with fallback="reference", close to eager: the share of its op nodes and
+    FLOPs the backend runs (1.0: handed over whole), the ops left to the reference, the nodes it computes
+    wrong."""
+    matches(runs(compiled))
+    share = compiled.share
+    if share is None:
+        return {"nodes": 1.0, "flops": 1.0, "on_reference": {}, "wrong": []}
+    return {"nodes": round(share.node_share, 4), "flops": round(share.flop_share, 4),
+            "on_reference": dict(share.on_reference), "wrong": [op for _, op, _ in share.wrong]}
 
 
 # pt2b's own stages between torch.export's capture and any backend: a case failing there fails every backend
@@ -229,11 +248,14 @@ def summarize(records: list[dict], backends, file=sys.stdout) -> dict:
             who = owner(r, b)
             if who is not None:
                 groups[(who, failure_key(r, b))].append(r["name"])
+        # the cases that failed whole but run close to eager split with the reference (fallback="reference")
+        with_fallback = [r for r in ran if owner(r, b) is not None and b in r.get("fallback", {})]
         out[b] = {"built": len(built), "captured_by_torch": len(captured), "captured": len(ran), "ok": owners[None], "pt2b_fails": owners["pt2b"],
-                  "backend_fails": owners["backend"], "torch_fails": owners["torch"], "groups": dict(groups)}
-        print(f"{b}: {owners[None]} of {len(ran)} captured cases run through pt2b close to eager "
-              f"({owners['pt2b']} pt2b's failures, {owners['backend']} the backend's, {owners['torch']} "
-              f"torch's)", file=file)
+                  "backend_fails": owners["backend"], "torch_fails": owners["torch"], "groups": dict(groups),
+                  "with_fallback": len(with_fallback)}
+        print(f"{b}: {owners[None]} of {len(ran)} captured cases run through pt2b close to eager, "
+              f"{len(with_fallback)} more with fallback ({owners['pt2b']} pt2b's failures, {owners['backend']} the "
+              f"backend's, {owners['torch']} torch's)", file=file)
         for (who, key), names in sorted(groups.items(), key=lambda kv: -len(kv[1]))[:12]:
             print(f"   {len(names):4d}  [{who}] {key[:160]}", file=file)
     return out
@@ -258,12 +280,16 @@ def markdown(data: dict) -> str:
              "backend's where it fails on that too (or crashes), torch's where torch.export cannot capture the "
              "model, its own `ep.module()` differs from eager as the backend's result does, or the backend takes "
              "torch's program in memory but not once `torch.export.save`/`load` read it back.", "",
-             "| backend | run close to eager | of captured | pt2b's failures | the backend's failures | torch's |",
-             "|---|---|---|---|---|---|"]
+             "A failing case is tried once more with `to_backend(..., fallback=\"reference\")`: \"more with "
+             "fallback\" counts those that then run close to eager, split between the backend and the reference.",
+             "",
+             "| backend | run close to eager | more with fallback | of captured | pt2b's failures | the backend's "
+             "failures | torch's |",
+             "|---|---|---|---|---|---|---|"]
     for b in backends:
         c = counts[b]
-        lines.append(f"| {b} | {c['ok']} | {c['captured']} | {c['pt2b_fails']} | {c['backend_fails']} | "
-                     f"{c['torch_fails']} |")
+        lines.append(f"| {b} | {c['ok']} | {c['with_fallback']} | {c['captured']} | {c['pt2b_fails']} | "
+                     f"{c['backend_fails']} | {c['torch_fails']} |")
     built = counts[backends[0]]["built"] if backends else 0
     lines += ["", f"{built} cases built offline; {built - counts[backends[0]]['captured_by_torch']} of them torch.export "
                   "does not capture (owner: torch).", ""]

@@ -220,7 +220,11 @@ def _for_whole_table_backend(backend, extra: dict, user: dict, kept) -> _Resolve
     table = {op: fn for op, fn in backend.decompositions().items() if not kept(op)}
     table.update(extra)
     table.update(user)
-    return _Resolved(table, lambda op: op not in table or kept(op), backend.key,
+    base = dict(table)  # (what a rewrite declines stays for the backend, as without one)
+    for op, fn in tables.pt2b_decompositions().items():  # pt2b's own, for what the backend does not name
+        if op not in sup_m and not kept(op):
+            table.setdefault(op, fn)
+    return _Resolved(table, lambda op: op not in base or kept(op), backend.key,
                      f"decomposed with {backend.name}'s own table ({backend.source}); {backend.name} "
                      f"{backend.version} takes what it leaves", True,
                      {"backend": backend.key, "supported_ops": sorted(backend.supported_ops), "inline_custom_ops": True},

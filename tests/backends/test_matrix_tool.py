@@ -56,3 +56,18 @@ def test_a_backends_reason_is_grouped_without_machine_paths_or_addresses():
                                                                 ("/srv/ci/.venv", "7ff45b632de0"))}
     assert keys == {"handoff:iree: NotImplementedError: FIX ME: target=<function sym_not>, 'stack_trace': "
                     "'File \"site-packages/transformers/x.py\"'"}
+
+
+def test_a_case_run_with_fallback_counts_beside_those_run_whole():
+    """The matrix's three counts per backend: run whole, run split with the reference, failed."""
+    import io
+
+    ok = {"build": "ok", "capture": "ok", "write": "ok"}
+    whole = _rec(ok, {"onnx": None})
+    split = _rec({**ok, "handoff:onnx": "fail", "fallback:onnx": "ok"}, {"onnx": "backend"})
+    split["fallback"] = {"onnx": {"nodes": 0.99, "flops": 1.0, "on_reference": {"aten::topk.default": 1}}}
+    failed = _rec({**ok, "handoff:onnx": "fail", "fallback:onnx": "fail"}, {"onnx": "backend"})
+    counts = bm.summarize([whole, split, failed], ["onnx"], file=io.StringIO())["onnx"]
+    assert (counts["ok"], counts["with_fallback"], counts["backend_fails"], counts["captured"]) == (1, 1, 2, 3)
+    page = bm.markdown({"records": [whole, split, failed], "meta": {"backends": ["onnx"]}})
+    assert "| onnx | 1 | 1 | 3 | 0 | 2 | 0 |" in page

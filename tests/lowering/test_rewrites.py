@@ -111,3 +111,21 @@ def test_a_mixture_of_experts_layer_lowers_to_core_aten_and_runs_as_eager(tmp_pa
     for _ in range(3):  # other routings than the example's
         x = torch.randn(6, 8)
         torch.testing.assert_close(lowered(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_backend_that_decomposes_with_its_own_table_gets_the_rewrites_it_lacks(tmp_path):
+    """OpenVINO takes whatever its own table leaves and has no conversion of histc: pt2b's rewrite of it
+    applies; transformers' grouped product, which its extensions convert, stays for it."""
+    pytest.importorskip("openvino")
+    pytest.importorskip("transformers.integrations.moe")
+    from exporter.backends import to_backend
+
+    torch.manual_seed(0)
+    model = Experts().eval()
+    export_model(model, (torch.randn(6, 8),), tmp_path / "moe.pt2b")
+    lowered = load_for_backend(tmp_path / "moe.pt2b", backend="openvino", cache=False)
+    assert "aten::histc.default" not in lowered.ops()
+    assert lowered.ops().get("transformers::grouped_mm_fallback.default") == 1
+    compiled = to_backend(lowered)
+    x = torch.randn(6, 8)
+    torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
