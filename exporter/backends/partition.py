@@ -52,6 +52,11 @@ class Share:
         return text
 
 
+# the most parts one split hands over (each a trace and a backend compile): a program the backend computes
+# wrong in many places stops being cut there, and what is left wrong runs on the reference whole
+MAX_PARTS = 256
+
+
 class _Listed(torch.fx.passes.operator_support.OperatorSupportBase):
     def __init__(self, supported: Callable, excluded: set):
         self.supported, self.excluded = supported, excluded
@@ -177,7 +182,7 @@ def split_for(backend, ep, supported: Callable, hand_off: Callable, options: dic
     nodes, total_flops = len(_op_nodes(whole)), _flops(whole, inputs)
     excluded: set[str] = set()  # op nodes the reference runs because a part holding them came out wrong
     cuts: list[str] = []  # those excluded to cut a wrong part in two, not found wrong themselves
-    handed: dict[tuple, tuple] = {}  # a part's op nodes -> (its Compiled, or None and why)
+    handed: dict[tuple, tuple] = {}  # a part's nodes -> (its Compiled, its program) or (None, why, the cut)
     found: dict[str, str] = {}  # excluded node -> how the part it was cut from differed
     while True:
         split, wrong = _split_once(ep, inputs, _Listed(supported, excluded), handed, hand_off, options, check)
@@ -234,6 +239,8 @@ def _split_once(ep, inputs: list, listed: _Listed, handed: dict, hand_off: Calla
             continue
         ops = _op_nodes(part)
         key = _key(part)
+        if key not in handed and len(handed) >= MAX_PARTS:
+            handed[key] = (None, f"not handed over: the split already tried {MAX_PARTS} parts", None)
         if key not in handed:  # (compiled, its program) | (None, why it was refused, the cut if it came out wrong)
             compiled, part_ep = _hand_part(split, name, part, recorded[name], hand_off, options)
             handed[key] = (compiled, part_ep, None)

@@ -179,3 +179,24 @@ def test_a_real_model_onnxruntime_computes_wrong_runs_right_with_fallback(tmp_pa
     compiled = backends.to_backend(lowered, fallback="reference")
     assert [op for _, op, _ in compiled.share.wrong] == ["aten::topk.default"]
     assert compiled.share.backend_nodes == compiled.share.nodes - 1 and compiled.validation.status == "passed"
+
+
+def test_the_split_hands_over_a_counted_number_of_parts(tmp_path, monkeypatch):
+    """Cutting stops at partition.MAX_PARTS hand-offs: what is left wrong then runs on the reference whole,
+    still right."""
+    from exporter.backends import partition
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 8), nn.Softmax(-1), nn.Linear(8, 2)).eval()
+    export_model(model, (torch.randn(3, 4),), tmp_path / "mlp.pt2b")
+    lowered = load_for_backend(tmp_path / "mlp.pt2b", backend="onnx", cache=False)
+    real = backends.get("onnx")
+    calls = []
+    counted = dataclasses.replace(real, hand_off=lambda ep, **o: calls.append(1) or real.hand_off(ep, **o))
+    monkeypatch.setitem(backends._CACHE, "onnx", _wrong_at_softmax(counted))
+    monkeypatch.setattr(partition, "MAX_PARTS", 1)
+    compiled = backends.to_backend(lowered, fallback="reference")
+    assert len(calls) == 2  # the whole program, then the one part the split may try
+    assert compiled.share.backend_nodes == 0 and "already tried 1 parts" in compiled.share.describe()
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
