@@ -30,7 +30,7 @@ class Share:
     flops: int
     on_reference: dict  # op name -> call sites run by the reference
     refused: tuple = ()  # (part, the backend's reason) for every part handed over and refused
-    wrong: tuple = ()  # (node, op, how it differed) for every node the backend computes wrong
+    wrong: tuple = ()  # (node, op, why) for every node the backend refuses, cannot run or computes wrong
 
     @property
     def node_share(self) -> float:
@@ -48,7 +48,7 @@ class Share:
         for part, why in self.refused:
             text += f"; {part} went back to the reference: {why}"
         for node, op, why in self.wrong:
-            text += f"; the backend computes node {node} ({op}) wrong, so the reference runs it ({why})"
+            text += f"; the reference runs node {node} ({op}), which the backend {why}"
         return text
 
 
@@ -162,8 +162,10 @@ def split_for(backend, ep, supported: Callable, hand_off: Callable, options: dic
     (``hand_off(part_ep, **options)`` -> a Compiled) as a program of its own, traced on the values it
     takes in the stored example inputs' run; a part the backend refuses runs on the reference instead
     (Share.refused says why). ``check(compiled, part_ep)`` (the hand-off check, raising
-    BackendResultError) runs on each part: a part the backend computes wrong is cut at its middle op,
-    which the reference runs, and its halves handed over again, until every part handed over is right.
+    BackendResultError) runs on each part. A part the backend refuses, cannot run or computes wrong is
+    cut at its middle op, which the reference runs, and its halves handed over again, until every part
+    handed over is taken and right; the cuts found right then go back to the backend (Share.wrong
+    names the nodes left).
     BackendHandOffError where the program cannot be split (no stored example inputs, inputs of a kind
     a direct run cannot bind)."""
     from .calling import flat_inputs
@@ -241,16 +243,19 @@ def _split_once(ep, inputs: list, listed: _Listed, handed: dict, hand_off: Calla
         key = _key(part)
         if key not in handed and len(handed) >= MAX_PARTS:
             handed[key] = (None, f"not handed over: the split already tried {MAX_PARTS} parts", None)
-        if key not in handed:  # (compiled, its program) | (None, why it was refused, the cut if it came out wrong)
+        if key not in handed:  # (compiled, its program) | (None, why it was refused or came out wrong, the cut)
             compiled, part_ep = _hand_part(split, name, part, recorded[name], hand_off, options)
             handed[key] = (compiled, part_ep, None)
-            if compiled is not None and check is not None:
+            if compiled is None and ops:  # refused: cut down alike, to find the nodes the backend refuses
+                handed[key] = (None, part_ep, (ops[len(ops) // 2].name, len(ops) == 1, f"refused: {part_ep}"))
+            elif compiled is not None and check is not None:
                 try:
                     check(compiled, part_ep)
                 # (a part the backend computes wrong or cannot run is cut down alike)
                 except Exception as e:  # noqa: BLE001
-                    why = str(e).split(": the backend computes")[0] if isinstance(e, BackendResultError) else \
-                        f"it does not run: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[-1]}"
+                    why = ("computes wrong: " + str(e).split(": the backend computes")[0]
+                           if isinstance(e, BackendResultError) else
+                           f"cannot run: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[-1]}")
                     cut = (ops[len(ops) // 2].name, len(ops) == 1, why) if ops else None  # (none: it stays whole)
                     handed[key] = (None, why, cut)
         compiled, _, cut = handed[key]
