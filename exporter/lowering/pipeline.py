@@ -30,7 +30,8 @@ def lower_artifact(path, plan: LoweringPlan, *, device: str = "cpu", verify: boo
     with gc_paused():  # the trace allocates fx nodes and fake tensors by the 10^4 as well
         art = reader.open_artifact(path)  # looked up, and on a miss lowered and stored, from this one reading
         # the custom ops it inlines are known from the operator table: the cache slot is the lowering's own
-        plan = plan.with_kernels_for(_cache.op_qualnames(art, art.method_names if method is None else [method]))
+        if plan.inlines is not None:  # (a preset inlines none: its requests read no more than before)
+            plan = plan.with_kernels_for(_cache.op_qualnames(art, art.method_names if method is None else [method]))
         # one slot for all methods, one per method asked for by name; None: the cache is not usable (warned)
         entry = _cache.Entry.of(art, plan, method=method, device=device) if use_cache else None
         served = _served(entry, art, path, verify=verify, validate=validate) if entry is not None else None
