@@ -104,7 +104,7 @@ class Partitioned:
 
     def __init__(self, ep, split: torch.fx.GraphModule, share: Share):
         self.binding, self.split, self.share = Binding(ep), split, share
-        self.in_spec, self.out_spec = ep.call_spec.in_spec, ep.call_spec.out_spec
+        self.out_spec = ep.call_spec.out_spec
 
     def __call__(self, *args, **kwargs):
         from .calling import flat_inputs
