@@ -23,6 +23,7 @@ _LAZY = {
     "export_model": "api",
     "load": "api",
     "load_for_backend": "api",
+    "register_tensor_subclass": "tensor_subclasses",
     "eager_decompositions": "api",
     "Pt2bProgram": "program",
     "OperatorInfo": "program",
@@ -32,7 +33,7 @@ _LAZY = {
 }
 
 __all__ = ["__version__", "errors", "backends", "export_model", "load", "load_for_backend", "eager_decompositions",
-           "Pt2bProgram", "OperatorInfo", "LoweredProgram", "EagerContext", "EagerDecompositions"]
+           "register_tensor_subclass", "Pt2bProgram", "OperatorInfo", "LoweredProgram", "EagerContext", "EagerDecompositions"]
 
 
 def __getattr__(name: str):

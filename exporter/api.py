@@ -102,7 +102,7 @@ def load_for_backend(path: StrPath, preset: str | None = "core", *, backend: str
                      keep: Iterable[OpSpec] | None = None, decompose: Iterable[OpSpec] | None = None,
                      device: str = "cpu", verify: bool = False, cache: bool | None = None,
                      lossless: bool = False, validate: bool = True, method: str | None = None,
-                     strict: bool | None = None) -> LoweredProgram:
+                     strict: bool | None = None, fallback: str | None = None) -> LoweredProgram:
     """Load ``path`` and lower it: functionalize, then decompose for one of
     - ``preset``: a name of pt2b's presets (none, core, core-tag, max; optionally "@<torch version>",
       docs/lowering.md);
@@ -133,6 +133,12 @@ def load_for_backend(path: StrPath, preset: str | None = "core", *, backend: str
     receives in the program; a wrong one is kept undecomposed where the backend accepts the op, else
     OpsetError names it. A lowering served from the cache carries the verdict stored with it.
 
+    ``fallback="reference"`` (with ``backend`` or ``supported_ops``): an op that no decomposition brings
+    to the backend's list stays in the program instead of being an OpsetError, and everything else is
+    decomposed as usual; ``.outside_opset`` and ``.report()`` name what was left for the reference.
+    ``to_backend`` then runs those ops on the reference and the rest on the backend (the lowering's
+    fallback is its default). The lowering is cached apart from one without fallback.
+
     ``method``: the method of a multi-method artifact (format 1.2) to lower. By default every method
     is lowered with the same request (and cached together, their shared weights stored once); the
     default method's LoweredProgram is returned, the others are in its ``.methods`` (``lowered["decode"]``).
@@ -144,7 +150,8 @@ def load_for_backend(path: StrPath, preset: str | None = "core", *, backend: str
     from .request import plan_request
 
     plan = plan_request(preset, backend=backend, supported_ops=supported_ops, decompositions=decompositions,
-                        keep=keep, decompose=decompose, lossless=lossless, strict=strict, stacklevel=4)
+                        keep=keep, decompose=decompose, lossless=lossless, strict=strict, fallback=fallback,
+                        stacklevel=4)
     return lower_artifact(path, plan, device=device, verify=verify, cache=cache, validate=validate, method=method)
 
 

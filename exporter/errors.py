@@ -77,6 +77,11 @@ class MissingPytreeTypeError(ArtifactError):
     imported module registers with torch's pytree: import the library that defines it first."""
 
 
+class MissingTensorSubclassError(ArtifactError):
+    """The artifact holds a tensor-subclass weight whose class name no
+    exporter.register_tensor_subclass call of this process registered: register the class first."""
+
+
 class LoweringError(Pt2bError):
     """A program cannot be lowered to what the backend asked for."""
 

@@ -636,5 +636,39 @@ def insert_runtime_asserts(gm) -> None:
     shape_env = _get_shape_env(gm)
     if shape_env is not None:
         insert_deferred_runtime_asserts(gm, shape_env, "exported program", export=True)
+        _drop_repeated_asserts(gm)
+
+
+def _drop_repeated_asserts(gm) -> None:
+    """Each runtime assertion of a condition an earlier one in the graph already asserts removed, with
+    the size arithmetic only it used. A program read from a file holds its assertions as calls, and its
+    shape environment records them again as deferred ones, so the pass above asserts each twice where
+    torch's retrace of the program it exported asserts it once. The earlier one stops a call first;
+    a message the user wrote (not torch's generic one) moves to it."""
+    generic = "Runtime assertion failed for expression"
+    kept = {}
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not torch.ops.aten._assert_scalar.default or not node.args:
+            continue
+        cond = node.args[0]
+        val = cond.meta.get("val") if isinstance(cond, torch.fx.Node) else None
+        if not isinstance(val, torch.SymBool):
+            continue
+        expr = val.node.expr
+        if expr not in kept:
+            kept[expr] = node
+            continue
+        first, message = kept[expr], node.args[1] if len(node.args) > 1 else None
+        if isinstance(message, str) and not message.startswith(generic) and len(first.args) > 1 \
+                and str(first.args[1]).startswith(generic):
+            first.args = (first.args[0], message, *first.args[2:])
+        gm.graph.erase_node(node)
+        unused = [cond]
+        while unused:
+            n = unused.pop()
+            if isinstance(n, torch.fx.Node) and n.op == "call_function" and not n.users \
+                    and not isinstance(n.target, torch._ops.OpOverload):
+                unused.extend(n.all_input_nodes)
+                gm.graph.erase_node(n)
 
 

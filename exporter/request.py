@@ -1,5 +1,5 @@
 """A lowering request in the user's words (a preset, a backend's name, an op list, keep, decompose,
-lossless) resolved into a LoweringPlan, the installed backend's own op list looked up by name."""
+lossless, fallback) resolved into a LoweringPlan, the installed backend's own op list looked up by name."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ __all__ = ["plan_request"]
 
 def plan_request(preset: str | None = "core", *, backend: str | None = None, supported_ops=None,
                  decompositions=None, keep=None, decompose=None, lossless: bool = False, strict: bool | None = None,
-                 stacklevel: int = 2):
+                 fallback: str | None = None, stacklevel: int = 2):
     """The LoweringPlan of load_for_backend's request words (documented there). Spellings of an
     earlier release are turned into today's with a DeprecatedSpellingWarning: ``preset=<backend>``
     for ``backend=``, ``strict=`` for ``lossless=``. ``stacklevel``: the user's frame, for warnings."""
@@ -38,4 +38,5 @@ def plan_request(preset: str | None = "core", *, backend: str | None = None, sup
         raise LoweringError(f"backend={backend!r} brings its own op list: do not pass preset={preset!r} with it.")
     installed = backends.get(backend) if backend is not None else None
     return plan_lowering(None if installed is not None else preset, backend=installed, supported_ops=supported_ops,
-                         decompositions=decompositions, keep=keep, decompose=decompose, lossless=lossless)
+                         decompositions=decompositions, keep=keep, decompose=decompose, lossless=lossless,
+                         fallback=fallback)

@@ -4,7 +4,9 @@ one forked process per case (tools/real_models.py's sweep).
 
 Stages per case: build, capture, eager, write; then per backend B: lower:B (load_for_backend(path, B)),
 handoff:B (backends.to_backend), run:B, match:B. Where one of them fails, fallback:B runs it split with
-the reference (to_backend(..., fallback="reference"): the share the backend runs), and direct:B hands torch.export's
+the reference (to_backend(..., fallback="reference"): the share the backend runs; a case lower:B refused
+for ops no decomposition brings to B's list is lowered again with fallback="reference", those ops left
+to the reference), and direct:B hands torch.export's
 own program to the backend (which decomposes it its own way) and runs it: where that works the failure
 is pt2b's (unless torch's own save/load round trip of the program fails there too: torch's), where it
 fails too it is the backend's (owner:B in the record).
@@ -142,9 +144,15 @@ def run_case(name: str, backends, conn, workdir: str) -> None:
         if ok:
             rec["owner"][b] = None
             continue
-        if rec["stages"].get(f"lower:{b}", {}).get("status") == "ok":  # what pt2b routes around with the reference
-            fb_ok, share = stage(f"fallback:{b}", lambda: fallback_share(registry.to_backend(b, lp, fallback="reference"),
-                                                                          runs, matches))
+        lowered = rec["stages"].get(f"lower:{b}", {})
+        if lowered.get("status") == "ok" or lowered_again_with_fallback(lowered):  # what pt2b routes around
+            def with_fallback():
+                fb_lp = lp if lowered.get("status") == "ok" else exporter.load_for_backend(
+                    path, backend=b, cache=False, fallback="reference")
+                return fallback_share(registry.to_backend(b, fb_lp, fallback="reference"), runs, matches,
+                                      left=fb_lp.outside_opset)
+
+            fb_ok, share = stage(f"fallback:{b}", with_fallback)
             if fb_ok:
                 rec.setdefault("fallback", {})[b] = share
         if rec["stages"].get(f"match:{b}", {}).get("status") == "fail" and torch_module_differs():
@@ -160,16 +168,24 @@ def run_case(name: str, backends, conn, workdir: str) -> None:
     conn.send(rec)
 
 
-def fallback_share(compiled, runs, matches) -> dict:
+def lowered_again_with_fallback(lowered: dict) -> bool:
+    """Whether a failed lower:B stage (its record) is one a lowering with fallback="reference" routes
+    around: the OpsetError naming ops no decomposition brings to the backend's list."""
+    return (lowered.get("status") == "fail" and lowered.get("error_type") == "OpsetError"
+            and "cannot reach the accepted op set" in lowered.get("error", ""))
+
+
+def fallback_share(compiled, runs, matches, left=None) -> dict:
     """A case the backend runs with fallback="reference", close to eager: the share of its op nodes and
     FLOPs the backend runs (1.0: handed over whole), the ops left to the reference, the nodes it computes
-    wrong."""
+    wrong, and (``left``) the ops the lowering left to the reference (op -> call sites)."""
     matches(runs(compiled))
     share = compiled.share
     if share is None:
-        return {"nodes": 1.0, "flops": 1.0, "on_reference": {}, "wrong": []}
+        return {"nodes": 1.0, "flops": 1.0, "on_reference": {}, "wrong": [], "left_by_lowering": dict(left or {})}
     return {"nodes": round(share.node_share, 4), "flops": round(share.flop_share, 4),
-            "on_reference": dict(share.on_reference), "wrong": [op for _, op, _ in share.wrong]}
+            "on_reference": dict(share.on_reference), "wrong": [op for _, op, _ in share.wrong],
+            "left_by_lowering": dict(left or {})}
 
 
 # pt2b's own stages between torch.export's capture and any backend: a case failing there fails every backend
@@ -280,7 +296,9 @@ def markdown(data: dict) -> str:
              "backend's where it fails on that too (or crashes), torch's where torch.export cannot capture the "
              "model, its own `ep.module()` differs from eager as the backend's result does, or the backend takes "
              "torch's program in memory but not once `torch.export.save`/`load` read it back.", "",
-             "A failing case is tried once more with `to_backend(..., fallback=\"reference\")`: \"more with "
+             "A failing case is tried once more with `to_backend(..., fallback=\"reference\")` (one whose lowering "
+             "was refused for ops no decomposition brings to the backend's list is first lowered again with "
+             "`load_for_backend(..., fallback=\"reference\")`, those ops left to the reference): \"more with "
              "fallback\" counts those that then run close to eager, split between the backend and the reference.",
              "",
              "| backend | run close to eager | more with fallback | of captured | pt2b's failures | the backend's "

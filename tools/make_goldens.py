@@ -4,7 +4,8 @@ Goldens are added once per released format version and never regenerated: this s
 to touch a folder that already exists. Each case is <name>.pt2b plus <name>.io.npz holding the
 inputs and the expected outputs (numpy, no pickle) and their pytree specs. From format 1.2 on, a
 multi-method golden <name>.methods.pt2b holds as inputs a list of calls [method, args, kwargs], run
-in order over one state, and as outputs their results.
+in order over one state, and as outputs their results. From format 1.4 on, <name>.subclass.pt2b holds a
+tensor-subclass weight (tools/corpus/subclasses.py registers its class).
 Usage: python -m tools.make_goldens
 """
 
@@ -78,7 +79,23 @@ def main() -> int:
         print(f"wrote {stem}")
     if FORMAT_VERSION >= (1, 2):  # several methods over one set of weights: <name>.methods
         write_methods_golden(folder)
+    if FORMAT_VERSION >= (1, 4):  # a tensor-subclass weight: <name>.subclass
+        write_subclass_golden(folder)
     return 0
+
+
+def write_subclass_golden(folder: pathlib.Path) -> None:
+    """scaled_linear.subclass: a linear layer whose weight is tools/corpus/subclasses.py's ScaledTensor,
+    exported with torch.export.export (export_model(module) would unwrap it), so the file holds it as a
+    tensor subclass (format 1.4); reading it needs that class registered."""
+    from tools.corpus.subclasses import ScaledLinear
+
+    stem = "scaled_linear.subclass"
+    m, x = ScaledLinear(), torch.randn(3, 5, generator=torch.Generator().manual_seed(0))
+    export_model(torch.export.export(m, (x,)), folder / f"{stem}.pt2b",
+                 metadata={"golden": stem, "format": version_str(FORMAT_VERSION)})
+    save_io(folder / f"{stem}.io.npz", ((x,), {}), m(x))
+    print(f"wrote {stem}")
 
 
 def write_methods_golden(folder: pathlib.Path) -> None:

@@ -26,6 +26,7 @@ import re
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import BackendHandOffError, BackendResultError, BackendStateError, BackendUnavailableError, Pt2bError
+from ..tensor_subclasses import is_subclass
 
 if TYPE_CHECKING:
     import torch
@@ -164,7 +165,9 @@ def to_backend(name: str | LoweredProgram, lowered: LoweredProgram | torch.expor
     wrong, the split parts are each checked, and a wrong part is cut down until the nodes the backend
     computes wrong run on the reference. ``Compiled.share`` says what share of the op nodes and FLOPs
     the backend runs, and the whole is validated as any hand-off. Without it, a program the backend
-    cannot take is a BackendHandOffError, one it computes wrong a BackendResultError."""
+    cannot take is a BackendHandOffError, one it computes wrong a BackendResultError.
+    A program lowered with ``load_for_backend(..., fallback="reference")`` brings its fallback as the
+    default here; where that lowering left ops outside the backend's list, the program is split at once."""
     if lowered is None and not isinstance(name, str):
         lowered, name = name, getattr(name, "backend", None)
         if name is None:
@@ -175,6 +178,13 @@ def to_backend(name: str | LoweredProgram, lowered: LoweredProgram | torch.expor
                                   f"it to {lowered.backend}, or lower it with backend={name!r}.")
     backend = get(name)
     ep = exported_program(lowered)
+    kept = {n: type(v).__qualname__ for n, v in (*ep.state_dict.items(), *ep.constants.items()) if is_subclass(v)}
+    if kept:
+        raise BackendHandOffError(
+            f"the program's weights {', '.join(f'{n!r} ({c})' for n, c in list(kept.items())[:4])} are tensor "
+            f"subclasses, kept as such because the program's own inputs or outputs are subclasses too; {backend.key} takes "
+            f"plain tensors. Run it with runtime_ref or the program itself, or export a model whose inputs and "
+            f"outputs are plain tensors (its subclass weights are then lowered to their inner tensors).")
     written = sorted(set(ep.graph_signature.buffers_to_mutate.values()))
     if written and not (frozen_state or backend.holds_state):
         shown = ", ".join(written[:6]) + (f" and {len(written) - 6} more" if len(written) > 6 else "")
@@ -183,20 +193,26 @@ def to_backend(name: str | LoweredProgram, lowered: LoweredProgram | torch.expor
             f"call would start from their exported values (a KV cache that never fills, running statistics "
             f"that never move). Run it with runtime_ref or the program itself, which carry the state, or pass "
             f"to_backend(..., frozen_state=True) (`pt2b run --frozen-state`) to accept constants.")
-    if fallback not in (None, "reference"):
-        raise BackendHandOffError(f"fallback={fallback!r}: pt2b falls back on 'reference' (runtime_ref's way: the "
-                                  f"program's own ATen kernels), or None for no fallback.")
-    from .validation import validated_hand_off
+    from ..lowering.plan import fallback_refusal
     from ..lowering.verdicts import WRONG_REL
+    from .validation import validated_hand_off
 
+    if (why := fallback_refusal(fallback)) is not None:
+        raise BackendHandOffError(why)
+    lowered_with = getattr(lowered, "fallback", None)  # the fallback the lowering was asked for: the default
+    left = lowered_with is not None and bool(getattr(lowered, "outside_opset", None))
+    fallback = fallback if fallback is not None else lowered_with
     check = (lambda compiled, program: validated_hand_off(compiled, program, WRONG_REL)) if validate else None
     dim_names = dict(getattr(lowered, "dim_names", None) or {})
-    try:
-        compiled = Compiled(backend, *_handed(backend, ep, options), dim_names=dim_names)
-    except BackendHandOffError:
-        if fallback is None:
-            raise
+    if left:  # the lowering left ops the backend does not list to the reference: no whole hand-off to try
         compiled = _split(backend, ep, lowered, options, dim_names, check)
+    else:
+        try:
+            compiled = Compiled(backend, *_handed(backend, ep, options), dim_names=dim_names)
+        except BackendHandOffError:
+            if fallback is None:
+                raise
+            compiled = _split(backend, ep, lowered, options, dim_names, check)
     if check is None:
         return compiled
     try:

@@ -82,7 +82,8 @@ class _Handed(torch.nn.Module):
         self.numbers = [_number_type(o) for o in ([outs] if single else outs)]
 
     def forward(self, *args):
-        out = self.compiled(*args)
+        # a backend's runtime takes plain tensors (ExecuTorch's refuses a subclass): weights come bound as Parameters
+        out = self.compiled(*(a.detach() if isinstance(a, torch.nn.Parameter) else a for a in args))
         out = [out] if self.single else list(out)
         out = [kind(o.item()) if kind is not None and isinstance(o, torch.Tensor) else o
                for o, kind in zip(out, self.numbers)]

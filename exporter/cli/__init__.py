@@ -104,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
                         + ("" if name == "lower" else ", nor the backend's against the lowered one"))
         lo.add_argument("--frozen-state", action="store_true", help="hand a program that writes its buffers to "
                         "the backend with them as constants (every call starts from their exported values)")
+        lo.add_argument("--fallback", choices=["reference"], help="with --backend (or --supported): leave to the reference the ops "
+                        "no decomposition brings to the backend's list"
+                        + (" (the report names them)" if name == "lower" else ", and run on the reference what the "
+                           "backend cannot take (the program split between them; the share each runs is printed)"))
         if name == "lower":
             lo.add_argument("-o", "--output", help="write the lowered program as a .pt2b (with --to: the backend's "
                             "own file)")
@@ -114,8 +118,6 @@ def build_parser() -> argparse.ArgumentParser:
             lo.add_argument("--inputs", nargs="*", metavar="X.npy", help="positional inputs (default: the stored example inputs)")
             lo.add_argument("--extra-ops", nargs="*", metavar="OP", default=[],
                             help="ops runtime_ref runs beyond its opset (custom ops, with --import of their library)")
-            lo.add_argument("--fallback", choices=["reference"], help="with --backend: run on the reference what "
-                            "the backend cannot take (the program split between them; the share each runs is printed)")
             lo.add_argument("--device", default="cpu")
             lo.add_argument("--repeat", type=int, default=3, metavar="N", help="timed runs after the first (default 3)")
     u = sub.add_parser("upgrade", help="rewrite artifacts to the current format and op schemas")

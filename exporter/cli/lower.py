@@ -18,9 +18,10 @@ def read_ops_file(path: str) -> list[str]:
         raise ExportError(f"cannot read supported ops from {path!r}: {e.strerror or e}") from None
 
 
-def lower_from_args(ns, *, backend: str | None = None):
+def lower_from_args(ns, *, backend: str | None = None, fallback: str | None = None):
     """load_for_backend with the request of `pt2b lower`/`pt2b run`'s options (``backend``: the
-    backend whose op list to lower to; `pt2b lower` takes it from --backend)."""
+    backend whose op list to lower to; `pt2b lower` takes it from --backend; ``fallback``: what
+    --fallback asks of the lowering)."""
     from ..api import load_for_backend
 
     supported = read_ops_file(ns.supported) if ns.supported else None
@@ -30,7 +31,7 @@ def lower_from_args(ns, *, backend: str | None = None):
         return load_for_backend(ns.artifact, ns.preset, backend=backend, supported_ops=supported,
                                 keep=ns.keep or None, decompose=ns.decompose or None,
                                 cache=False if ns.no_cache else None, lossless=ns.lossless or ns.strict,
-                                validate=not ns.no_validate, method=ns.method)
+                                validate=not ns.no_validate, method=ns.method, fallback=fallback)
 
 
 def run(ns) -> int:
@@ -38,7 +39,7 @@ def run(ns) -> int:
 
     if ns.to:
         return _write_backend_file(ns)
-    lowered = lower_from_args(ns, backend=ns.backend)
+    lowered = lower_from_args(ns, backend=ns.backend, fallback=ns.fallback)
     methods = lowered.methods
     for name, low in methods.items():
         print((f"method {name}: " if len(methods) > 1 else "") + low.report())
@@ -58,6 +59,10 @@ def _write_backend_file(ns) -> int:
     if not ns.output:
         raise BackendHandOffError(f"--to {ns.to} writes the backend's own file: give its path with -o "
                                   f"(e.g. -o model{backends.get(ns.to).file_suffix}).")
+    if ns.fallback:  # (a split program has no one file of the backend's)
+        raise BackendHandOffError(f"--to {ns.to} writes {ns.to}'s own file, which cannot hold a program split with "
+                                  f"the reference: drop --fallback (`pt2b run --backend {ns.to} --fallback "
+                                  f"reference` runs it split).")
     if ns.backend and ns.backend != ns.to:
         raise BackendHandOffError(f"--to {ns.to} lowers to {ns.to}'s own op list: drop --backend {ns.backend}.")
     backends.get(ns.to)  # known and installed, before any lowering

@@ -70,8 +70,10 @@ def run(ns) -> int:
 
         backends.get(ns.backend)  # known and installed, before any lowering
     t0 = time.perf_counter()
-    # lowered to the backend's own op list, unless --preset names another lowering to hand it
-    lowered = lower_from_args(ns, backend=ns.backend if ns.preset == "core" else None)
+    # lowered to the backend's own op list (leaving to the reference what --fallback lets it), unless
+    # --preset names another lowering to hand it
+    own = ns.backend if ns.preset == "core" else None
+    lowered = lower_from_args(ns, backend=own, fallback=ns.fallback if own else None)
     lowered_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     runner, where = _runner(ns, lowered)

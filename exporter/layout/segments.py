@@ -10,7 +10,8 @@ import hashlib
 from .generated import pt2b_generated as G
 
 KIND_NAMES = {G.TensorKind.PARAMETER: "parameter", G.TensorKind.BUFFER: "buffer",
-              G.TensorKind.CONSTANT: "constant", G.TensorKind.EXAMPLE_INPUT: "example input"}
+              G.TensorKind.CONSTANT: "constant", G.TensorKind.EXAMPLE_INPUT: "example input",
+              G.TensorKind.SUBCLASS_PART: "tensor-subclass part"}
 
 DIGEST_SIZE = 32  # sha256
 

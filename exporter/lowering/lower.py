@@ -16,6 +16,7 @@ from .._torch.deferred_codegen import compiled, deferred
 from .engines import lower_program
 from .opset_check import outside, route_lines
 from .plan import LoweringPlan
+from .subclass_weights import unwrapped
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +44,7 @@ def lower(source_ep, plan: LoweringPlan) -> Lowering:
     """``source_ep`` lowered with ``plan``; OpsetError where the result holds ops the plan's closed
     opset refuses (each with the route that brought it there). A custom op the backend lacks is
     lowered through its own kernel (LoweringPlan.with_kernels_for; the result's plan names it)."""
+    source_ep = unwrapped(source_ep)  # tensor-subclass weights as their inner tensors (subclass_weights.py)
     plan = plan.with_kernels_for({node.target for node in op_nodes(source_ep.graph_module)})
     with deferred():  # the programs made on the way generate no code (_torch/deferred_codegen.py)
         lowered, reused = lower_program(source_ep, plan.table)  # (lowering/engines/)
@@ -59,9 +61,16 @@ def lower(source_ep, plan: LoweringPlan) -> Lowering:
 
 def check_opset(plan: LoweringPlan, lowering: Lowering, source_ep) -> None:
     """OpsetError where ``lowering`` holds an op the plan withheld a lossy decomposition of and the
-    backend does not accept, or (a closed opset) any op outside it. ``source_ep`` may be a Lazy:
-    the undecomposed program is loaded only to trace an error's routes."""
+    backend does not accept, or (a closed opset) any op outside it; none where the plan has a fallback
+    (such ops stay, reported, for it to run). ``source_ep`` may be a Lazy: the undecomposed program is
+    loaded only to trace an error's routes."""
     bad = lowering.outside
+    if plan.fallback is not None:
+        return
+    # a lowering for a backend may leave such ops to the reference instead (to_backend runs them there)
+    leave = ("" if plan.backend is None and plan.supported is None else
+             "; or lower with fallback='reference' to leave them to the reference runtime beside the backend "
+             "(to_backend(..., fallback='reference') runs them there, the rest on the backend)")
     untrusted = {name: why for name, why in plan.withheld.items() if name in bad}
     if untrusted:
         raise OpsetError(
@@ -69,7 +78,7 @@ def check_opset(plan: LoweringPlan, lowering: Lowering, source_ep) -> None:
             f"does not apply, and the backend does not support them:\n"
             + "\n".join(f"  {name} ({bad[name]} call sites): {why}" for name, why in untrusted.items())
             + "\nImplement them in the backend (add them to supported_ops), or lower without lossless=True "
-              "to accept the measured error.")
+              "to accept the measured error" + leave + ".")
     if bad and plan.closed_opset:
         source_ep = source_ep.get() if isinstance(source_ep, Lazy) else source_ep
         stop = lambda op: op not in plan.table
@@ -81,7 +90,8 @@ def check_opset(plan: LoweringPlan, lowering: Lowering, source_ep) -> None:
                                                                plan.table, stop)]
         raise OpsetError(
             f"lowering with {plan.label}: {len(bad)} op(s) cannot reach the accepted op set:\n" + "\n".join(lines)
-            + "\nAdd them to supported_ops, give a decomposition for them (decompositions={op: fn}), or keep them."
+            + "\nAdd them to supported_ops, give a decomposition for them (decompositions={op: fn}), or keep them"
+            + leave + "."
         )
 
 

@@ -48,6 +48,7 @@ class LoweredProgram(ProgramHandle):
         self.description = plan.description
         self.unknown_supported_ops = list(plan.unknown)  # names this torch lacks, left out
         self.outside_opset = dict(lowering.outside)  # op -> count of ops outside the declared opset (reported)
+        self.fallback = plan.fallback  # "reference": outside_opset is left for it; to_backend's default fallback
         self.from_cache = lowering.from_cache  # True when load_for_backend took the result from the lowering cache
         self.reused = lowering.reused  # engines.Reused when repeated layers were lowered once
         self.validation = lowering.validation  # validate.Validation (None: not run)
@@ -108,7 +109,8 @@ class LoweredProgram(ProgramHandle):
             lines.append(f"custom ops the backend does not list, lowered through their own kernels ({len(inlined)}): "
                          + ", ".join(inlined))
         if self.outside_opset:
-            lines.append(f"outside the declared opset ({len(self.outside_opset)}):")
+            lines.append(f"outside the declared opset ({len(self.outside_opset)})"
+                         + (f", left for the {self.fallback} (fallback={self.fallback!r}):" if self.fallback else ":"))
             lines += [f"  {n:5d}  {name}  -- {self.explain(name).splitlines()[0]}"
                       for name, n in self.outside_opset.items()]
         from .assertions import ASSERTION_OPS, runtime_assertions
@@ -163,6 +165,8 @@ class LoweredProgram(ProgramHandle):
                           "so the op stays" if declined else
                           "its table does not decompose it" if name in available else
                           "no decomposition exists for it"))
+                if self.fallback:
+                    why += f"; left for the {self.fallback}: to_backend(..., fallback={self.fallback!r}) runs it there"
             elif name not in available:
                 why = "no decomposition exists for it in this torch, so it stays"
             else:

@@ -41,6 +41,9 @@ class LoweringPlan:
     # op -> whether a custom op the backend does not list is lowered through its own kernel (None: never)
     inlines: Callable | None = None
     inlined: tuple = ()  # the custom ops whose kernels the table holds (with_kernels_for), by name
+    # "reference": an op no decomposition brings into ``accepts`` stays in the result, reported, for the
+    # reference to run beside the backend (to_backend's fallback); None: it is an OpsetError (closed opset)
+    fallback: str | None = None
 
     def with_kernels_for(self, ops) -> "LoweringPlan":
         """This plan with, in its table, the kernel of each custom op of ``ops`` (op overloads or their
@@ -75,6 +78,17 @@ class LoweringPlan:
         """This plan with what falls outside its opset reported, not refused, and nothing withheld
         (coverage measures what a request leaves; it does not stop at the first model)."""
         return dataclasses.replace(self, closed_opset=False, withheld={})
+
+
+FALLBACKS = ("reference",)  # where what a backend cannot take may run: runtime_ref's way, the ATen kernels
+
+
+def fallback_refusal(fallback) -> str | None:
+    """Why ``fallback`` is not a fallback pt2b knows, or None (None itself: no fallback)."""
+    if fallback is None or fallback in FALLBACKS:
+        return None
+    return (f"fallback={fallback!r}: pt2b falls back on 'reference' (runtime_ref's way: the program's own ATen "
+            f"kernels), or None for no fallback.")
 
 
 def is_custom(op) -> bool:
@@ -276,13 +290,20 @@ def _for_preset(preset: str, extra: dict, user: dict, kept) -> _Resolved:
 
 
 def plan_lowering(preset: str | None = "core", *, backend: Any = None, supported_ops=None, decompositions=None,
-                  keep=None, decompose=None, lossless: bool = False) -> LoweringPlan:
+                  keep=None, decompose=None, lossless: bool = False, fallback: str | None = None) -> LoweringPlan:
     """Resolve a request into a LoweringPlan. One of: ``preset`` (a name of presets.PRESETS, optionally
     @<torch version>); ``backend`` (an installed backend as exporter.backends.get returns it: its own op
     list and decompositions); ``supported_ops`` (your backend's op list). ``keep``: ops never to
     decompose. ``decompose``: ops to decompose beyond the preset, with the decompositions torch
     registers for them (``decompositions`` passes your own functions instead). ``lossless``: withhold
-    the decompositions the audit classes lossy or wrong (LoweringPlan.withheld)."""
+    the decompositions the audit classes lossy or wrong (LoweringPlan.withheld). ``fallback="reference"``
+    (with ``backend`` or ``supported_ops``): an op no decomposition brings to the list stays, reported,
+    for the reference to run beside the backend (LoweringPlan.fallback)."""
+    if (why := fallback_refusal(fallback)) is not None:
+        raise LoweringError(why)
+    if fallback is not None and backend is None and supported_ops is None:
+        raise LoweringError(f"fallback={fallback!r} leaves what a backend cannot take to the reference beside it: "
+                            f"lower with backend=NAME or supported_ops=[...] too (a preset needs no fallback).")
     if backend is not None and supported_ops is not None:
         raise LoweringError(f"backend {backend.name!r} brings its own op list: pass supported_ops or backend, "
                             f"not both.")
@@ -304,8 +325,14 @@ def plan_lowering(preset: str | None = "core", *, backend: Any = None, supported
     what = dict(r.what, keep=sorted(_entry_text(e) for e in _entries(keep)),
                 decompose=sorted(op_name(op) for op in extra), closed_opset=r.closed_opset, lossless=lossless,
                 table=sorted(r.names.get(op) or op_name(op) for op in table), withheld=sorted(withheld))
+    description = r.description
+    if fallback is not None:  # (a lowering that leaves ops to the reference is another request: keyed apart)
+        what["fallback"] = fallback
+        description += f"; an op no decomposition brings to it is left for the {fallback} (fallback={fallback!r})"
     fingerprint = None if user else json.dumps(what, sort_keys=True)
-    return LoweringPlan(table, r.accepts, r.label + ("+lossless" if lossless else ""), r.description,
+    label = r.label + ("+lossless" if lossless else "") + ("+fallback" if fallback is not None else "")
+    return LoweringPlan(table, r.accepts, label, description,
                         r.closed_opset, keep_m, r.supported, fingerprint, withheld, r.unknown,
                         preset=(preset or "core") if backend is None and supported_ops is None else None,
-                        backend=backend.name if backend is not None else None, inlines=r.inlines)
+                        backend=backend.name if backend is not None else None, inlines=r.inlines,
+                        fallback=fallback)

@@ -59,7 +59,8 @@ def validated(lowering: Lowering, source_ep) -> Lowering:
 
 def _repaired(failure: Validation, culprits: list, plan, source_ep, runs: SourceRuns) -> Lowering:
     """The lowering that keeps ``culprits`` (the decompositions found wrong) undecomposed, validated;
-    OpsetError where the backend does not accept one of them or keeping them does not validate."""
+    OpsetError where the backend does not accept one of them (unless the plan falls back on the
+    reference) or keeping them does not validate."""
     found = {}
     for op in culprits:
         fn = plan.table[op]
@@ -69,8 +70,8 @@ def _repaired(failure: Validation, culprits: list, plan, source_ep, runs: Source
                     else f" (largest relative difference {failure.max_rel:.3g}, wrong beyond {failure.bound:.3g})")
         found[op] = (where, node, f"lowering with {plan.label}: the decomposition of {op_name(op)} ({where}) makes "
                                   f"the program wrong at node {node}: {failure.why}{measured}.")
-    for op in culprits:
-        if not plan.accepts(op):
+    for op in culprits:  # (with a fallback, an op the backend lacks stays for the reference to run)
+        if not plan.accepts(op) and plan.fallback is None:
             raise OpsetError(f"{found[op][2]} The backend does not accept {op_name(op)} undecomposed; implement it "
                              "(add it to supported_ops or keep=[...]), give another decomposition "
                              "(decompositions={op: fn}), or lower with validate=False to accept the difference.")

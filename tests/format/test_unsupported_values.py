@@ -1,7 +1,8 @@
 """Issue 39: tensor-subclass weights (torchao's quantized weights, TwoTensor) are unwrapped into their
-plain inner tensors when export_model captures the module; an ExportedProgram that already holds them
-is refused before anything is written, with an UnsupportedValueError that names the value and what to
-do, never a raw error from deep in the writer."""
+plain inner tensors when export_model captures the module; an ExportedProgram that already holds them,
+of a class not registered with exporter.register_tensor_subclass, is refused before anything is written,
+with an UnsupportedValueError that names the value and what to do, never a raw error from deep in the
+writer (registered classes: test_tensor_subclasses.py)."""
 
 from __future__ import annotations
 
@@ -32,8 +33,9 @@ def test_an_exported_program_with_a_subclass_weight_is_refused_by_name_with_the_
     assert isinstance(ep.state_dict["0.weight"], TwoTensor)  # torch.export takes it
     path = tmp_path / "m.pt2b"
     with pytest.raises(UnsupportedValueError, match=r"'0\.weight' is a tensor subclass, torch\.testing\._internal\."
-                                                    r"two_tensor\.TwoTensor \(it wraps the tensors a, b\): .pt2b stores "
-                                                    r"plain tensors.* Give export_model the module itself"):
+                                                    r"two_tensor\.TwoTensor \(it wraps the tensors a, b\), and no name "
+                                                    r"is registered for it: call exporter\.register_tensor_subclass"
+                                                    r"\(TwoTensor\).* give export_model the module itself"):
         export_model(ep, path)
     assert not path.exists() and not list(tmp_path.iterdir())
     assert issubclass(UnsupportedValueError, ExportError)

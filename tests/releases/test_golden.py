@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+import tools.corpus.subclasses  # noqa: F401  registers the tensor subclass of the .subclass goldens
 import tools.corpus.zoo  # noqa: F401  registers the custom op some goldens call
 from exporter import load, load_for_backend
 from exporter.versioning.formats import FORMAT_VERSION, KNOWN_VERSIONS, version_str

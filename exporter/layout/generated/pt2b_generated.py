@@ -177,6 +177,7 @@ class TensorKind(object):
     BUFFER = 1
     CONSTANT = 2
     EXAMPLE_INPUT = 3
+    SUBCLASS_PART = 4
 
 
 class ChecksumKind(object):
@@ -9386,6 +9387,378 @@ class TensorRecordT(object):
         return tensorRecord
 
 
+class TensorSubclass(object):
+    __slots__ = ['_tab']
+
+    @classmethod
+    def GetRootAs(cls, buf, offset=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, offset)
+        x = TensorSubclass()
+        x.Init(buf, n + offset)
+        return x
+
+    @classmethod
+    def GetRootAsTensorSubclass(cls, buf, offset=0):
+        """This method is deprecated. Please switch to GetRootAs."""
+        return cls.GetRootAs(buf, offset)
+    @classmethod
+    def TensorSubclassBufferHasIdentifier(cls, buf, offset, size_prefixed=False):
+        return flatbuffers.util.BufferHasIdentifier(buf, offset, b"\x50\x32\x42\x46", size_prefixed=size_prefixed)
+
+    # TensorSubclass
+    def Init(self, buf, pos):
+        self._tab = flatbuffers.table.Table(buf, pos)
+
+    # TensorSubclass
+    def Name(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
+    # TensorSubclass
+    def Kind(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Uint8Flags, o + self._tab.Pos)
+        return 0
+
+    # TensorSubclass
+    def ClassName(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
+    # TensorSubclass
+    def Attrs(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            a = self._tab.Vector(o)
+            return self._tab.String(a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 4))
+        return ""
+
+    # TensorSubclass
+    def AttrsLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # TensorSubclass
+    def AttrsIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        return o == 0
+
+    # TensorSubclass
+    def Parts(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            a = self._tab.Vector(o)
+            return self._tab.String(a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 4))
+        return ""
+
+    # TensorSubclass
+    def PartsLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # TensorSubclass
+    def PartsIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        return o == 0
+
+    # TensorSubclass
+    def Context(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        if o != 0:
+            a = self._tab.Vector(o)
+            return self._tab.Get(flatbuffers.number_types.Uint8Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 1))
+        return 0
+
+    # TensorSubclass
+    def ContextAsNumpy(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        if o != 0:
+            return self._tab.GetVectorAsNumpy(flatbuffers.number_types.Uint8Flags, o)
+        return 0
+
+    # TensorSubclass
+    def ContextLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # TensorSubclass
+    def ContextIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        return o == 0
+
+    # TensorSubclass
+    def Sizes(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        if o != 0:
+            a = self._tab.Vector(o)
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 8))
+        return 0
+
+    # TensorSubclass
+    def SizesAsNumpy(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        if o != 0:
+            return self._tab.GetVectorAsNumpy(flatbuffers.number_types.Int64Flags, o)
+        return 0
+
+    # TensorSubclass
+    def SizesLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # TensorSubclass
+    def SizesIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        return o == 0
+
+    # TensorSubclass
+    def Strides(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        if o != 0:
+            a = self._tab.Vector(o)
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 8))
+        return 0
+
+    # TensorSubclass
+    def StridesAsNumpy(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        if o != 0:
+            return self._tab.GetVectorAsNumpy(flatbuffers.number_types.Int64Flags, o)
+        return 0
+
+    # TensorSubclass
+    def StridesLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # TensorSubclass
+    def StridesIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        return o == 0
+
+    # TensorSubclass
+    def RequiresGrad(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
+        if o != 0:
+            return bool(self._tab.Get(flatbuffers.number_types.BoolFlags, o + self._tab.Pos))
+        return False
+
+def TensorSubclassStart(builder):
+    builder.StartObject(9)
+
+def TensorSubclassAddName(builder, name):
+    builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(name), 0)
+
+def TensorSubclassAddKind(builder, kind):
+    builder.PrependUint8Slot(1, kind, 0)
+
+def TensorSubclassAddClassName(builder, className):
+    builder.PrependUOffsetTRelativeSlot(2, flatbuffers.number_types.UOffsetTFlags.py_type(className), 0)
+
+def TensorSubclassAddAttrs(builder, attrs):
+    builder.PrependUOffsetTRelativeSlot(3, flatbuffers.number_types.UOffsetTFlags.py_type(attrs), 0)
+
+def TensorSubclassStartAttrsVector(builder, numElems):
+    return builder.StartVector(4, numElems, 4)
+
+def TensorSubclassAddParts(builder, parts):
+    builder.PrependUOffsetTRelativeSlot(4, flatbuffers.number_types.UOffsetTFlags.py_type(parts), 0)
+
+def TensorSubclassStartPartsVector(builder, numElems):
+    return builder.StartVector(4, numElems, 4)
+
+def TensorSubclassAddContext(builder, context):
+    builder.PrependUOffsetTRelativeSlot(5, flatbuffers.number_types.UOffsetTFlags.py_type(context), 0)
+
+def TensorSubclassStartContextVector(builder, numElems):
+    return builder.StartVector(1, numElems, 1)
+
+def TensorSubclassAddSizes(builder, sizes):
+    builder.PrependUOffsetTRelativeSlot(6, flatbuffers.number_types.UOffsetTFlags.py_type(sizes), 0)
+
+def TensorSubclassStartSizesVector(builder, numElems):
+    return builder.StartVector(8, numElems, 8)
+
+def TensorSubclassAddStrides(builder, strides):
+    builder.PrependUOffsetTRelativeSlot(7, flatbuffers.number_types.UOffsetTFlags.py_type(strides), 0)
+
+def TensorSubclassStartStridesVector(builder, numElems):
+    return builder.StartVector(8, numElems, 8)
+
+def TensorSubclassAddRequiresGrad(builder, requiresGrad):
+    builder.PrependBoolSlot(8, requiresGrad, 0)
+
+def TensorSubclassEnd(builder):
+    return builder.EndObject()
+
+
+try:
+    from typing import List
+except:
+    pass
+
+class TensorSubclassT(object):
+
+    # TensorSubclassT
+    def __init__(
+        self,
+        name = None,
+        kind = 0,
+        className = None,
+        attrs = None,
+        parts = None,
+        context = None,
+        sizes = None,
+        strides = None,
+        requiresGrad = False,
+    ):
+        self.name = name  # type: Optional[str]
+        self.kind = kind  # type: int
+        self.className = className  # type: Optional[str]
+        self.attrs = attrs  # type: Optional[List[Optional[str]]]
+        self.parts = parts  # type: Optional[List[Optional[str]]]
+        self.context = context  # type: Optional[List[int]]
+        self.sizes = sizes  # type: Optional[List[int]]
+        self.strides = strides  # type: Optional[List[int]]
+        self.requiresGrad = requiresGrad  # type: bool
+
+    @classmethod
+    def InitFromBuf(cls, buf, pos):
+        tensorSubclass = TensorSubclass()
+        tensorSubclass.Init(buf, pos)
+        return cls.InitFromObj(tensorSubclass)
+
+    @classmethod
+    def InitFromPackedBuf(cls, buf, pos=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, pos)
+        return cls.InitFromBuf(buf, pos+n)
+
+    @classmethod
+    def InitFromObj(cls, tensorSubclass):
+        x = TensorSubclassT()
+        x._UnPack(tensorSubclass)
+        return x
+
+    # TensorSubclassT
+    def _UnPack(self, tensorSubclass):
+        if tensorSubclass is None:
+            return
+        self.name = tensorSubclass.Name()
+        self.kind = tensorSubclass.Kind()
+        self.className = tensorSubclass.ClassName()
+        if not tensorSubclass.AttrsIsNone():
+            self.attrs = []
+            for i in range(tensorSubclass.AttrsLength()):
+                self.attrs.append(tensorSubclass.Attrs(i))
+        if not tensorSubclass.PartsIsNone():
+            self.parts = []
+            for i in range(tensorSubclass.PartsLength()):
+                self.parts.append(tensorSubclass.Parts(i))
+        if not tensorSubclass.ContextIsNone():
+            if np is None:
+                self.context = []
+                for i in range(tensorSubclass.ContextLength()):
+                    self.context.append(tensorSubclass.Context(i))
+            else:
+                self.context = tensorSubclass.ContextAsNumpy()
+        if not tensorSubclass.SizesIsNone():
+            if np is None:
+                self.sizes = []
+                for i in range(tensorSubclass.SizesLength()):
+                    self.sizes.append(tensorSubclass.Sizes(i))
+            else:
+                self.sizes = tensorSubclass.SizesAsNumpy()
+        if not tensorSubclass.StridesIsNone():
+            if np is None:
+                self.strides = []
+                for i in range(tensorSubclass.StridesLength()):
+                    self.strides.append(tensorSubclass.Strides(i))
+            else:
+                self.strides = tensorSubclass.StridesAsNumpy()
+        self.requiresGrad = tensorSubclass.RequiresGrad()
+
+    # TensorSubclassT
+    def Pack(self, builder):
+        if self.name is not None:
+            name = builder.CreateString(self.name)
+        if self.className is not None:
+            className = builder.CreateString(self.className)
+        if self.attrs is not None:
+            attrslist = []
+            for i in range(len(self.attrs)):
+                attrslist.append(builder.CreateString(self.attrs[i]))
+            TensorSubclassStartAttrsVector(builder, len(self.attrs))
+            for i in reversed(range(len(self.attrs))):
+                builder.PrependUOffsetTRelative(attrslist[i])
+            attrs = builder.EndVector()
+        if self.parts is not None:
+            partslist = []
+            for i in range(len(self.parts)):
+                partslist.append(builder.CreateString(self.parts[i]))
+            TensorSubclassStartPartsVector(builder, len(self.parts))
+            for i in reversed(range(len(self.parts))):
+                builder.PrependUOffsetTRelative(partslist[i])
+            parts = builder.EndVector()
+        if self.context is not None:
+            if np is not None and type(self.context) is np.ndarray:
+                context = builder.CreateNumpyVector(self.context)
+            else:
+                TensorSubclassStartContextVector(builder, len(self.context))
+                for i in reversed(range(len(self.context))):
+                    builder.PrependUint8(self.context[i])
+                context = builder.EndVector()
+        if self.sizes is not None:
+            if np is not None and type(self.sizes) is np.ndarray:
+                sizes = builder.CreateNumpyVector(self.sizes)
+            else:
+                TensorSubclassStartSizesVector(builder, len(self.sizes))
+                for i in reversed(range(len(self.sizes))):
+                    builder.PrependInt64(self.sizes[i])
+                sizes = builder.EndVector()
+        if self.strides is not None:
+            if np is not None and type(self.strides) is np.ndarray:
+                strides = builder.CreateNumpyVector(self.strides)
+            else:
+                TensorSubclassStartStridesVector(builder, len(self.strides))
+                for i in reversed(range(len(self.strides))):
+                    builder.PrependInt64(self.strides[i])
+                strides = builder.EndVector()
+        TensorSubclassStart(builder)
+        if self.name is not None:
+            TensorSubclassAddName(builder, name)
+        TensorSubclassAddKind(builder, self.kind)
+        if self.className is not None:
+            TensorSubclassAddClassName(builder, className)
+        if self.attrs is not None:
+            TensorSubclassAddAttrs(builder, attrs)
+        if self.parts is not None:
+            TensorSubclassAddParts(builder, parts)
+        if self.context is not None:
+            TensorSubclassAddContext(builder, context)
+        if self.sizes is not None:
+            TensorSubclassAddSizes(builder, sizes)
+        if self.strides is not None:
+            TensorSubclassAddStrides(builder, strides)
+        TensorSubclassAddRequiresGrad(builder, self.requiresGrad)
+        tensorSubclass = TensorSubclassEnd(builder)
+        return tensorSubclass
+
+
 class OperatorRecord(object):
     __slots__ = ['_tab']
 
@@ -9816,8 +10189,32 @@ class Program(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(34))
         return o == 0
 
+    # Program
+    def TensorSubclasses(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(36))
+        if o != 0:
+            x = self._tab.Vector(o)
+            x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
+            x = self._tab.Indirect(x)
+            obj = TensorSubclass()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+    # Program
+    def TensorSubclassesLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(36))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # Program
+    def TensorSubclassesIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(36))
+        return o == 0
+
 def ProgramStart(builder):
-    builder.StartObject(16)
+    builder.StartObject(17)
 
 def ProgramAddProducer(builder, producer):
     builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(producer), 0)
@@ -9891,6 +10288,12 @@ def ProgramAddWeightDigests(builder, weightDigests):
 def ProgramStartWeightDigestsVector(builder, numElems):
     return builder.StartVector(1, numElems, 1)
 
+def ProgramAddTensorSubclasses(builder, tensorSubclasses):
+    builder.PrependUOffsetTRelativeSlot(16, flatbuffers.number_types.UOffsetTFlags.py_type(tensorSubclasses), 0)
+
+def ProgramStartTensorSubclassesVector(builder, numElems):
+    return builder.StartVector(4, numElems, 4)
+
 def ProgramEnd(builder):
     return builder.EndObject()
 
@@ -9921,6 +10324,7 @@ class ProgramT(object):
         defaultMethod = None,
         methods = None,
         weightDigests = None,
+        tensorSubclasses = None,
     ):
         self.producer = producer  # type: Optional[str]
         self.torchVersion = torchVersion  # type: Optional[str]
@@ -9938,6 +10342,7 @@ class ProgramT(object):
         self.defaultMethod = defaultMethod  # type: Optional[str]
         self.methods = methods  # type: Optional[List[MethodT]]
         self.weightDigests = weightDigests  # type: Optional[List[int]]
+        self.tensorSubclasses = tensorSubclasses  # type: Optional[List[TensorSubclassT]]
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -10031,6 +10436,14 @@ class ProgramT(object):
                     self.weightDigests.append(program.WeightDigests(i))
             else:
                 self.weightDigests = program.WeightDigestsAsNumpy()
+        if not program.TensorSubclassesIsNone():
+            self.tensorSubclasses = []
+            for i in range(program.TensorSubclassesLength()):
+                if program.TensorSubclasses(i) is None:
+                    self.tensorSubclasses.append(None)
+                else:
+                    tensorSubclass_ = TensorSubclassT.InitFromObj(program.TensorSubclasses(i))
+                    self.tensorSubclasses.append(tensorSubclass_)
 
     # ProgramT
     def Pack(self, builder):
@@ -10112,6 +10525,14 @@ class ProgramT(object):
                 for i in reversed(range(len(self.weightDigests))):
                     builder.PrependUint8(self.weightDigests[i])
                 weightDigests = builder.EndVector()
+        if self.tensorSubclasses is not None:
+            tensorSubclasseslist = []
+            for i in range(len(self.tensorSubclasses)):
+                tensorSubclasseslist.append(self.tensorSubclasses[i].Pack(builder))
+            ProgramStartTensorSubclassesVector(builder, len(self.tensorSubclasses))
+            for i in reversed(range(len(self.tensorSubclasses))):
+                builder.PrependUOffsetTRelative(tensorSubclasseslist[i])
+            tensorSubclasses = builder.EndVector()
         ProgramStart(builder)
         if self.producer is not None:
             ProgramAddProducer(builder, producer)
@@ -10144,6 +10565,8 @@ class ProgramT(object):
             ProgramAddMethods(builder, methods)
         if self.weightDigests is not None:
             ProgramAddWeightDigests(builder, weightDigests)
+        if self.tensorSubclasses is not None:
+            ProgramAddTensorSubclasses(builder, tensorSubclasses)
         program = ProgramEnd(builder)
         return program
 
@@ -10286,8 +10709,32 @@ class Method(object):
             return obj
         return None
 
+    # Method
+    def TensorSubclasses(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
+        if o != 0:
+            x = self._tab.Vector(o)
+            x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
+            x = self._tab.Indirect(x)
+            obj = TensorSubclass()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+    # Method
+    def TensorSubclassesLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # Method
+    def TensorSubclassesIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
+        return o == 0
+
 def MethodStart(builder):
-    builder.StartObject(8)
+    builder.StartObject(9)
 
 def MethodAddName(builder, name):
     builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(name), 0)
@@ -10322,6 +10769,12 @@ def MethodStartExampleInputsLeavesVector(builder, numElems):
 def MethodAddLowering(builder, lowering):
     builder.PrependUOffsetTRelativeSlot(7, flatbuffers.number_types.UOffsetTFlags.py_type(lowering), 0)
 
+def MethodAddTensorSubclasses(builder, tensorSubclasses):
+    builder.PrependUOffsetTRelativeSlot(8, flatbuffers.number_types.UOffsetTFlags.py_type(tensorSubclasses), 0)
+
+def MethodStartTensorSubclassesVector(builder, numElems):
+    return builder.StartVector(4, numElems, 4)
+
 def MethodEnd(builder):
     return builder.EndObject()
 
@@ -10344,6 +10797,7 @@ class MethodT(object):
         exampleInputsSpec = None,
         exampleInputsLeaves = None,
         lowering = None,
+        tensorSubclasses = None,
     ):
         self.name = name  # type: Optional[str]
         self.irLevel = irLevel  # type: Optional[str]
@@ -10353,6 +10807,7 @@ class MethodT(object):
         self.exampleInputsSpec = exampleInputsSpec  # type: Optional[str]
         self.exampleInputsLeaves = exampleInputsLeaves  # type: Optional[List[int]]
         self.lowering = lowering  # type: Optional[LoweringT]
+        self.tensorSubclasses = tensorSubclasses  # type: Optional[List[TensorSubclassT]]
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -10405,6 +10860,14 @@ class MethodT(object):
                 self.exampleInputsLeaves = method.ExampleInputsLeavesAsNumpy()
         if method.Lowering() is not None:
             self.lowering = LoweringT.InitFromObj(method.Lowering())
+        if not method.TensorSubclassesIsNone():
+            self.tensorSubclasses = []
+            for i in range(method.TensorSubclassesLength()):
+                if method.TensorSubclasses(i) is None:
+                    self.tensorSubclasses.append(None)
+                else:
+                    tensorSubclass_ = TensorSubclassT.InitFromObj(method.TensorSubclasses(i))
+                    self.tensorSubclasses.append(tensorSubclass_)
 
     # MethodT
     def Pack(self, builder):
@@ -10442,6 +10905,14 @@ class MethodT(object):
                 exampleInputsLeaves = builder.EndVector()
         if self.lowering is not None:
             lowering = self.lowering.Pack(builder)
+        if self.tensorSubclasses is not None:
+            tensorSubclasseslist = []
+            for i in range(len(self.tensorSubclasses)):
+                tensorSubclasseslist.append(self.tensorSubclasses[i].Pack(builder))
+            MethodStartTensorSubclassesVector(builder, len(self.tensorSubclasses))
+            for i in reversed(range(len(self.tensorSubclasses))):
+                builder.PrependUOffsetTRelative(tensorSubclasseslist[i])
+            tensorSubclasses = builder.EndVector()
         MethodStart(builder)
         if self.name is not None:
             MethodAddName(builder, name)
@@ -10459,6 +10930,8 @@ class MethodT(object):
             MethodAddExampleInputsLeaves(builder, exampleInputsLeaves)
         if self.lowering is not None:
             MethodAddLowering(builder, lowering)
+        if self.tensorSubclasses is not None:
+            MethodAddTensorSubclasses(builder, tensorSubclasses)
         method = MethodEnd(builder)
         return method
 

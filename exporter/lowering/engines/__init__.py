@@ -10,6 +10,7 @@ from ...functionalize import forced_decompositions
 from ..decompose import shared_trace_table
 from .whole_program import needs_functionalization, retrace
 from .reuse import Reused, expand, lower_with_reuse, valid_recipe
+from .module_stacks import place_markers
 from .view_sizes import size_views
 
 __all__ = ["Reused", "expand", "functionalized", "lower_program", "run_decompositions", "valid_recipe"]
@@ -38,6 +39,7 @@ def run_decompositions(ep, table: dict, *, local: bool = True):
     full = shared_trace_table(table)
     lowered = (local and lower_locally(ep, full)) or retrace(ep, full)
     size_views(lowered.graph_module)
+    place_markers(lowered.graph_module)
     return lowered
 
 
@@ -50,4 +52,5 @@ def functionalized(ep):
     lowered = lower_locally(ep, forced_decompositions()) if needs_functionalization(ep) else None
     lowered = lowered if lowered is not None else retrace(ep)
     size_views(lowered.graph_module)
+    place_markers(lowered.graph_module)
     return lowered

@@ -28,7 +28,7 @@ from ...layout.generated import pt2b_generated as G
 from ...layout.container import Header
 from ...layout.segments import KIND_NAMES
 from ..mapping import module_stacks, return_types
-from . import buffer_bounds, decode_schema, integrity, segment_hashes, unpack_tables, untrusted, weights
+from . import buffer_bounds, decode_schema, integrity, segment_hashes, subclasses, unpack_tables, untrusted, weights
 
 return_types.register()  # torch.return_types (sort, topk, ...) in pytree specs: named, to write and read
 
@@ -90,7 +90,7 @@ def open_artifact(path) -> Artifact:
 
 # the fields a Method table holds for itself; the rest (segments, metadata, provenance, producer) are the root's
 _METHOD_FIELDS = frozenset({"name", "irLevel", "exportedProgram", "tensors", "operators", "exampleInputsSpec",
-                            "exampleInputsLeaves", "lowering"})
+                            "exampleInputsLeaves", "lowering", "tensorSubclasses"})
 
 
 class MethodTable:
@@ -343,6 +343,7 @@ def check(art: Artifact, *, verify: bool = False) -> Checked:
     serialized, art.upgrade_notes = schema_drift.upgrade_program(serialized, records, where, check_ops(art))
     names.rename_state_paths(serialized, names.safe_path)  # what generated code cannot hold, aliased
     tensors = load_tensors(art, verify=verify)
+    tensors.update(subclasses.rebuild(art.program.tensorSubclasses, tensors, where))
     state_dict, constants = {}, {}
     for name, (kind, t, requires_grad) in tensors.items():
         if kind == G.TensorKind.PARAMETER:

@@ -676,7 +676,7 @@ def check_guard(code, root_args: set, where: str) -> list[tuple]:
         raise bad("is too long or holds a double quote, backslash or control character")
     tree = _parse(code, bad)
     nodes = _nodes(tree, bad)
-    subscripted = {id(n.value) for n in nodes if isinstance(n, ast.Subscript)}
+    subscripted = {id(n.value) for n in nodes if isinstance(n, ast.Subscript) or _field_of_input(n)}
     for node in nodes:
         if not isinstance(node, _GUARD_NODES):
             raise bad(f"contains {type(node).__name__}")
@@ -684,7 +684,7 @@ def check_guard(code, root_args: set, where: str) -> list[tuple]:
             raise bad(f"names {node.id!r}")
         if isinstance(node, ast.Attribute):
             ok = node.attr in _GUARD_MATH if isinstance(node.value, ast.Name) and node.value.id == "math" \
-                else node.attr in _GUARD_METHODS
+                else node.attr in _GUARD_METHODS or _field_of_input(node)
             if not ok:
                 raise bad(f"reads attribute {node.attr!r}")
         if isinstance(node, ast.Call) and (node.keywords or not isinstance(node.func, (ast.Name, ast.Attribute))):
@@ -705,15 +705,45 @@ def check_guard(code, root_args: set, where: str) -> list[tuple]:
     return _input_paths(nodes, subscripted)
 
 
+def _field_of_input(node) -> bool:
+    """``node`` reads a field of an input by name, as torch writes a path through a registered
+    dataclass or namedtuple input (L['d'].a: pytree's GetAttrKey): a public identifier on an
+    L[...] chain. torch rewrites the whole path of each input leaf into args[i] textually, and
+    check_guards admits only paths that are leaves."""
+    if not (isinstance(node, ast.Attribute) and node.attr.isidentifier() and not node.attr.startswith("_")
+            and node.attr not in _GUARD_METHODS):
+        return False
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+    return isinstance(node, ast.Name) and node.id == "L"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Field:
+    """A step of an input path that reads a field by name (pytree's GetAttrKey, a guard's ``.name``),
+    never equal to an index or a dict key."""
+    name: str
+
+    def __str__(self) -> str:
+        return f".{self.name}"
+
+
+def _path_key(key) -> object:
+    """A step of an input path as _input_paths and check_guards compare them: an index or a dict
+    key as it is, a field as a _Field."""
+    name = getattr(key, "name", None)
+    return getattr(key, "key", getattr(key, "idx", _Field(name) if name is not None else None))
+
+
 def _input_paths(nodes: list, inner: set) -> list[tuple]:
-    """The longest L[k1][k2]... chains among ``nodes`` (an expression's, _nodes) as key tuples;
-    ``inner``: the ids of the nodes subscripted."""
+    """The longest L[k1][k2].f... chains among ``nodes`` (an expression's, _nodes) as key tuples (a
+    field as a _Field); ``inner``: the ids of the nodes subscripted or whose field is read."""
     paths = []
     for n in nodes:
-        if isinstance(n, ast.Subscript) and id(n) not in inner:
+        if (isinstance(n, ast.Subscript) or _field_of_input(n)) and id(n) not in inner:
             keys = []
-            while isinstance(n, ast.Subscript):
-                keys.append(n.slice.value)
+            while isinstance(n, ast.Subscript) or _field_of_input(n):
+                keys.append(n.slice.value if isinstance(n, ast.Subscript) else _Field(n.attr))
                 n = n.value
             if isinstance(n, ast.Name) and n.id == "L":
                 paths.append(tuple(reversed(keys)))
@@ -749,8 +779,7 @@ def check_guards(guards_code, example_inputs, forward_arg_names, where: str) -> 
     try:
         args, kwargs = example_inputs
         ctx = dict(zip(forward_arg_names, args), **(kwargs or {}))
-        leaves = [tuple(getattr(k, "key", getattr(k, "idx", getattr(k, "name", None))) for k in path)
-                  for path, _ in pytree.tree_flatten_with_path(ctx)[0]]
+        leaves = [tuple(_path_key(k) for k in path) for path, _ in pytree.tree_flatten_with_path(ctx)[0]]
     except (TypeError, ValueError) as e:
         raise CorruptArtifactError(f"{where}: example inputs do not match the forward arguments ({e}).") from None
     bound = set(leaves) | {("flat_args", i) for i in range(len(leaves))}
@@ -758,7 +787,7 @@ def check_guards(guards_code, example_inputs, forward_arg_names, where: str) -> 
         for path in paths:
             if path not in bound:
                 raise CorruptArtifactError(
-                    f"{where}: guard {code[:80]!r} reads L{''.join(f'[{k!r}]' for k in path)}, which is not an "
+                    f"{where}: guard {code[:80]!r} reads L{''.join(str(k) if isinstance(k, _Field) else f'[{k!r}]' for k in path)}, which is not an "
                     f"input of the program; torch's guard function would fail with NameError on every call.")
 
 

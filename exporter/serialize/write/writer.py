@@ -30,7 +30,7 @@ from ...layout.generated import pt2b_generated as G
 from ...layout.container import ALIGNMENT, FILE_IDENTIFIER, HEADER_SIZE, Header, align
 from ..mapping import module_stacks, return_types
 from ..read import untrusted
-from . import direct, encode_schema, serde_repairs, weights
+from . import direct, encode_schema, serde_repairs, subclasses, weights
 
 MAX_METADATA_BYTES = 16 << 20
 _SCALAR_LEAVES = (bool, int, float, str, type(None))
@@ -39,13 +39,11 @@ _SCALAR_LEAVES = (bool, int, float, str, type(None))
 return_types.register()  # torch.return_types (sort, topk, ...) in pytree specs: named, to write and read
 
 
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
-
-
 def _refuse_tensor_subclasses(ep) -> None:
-    """A weight or constant that is a tensor subclass (torchao's quantized weights, DTensor, ...) has no
-    storage of its own to write: an UnsupportedValueError naming it and what to do, before any byte
-    is written."""
+    """A weight or constant .pt2b cannot store: a fake tensor (no values), or a tensor subclass whose
+    class (or a class nested in it) is not registered with exporter.register_tensor_subclass or lacks
+    torch's flatten protocol. An UnsupportedValueError naming it and what to do, before any byte is
+    written."""
     for name, value in (*ep.state_dict.items(), *ep.constants.items()):
         if isinstance(value, FakeTensor):
             raise UnsupportedValueError(
@@ -54,18 +52,12 @@ def _refuse_tensor_subclasses(ep) -> None:
                 f"its real weights (outside FakeTensorMode); to ship a program whose weights are filled in "
                 f"later, export it with real placeholder weights (torch.zeros) and load_state_dict the real ones "
                 f"into its module().")
-        if isinstance(value, torch.Tensor) and type(value) not in _PLAIN:
-            cls = type(value)
-            inner = ""
-            if hasattr(value, "__tensor_flatten__"):
-                attrs, _ = value.__tensor_flatten__()
-                inner = f" (it wraps the tensors {', '.join(attrs)})"
+        why = subclasses.unstorable(name, value) if subclasses.is_subclass(value) else None
+        if why is not None:
             raise UnsupportedValueError(
-                f"{name!r} is a tensor subclass, {cls.__module__}.{cls.__qualname__}{inner}: .pt2b stores plain "
-                f"tensors, and a subclass's own layout is not part of the format. Give export_model the module "
-                f"itself rather than its ExportedProgram: it unwraps subclass weights into their plain inner "
-                f"tensors before capture, and the program computes the subclass's arithmetic with ATen ops "
-                f"(torchao.utils.unwrap_tensor_subclass(model) before torch.export does the same).")
+                f"{why} Alternatively give export_model the module itself rather than its ExportedProgram: it "
+                f"unwraps subclass weights into their plain inner tensors before capture, and the program "
+                f"computes the subclass's arithmetic with ATen ops.")
 
 
 def _refuse_python_calls(ep) -> None:
@@ -132,15 +124,21 @@ def _serialize_program(ep) -> S.ExportedProgram:
     )
 
 
-def collect_tensors(ep) -> list[tuple[str, int, torch.Tensor]]:
+def collect_tensors(ep) -> tuple[list[tuple[str, int, torch.Tensor]], list]:
+    """(every tensor to store as (name, kind, tensor), the TensorSubclass records): a tensor-subclass
+    weight is stored as its inner tensors (subclasses.flatten)."""
     params = set(ep.graph_signature.parameters)
-    out = []
-    for name, t in ep.state_dict.items():
-        kind = G.TensorKind.PARAMETER if name in params else G.TensorKind.BUFFER
-        out.append((names.original_path(name), kind, t))
-    for name, t in ep.constants.items():
-        out.append((names.original_path(name), G.TensorKind.CONSTANT, t))
-    return out
+    out, records = [], []
+    entries = [(name, G.TensorKind.PARAMETER if name in params else G.TensorKind.BUFFER, t)
+               for name, t in ep.state_dict.items()]
+    entries += [(name, G.TensorKind.CONSTANT, t) for name, t in ep.constants.items()]
+    for name, kind, t in entries:
+        if subclasses.is_subclass(t):
+            subclasses.flatten(names.original_path(name), kind, t, out, records)
+        else:
+            out.append((names.original_path(name), kind, t))
+    subclasses.check_names(out, records)
+    return out, records
 
 
 def example_inputs_payload(ep) -> tuple[str, bytes, list]:
@@ -148,7 +146,8 @@ def example_inputs_payload(ep) -> tuple[str, bytes, list]:
     if ep.example_inputs is None:
         return "", b"", []
     leaves, spec = pytree.tree_flatten(ep.example_inputs)
-    if not all(isinstance(x, (torch.Tensor, *_SCALAR_LEAVES)) for x in leaves):
+    if not all(isinstance(x, _SCALAR_LEAVES) or (isinstance(x, torch.Tensor) and not subclasses.is_subclass(x))
+               for x in leaves):
         return "", b"", []
     try:
         spec_str = pytree.treespec_dumps(spec)
@@ -239,6 +238,7 @@ class _Parts:
     spec: str
     leaves: bytes
     tensors: list  # (name, kind, tensor)
+    subclasses: list  # G.TensorSubclassT
 
 
 class _Stored(typing.NamedTuple):
@@ -247,6 +247,7 @@ class _Stored(typing.NamedTuple):
     spec: str  # the example inputs' treespec
     leaves: bytes  # their msgpack leaves
     tensors: list  # every tensor to store: (name, kind, tensor)
+    subclasses: list  # the TensorSubclass records of its subclass weights
 
 
 def _method_tensors(m: MethodSource) -> _Stored:
@@ -255,7 +256,8 @@ def _method_tensors(m: MethodSource) -> _Stored:
     _refuse_tensor_subclasses(m.ep)
     _refuse_python_calls(m.ep)
     spec_str, leaves_bytes, example_tensors = example_inputs_payload(m.ep)
-    return _Stored(spec_str, leaves_bytes, collect_tensors(m.ep) + example_tensors)
+    tensors, subclass_records = collect_tensors(m.ep)
+    return _Stored(spec_str, leaves_bytes, tensors + example_tensors, subclass_records)
 
 
 def _method_parts(m: MethodSource, force_escape: bool, target_torch, provenance: dict, stored: _Stored) -> _Parts:
@@ -290,6 +292,8 @@ def _fill(table, m: MethodSource, parts: _Parts, records: list) -> None:
     table.exampleInputsLeaves = np.frombuffer(parts.leaves, dtype=np.uint8)
     if m.lowering is not None:
         table.lowering = _lowering_table(m.lowering)
+    if parts.subclasses:
+        table.tensorSubclasses = parts.subclasses
 
 
 def _write_artifact(methods: list[MethodSource], path, *, metadata, provenance, version, target_torch=None,
@@ -299,8 +303,10 @@ def _write_artifact(methods: list[MethodSource], path, *, metadata, provenance, 
         raise ExportError(f"writing format {version_str(version)} is not supported by this pt2b "
                           f"(it writes {FORMAT_VERSION[0]}.0 to {version_str(FORMAT_VERSION)}).")
     check_method_names([m.name for m in methods])
+    stored = [_method_tensors(m) for m in methods]
     used = {"lowering": any(m.lowering is not None for m in methods), "methods": len(methods) > 1,
-            "default_method": methods[0].name != names.DEFAULT_METHOD}
+            "default_method": methods[0].name != names.DEFAULT_METHOD,
+            "tensor_subclasses": any(st.subclasses for st in stored)}
     missing = [(v, field, what) for v, fields in sorted(FIELDS_ADDED.items()) if v > version
                for field, what in fields.items() if used.get(field)]
     if missing:
@@ -315,7 +321,6 @@ def _write_artifact(methods: list[MethodSource], path, *, metadata, provenance, 
     escape = any(module_stacks.needs_escape(m.ep) for m in methods)
     if escape:
         provenance[module_stacks.PROVENANCE_KEY] = module_stacks.PROVENANCE_VALUE
-    stored = [_method_tensors(m) for m in methods]
     meta_bytes = pack_metadata(metadata)
     # one segment per distinct storage across all methods: shared weights and state are stored once
     wp = weights.plan([t for st in stored for t in st.tensors], ALIGNMENT)
