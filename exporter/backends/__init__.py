@@ -26,7 +26,6 @@ import re
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import BackendHandOffError, BackendResultError, BackendStateError, BackendUnavailableError, Pt2bError
-from ..tensor_subclasses import is_subclass
 
 if TYPE_CHECKING:
     import torch
@@ -176,6 +175,8 @@ def to_backend(name: str | LoweredProgram, lowered: LoweredProgram | torch.expor
     elif getattr(lowered, "backend", None) not in (None, name):
         raise BackendHandOffError(f"the program was lowered to {lowered.backend}'s own op list, not {name}'s: hand "
                                   f"it to {lowered.backend}, or lower it with backend={name!r}.")
+    from ..tensor_subclasses import is_subclass
+
     backend = get(name)
     ep = exported_program(lowered)
     kept = {n: type(v).__qualname__ for n, v in (*ep.state_dict.items(), *ep.constants.items()) if is_subclass(v)}

@@ -241,3 +241,32 @@ def test_a_condition_is_asserted_once(tmp_path):
     ours = [n for n in lowered.exported_program().graph.nodes if n.target is aten._assert_scalar.default]
     assert len(ours) == 1
     assert len([n for n in ep.run_decompositions().graph.nodes if n.target is aten._assert_scalar.default]) == 1
+
+
+class _Branches(torch.nn.Module):
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda x: x.sin(), lambda x: x.cos(), (x,))
+
+
+class _GroupedQueryAttention(torch.nn.Module):
+    def forward(self, q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+
+@pytest.mark.parametrize("make, args", [
+    (_Branches, (torch.randn(3),)),
+    (_GroupedQueryAttention, (torch.randn(1, 4, 5, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8))),
+], ids=["cond", "sdpa-gqa"])
+def test_the_lowered_code_is_torchs_but_for_a_conds_operand_list(tmp_path, make, args):
+    """torch's own tests compare generated code with text. pt2b's lowered code is torch's
+    run_decompositions' line for line, except that a cond's operands are the list the serialized
+    graph holds where torch's retrace writes a tuple (the same call: cond takes either)."""
+    m = make()
+    ep = torch.export.export(m, args)
+    export_model(ep, tmp_path / "m.pt2b")
+    lowered = load_for_backend(tmp_path / "m.pt2b", "core", cache=False, validate=False)
+    ours = lowered.exported_program().graph_module.code
+    torchs = ep.run_decompositions()
+    assert ours.replace("false_graph_0, [x])", "false_graph_0, (x,))") == torchs.graph_module.code
+    assert (("[x])" in ours) == (make is _Branches))
+    assert torch.equal(lowered(*args), torchs.module()(*args))
