@@ -142,8 +142,7 @@ class OpMatcher:
         import difflib
 
         namespace = name.partition("::")[0] + "::"
-        names = [n if "." in n.partition("::")[2] else f"{n}.default" for n in torch._C._dispatch_get_all_op_names()
-                 if n.startswith(namespace)]
+        names = [n for n in registered_op_names() if n.startswith(namespace)]
         wanted = name if "." in name.partition("::")[2] else f"{name}.default"
         close = difflib.get_close_matches(wanted, names, n=1, cutoff=0.75)
         return close[0] if close else None
@@ -157,3 +156,10 @@ class OpMatcher:
             registered = {n.partition(".")[0] for n in torch._C._dispatch_get_all_op_names()}
             packets = [n for n in packets if n not in registered]
         return sorted(exact + packets)
+
+
+def registered_op_names() -> list[str]:
+    """Every op overload the running torch's dispatcher registers, named as op_name names them
+    ("aten::relu.default", "aten::add.Tensor"), sorted: what OpMatcher.closest offers, and what the
+    explorer page embeds to tell a typo as OpMatcher.unknown_entries does."""
+    return sorted(n if "." in n.partition("::")[2] else f"{n}.default" for n in torch._C._dispatch_get_all_op_names())

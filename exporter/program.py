@@ -50,25 +50,86 @@ def _dim_ranges(ep) -> list[tuple[int, int, str, str, int | None, int | None]]:
     return out
 
 
-def _check_dynamic_dims(ep, ranges, args, kwargs, where) -> None:
-    """RuntimeInputError where a dim of the call's inputs is outside its range (``ranges``: _dim_ranges)."""
-    from .errors import RuntimeInputError
+def _check_dynamic_dims(ranges, flat, where) -> None:
+    """InputGuardError where a dim of the call's flat inputs is outside its range (``ranges``: _dim_ranges)."""
+    from .errors import InputGuardError
 
-    if not ranges:
-        return
-    from ._torch.pytree import fx_pytree
-
-    try:
-        flat = fx_pytree.tree_flatten_spec((args, kwargs), ep.call_spec.in_spec)
-    except Exception:  # noqa: BLE001 -- another structure: the module's own check names it
-        return
     for i, d, name, sym, lo, hi in ranges:
         x = flat[i] if i < len(flat) else None
         if isinstance(x, torch.Tensor) and d < x.dim() and ((lo is not None and x.shape[d] < lo)
                                                           or (hi is not None and x.shape[d] > hi)):
-            raise RuntimeInputError(f"{where}: dim {d} of input {name!r} is {x.shape[d]}, outside the range "
-                                    f"[{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}] of its "
-                                    f"dynamic dim {sym}.")
+            raise InputGuardError(f"{where}: dim {d} of input {name!r} is {x.shape[d]}, outside the range "
+                                  f"[{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}] of its "
+                                  f"dynamic dim {sym}.")
+
+
+class _CallCheck:
+    """The checks of a call of ``ep.module()``, each failure a RuntimeInputError naming what was expected
+    and what was given, before torch's own checks would raise a ValueError on the inputs' structure, an
+    AttributeError on a value where a tensor was exported, or a guard's bare AssertionError: the
+    structure, each input's kind and rank, each dynamic dim's range; the module's guards (static sizes,
+    derived dims' relations) are InputGuardErrors with torch's text of the condition."""
+
+    def __init__(self, ep, where: str, ranges: list):
+        from torch.export.graph_signature import InputKind
+
+        from .shared.call_inputs import leaf_names, positional_names
+
+        self.in_spec, self.where, self.ranges = ep.call_spec.in_spec, where, ranges
+        sig = ep.module_call_graph[0].signature if ep.module_call_graph else None
+        forward_names = list(getattr(sig, "forward_arg_names", None) or [])
+        self.positional = positional_names(self.in_spec, forward_names)
+        placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+        vals = [placeholders[s.arg.name].meta.get("val") if getattr(s.arg, "name", None) in placeholders else None
+                for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+        self.expected = list(zip(leaf_names(self.in_spec, forward_names), vals))
+
+    def _guard_error(self, condition: str):
+        from .errors import InputGuardError
+
+        return InputGuardError(f"{self.where}: the inputs break a condition on input sizes the program was "
+                               f"exported with: {condition}.")
+
+    def __call__(self, module, args: tuple, kwargs: dict) -> None:
+        """A forward pre-hook (prepended, with kwargs) of the module."""
+        if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+            return None  # a trace through the module: torch's checks as they are
+        from ._torch.compat import check_call_structure, check_module_inputs
+        from .errors import RuntimeInputError
+
+        try:
+            flat = [x for _, x in check_call_structure(args, kwargs, self.in_spec)]
+        except ValueError:
+            from .shared.call_inputs import mismatch
+
+            raise RuntimeInputError(f"{self.where}: {mismatch(self.in_spec, self.positional, args, dict(kwargs))}\n"
+                                    f"Call it with the inputs it was exported with (`pt2b inspect` lists "
+                                    f"them).") from None
+        for (name, val), x in zip(self.expected, flat):
+            if not isinstance(val, torch.Tensor):
+                continue
+            want = f"a {str(val.dtype).removeprefix('torch.')} tensor of rank {val.dim()}"
+            if not isinstance(x, torch.Tensor):
+                raise RuntimeInputError(f"{self.where}: input {name!r} is not a tensor: expected {want}, got "
+                                        f"{type(x).__name__} {str(x)[:80]}.")
+            if x.dim() != val.dim():
+                raise RuntimeInputError(f"{self.where}: input {name!r} has rank {x.dim()} (shape {list(x.shape)}): "
+                                        f"expected {want}.")
+        _check_dynamic_dims(self.ranges, flat, self.where)
+        guards = getattr(module, "_guards_fn", None)  # torch's guard function: run here first to type its failure
+        if guards is not None:
+            try:
+                guards(*flat)
+            except AssertionError as e:
+                if not str(e).startswith("Guard failed: "):
+                    raise
+                raise self._guard_error(str(e).removeprefix("Guard failed: ")) from None
+        else:  # torch's pre-hook checks the sizes itself: the same check, typed
+            try:
+                check_module_inputs(module, args, kwargs)
+            except RuntimeError as e:
+                raise self._guard_error(str(e)) from None
+        return None
 
 
 class ProgramHandle:
@@ -77,7 +138,6 @@ class ProgramHandle:
     _ep: torch.export.ExportedProgram
     _module: torch.nn.Module | None = None
     _direct: Any = None  # lifted.DirectCall, False where the program needs ep.module(); built at the first call
-    _input_ranges: list | None = None  # the input dims' recorded ranges (_dim_ranges), read at the first call
     method: str = "forward"  # the method's name ("forward" for a single-method artifact)
     _methods: dict | None = None  # every method of the artifact by name (shared by all of them)
     dim_names: dict = {}  # symbol -> the user's Dim name, as the artifact recorded it (exporter.dims); never mutated
@@ -91,24 +151,43 @@ class ProgramHandle:
         return self._ep
 
     def module(self) -> torch.nn.Module:
-        """The program as an nn.Module (torch's ep.module()), built once."""
+        """The program as an nn.Module (torch's ep.module()), built once. A call of other inputs than it
+        was exported with is a RuntimeInputError naming what was expected and what was given, as a call
+        of the program is: another structure, a value where a tensor was, another rank, a dynamic dim
+        outside its range, a broken condition on sizes (an InputGuardError, an AssertionError too)."""
         if self._module is None:
             try:
-                self._module = self._ep.module()
+                module = self._ep.module()
             except ArtifactError:
                 raise
             except Exception as e:  # the program came from a file that passed every check
                 raise CorruptArtifactError(
                     f"{getattr(self, 'path', 'program')}: the program cannot be turned into a module "
                     f"({type(e).__name__}: {e}); the artifact is malformed.") from None  # (reader._by_torchs_deserializer)
+            from .dims import label
+
+            ranges = [(*r[:3], label(r[3], self.dim_names), *r[4:]) for r in _dim_ranges(self._ep)]
+            module.register_forward_pre_hook(_CallCheck(self._ep, self._where(), ranges), prepend=True,
+                                             with_kwargs=True)
+            self._module = module
         return self._module
+
+    def _label(self) -> str:
+        """What an error calls the program: its file."""
+        return getattr(self, "path", None) or "the program"
+
+    def _where(self) -> str:
+        """The program as an error names it (``_label``), and its method where the file holds several."""
+        name = self._label()
+        return f"{name} (method {self.method!r})" if self._methods and len(self._methods) > 1 else name
 
     @preserved()  # full: torch runs the autocast regions itself, and one a raise leaves open has set a dtype
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Run the program like the model it was captured from. A dynamic dim outside the range it was
-        exported with is a RuntimeInputError naming it, as runtime_ref says it (torch's module ran a
-        size below the minimum and raised a bare AssertionError above the maximum). Until ``module()``
-        is asked for, a call that matches the program's inputs (shapes within their ranges) runs its
+        """Run the program like the model it was captured from. Inputs other than it was exported with
+        are a RuntimeInputError naming what was expected and what was given, as runtime_ref says it
+        (``module()``: another structure, a value where a tensor was, another rank, a dynamic dim
+        outside its range; a broken condition on sizes is an InputGuardError). Until ``module()`` is
+        asked for, a call that matches the program's inputs (shapes within their ranges) runs its
         lifted graph directly (lifted.DirectCall: the same kernels, the same writes into the program's state)."""
         if self._module is None:
             if self._direct is None:
@@ -126,22 +205,7 @@ class ProgramHandle:
                 out = self._direct(args, kwargs)
                 if out is not NotImplemented:
                     return out
-        module = self.module()
-        if self._input_ranges is None:
-            from .dims import label
-
-            self._input_ranges = [(*r[:3], label(r[3], self.dim_names), *r[4:]) for r in _dim_ranges(self._ep)]
-        where = getattr(self, "path", "the program")
-        _check_dynamic_dims(self._ep, self._input_ranges, args, kwargs, where)
-        try:
-            return module(*args, **kwargs)
-        except AssertionError as e:  # torch's module checks the recorded input guards first
-            if not str(e).startswith("Guard failed: "):
-                raise
-            from .errors import InputGuardError
-
-            raise InputGuardError(f"{where}: the inputs break a condition on input sizes the program was "
-                                  f"exported with: {str(e).removeprefix('Guard failed: ')}.") from None
+        return self.module()(*args, **kwargs)
 
     @property
     def methods(self) -> dict[str, "ProgramHandle"]:
@@ -216,6 +280,15 @@ class Pt2bProgram(ProgramHandle):
         if self._checked is not None:
             self._checked.get()
         return self
+
+    def needs(self) -> Any:
+        """What the file needs of a process to load and run it beyond torch, as the command line's file check prints it
+        (a serialize.read.needs.Needs): the Python types of its inputs and outputs that torch does not
+        register itself, its custom ops, its tensor-subclass classes (each with where this process finds
+        it or what to do: ``missing``), and its ops with kernels for some devices only."""
+        from .serialize.read import needs, reader
+
+        return needs.needs_to_load(reader.open_artifact(self.path))
 
     def ops(self) -> dict[str, int]:
         """Operator (qualified name.overload) -> number of call sites, over all subgraphs."""

@@ -7,64 +7,11 @@ import torch
 
 from exporter._torch.pytree import pytree
 from exporter.errors import RuntimeInputError
+from exporter.shared.call_inputs import leaf_names, mismatch, positional_names
 
 from .shapes import SymbolTable, make_leaf_check
 
 __all__ = ["InputChecker", "leaf_names", "positional_names"]
-
-
-def positional_names(in_spec, forward_names: list[str]) -> list[str]:
-    """Names of the positional arguments ('args[i]' where the program did not record one)."""
-    n = in_spec.children()[0].num_children
-    return [forward_names[i] if i < len(forward_names) else f"args[{i}]" for i in range(n)]
-
-
-def leaf_names(in_spec, forward_names: list[str]) -> list[str]:
-    """Readable pytree paths of the flat inputs: 'x', "inputs['a'][1]", 'scale' (a kwarg)."""
-    dummy = pytree.tree_unflatten(list(range(in_spec.num_leaves)), in_spec)
-    positional = positional_names(in_spec, forward_names)
-    names = []
-    for path, _ in pytree.tree_flatten_with_path(dummy)[0]:
-        key = path[1]
-        head = str(key.key) if isinstance(key, pytree.MappingKey) else positional[key.idx]
-        names.append(head + pytree.keystr(path[2:]))
-    return names
-
-
-def _node_children(value):
-    """(type, context, children) of a pytree node, or None for a leaf."""
-    if pytree.tree_is_leaf(value):
-        return None
-    handler = pytree.SUPPORTED_NODES[pytree._get_node_type(value)]
-    children, context = handler.flatten_fn(value)
-    return pytree._get_node_type(value), context, list(children)
-
-
-def _describe_spec(spec) -> str:
-    if spec.is_leaf():
-        return "a leaf"
-    name = getattr(spec.type, "__name__", str(spec.type))
-    if spec.type is dict:
-        return f"a dict with keys {list(spec.context)}"
-    return f"a {name} of {spec.num_children} item(s)"
-
-
-def _structure_diff(spec, value, path: str) -> str | None:
-    """Where `value` first departs from `spec`, in words, or None if it matches."""
-    if spec.is_leaf():
-        return None
-    node = _node_children(value)
-    if node is None or node[0] is not spec.type or node[1] != spec.context or len(node[2]) != spec.num_children:
-        got = type(value).__name__ if node is None else f"{type(value).__name__} of {len(node[2])} item(s)"
-        if isinstance(value, dict):
-            got = f"a dict with keys {list(value)}"
-        return f"{path}: expected {_describe_spec(spec)}, got {got}"
-    for i, (child_spec, child) in enumerate(zip(spec.children(), node[2])):
-        key = repr(spec.context[i]) if spec.type is dict else str(i)
-        diff = _structure_diff(child_spec, child, f"{path}[{key}]")
-        if diff:
-            return diff
-    return None
 
 
 class InputChecker:
@@ -77,7 +24,6 @@ class InputChecker:
         self.names = leaf_names(self.in_spec, forward_names)
         self.positional = positional_names(self.in_spec, forward_names)
         args_spec, kwargs_spec = self.in_spec.children()
-        self.n_positional = args_spec.num_children
         self.kw_keys = list(kwargs_spec.context)
         self.n = self.in_spec.num_leaves
         self._fast = not self.kw_keys and all(c.is_leaf() for c in args_spec.children())
@@ -101,28 +47,8 @@ class InputChecker:
             kwargs = {k: kwargs[k] for k in self.kw_keys}  # the recorded keyword order
         leaves, spec = pytree.tree_flatten((args, kwargs))
         if spec != self.in_spec:
-            raise RuntimeInputError(self._mismatch(args, kwargs))
+            raise RuntimeInputError(mismatch(self.in_spec, self.positional, args, kwargs))
         return leaves
-
-    def _mismatch(self, args, kwargs) -> str:
-        expected = f"{self.n_positional} positional argument(s) ({', '.join(self.positional)})"
-        if self.kw_keys:
-            expected += f" and keyword argument(s) {self.kw_keys}"
-        got = f"{len(args)} positional and keyword argument(s) {list(kwargs)}"
-        head = f"inputs do not match the program's signature: expected {expected}; got {got}"
-        missing = [k for k in self.kw_keys if k not in kwargs]
-        unexpected = [k for k in kwargs if k not in self.kw_keys]
-        if missing or unexpected:
-            head += f" (missing {missing}, unexpected {unexpected})"
-        if len(args) == self.n_positional and set(kwargs) == set(self.kw_keys):
-            args_spec, kwargs_spec = self.in_spec.children()
-            pairs = [*zip(self.positional, args_spec.children(), args),
-                     *((k, s, kwargs[k]) for k, s in zip(self.kw_keys, kwargs_spec.children()))]
-            for name, spec, value in pairs:
-                detail = _structure_diff(spec, value, name)
-                if detail:
-                    return f"{head}\n  first difference: {detail}"
-        return head
 
     def check(self, leaves) -> None:
         if not self._symbolic:

@@ -12,7 +12,7 @@ from torch.export.graph_signature import InputKind
 from exporter.shared import autocast_devices, call_nodes, count_calls, dims, has_regions, preserved
 
 from .inputs import InputChecker
-from .opset import Acceptor, check_program_ops
+from .opset import Acceptor, check_device_kernels, check_program_ops
 from .outputs import OutputHandler
 from .plan import Plan
 from .regions import RegionGuard
@@ -93,6 +93,7 @@ class Runtime:
         ep, self.planned_from, self.not_from_table = _program(program)
         self.device = _device(device)
         check_program_ops(ep.graph_module, Acceptor(opset, extra_ops))
+        check_device_kernels(ep.graph_module, self.device)
         user_inputs = [s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
         self._ops = count_calls(call_nodes(ep.graph_module))
         self._state = RuntimeState(ep, self.device, _shared)

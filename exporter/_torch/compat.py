@@ -172,6 +172,24 @@ def guards_code(ep) -> list[str]:
     return list(getattr(ep, "_guards_code", None) or [])
 
 
+def check_call_structure(args, kwargs, in_spec) -> list:
+    """torch's own check of a call's (args, kwargs) against a program's input spec, as its module()
+    makes it (keywords in any order, a torch.Size for a tuple): the flat inputs with their paths, or
+    torch's ValueError where the structures differ."""
+    from torch.export._unlift import _check_inputs_match
+
+    return _check_inputs_match(args, kwargs, in_spec)
+
+
+def check_module_inputs(module, args, kwargs) -> None:
+    """torch's check of a call's inputs against the placeholders and ranges of ``module`` (an
+    ``ep.module()``), which its own forward pre-hook makes when the module has no guard function:
+    torch's RuntimeError naming the input where one does not match."""
+    from torch.export._unlift import _check_input_constraints_for_module
+
+    _check_input_constraints_for_module(module, args, kwargs)
+
+
 def with_guards_of(made, source):
     """``made`` (a program built from ``source``, with the same inputs) checking the input guards
     ``source`` records: the ExportedProgram constructor takes none, and a program without them runs

@@ -10,7 +10,7 @@ import sys
 import threading
 
 from ..errors import ArtifactError, ExportError, Pt2bError
-from . import progress, terminal
+from . import json_out, progress, terminal
 
 # The command line's wiring: each command's code is the module of its name (exporter/cli/<command>.py,
 # with ``run(ns) -> int``), imported only when that command runs.
@@ -58,12 +58,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="import MODULE first (e.g. the library that registers your custom ops); repeatable")
     sub = p.add_subparsers(dest="command")  # required, unless --version (main checks)
+    json_flag = dict(action="store_true", help="print one JSON document on stdout instead of the text (an error too: "
+                                               "{\"error\": {\"type\", \"message\"}}); progress and warnings stay "
+                                               "on stderr")
     e = sub.add_parser("export", help="capture a model from MODULE:CALLABLE and write a .pt2b")
     e.add_argument("factory", help="MODULE:CALLABLE returning (model, args[, kwargs[, dynamic_shapes]])")
     e.add_argument("output")
     e.add_argument("--strict", action="store_true", help="use torch.export's strict (dynamo) mode")
     i = sub.add_parser("inspect", help="summarize an artifact: versions, ops, signature, symbols, weights")
     i.add_argument("artifact")
+    i.add_argument("--json", **json_flag)
     c = sub.add_parser("convert", help="convert between torch.export.save's .pt2 and .pt2b (direction from the source "
                                        "file); a .pt2 with pickled content is refused unless --trust-pickle",
                        description="Convert between torch.export.save's .pt2 and .pt2b (the direction from the source "
@@ -82,10 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--checksums", action="store_true",
                    help="only the file's own checks (header, tables' bounds, every checksum), without importing "
                         "torch: a copy checked at the speed of reading it, on a machine with or without torch")
+    v.add_argument("--json", **json_flag)
     for name, helptext in (("lower", "lower an artifact for a backend and print the resulting opset"),
                            ("run", "lower an artifact and run it with the reference runtime")):
         lo = sub.add_parser(name, help=helptext)
         lo.add_argument("artifact")
+        lo.add_argument("--json", **json_flag)
         lo.add_argument("--preset", default="core", help="{presets} (optionally @<torch version>)")
         lo.add_argument("--backend", metavar="NAME", help="lower to this installed backend's own op list ({backends})"
                         + ("" if name == "lower" else ", and run on its hand-off instead of runtime_ref"))
@@ -142,9 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
     cov.add_argument("--preset", default="core")
     cov.add_argument("--supported", metavar="OPS.txt", help="file with one supported op per line (overrides --preset)")
     cov.add_argument("--keep", nargs="*", metavar="OP")
+    cov.add_argument("--json", **json_flag)
     page = osub.add_parser("page", help="write the opset explorer: one self-contained HTML page")
     page.add_argument("-o", "--output", default="opsets.html")
     page.add_argument("--corpus", nargs="*", metavar="PATH|NAME", help=corpus_help)
+    page.add_argument("--verbose", action="store_true", help="say why each left-out corpus program fails")
     clo = osub.add_parser("closure", help="what lowering to a supported-ops list (or a preset) leaves over a "
                                           "corpus: the op set, the ops that cannot be reached and their routes")
     clo.add_argument("--supported", metavar="OPS.txt", help="file with one supported op per line (overrides --preset)")
@@ -152,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     clo.add_argument("--keep", nargs="*", metavar="OP")
     clo.add_argument("--decompose", nargs="*", metavar="OP")
     clo.add_argument("--corpus", nargs="*", metavar="PATH|NAME", help=corpus_help)
+    clo.add_argument("--verbose", action="store_true", help="say why each left-out corpus program fails")
+    clo.add_argument("--json", **json_flag)
     aud = osub.add_parser("audit", help="measure every preset decomposition on OpInfo samples; writes "
                                         "audit@<torch>.json (pt2b ships its own: schemas/opsets/ in a checkout)")
     aud.add_argument("--ops", nargs="*", metavar="OP", help="only these ops (e.g. aten::var_mean.correction); "
@@ -160,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
                                             "pt2b's developers pass schemas/opsets/audit@<torch>.json)")
     ca = sub.add_parser("cache", help="where the lowering cache is, what it holds; --clear empties it")
     ca.add_argument("--clear", action="store_true")
+    ca.add_argument("--json", **json_flag)
     d = sub.add_parser("demo", help="export a small transformer, load it, run it")
     d.add_argument("-o", "--output", default="demo_transformer.pt2b")
     return p
@@ -222,20 +233,28 @@ def main(argv=None) -> int:
     progress.set_quiet(True if ns.quiet else None)
     # Strings from a file reach every line a command writes (its output, an error's message, the
     # warnings of what it calls): a terminal shows their control characters as escapes, never obeys them.
+    # With --json, stdout holds one JSON document (the command's data or its error): what the command
+    # and the libraries it calls print goes to stderr meanwhile (json_out.stdout_aside).
     with terminal.escaped_output():
         try:
-            _check_names(ns)
-            for mod in ns.imports:
-                try:
-                    import_user_module(mod)
-                except ImportError as e:
-                    raise ExportError(f"--import {mod}: {e}") from e
-            with progress.torch_internals_quiet():
-                return importlib.import_module(f".{ns.command}", __name__).run(ns)
+            with json_out.stdout_aside(json_out.wanted(ns)):
+                _check_names(ns)
+                for mod in ns.imports:
+                    try:
+                        import_user_module(mod)
+                    except ImportError as e:
+                        raise ExportError(f"--import {mod}: {e}") from e
+                with progress.torch_internals_quiet():
+                    return importlib.import_module(f".{ns.command}", __name__).run(ns)
         except Pt2bError as e:
             progress.close_all()
             kind = "artifact error" if isinstance(e, ArtifactError) else "error"
             print(f"pt2b: {kind} ({type(e).__name__}): {e}", file=sys.stderr)
+            if json_out.wanted(ns):
+                try:
+                    json_out.write(json_out.error_document(e))
+                except BrokenPipeError:
+                    return _quiet_broken_pipe()
             return 2
         except BrokenPipeError:
             progress.close_all()

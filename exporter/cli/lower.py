@@ -1,12 +1,12 @@
-"""`pt2b lower ART.pt2b`: lower an artifact for a backend and print the resulting opset (-o writes it);
-the lowering request read from the command line, which `pt2b run` shares."""
+"""`pt2b lower ART.pt2b`: lower an artifact for a backend and print the resulting opset (-o writes it,
+--json gives it as data); the request read from the command line and the facts `pt2b run` shares."""
 
 from __future__ import annotations
 
 import sys
 
 from ..errors import ExportError
-from . import progress
+from . import json_out, progress
 
 
 def read_ops_file(path: str) -> list[str]:
@@ -41,13 +41,40 @@ def run(ns) -> int:
         return _write_backend_file(ns)
     lowered = lower_from_args(ns, backend=ns.backend, fallback=ns.fallback)
     methods = lowered.methods
-    for name, low in methods.items():
-        print((f"method {name}: " if len(methods) > 1 else "") + low.report())
+    if json_out.wanted(ns):
+        json_out.emit({"file": ns.artifact, "default_method": next(iter(methods)),
+                       "methods": {name: lowering_facts(low) for name, low in methods.items()}, "wrote": ns.output})
+    else:
+        for name, low in methods.items():
+            print((f"method {name}: " if len(methods) > 1 else "") + low.report())
     if ns.output:
         with progress.status(f"writing {ns.output}"):  # with the record of how each was lowered
             export_model(lowered if len(methods) == 1 else methods, path=ns.output)
-        print(f"wrote {ns.output}")
+        if not json_out.wanted(ns):
+            print(f"wrote {ns.output}")
     return 0
+
+
+def lowering_facts(low) -> dict:
+    """What LoweredProgram.report() says of one lowered method, as data (`pt2b lower --json`)."""
+    from ..lowering.assertions import ASSERTION_OPS, runtime_assertions
+
+    ops = low.ops()
+    return {"lowered_for": low.lowered_for, "description": low.description, "from_cache": low.from_cache,
+            "validation": validation_facts(low.validation), "ops": ops, "call_sites": sum(ops.values()),
+            "outside_opset": dict(low.outside_opset),
+            "outside_opset_why": {name: low.explain(name).splitlines()[0] for name in low.outside_opset},
+            "fallback": low.fallback, "unused_keep": low.unused_keep(),
+            "unknown_supported_ops": list(low.unknown_supported_ops), "inlined_custom_ops": low.inlined_custom_ops(),
+            # (listing them builds the program: only where there are some, as report() does)
+            "runtime_assertions": (runtime_assertions(low.exported_program(), low.backend)
+                                   if ASSERTION_OPS & set(ops) else [])}
+
+
+def validation_facts(found) -> dict | None:
+    """A validation's (the lowering's, or a backend hand-off's) fields and its sentence; None where
+    none ran."""
+    return None if found is None else {**json_out.plain(found), "text": found.describe()}
 
 
 def _write_backend_file(ns) -> int:
@@ -69,9 +96,14 @@ def _write_backend_file(ns) -> int:
     lowered = lower_from_args(ns, backend=ns.to)
     with progress.status(f"handing {ns.artifact} to {ns.to}"):
         compiled = backends.to_backend(lowered, validate=not ns.no_validate, frozen_state=ns.frozen_state)
-    if compiled.validation is not None:
-        print(compiled.validation.describe())
     with progress.status(f"writing {ns.output}"):
         compiled.save(ns.output)
+    if json_out.wanted(ns):
+        json_out.emit({"file": ns.artifact, "to": ns.to, "backend": compiled.backend.key,
+                       "methods": {name: lowering_facts(low) for name, low in lowered.methods.items()},
+                       "hand_off_validation": validation_facts(compiled.validation), "wrote": ns.output})
+        return 0
+    if compiled.validation is not None:
+        print(compiled.validation.describe())
     print(f"wrote {ns.output} ({compiled.backend.key})")
     return 0

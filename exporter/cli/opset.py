@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from . import progress
+from . import json_out, progress
 from .lower import read_ops_file
 
 
@@ -35,7 +35,10 @@ def run(ns) -> int:
             rows = coverage.measure(paths, ns.preset, supported_ops=supported, keep=ns.keep or None,
                                     track=progress.tracker("lowering", unit="model"))
             label = f"supported ops of {ns.supported}" if supported else f"preset {ns.preset}"
-            print(coverage.report(rows, label))
+            if json_out.wanted(ns):
+                json_out.emit(_coverage_data(rows, label))
+            else:
+                print(coverage.report(rows, label))
         return 0
     if ns.opset_command in ("page", "closure"):
         import warnings
@@ -43,6 +46,16 @@ def run(ns) -> int:
         from ..explorer import corpus as explorer_corpus
         from ..explorer import page, selection
 
+        sel = None
+        if ns.opset_command == "closure":
+            sel = selection.Selection(preset=None if ns.supported else ns.preset,
+                                      supported=tuple(read_ops_file(ns.supported)) if ns.supported else (),
+                                      keep=tuple(ns.keep or ()), decompose=tuple(ns.decompose or ()))
+            from ..request import plan_request
+
+            # the request as `pt2b lower` makes it, before the corpus: the same UnknownOpsWarning for names this
+            # torch lacks, the same LoweringError for a bad keep or decompose
+            plan_request(**sel.load_kwargs())
         with warnings.catch_warnings():  # torch's deprecation chatter while tracing the corpus
             warnings.simplefilter("ignore")
             shipped = None if ns.corpus else explorer_corpus.shipped_routes()
@@ -59,18 +72,16 @@ def run(ns) -> int:
                 if paths:
                     corpus += explorer_corpus.artifact_corpus(paths, progress.tracker("loading", unit="artifact"))
                 data = page.build_data(corpus, progress.tracker("tracing routes", unit="program"))
-        for m in data["left_out"]:
-            print(f"pt2b: left out {m['name']}: its lowering with every decomposition fails ({m['error']})",
-                  file=sys.stderr)
+        _say_left_out(data["left_out"], getattr(ns, "verbose", False))
         if ns.opset_command == "page":
             path = page.write_page(data, ns.output)
             print(f"wrote {path} ({len(data['models'])} corpus programs, {len(data['available'])} decompositions); "
                   f"open it in a browser (file://{path.resolve()})")
             return 0
-        sel = selection.Selection(preset=None if ns.supported else ns.preset,
-                                  supported=tuple(read_ops_file(ns.supported)) if ns.supported else (),
-                                  keep=tuple(ns.keep or ()), decompose=tuple(ns.decompose or ()))
-        print(selection.closure_report(data, sel))
+        if json_out.wanted(ns):
+            json_out.emit(_closure_data(data, sel))
+        else:
+            print(selection.closure_report(data, sel))
         return 0
     if ns.opset_command == "audit":
         from ..explorer import audit
@@ -94,6 +105,50 @@ def run(ns) -> int:
         print(f"{field}: {len(only_a)} only in {a.key}, {len(only_b)} only in {b.key}")
         print("".join(f"  - {n}\n" for n in only_a) + "".join(f"  + {n}\n" for n in only_b), end="")
     return 0
+
+
+def _say_left_out(left_out: list, verbose: bool) -> None:
+    """The corpus programs whose lowering with every decomposition fails, on stderr: one line naming
+    them, or (``verbose``) one line each with why."""
+    if verbose:
+        for m in left_out:
+            print(f"pt2b: left out {m['name']}: its lowering with every decomposition fails ({m['error']})",
+                  file=sys.stderr)
+    elif left_out:
+        print(f"pt2b: left out {len(left_out)} corpus program(s) whose lowering with every decomposition fails: "
+              f"{', '.join(m['name'] for m in left_out)} (--verbose says why)", file=sys.stderr)
+
+
+def _coverage_data(rows, label: str) -> dict:
+    """`pt2b opset coverage --json`: what its report says, as data."""
+    from ..explorer.coverage import greedy_next
+
+    using: dict[str, int] = {}
+    for r in rows:
+        for op in r.ops:
+            using[op] = using.get(op, 0) + 1
+    return {"label": label, "models": len(rows), "covered": sum(1 for r in rows if r.covered),
+            "per_model": [{"path": r.path, "covered": r.covered, "ops": r.ops, "missing": r.missing,
+                           "error": r.error or None} for r in rows],
+            "ops": dict(sorted(using.items())),
+            "implement_next": [{"op": op, "models_covered": n}
+                               for op, n in greedy_next([set(r.missing) for r in rows if not r.error])]}
+
+
+def _closure_data(data: dict, sel) -> dict:
+    """`pt2b opset closure --json`: what its report says, as data."""
+    from ..explorer import selection
+
+    res = selection.evaluate(data, sel)
+    table, _ = selection.table_and_accepts(data, sel)
+    return {"selection": {"preset": sel.preset, "supported": sel.supported, "keep": sel.keep,
+                          "decompose": sel.decompose},
+            "decompositions": len(table), "models": len(res["models"]), "covered": res["covered"],
+            "per_model": {name: {"covered": not r["missing"], "missing": r["missing"]}
+                          for name, r in res["models"].items()},
+            "ops": res["counts"], "unreachable": selection.unreachable(res),
+            "implement_next": [{"op": op, "models_covered": n} for op, n in res["next"]],
+            "left_out": [{"name": m["name"], "error": m["error"]} for m in data["left_out"]]}
 
 
 def _split_corpus(entries) -> tuple[tuple[str, ...], list[str]]:

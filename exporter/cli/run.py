@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from ..errors import ExportError
-from . import progress
-from .lower import lower_from_args
+from . import json_out, progress
+from .lower import lower_from_args, validation_facts
 
 
 def _read_inputs(paths, lowered):
@@ -25,23 +25,36 @@ def _read_inputs(paths, lowered):
     return tuple(args), {}
 
 
-def _summary(leaf) -> str:
-    """dtype[shape] and, for a float tensor, its range, mean and non-finite count."""
+def _stats(leaf) -> dict:
+    """A tensor's dtype and shape and, for a float (a complex: its magnitude), the range and mean of its
+    finite values and its non-finite count; for an integer one, its range; anything else, its repr."""
     import torch
 
     if not isinstance(leaf, torch.Tensor):
-        return repr(leaf)
-    desc = f"{str(leaf.dtype).removeprefix('torch.')}{list(leaf.shape)}"
+        return {"repr": repr(leaf)}
+    out = {"dtype": str(leaf.dtype).removeprefix("torch."), "shape": list(leaf.shape)}
     if leaf.numel() and (leaf.is_floating_point() or leaf.is_complex()):
         x = leaf.detach().abs() if leaf.is_complex() else leaf.detach()
         finite = x[x.isfinite()].double()
-        bad = x.numel() - finite.numel()
         if finite.numel():
-            desc += f"  min {finite.min().item():.4g}  max {finite.max().item():.4g}  mean {finite.mean().item():.4g}"
-        if bad:
-            desc += f"  {bad} non-finite"
+            out.update(min=finite.min().item(), max=finite.max().item(), mean=finite.mean().item())
+        out["non_finite"] = x.numel() - finite.numel()
     elif leaf.numel() and leaf.dtype != torch.bool:
-        desc += f"  min {leaf.min().item()}  max {leaf.max().item()}"
+        out.update(min=leaf.min().item(), max=leaf.max().item())
+    return out
+
+
+def _summary(s: dict) -> str:
+    """dtype[shape] and, for a float tensor, its range, mean and non-finite count (``s``: _stats)."""
+    if "repr" in s:
+        return s["repr"]
+    desc = f"{s['dtype']}{s['shape']}"
+    if "mean" in s:
+        desc += f"  min {s['min']:.4g}  max {s['max']:.4g}  mean {s['mean']:.4g}"
+    elif "min" in s:
+        desc += f"  min {s['min']}  max {s['max']}"
+    if s.get("non_finite"):
+        desc += f"  {s['non_finite']} non-finite"
     return desc
 
 
@@ -88,8 +101,20 @@ def run(ns) -> int:
             t0 = time.perf_counter()
             runner(*args, **kwargs)
             times.append(time.perf_counter() - t0)
-    for i, leaf in enumerate(pytree.tree_leaves(out)):
-        print(f"output {i}: {_summary(leaf)}")
+    outputs = [_stats(leaf) for leaf in pytree.tree_leaves(out)]
+    if json_out.wanted(ns):
+        json_out.emit({"file": ns.artifact, "runs_on": where, "outputs": outputs,
+                       "lowered_for": lowered.lowered_for, "from_cache": lowered.from_cache,
+                       "seconds": {"lowering": lowered_s, "preparing": prepared_s, "first_run": first_s,
+                                   "median_run": statistics.median(times) if times else None, "runs_timed": len(times)},
+                       "validation": validation_facts(lowered.validation),
+                       "hand_off_validation": validation_facts(getattr(runner, "validation", None)),
+                       "share": None if getattr(runner, "share", None) is None else
+                       {**json_out.plain(runner.share), "node_share": runner.share.node_share,
+                        "flop_share": runner.share.flop_share, "text": runner.share.describe()}})
+        return 0
+    for i, s in enumerate(outputs):
+        print(f"output {i}: {_summary(s)}")
     timing = f"lowered in {lowered_s:.2f} s ({lowered.lowered_for}{', from the cache' if lowered.from_cache else ''}); " \
              f"{where}: prepared in {prepared_s:.2f} s, first run {first_s * 1e3:.1f} ms"
     if times:

@@ -2,8 +2,8 @@
 
 Each artifact is lowered for real (the same plan load_for_backend makes, the opset check reporting
 instead of raising), so the answer is what load_for_backend would do: a model is covered when its
-lowered graph holds only accepted ops (every method's, for a multi-method artifact). The greedy list says which ops to implement next to cover
-the most models soonest.
+lowered graph holds only accepted ops (every method's, for a multi-method artifact). The greedy list
+says which ops to implement next to cover the most models soonest.
 """
 
 from __future__ import annotations
@@ -60,23 +60,30 @@ def measure(paths, preset: str = "core", *, supported_ops=None, keep=None, track
     return rows
 
 
-def greedy_next(missing: list[set], limit: int = 10) -> list[tuple[str, int]]:
-    """Ops to accept next, each chosen to complete the most models (ties: needed by the most models,
-    then the first name), with the number of models covered after it. ``missing``: per model, the ops
-    it needs beyond the accepted set (empty: covered). The explorer page's script does the same."""
-    done = sum(1 for m in missing if not m)
-    pending = [m for m in missing if m]
+def greedy_next(needs: list, limit: int = 10) -> list[tuple[str, int]]:
+    """A greedy set cover: ops to accept next, each listed once, each chosen to complete the most models
+    (ties: wanted by the most models, then an op other than a prims op, then the first name), with the
+    number of models covered after it. ``needs``: per model, what it lacks beyond the accepted set
+    (empty: covered), each item an op name or a set of ops any one of which meets it (a prims op and the
+    ATen op whose decomposition emits it, selection.py). The explorer page's script does the same."""
+    models = [{frozenset([n]) if isinstance(n, str) else frozenset(n) for n in m} for m in needs]
+    done = sum(1 for m in models if not m)
+    pending = [m for m in models if m]
     chosen: set = set()
     out = []
     while pending and len(out) < limit:
-        best, best_key = None, None
-        for op in sorted({o for m in pending for o in m}):
-            key = (sum(1 for m in pending if m - chosen <= {op}), sum(1 for m in pending if op in m))
-            if best_key is None or key > best_key:
-                best, best_key = op, key
+        completes: dict[str, int] = {}
+        wanted: dict[str, int] = {}
+        for m in pending:
+            unmet = [c for c in m if not c & chosen]
+            for op in frozenset().union(*unmet):
+                wanted[op] = wanted.get(op, 0) + 1
+            for op in frozenset.intersection(*unmet):  # one of these alone meets every need left
+                completes[op] = completes.get(op, 0) + 1
+        best = max(sorted(wanted), key=lambda op: (completes.get(op, 0), wanted[op], not op.startswith("prims::")))
         chosen.add(best)
-        done += sum(1 for m in pending if m <= chosen)
-        pending = [m for m in pending if not m <= chosen]
+        done += sum(1 for m in pending if all(c & chosen for c in m))
+        pending = [m for m in pending if not all(c & chosen for c in m)]
         out.append((best, done))
     return out
 

@@ -11,7 +11,7 @@ import torch
 
 from ..lowering import presets as _presets
 from ..lowering import tables
-from ..ops import op_name
+from ..ops import op_name, registered_op_names
 from . import route_trace
 from .corpus import CorpusProgram, corpus_routes
 
@@ -50,7 +50,8 @@ def build_data(corpus: list[CorpusProgram] | None = None, track=None, routes: di
             "release": running, "releases": releases, "preset_names": list(_presets.PRESETS) + backend_names,
             "backend_presets": backend_names, "presets": preset_data,
             "trees": routes["trees"], "models": routes["models"], "left_out": routes["left_out"], "audit": audit,
-            "infrastructure": sorted(route_trace.INFRASTRUCTURE), "kernels": _kernel_ops(routes["trees"])}
+            "infrastructure": sorted(route_trace.INFRASTRUCTURE), "kernels": _kernel_ops(routes["trees"]),
+            "op_names": registered_op_names()}  # (the page's matcher tells a typo as OpMatcher does)
 
 
 def _kernel_ops(trees: list) -> list[str]:

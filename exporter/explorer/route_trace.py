@@ -144,20 +144,30 @@ def kernels_of(ep) -> dict:
     return out
 
 
-def evaluate(routes: ProgramRoutes, table) -> list[str]:
-    """The op set after lowering with ``table`` (op names to decompose), from the routes alone.
-    The page's script (exporter/lowering/page/explorer.js) implements the same walk."""
+def walk(routes: ProgramRoutes, table, emit) -> None:
+    """Each op the lowering with ``table`` (op names to decompose) leaves, from the routes alone, as
+    ``emit(op, parent, aten_above)``: the decomposed op that emitted it and the nearest ATen op
+    decomposed above it (None: the program calls it). The page's script (page.html) walks the same."""
     if not table:  # functionalization only
-        return list(routes.unlowered)
-    out = set(routes.leaves)
+        for op in routes.unlowered:
+            emit(op, None, None)
+        return
+    for op in routes.leaves:
+        emit(op, None, None)
 
-    def visit(tree):
+    def visit(tree, parent, above):
         if "children" in tree and tree["op"] in table:
             for c in tree["children"]:
-                visit(c)
+                visit(c, tree["op"], tree["op"] if tree["op"].startswith("aten::") else above)
         elif tree["op"] not in INFRASTRUCTURE:
-            out.add(tree["op"])
+            emit(tree["op"], parent, above)
 
     for t in routes.trees:
-        visit(t)
+        visit(t, None, None)
+
+
+def evaluate(routes: ProgramRoutes, table) -> list[str]:
+    """The op set after lowering with ``table`` (op names to decompose), from the routes alone."""
+    out: set = set()
+    walk(routes, table, lambda op, parent, above: out.add(op))
     return sorted(out)

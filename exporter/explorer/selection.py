@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..ops import OpMatcher
 from . import route_trace
 from .coverage import greedy_next
 
@@ -35,17 +36,20 @@ class Selection:
 
 def table_and_accepts(data: dict, sel: Selection):
     """(op names decomposed, accepts(op name)) for ``sel`` with plan_lowering's rules: an op list (yours,
-    or a backend's that inlines) also gets the kernels of the custom ops it does not name."""
-    keep, extra = set(sel.keep), set(sel.decompose) & set(data["available"])
+    or a backend's that inlines) also gets the kernels of the custom ops it does not name. Every op list
+    is read by OpMatcher, as plan_lowering reads it ("aten::mm" every overload, "aten.add.Tensor",
+    "aten::mul.*"); the page's script implements the same matcher."""
+    keep = OpMatcher(sel.keep)
+    extra = {n for n in data["available"] if n in OpMatcher(sel.decompose) and n not in keep}
     if sel.preset is None:
-        sup = set(sel.supported)
-        table = {n for n in data["available"] if n not in sup and n not in keep} | (extra - keep)
+        sup = OpMatcher(sel.supported)
+        table = {n for n in data["available"] if n not in sup and n not in keep} | extra
         opset = lists = sup
     else:
         p = data["presets"][sel.preset]
-        table = ({n for n in p["table"] if n not in keep} | extra) - keep
-        opset = None if p["opset"] is None else set(p["opset"])
-        lists = set(p["lists"]) if p.get("lists") is not None else None
+        table = {n for n in p["table"] if n not in keep} | extra
+        opset = None if p["opset"] is None else OpMatcher(p["opset"])
+        lists = OpMatcher(p["lists"]) if p.get("lists") is not None else None
     base = set(table)  # (what a kernel that does not trace leaves is accepted as it is)
     if lists is not None:
         table |= {k for k in data.get("kernels", ()) if k not in lists and k not in keep}
@@ -59,28 +63,44 @@ def table_and_accepts(data: dict, sel: Selection):
 
 
 def evaluate(data: dict, sel: Selection) -> dict:
-    """Per model: its lowered op set and the ops outside what the selection accepts; the op counts
-    across the corpus; coverage; the greedy "implement next" list."""
+    """Per model: its lowered op set, the ops outside what the selection accepts, what would meet each
+    (``needs``: the op, or the ATen op whose decomposition emits a prims op) and the decomposed ops
+    that emit them (``producers``); the op counts across the corpus; coverage; the greedy "implement
+    next" list (coverage.greedy_next)."""
     table, accepts = table_and_accepts(data, sel)
     infra = set(data["infrastructure"])
     per_model = {}
     for m in data["models"]:
         routes = route_trace.ProgramRoutes([data["trees"][i] for i in m["trees"]], m["leaves"], m["unlowered"], True)
         ops = [o for o in route_trace.evaluate(routes, table) if o not in infra]
-        per_model[m["name"]] = {"ops": ops, "missing": [o for o in ops if not accepts(o)]}
+        missing = [o for o in ops if not accepts(o)]
+        needs: set = set()
+        producers: dict[str, dict] = {o: {} for o in missing}  # (in the order the routes reach them)
+
+        def emit(op, parent, above):
+            if op in producers:
+                needs.add(frozenset([op, above]) if above is not None and op.startswith("prims::") else frozenset([op]))
+                if parent is not None:
+                    producers[op][parent] = None
+
+        if missing:
+            route_trace.walk(routes, table, emit)
+        per_model[m["name"]] = {"ops": ops, "missing": missing, "needs": sorted(sorted(n) for n in needs),
+                                "producers": {o: list(p) for o, p in producers.items()}}
     counts: dict[str, int] = {}
     for r in per_model.values():
         for o in r["ops"]:
             counts[o] = counts.get(o, 0) + 1
     covered = sum(1 for r in per_model.values() if not r["missing"])
     return {"models": per_model, "counts": dict(sorted(counts.items())), "covered": covered,
-            "next": greedy_next([set(r["missing"]) for r in per_model.values()])}
+            "next": greedy_next([r["needs"] for r in per_model.values()])}
 
 
-def route_of(data: dict, op: str, table: set) -> dict | None:
-    """The first recorded call site of ``op`` in the corpus, expanded under ``table``."""
+def route_of(data: dict, op: str, table: set, emits: str | None = None) -> dict | None:
+    """The first recorded call site of ``op`` in the corpus (one whose decomposition emits ``emits``,
+    if given), expanded under ``table``."""
     def find(tree):
-        if tree["op"] == op:
+        if tree["op"] == op and (emits is None or any(c["op"] == emits for c in tree.get("children", ()))):
             return tree
         for c in tree.get("children", ()):
             hit = find(c)
@@ -108,6 +128,18 @@ def render_route(tree: dict, indent: str = "") -> list[str]:
     return lines
 
 
+def unreachable(res: dict) -> dict[str, dict]:
+    """Op -> {"models": the models needing it, "producers": the decomposed ops emitting it}, for every
+    op of ``res`` (evaluate's result) outside the accepted set, by name."""
+    out: dict[str, dict] = {}
+    for name, r in res["models"].items():
+        for o in r["missing"]:
+            entry = out.setdefault(o, {"models": [], "producers": {}})
+            entry["models"].append(name)
+            entry["producers"].update(dict.fromkeys(r["producers"][o]))
+    return {o: {"models": e["models"], "producers": list(e["producers"])} for o, e in sorted(out.items())}
+
+
 def closure_report(data: dict, sel: Selection) -> str:
     res = evaluate(data, sel)
     table, _ = table_and_accepts(data, sel)
@@ -115,37 +147,28 @@ def closure_report(data: dict, sel: Selection) -> str:
     what = f"supported ops ({len(sel.supported)})" if sel.preset is None else f"preset {sel.preset}"
     lines = [f"{what}: {len(table)} decompositions apply; {res['covered']} of {n} corpus models lower to accepted ops only"]
     lines.append(f"ops in the lowered corpus ({len(res['counts'])}; models using each):")
-    missing_all: dict[str, list[str]] = {}
-    for name, r in res["models"].items():
-        for o in r["missing"]:
-            missing_all.setdefault(o, []).append(name)
+    missing_all = unreachable(res)
     for o, c in sorted(res["counts"].items(), key=lambda kv: (-kv[1], kv[0])):
         lines.append(f"  {c:4d}  {o}" + ("   (cannot be reached: not accepted)" if o in missing_all else ""))
     if missing_all:
         lines.append(f"cannot reach the accepted set ({len(missing_all)} ops):")
-        for o, names in sorted(missing_all.items()):
-            lines.append(f"  {o}: needed by {len(names)} model(s), e.g. {names[0]}")
-            for parent in _parents_of(data, o, table)[:1]:
-                route = route_of(data, parent, table)
+        for o, e in missing_all.items():
+            names, producers = e["models"], e["producers"]
+            more = f" and {len(producers) - 5} more" if len(producers) > 5 else ""
+            made = f"; emitted by {', '.join(producers[:5])}{more}" if producers else "; the program calls it"
+            lines.append(f"  {o}: needed by {len(names)} model(s), e.g. {names[0]}{made}")
+            for parent in producers[:1]:
+                route = route_of(data, parent, table, emits=o)
                 if route is not None:
                     lines += ["      " + ln for ln in render_route(route)]
     if res["next"]:
         lines.append("implement next (models covered after each):")
-        lines += [f"  {o} -> {k} of {n}" for o, k in res["next"]]
+        instead: dict[str, set] = {}  # an ATen op -> the prims ops its decomposition emits that it meets
+        for r in res["models"].values():
+            for need in r["needs"]:
+                for o in need:
+                    if not o.startswith("prims::"):
+                        instead.setdefault(o, set()).update(p for p in need if p != o)
+        lines += [f"  {o} -> {k} of {n}" + (f"  (instead of {', '.join(sorted(instead[o]))})" if instead.get(o) else "")
+                  for o, k in res["next"]]
     return "\n".join(lines)
-
-
-def _parents_of(data: dict, op: str, table: set) -> list[str]:
-    """Decomposed ops whose route emits ``op`` under ``table`` (for explaining where it comes from)."""
-    out = []
-
-    def walk(tree):
-        if "children" in tree and tree["op"] in table:
-            if any(c["op"] == op for c in tree["children"]) and tree["op"] not in out:
-                out.append(tree["op"])
-            for c in tree["children"]:
-                walk(c)
-
-    for t in data["trees"]:
-        walk(t)
-    return out

@@ -14,7 +14,7 @@ from ..lazy import Lazy
 from ..util.process_state import preserved
 from .._torch.deferred_codegen import compiled, deferred
 from .engines import lower_program
-from .opset_check import outside, route_lines
+from .opset_check import outside, route_lines, support_hint
 from .plan import LoweringPlan
 from .subclass_weights import unwrapped
 
@@ -90,7 +90,8 @@ def check_opset(plan: LoweringPlan, lowering: Lowering, source_ep) -> None:
                                                                plan.table, stop)]
         raise OpsetError(
             f"lowering with {plan.label}: {len(bad)} op(s) cannot reach the accepted op set:\n" + "\n".join(lines)
-            + "\nAdd them to supported_ops, give a decomposition for them (decompositions={op: fn}), or keep them"
+            + "\n" + support_hint(bad, lowered_gm, source_ep.graph_module, plan.table, stop)
+            + ", give a decomposition for them (decompositions={op: fn}), or keep them"
             + leave + "."
         )
 

@@ -80,6 +80,9 @@ class LoweredProgram(ProgramHandle):
             self._source = self._source.get()
         return self._source
 
+    def _label(self) -> str:
+        return f"the program lowered for {self.lowered_for}"
+
     def lowering_record(self) -> dict[str, Any]:
         """What a .pt2b written from this program records about its lowering (format 1.1+)."""
         return lowering_record(self.lowered_for, self.fingerprint, self.outside_opset)

@@ -46,10 +46,11 @@ def origin_node(node: torch.fx.Node, source_nodes: dict[str, torch.fx.Node]):
     return None
 
 
-def route_lines(name: str, lowered_gm, source_gm, table: dict, stop) -> list[str]:
-    """How op ``name`` ended up in the lowered program: the decomposition paths that emit it."""
+def _routes(name: str, lowered_gm, source_gm, table: dict, stop):
+    """(origin node, its decomposition paths down to op ``name``; None when the program calls ``name``
+    itself) for each distinct op of the undecomposed program a call of ``name`` was created from."""
     source_nodes = {n.name: n for n in op_nodes(source_gm)}
-    lines, seen = [], set()
+    seen = set()
     for node in op_nodes(lowered_gm):
         if op_name(node.target) != name:
             continue
@@ -58,12 +59,37 @@ def route_lines(name: str, lowered_gm, source_gm, table: dict, stop) -> list[str
             continue
         seen.add(origin.target)
         if op_name(origin.target) == name:
+            yield origin, None
+        else:
+            yield origin, routes.paths_to(routes.tree_for_node(origin, table, stop), name)
+
+
+def route_lines(name: str, lowered_gm, source_gm, table: dict, stop) -> list[str]:
+    """How op ``name`` ended up in the lowered program: the decomposition paths that emit it."""
+    lines = []
+    for origin, paths in _routes(name, lowered_gm, source_gm, table, stop):
+        if paths is None:
             lines.append(f"{name} is called by the program itself (node {origin.name})")
             continue
-        tree = routes.tree_for_node(origin, table, stop)
-        paths = routes.paths_to(tree, name)
         for path in paths[:3]:
             lines.append(" -> ".join(path) + f"  (from node {origin.name})")
         if not paths:
             lines.append(f"{op_name(origin.target)} -> ... -> {name}  (from node {origin.name})")
     return lines
+
+
+def support_hint(names, lowered_gm, source_gm, table: dict, stop) -> str:
+    """What an OpsetError says to add to supported_ops for ops ``names`` outside it: for a prims op that
+    only decompositions of ATen ops emit, those ATen ops (what a backend implements: kept whole, they
+    emit no prims op)."""
+    instead = {}
+    for name in names:
+        above = set()
+        for _, paths in (_routes(name, lowered_gm, source_gm, table, stop) if name.startswith("prims::") else ()):
+            above.update(next((o for o in reversed(p[:-1]) if o.startswith("aten::")), None) for p in paths or [()])
+        if above and None not in above:
+            instead[name] = sorted(above)
+    if not instead:
+        return "Add them to supported_ops"
+    return ("Add them to supported_ops (rather than a prims op, the ATen op whose decomposition emits it: "
+            + "; ".join(f"{', '.join(ops)} for {name}" for name, ops in instead.items()) + ")")

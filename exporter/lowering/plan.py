@@ -131,7 +131,8 @@ def _foreign_supported_ops(supported_ops, warn: bool = True) -> tuple[OpMatcher,
     unknown: list[str] = []
     m = _matcher(supported_ops, "supported_ops", unknown)
     if unknown and warn:
-        shown = ", ".join(unknown[:8]) + (f" and {len(unknown) - 8} more" if len(unknown) > 8 else "")
+        hint = lambda n: f"{n} (did you mean {c}?)" if (c := OpMatcher.closest(n)) else n  # noqa: E731
+        shown = ", ".join(map(hint, unknown[:8])) + (f" and {len(unknown) - 8} more" if len(unknown) > 8 else "")
         warnings.warn(f"supported_ops names {len(unknown)} op(s) this torch ({torch.__version__}) does not have, "
                       f"left out: {shown} (LoweredProgram.unknown_supported_ops lists them all).",
                       UnknownOpsWarning, stacklevel=4)

@@ -10,10 +10,11 @@ import zipfile
 import pytest
 import torch
 
-from exporter import cli, export_model, load
+from exporter import export_model, load
 from exporter.errors import NotAnArtifactError
 from exporter.versioning.formats import FORMAT_VERSION, version_str
 from tests.support.helpers import assert_bitwise, assert_programs_equal
+from tests.support.cli_run import run_cli
 
 
 class Net(torch.nn.Module):
@@ -33,15 +34,6 @@ def make_model():
     return Net().eval(), (torch.randn(2, 3, 8, 8),), None, {"x": {0: torch.export.Dim("batch", max=16)}}
 
 
-def run_cli(*argv):
-    out, err = io.StringIO(), io.StringIO()
-    old = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = out, err
-    try:
-        code = cli.main(list(argv))
-    finally:
-        sys.stdout, sys.stderr = old
-    return code, out.getvalue(), err.getvalue()
 
 
 def test_export_and_inspect(tmp_path):

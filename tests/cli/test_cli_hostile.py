@@ -29,17 +29,9 @@ from exporter.layout.container import FILE_IDENTIFIER, Header, align
 from exporter.util import nesting
 from exporter.versioning.formats import FORMAT_MAJOR, FORMAT_VERSION
 from tests.support.artifact_surgery import rewrite_artifact, set_op_record
+from tests.support.cli_run import run_cli
 
 
-def run_cli(*argv):
-    out, err = io.StringIO(), io.StringIO()
-    old = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = out, err
-    try:
-        code = cli.main([str(a) for a in argv])
-    finally:
-        sys.stdout, sys.stderr = old
-    return code, out.getvalue(), err.getvalue()
 
 
 class Mlp(torch.nn.Module):

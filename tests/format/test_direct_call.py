@@ -1,7 +1,7 @@
 """Calling a loaded program runs its lifted graph directly while the call matches the program's static
 inputs (exporter/lifted.py), with what ep.module() gives: the same outputs bit for bit, the same writes
-into buffers and into the caller's inputs, and torch's own errors for calls that do not match (those go
-through ep.module(), whose guards name what is wrong)."""
+into buffers and into the caller's inputs; calls that do not match go through ep.module(), and fail
+where it does, with pt2b's typed errors."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from exporter import export_model, load, load_for_backend
-from exporter.errors import InputGuardError
+from exporter.errors import InputGuardError, RuntimeInputError
 from tools.corpus.zoo import make_case, zoo_names
 from tests.support.helpers import assert_bitwise
 
@@ -91,7 +91,11 @@ def test_a_lowered_program_writes_its_state_back(tmp_path):
 
 
 @pytest.mark.parametrize("bad", ["shape", "dtype", "missing kwarg"])
-def test_a_call_that_does_not_match_gets_torchs_own_error(tmp_path, bad):
+def test_a_call_that_does_not_match_fails_where_torchs_module_does(tmp_path, bad):
+    """What torch's ep.module() refuses the loaded program and its module() refuse too: a broken guard as
+    an InputGuardError (an AssertionError with torch's text), another structure as a RuntimeInputError
+    naming what was expected (torch's module says "kwarg keyword mismatch"); another dtype fails in
+    the kernel, as it does in torch's module."""
     path, args, kwargs = _pair(tmp_path)
     x, kw = args[0], dict(kwargs)
     if bad == "shape":
@@ -100,16 +104,22 @@ def test_a_call_that_does_not_match_gets_torchs_own_error(tmp_path, bad):
         x = x.double()
     else:
         kw = {}
-    prog, module = load(path), load(path).module()
+    prog = load(path)
     with pytest.raises(Exception) as want:
-        module(x.clone(), **kw)
-    with pytest.raises(type(want.value)) as got:
-        prog(x.clone(), **kw)
-    if bad == "shape":  # torch's guard, typed: an InputGuardError that is an AssertionError with its text
-        assert isinstance(got.value, InputGuardError)
-        assert str(want.value).removeprefix("Guard failed: ") in str(got.value)
-    else:
-        assert str(got.value) == str(want.value)
+        prog.exported_program().module()(x.clone(), **kw)
+    for call in (load(path), prog.module()):
+        with pytest.raises(type(want.value) if bad == "dtype" else Exception) as got:
+            call(x.clone(), **kw)
+        if bad == "shape":  # torch's guard, typed: an InputGuardError that is an AssertionError with its text
+            assert isinstance(got.value, InputGuardError) and isinstance(want.value, AssertionError)
+            assert str(want.value).removeprefix("Guard failed: ") in str(got.value)
+        elif bad == "missing kwarg":
+            assert isinstance(want.value, ValueError) and type(got.value) is RuntimeInputError
+            assert str(got.value).startswith(f"{path}: inputs do not match the program's signature: expected 1 "
+                                             "positional argument(s) (x) and keyword argument(s) ['scale']; got 1 "
+                                             "positional and keyword argument(s) [] (missing ['scale'], unexpected [])")
+        else:
+            assert str(got.value) == str(want.value)
 
 
 def test_after_module_is_asked_for_calls_go_through_it(tmp_path):

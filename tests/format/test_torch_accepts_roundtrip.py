@@ -15,6 +15,7 @@ from exporter import export_model, load, load_for_backend
 from exporter._torch.pytree import pytree
 from exporter.errors import CorruptArtifactError, RuntimeInputError
 from exporter.serialize.read.untrusted import check_guard, check_guards
+from tests.support.helpers import raised as _raises, same_tensor_leaves as _same
 
 
 class Pair:
@@ -72,23 +73,6 @@ class MatMul(torch.nn.Module):
 
 def _t(*shape):
     return torch.randn(*shape)
-
-
-def _leaves(out):
-    return [v for v in pytree.tree_leaves(out) if isinstance(v, torch.Tensor)]
-
-
-def _same(a, b) -> bool:
-    la, lb = _leaves(a), _leaves(b)
-    return len(la) == len(lb) and all(x.shape == y.shape and torch.equal(x, y) for x, y in zip(la, lb))
-
-
-def _raises(fn, args):
-    try:
-        fn(*args)
-    except Exception as e:  # noqa: BLE001 -- what each raises is compared by the caller
-        return e
-    return None
 
 
 def _written(tmp_path, model, args, dynamic=None):

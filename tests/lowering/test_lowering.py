@@ -223,6 +223,9 @@ def test_unknown_names_and_presets_are_clear_errors(tmp_path):
         warnings.simplefilter("error", UnknownOpsWarning)
         with pytest.raises(UnknownOpsWarning, match="this torch .* does not have, left out: aten::frobnicate.default"):
             load_for_backend(path, supported_ops=["aten::frobnicate.default"])
+        with pytest.raises(UnknownOpsWarning, match=r"left out: aten::addmmm\.default \(did you mean "
+                                                    r"aten::addmm\.default\?\)"):
+            load_for_backend(path, supported_ops=["aten::addmmm.default"])
     with pytest.raises(LoweringError, match=r"unknown preset 'coar'; Did you mean 'core'\? Choose one of none, core, core-tag, max"):
         load_for_backend(path, "coar")
     with pytest.raises(LoweringError, match="no frozen opset 'core@1.0'"):

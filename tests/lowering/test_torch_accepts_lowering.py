@@ -11,8 +11,8 @@ import torch
 from torch.export import Dim
 
 from exporter import export_model, load, load_for_backend
-from exporter._torch.pytree import pytree
 from exporter.errors import RuntimeInputError
+from tests.support.helpers import raised as _raises, same_tensor_leaves as _same
 
 aten = torch.ops.aten
 ASSERTIONS = frozenset({aten._assert_scalar.default, aten._assert_async.default, aten._assert_async.msg,
@@ -21,19 +21,6 @@ ASSERTIONS = frozenset({aten._assert_scalar.default, aten._assert_async.default,
 
 def _t(*shape):
     return torch.randn(*shape)
-
-
-def _same(a, b) -> bool:
-    la, lb = pytree.tree_leaves(a), pytree.tree_leaves(b)
-    return len(la) == len(lb) and all(x.shape == y.shape and torch.equal(x, y) for x, y in zip(la, lb))
-
-
-def _raises(fn, args):
-    try:
-        fn(*args)
-    except Exception as e:  # noqa: BLE001 -- what each raises is compared by the caller
-        return e
-    return None
 
 
 def _lowered(tmp_path, model, args, dynamic=None, strict=False):

@@ -164,3 +164,19 @@ class Mlp(torch.nn.Module):
 
     def forward(self, x):
         return self.l2(self.l1(x).relu())
+
+
+def same_tensor_leaves(a, b) -> bool:
+    """Whether ``a`` and ``b`` hold the same tensor leaves, shape and bits, in the same order."""
+    la = [v for v in pytree.tree_leaves(a) if isinstance(v, torch.Tensor)]
+    lb = [v for v in pytree.tree_leaves(b) if isinstance(v, torch.Tensor)]
+    return len(la) == len(lb) and all(x.shape == y.shape and torch.equal(x, y) for x, y in zip(la, lb))
+
+
+def raised(fn, args):
+    """The exception ``fn(*args)`` raises, or None."""
+    try:
+        fn(*args)
+    except Exception as e:  # noqa: BLE001 -- what each raises is compared by the caller
+        return e
+    return None

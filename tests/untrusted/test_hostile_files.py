@@ -280,7 +280,7 @@ def test_a_guard_repeated_is_checked_and_compiled_once(tmp_path, work):
     assert prog.exported_program()._guards_code == guards[:1]  # what ep.module() compiles: one guard
     assert checked == guards[:1]
     with pytest.raises(AssertionError, match="Guard failed"):
-        prog.module()(torch.randn(65, 3))  # the guard still holds
+        prog.exported_program().module()(torch.randn(65, 3))  # the guard still holds (torch's own module)
 
 
 def test_a_program_with_as_many_guards_as_a_real_one_is_written_and_runs(tmp_path, work):

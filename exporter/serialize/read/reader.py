@@ -28,7 +28,8 @@ from ...layout.generated import pt2b_generated as G
 from ...layout.container import Header
 from ...layout.segments import KIND_NAMES
 from ..mapping import module_stacks, return_types
-from . import buffer_bounds, decode_schema, integrity, segment_hashes, subclasses, unpack_tables, untrusted, weights
+from . import (buffer_bounds, decode_schema, integrity, pytree_types, segment_hashes, subclasses, unpack_tables, untrusted,
+               weights)
 
 return_types.register()  # torch.return_types (sort, topk, ...) in pytree specs: named, to write and read
 
@@ -339,6 +340,7 @@ def check(art: Artifact, *, verify: bool = False) -> Checked:
     recorded = frozenset(schema_drift.op_target(q, o) for q, o, _, kind in records
                          if kind in (G.OperatorKind.ATEN, G.OperatorKind.CUSTOM))
     untrusted.check_program(serialized, where, recorded)
+    _resolve_pytree_types(art, serialized, where)
     # recorded op schemas vs the running torch: missing ops, compatible drift, upgraders
     serialized, art.upgrade_notes = schema_drift.upgrade_program(serialized, records, where, check_ops(art))
     names.rename_state_paths(serialized, names.safe_path)  # what generated code cannot hold, aliased
@@ -387,10 +389,34 @@ def _unregistered_pytree_type(e: Exception, where: str) -> MissingPytreeTypeErro
     m = re.fullmatch(r"Deserializing (\S+) in pytree is not registered\.?", str(e).strip())
     if not (isinstance(e, NotImplementedError) and m):
         return None
+    return _missing_pytree_type(m.group(1), where)
+
+
+def _missing_pytree_type(name: str, where: str) -> MissingPytreeTypeError:
     return MissingPytreeTypeError(
-        f"{where}: the program's inputs or outputs use the Python type {m.group(1)[:200]!r}, which no imported "
-        f"module registers with torch's pytree: import the library that defines it first (from the command "
-        f"line: pt2b --import MODULE ...), e.g. transformers.modeling_outputs for a transformers model's outputs.")
+        f"{where}: the program's inputs or outputs use the Python type {name[:200]!r}, which no imported "
+        f"module registers with torch's pytree: {pytree_types.advice(name)}.")
+
+
+def spec_texts(art: Artifact, serialized) -> list[tuple]:
+    """The pytree specs of a method, each (treespec_dumps's JSON text, where in the file, what it is): the
+    stored example inputs', and each module call signature's inputs and outputs."""
+    out = [(text(art.program.exampleInputsSpec), "example inputs", "pytree spec")]
+    for e in serialized.graph_module.module_call_graph:
+        if e.signature is not None:
+            out += [(getattr(e.signature, f), f"module_call_graph {e.fqn!r}", f) for f in ("in_spec", "out_spec")]
+    return out
+
+
+def _resolve_pytree_types(art: Artifact, serialized, where: str) -> None:
+    """Register the types the method's specs name: a well-known library's output types are imported where
+    the library is installed (pytree_types); any other unregistered type is a MissingPytreeTypeError now,
+    as torch's deserializer would refuse it at the first use."""
+    names = pytree_types.named_types(spec_texts(art, serialized), where)
+    pytree_types.register_from_libraries(names)
+    missing = pytree_types.unregistered(names)
+    if missing:
+        raise _missing_pytree_type(missing[0], where)
 
 
 def build(art: Artifact, c: Checked) -> torch.export.ExportedProgram:
