@@ -10,6 +10,7 @@ the model.
   executorch.py ExecuTorch's portable kernels, its runtime's own kernel registry (pip install executorch)
   iree.py       IREE through iree-turbine, its own AOT table, compiled for llvm-cpu (pip install iree-turbine ...)
   calling.py    the program's calling convention around a backend's runner
+  state.py      the buffers a program writes lifted to inputs and outputs, carried between calls (Compiled.state)
   library_tables.py  the conversion tables transformers' exporters keep for onnx and openvino, read from it
   validation.py the hand-off check: the backend's outputs against the program's own run
   partition.py  a program split between a backend and the reference (to_backend(..., fallback="reference"))
@@ -28,11 +29,13 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..errors import BackendHandOffError, BackendResultError, BackendStateError, BackendUnavailableError, Pt2bError
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     import torch
 
     from ..lowering.lowered import LoweredProgram
 
-__all__ = ["Backend", "Compiled", "get", "names", "to_backend"]
+__all__ = ["Backend", "Compiled", "get", "names", "to_backend", "to_backend_methods"]
 
 # backend name -> (module of this package, what to pip install when it is missing)
 ADAPTERS: dict[str, tuple[str, str]] = {
@@ -64,8 +67,12 @@ class Backend:
     # (Inductor's implicit fallbacks); supported_ops then lists what it lowers itself
     falls_back_to_aten: bool = False
     # True: the buffers a program writes live in the backend's runtime and carry from call to call
-    # (ExecuTorch's mutable buffers); False: the backend holds them as constants
+    # (ExecuTorch's mutable buffers); False: the backend holds them as constants, and takes them lifted
+    # to inputs and outputs, which the Compiled carries (state.py)
     holds_state: bool = False
+    # False: the backend cannot take a program whose state comes in as inputs and goes out as outputs; a
+    # program that writes its buffers is then refused before any backend work
+    takes_lifted_state: bool = True
     save: Callable[..., None] | None = None  # (Compiled, path): the backend's own file, read by its own runtime
     file_suffix: str = ""  # that file's usual suffix
 
@@ -88,6 +95,21 @@ class Compiled:
     validation: Any = None  # validation.HandOffValidation: the outputs compared with the program's (None: not run)
     dim_names: dict = dataclasses.field(default_factory=dict)  # torch's symbol -> the user's Dim name (files name dims so)
     share: Any = None  # partition.Share: what the backend runs of a program split with the reference (fallback=)
+    carry: Any = None  # state.Carry: the written buffers passed in and stored back at every call (None: none)
+
+    @property
+    def state(self) -> Mapping[str, torch.Tensor] | None:
+        """The buffers the program writes (a KV cache, running statistics), by qualified name, as they
+        stand after the last call: a read-only mapping (``state.State``) that every call passes to the
+        backend and updates; None where pt2b carries no state (the program writes none, the backend holds
+        it in its runtime, or ``frozen_state=True`` made it constants)."""
+        return None if self.carry is None else self.carry.state
+
+    def reset_state(self) -> None:
+        """Every carried buffer back to the program's own value, for a new sequence (shared with the other
+        methods handed over on the same state)."""
+        if self.carry is not None:
+            self.carry.state.reset()
 
     def save(self, path: str | os.PathLike) -> str:
         """Write the backend's own file (``m.onnx``, ``m.pte``, ``m.vmfb``, OpenVINO's ``m.xml``, an
@@ -106,7 +128,9 @@ class Compiled:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the program on the backend with the exported model's arguments; its outputs, structured."""
         extra = {"plan": self.plan} if self.plan is not None else {}
-        return self.backend.run(self.native, self.program, args, kwargs, **extra)
+        if self.carry is None:
+            return self.backend.run(self.native, self.program, args, kwargs, **extra)
+        return self.carry.call(lambda a, k: self.backend.run(self.native, self.program, a, k, **extra), args, kwargs)
 
     def __repr__(self) -> str:
         return f"Compiled({self.backend.key}, {type(self.native).__name__})"
@@ -143,7 +167,7 @@ def _get(name: str, module: str, package: str) -> Backend:
 
 def to_backend(name: str | LoweredProgram, lowered: LoweredProgram | torch.export.ExportedProgram | None = None, *,
                validate: bool = True, frozen_state: bool = False, fallback: str | None = None,
-               **options: Any) -> Compiled:
+               state: Mapping[str, torch.Tensor] | None = None, **options: Any) -> Compiled:
     """Hand a program to a backend: ``to_backend(lowered)`` hands what ``load_for_backend(path,
     backend=NAME)`` made to that backend; ``to_backend(NAME, program)`` names the backend (for any
     ExportedProgram, or a program lowered with a preset). Options go to the backend's hand-off
@@ -153,9 +177,15 @@ def to_backend(name: str | LoweredProgram, lowered: LoweredProgram | torch.expor
     inputs and compares its outputs with the program's own run, within the dtype's bound
     (``Compiled.validation``); a difference is a BackendResultError naming the output.
 
-    A program that writes its buffers (a KV cache, running statistics) is a BackendStateError: the
-    backends hold buffers as constants, so every call would start from their exported values.
-    ``frozen_state=True`` accepts that explicitly.
+    A program that writes its buffers (a KV cache, running statistics, a counter) is handed to a backend
+    that holds no state of its own (onnx, openvino, inductor) with those buffers lifted: an extra input
+    after the user's own and their new values an extra output (state.lift), and the ``Compiled``
+    carries them from call to call as the program does (``Compiled.state``, ``Compiled.reset_state()``;
+    the check runs from the program's own values and leaves the state as it was). ``state=`` (another
+    Compiled's ``.state``) hands the program over on that state, shared: the methods of one artifact
+    (``to_backend_methods`` does it for all of them). A backend that cannot take the lifted form is a
+    BackendStateError before any backend work; ``frozen_state=True`` hands the buffers over as
+    constants instead, every call starting from their exported values.
 
     ``fallback="reference"``: where the backend cannot take the whole program, it runs what it can: the
     program is split into the runs of nodes whose ops the backend lists, each handed over as a program
@@ -186,14 +216,7 @@ def to_backend(name: str | LoweredProgram, lowered: LoweredProgram | torch.expor
             f"subclasses, kept as such because the program's own inputs or outputs are subclasses too; {backend.key} takes "
             f"plain tensors. Run it with runtime_ref or the program itself, or export a model whose inputs and "
             f"outputs are plain tensors (its subclass weights are then lowered to their inner tensors).")
-    written = sorted(set(ep.graph_signature.buffers_to_mutate.values()))
-    if written and not (frozen_state or backend.holds_state):
-        shown = ", ".join(written[:6]) + (f" and {len(written) - 6} more" if len(written) > 6 else "")
-        raise BackendStateError(
-            f"the program writes its buffers ({shown}), and {backend.key} would hold them as constants: every "
-            f"call would start from their exported values (a KV cache that never fills, running statistics "
-            f"that never move). Run it with runtime_ref or the program itself, which carry the state, or pass "
-            f"to_backend(..., frozen_state=True) (`pt2b run --frozen-state`) to accept constants.")
+    program, carry = _lifted(backend, ep, frozen_state, state)
     from ..lowering.plan import fallback_refusal
     from ..lowering.verdicts import WRONG_REL
     from .validation import validated_hand_off
@@ -205,15 +228,17 @@ def to_backend(name: str | LoweredProgram, lowered: LoweredProgram | torch.expor
     fallback = fallback if fallback is not None else lowered_with
     check = (lambda compiled, program: validated_hand_off(compiled, program, WRONG_REL)) if validate else None
     dim_names = dict(getattr(lowered, "dim_names", None) or {})
+    split = lambda: dataclasses.replace(_split(backend, program, lowered, options, dim_names, check),  # noqa: E731
+                                        carry=carry)
     if left:  # the lowering left ops the backend does not list to the reference: no whole hand-off to try
-        compiled = _split(backend, ep, lowered, options, dim_names, check)
+        compiled = split()
     else:
         try:
-            compiled = Compiled(backend, *_handed(backend, ep, options), dim_names=dim_names)
+            compiled = Compiled(backend, *_handed(backend, program, options), dim_names=dim_names, carry=carry)
         except BackendHandOffError:
             if fallback is None:
                 raise
-            compiled = _split(backend, ep, lowered, options, dim_names, check)
+            compiled = split()
     if check is None:
         return compiled
     try:
@@ -222,8 +247,71 @@ def to_backend(name: str | LoweredProgram, lowered: LoweredProgram | torch.expor
         if fallback is None or compiled.share is not None:
             raise
     # the backend computes the whole program wrong: split, each part checked, the wrong ones cut down
-    compiled = _split(backend, ep, lowered, options, dim_names, check)
+    compiled = split()
     return dataclasses.replace(compiled, validation=check(compiled, ep))
+
+
+def to_backend_methods(name: str | LoweredProgram, lowered: LoweredProgram | None = None, **options: Any
+                       ) -> dict[str, Compiled]:
+    """Every method of a multi-method program (``load_for_backend(path, backend=NAME)`` of a
+    prefill/decode artifact; its ``.methods``) handed to the backend over ONE state, by name, as
+    ``runtime_ref.runtimes`` runs them: the KV cache ``prefill`` writes is the one ``decode`` reads, and
+    ``reset_state()`` on any of them starts a new sequence for all. Each method is ``to_backend(...,
+    state=shared)`` with ``options``; a buffer one method writes is lifted in every method that reads it."""
+    from .state import State, written_buffers
+
+    if lowered is None and not isinstance(name, str):
+        lowered, name = name, getattr(name, "backend", None)
+    methods = getattr(lowered, "methods", None) or {"forward": lowered}
+    if name is None:
+        raise BackendHandOffError("the program was not lowered for a backend (load_for_backend(path, "
+                                  "backend=NAME) does that); name the backend: to_backend_methods('onnx', program).")
+    if options.get("frozen_state"):
+        raise BackendStateError("to_backend_methods shares the methods' state, which frozen_state=True makes "
+                                "constants: hand the methods over one by one with to_backend(..., frozen_state=True).")
+    shared = State()
+    for program in methods.values():  # what any method writes, held before any hand-off: the readers see it
+        ep = exported_program(program)
+        shared.take(ep, written_buffers(ep), get(name).key)
+    return {method: to_backend(name, program, state=shared, **options) for method, program in methods.items()}
+
+
+def _lifted(backend: Backend, ep, frozen_state: bool, state) -> tuple:
+    """(the program to hand over, its state.Carry or None): ``ep`` with the buffers it writes (and those of
+    ``state`` it reads) lifted to inputs and outputs where ``backend`` holds no state of its own or a state
+    is shared; ``ep`` itself where it writes none, the backend holds them, or ``frozen_state`` asks for
+    constants."""
+    from torch.export.graph_signature import InputKind, OutputKind
+
+    from .state import Carry, State, lift, state_keyword, written_buffers
+
+    written = written_buffers(ep)
+    shown = lambda names: ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")  # noqa: E731
+    if state is not None and frozen_state:
+        raise BackendStateError("state= shares a carried state and frozen_state=True holds the buffers as constants: "
+                                "pass one of them.")
+    if state is not None and not isinstance(state, State):
+        raise BackendStateError(f"state= takes another Compiled's .state (a State), not {type(state).__name__}: "
+                                f"hand the first method over, then to_backend(..., state=first.state).")
+    if frozen_state or (state is None and (not written or backend.holds_state)):
+        return ep, None
+    params = [s.target for s in ep.graph_signature.output_specs if s.kind == OutputKind.PARAMETER_MUTATION]
+    if params or not backend.takes_lifted_state:
+        what = (f"writes its parameters ({shown(params)}), which pt2b lifts only as buffers" if params else
+                f"writes its buffers ({shown(written)}), and {backend.key} neither holds state nor takes it as "
+                f"inputs and outputs")
+        raise BackendStateError(
+            f"the program {what}: a copy held as constants would start every call from the exported values (a KV "
+            f"cache that never fills, running statistics that never move). Run it with runtime_ref or the program "
+            f"itself, which carry the state, or pass to_backend(..., frozen_state=True) (`pt2b run --frozen-state`) "
+            f"to accept constants.")
+    state = State() if state is None else state
+    names = [s.target for s in ep.graph_signature.input_specs
+             if s.kind == InputKind.BUFFER and (s.target in written or s.target in state)]
+    if not names:
+        return ep, None
+    state.take(ep, names, backend.key)
+    return lift(ep, names), Carry(state, names, state_keyword(ep))
 
 
 def _handed(backend: Backend, ep, options: dict) -> tuple:

@@ -101,29 +101,51 @@ def backend() -> Backend:
 
 def save(compiled, path: str) -> None:
     """The ONNX model (ONNXProgram.save: the graph and its initializers), run by onnxruntime, its
-    dynamic dims named as the user named them at export (``batch``, not torch's ``s31``)."""
+    dynamic dims named as the user named them at export (``batch``, not torch's ``s31``). A carried
+    state (the buffers the program writes, lifted) comes in as inputs ``state.<buffer>`` after the
+    user's own and goes out as outputs ``state_out.<buffer>`` after the user's own: the caller feeds
+    each output back as the next call's input."""
     model = compiled.native.model
     _name_dims(model, compiled.dim_names)
+    inputs = [v.name for v in model.graph.inputs]  # what run() feeds the session by
     made = [v.name for v in model.graph.outputs]  # what run() maps the session's outputs by
-    _name_outputs(model, compiled.program)
+    _name_outputs(model, compiled.program, _state_names(compiled))
     try:
         compiled.native.save(path)
     finally:
+        for value, name in zip(model.graph.inputs, inputs):
+            value.name = name
         for value, name in zip(model.graph.outputs, made):
             value.name = name
 
 
-def _name_outputs(model, ep) -> None:
+def _state_names(compiled) -> list[str]:
+    """The carried buffers' names, in the order the lifted program takes them (none: no state carried)."""
+    return list(compiled.carry.names) if compiled.carry is not None else []
+
+
+def _name_outputs(model, ep, state: list[str]) -> None:
     """Name the graph's outputs by where each sits in the program's output structure ("logits",
     "past_key_values.0.1"; one tensor: "output"), not by the node that made it ("linear_14"), where
-    the graph returns exactly the program's outputs."""
+    the graph returns exactly the program's outputs; a lifted program's ``state`` (buffer names): its
+    inputs ``state.<name>`` and the new values ``state_out.<name>``."""
     spec = ep.call_spec.out_spec
     outputs = model.graph.outputs
     if spec is None or spec.num_leaves != len(outputs):
         return
+    if state:  # (the user's outputs, {buffer: new value}) and (*args, {buffer: value}), kwargs
+        written = spec.child(1).context
+        spec = spec.child(0)
+        user = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+        by_name = dict(zip(user[len(user) - len(state):], state))
+        for value in model.graph.inputs:
+            if value.name in by_name:
+                value.name = f"state.{by_name[value.name]}"
     paths, _ = pytree.tree_flatten_with_path(pytree.tree_unflatten(list(range(spec.num_leaves)), spec))
     names = [".".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path) or "output"
              for path, _ in paths]
+    if state:
+        names += [f"state_out.{n}" for n in written]
     taken = {v.name for v in model.graph.inputs} | set(model.graph.initializers) | {
         v.name for node in model.graph.all_nodes() for v in node.outputs if v not in outputs}
     if len(set(names)) != len(names) or taken & set(names):

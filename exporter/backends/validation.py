@@ -22,23 +22,30 @@ class HandOffValidation:
     max_rel: float = 0.0  # the largest relative difference of a float output
     bound: float = 0.0  # the bound beyond which it would be wrong (the outputs' widest dtype's)
     outputs: int = 0  # output leaves compared
+    state: int = 0  # carried buffers compared after the run (Compiled.state)
     why: str = ""
 
     def describe(self) -> str:
         if self.status != "passed":
             return f"hand-off validation {self.status}: {self.why}"
-        return (f"hand-off validation passed: {self.outputs} output(s) on the stored example inputs, largest "
+        also = f" and {self.state} carried buffer(s)" if self.state else ""
+        return (f"hand-off validation passed: {self.outputs} output(s){also} on the stored example inputs, largest "
                 f"relative difference {self.max_rel:.3g} from the lowered program (wrong beyond {self.bound:.3g})")
 
 
 def reference_outputs(ep, args: tuple, kwargs: dict):
     """``ep``'s outputs on ``args``/``kwargs``, run by its own module from its stored state, with the
     buffers it writes copied first: the program's own state is left as it was."""
+    return _reference(ep, args, kwargs)[0]
+
+
+def _reference(ep, args: tuple, kwargs: dict) -> tuple:
+    """(``ep``'s outputs, the buffers it writes as the run left them, by qualified name)."""
     module = ep.module()
     written = set(ep.graph_signature.buffers_to_mutate.values())
     buffers = {name: b.clone() for name, b in module.named_buffers() if name in written}
     with torch.no_grad():
-        return torch.func.functional_call(module, buffers, args, kwargs)
+        return torch.func.functional_call(module, buffers, args, kwargs), buffers
 
 
 def _leaf_name(path) -> str:
@@ -49,27 +56,39 @@ def _leaf_name(path) -> str:
 def validated_hand_off(compiled, ep, bounds: dict) -> HandOffValidation:
     """``compiled`` (a Compiled of ``ep``) run on ``ep``'s stored example inputs and compared with
     ``ep``'s own run; BackendResultError naming the first output that differs beyond ``bounds`` (dtype
-    -> relative bound, as validation's), or that has another shape or dtype."""
+    -> relative bound, as validation's), or that has another shape or dtype. A state the Compiled
+    carries runs from the program's own values, its new values are compared too (``state[name]``), and
+    it is left as it was before."""
     key = compiled.backend.key
+    carried = getattr(compiled, "carry", None)
     if ep.example_inputs is None:
         return HandOffValidation("skipped", why="the program stores no example inputs")
-    if ep.graph_signature.buffers_to_mutate and compiled.backend.holds_state:
+    if ep.graph_signature.buffers_to_mutate and compiled.backend.holds_state and carried is None:
         return HandOffValidation("skipped", why=f"the program writes its buffers and {key} holds them: a run to "
                                                  f"compare would change the state its first call starts from")
     fresh = lambda: pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t,  # noqa: E731
                                     ep.example_inputs)  # (a program may write its inputs)
-    want = reference_outputs(ep, *fresh())
+    want, want_state = _reference(ep, *fresh())
     args, kwargs = fresh()
-    with torch.no_grad():
-        got = compiled(*args, **kwargs)
+    kept = carried.state.snapshot() if carried is not None else None
+    try:
+        if carried is not None:
+            carried.state.reset()  # the program's own values, as the reference starts from
+        with torch.no_grad():
+            got = compiled(*args, **kwargs)
+        got_state = {name: carried.state[name].clone() for name in want_state} if carried is not None else {}
+    finally:
+        if kept is not None:
+            carried.state.store(kept)
     wanted, _ = pytree.tree_flatten_with_path(want)
     gotten = pytree.tree_leaves(got)
     if len(wanted) != len(gotten):
         raise BackendResultError(f"{key} returns {len(gotten)} output(s) where the lowered program returns "
                                  f"{len(wanted)}; to_backend(..., validate=False) hands it over unchecked.")
+    pairs = [(_leaf_name(path), w, g) for (path, w), g in zip(wanted, gotten)]
+    pairs += [(f"state[{name!r}]", w, got_state[name]) for name, w in want_state.items() if name in got_state]
     worst, widest = 0.0, 0.0
-    for (path, w), g in zip(wanted, gotten):
-        name = _leaf_name(path)
+    for name, w, g in pairs:
         if not isinstance(w, torch.Tensor):
             if w != g:
                 raise BackendResultError(f"{key}: {name} is {g!r} where the lowered program gives {w!r} on the "
@@ -99,4 +118,4 @@ def validated_hand_off(compiled, ep, bounds: dict) -> HandOffValidation:
                 f"{key}: {name} ({w.dtype}) differs from the lowered program's by {rel:.3g} (relative), beyond "
                 f"{bound:.3g}, on the stored example inputs: the backend computes something else. Report it to "
                 f"the backend; to_backend(..., validate=False) hands it over unchecked.")
-    return HandOffValidation("passed", worst, widest or bounds[torch.float32], len(wanted))
+    return HandOffValidation("passed", worst, widest or bounds[torch.float32], len(wanted), state=len(got_state))

@@ -125,4 +125,6 @@ def run(ns) -> int:
         print(runner.validation.describe())
     if getattr(runner, "share", None) is not None:  # a program split with the reference (--fallback)
         print(runner.share.describe())
+    if getattr(runner, "state", None) is not None:  # the buffers it writes, passed in and out at every call
+        print(f"state carried from call to call as inputs and outputs: {', '.join(runner.state)}")
     return 0

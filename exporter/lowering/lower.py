@@ -90,7 +90,9 @@ def check_opset(plan: LoweringPlan, lowering: Lowering, source_ep) -> None:
                                                                plan.table, stop)]
         raise OpsetError(
             f"lowering with {plan.label}: {len(bad)} op(s) cannot reach the accepted op set:\n" + "\n".join(lines)
-            + "\n" + support_hint(bad, lowered_gm, source_ep.graph_module, plan.table, stop)
+            + "\n" + (support_hint(bad, lowered_gm, source_ep.graph_module, plan.table, stop) if plan.backend is None
+                      else f"The installed {plan.backend} converts none of them (its list is read from the package: "
+                           f"a release that converts them lowers them)")
             + ", give a decomposition for them (decompositions={op: fn}), or keep them"
             + leave + "."
         )

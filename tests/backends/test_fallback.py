@@ -32,17 +32,6 @@ class Segmented(nn.Module):
         return self.b(h).softmax(-1), h.sum()
 
 
-class Counting(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.register_buffer("calls", torch.zeros(()))
-        self.lin = nn.Linear(4, 4)
-
-    def forward(self, x):
-        self.calls.add_(1)
-        return self.lin(x) * self.calls
-
-
 @pytest.fixture(scope="module")
 def segmented(tmp_path_factory):
     torch.manual_seed(0)
@@ -135,15 +124,38 @@ def test_a_node_the_backend_computes_wrong_is_found_and_left_to_the_reference(tm
     torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
 
 
-def test_fallback_names_what_it_takes_and_keeps_the_state_rule(segmented, tmp_path):
+class CountingSegmented(Segmented):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x, offs):
+        self.calls.add_(1)
+        y, s = super().forward(x, offs)
+        return y * self.calls, s
+
+
+def test_fallback_names_what_it_takes_and_carries_the_state(segmented, tmp_path, monkeypatch):
+    """A program split with the reference carries the buffers it writes as a whole one does (lifted to
+    inputs and outputs of the split program); a backend that takes no lifted state refuses it."""
     path, _ = segmented
     lowered = load_for_backend(path, backend="onnx", cache=False)
     with pytest.raises(BackendHandOffError, match=r"fallback='runtime_ref': pt2b falls back on 'reference'"):
         backends.to_backend(lowered, fallback="runtime_ref")
-    export_model(Counting(), (torch.randn(2, 4),), tmp_path / "counting.pt2b")
+    torch.manual_seed(0)
+    model = CountingSegmented().eval()
+    x, offs = torch.randn(6, 4), torch.tensor([2, 6])
+    export_model(model, (x, offs), tmp_path / "counting.pt2b")
+    counting = load_for_backend(tmp_path / "counting.pt2b", backend="onnx", cache=False)
+    compiled = backends.to_backend(counting, fallback="reference")
+    assert compiled.share is not None and compiled.validation.state == 1
+    for _ in range(3):
+        for got, want in zip(compiled(x, offs), model(x, offs)):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert float(compiled.state["calls"]) == 3
+    monkeypatch.setitem(backends._CACHE, "onnx", dataclasses.replace(backends.get("onnx"), takes_lifted_state=False))
     with pytest.raises(BackendStateError, match="writes its buffers"):
-        backends.to_backend(load_for_backend(tmp_path / "counting.pt2b", backend="onnx", cache=False),
-                            fallback="reference")
+        backends.to_backend(counting, fallback="reference")
 
 
 def test_a_program_the_backend_takes_whole_is_not_split(segmented, tmp_path):

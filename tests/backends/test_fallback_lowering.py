@@ -61,6 +61,8 @@ def test_without_fallback_the_opset_error_names_the_ops_and_the_fallback(cumulat
     msg = str(e.value)
     assert "2 op(s) cannot reach the accepted op set" in msg
     assert "aten::cummax.default (1 call sites)" in msg and "prims::erf_inv.default (1 call sites)" in msg
+    assert "The installed onnx converts none of them (its list is read from the package" in msg
+    assert "Add them to supported_ops" not in msg  # (a backend's list is not the user's to extend)
     assert msg.endswith("or keep them; or lower with fallback='reference' to leave them to the reference runtime "
                         "beside the backend (to_backend(..., fallback='reference') runs them there, the rest on "
                         "the backend).")

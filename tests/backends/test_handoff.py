@@ -288,16 +288,20 @@ def test_real_models_run_on_the_backend_close_to_eager(tmp_path, backend, name):
         torch.testing.assert_close(g, w, rtol=1e-3, atol=1e-3)
 
 
-def test_a_program_writing_its_buffers_is_not_handed_over_frozen_unasked(artifacts):
-    """The backends hold buffers as constants: a KV cache or a counter handed over would run every call
-    from its exported value. A BackendStateError says so before any backend work, naming the buffers."""
-    from exporter.errors import BackendStateError
-
-    path, _ = artifacts("buffer_mutation")
-    lowered = load_for_backend(path, backend="onnx", cache=False)
-    with pytest.raises(BackendStateError, match=r"the program writes its buffers \(count, ema\), and onnx@.* would "
-                                                r"hold them as constants.*frozen_state=True"):
-        backends.to_backend(lowered)
+@pytest.mark.parametrize("backend", ["onnx", "openvino"])
+def test_a_program_writing_its_buffers_carries_them_from_call_to_call(artifacts, backend):
+    """The backends hold no state of their own: the buffers the program writes (a counter, a moving
+    average) are lifted to inputs and outputs and the Compiled carries them, call after call, as eager
+    does (tests/backends/test_lifted_state.py has the rest)."""
+    path, case = artifacts("buffer_mutation")
+    compiled = backends.to_backend(load_for_backend(path, backend=backend, cache=False))
+    assert sorted(compiled.state) == ["count", "ema"]
+    eager = copy.deepcopy(case.pristine)
+    for _ in range(3):
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(*case.args), eager(*case.args), **TOL)
+    assert int(compiled.state["count"]) == 3
+    torch.testing.assert_close(compiled.state["ema"], eager.ema, **TOL)
 
 
 def test_a_backend_result_that_differs_is_caught_at_the_hand_off(artifacts, monkeypatch):

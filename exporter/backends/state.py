@@ -1,0 +1,175 @@
+"""The state a program writes, handed over explicitly: ``lift(ep, names)`` makes those buffers extra inputs
+and their new values extra outputs, and ``State`` carries them from call to call (``Compiled.state``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+import torch
+from torch.export.exported_program import ModuleCallEntry, ModuleCallSignature
+from torch.export.graph_signature import (ExportGraphSignature, InputKind, InputSpec, OutputKind, OutputSpec,
+                                          TensorArgument)
+
+from .._torch.pytree import pytree
+from ..errors import BackendStateError
+
+__all__ = ["Carry", "State", "buffer_value", "lift", "state_keyword", "written_buffers"]
+
+
+def written_buffers(ep: torch.export.ExportedProgram) -> list[str]:
+    """The buffers ``ep`` writes, by qualified name, in the order its outputs write them."""
+    return [s.target for s in ep.graph_signature.output_specs if s.kind == OutputKind.BUFFER_MUTATION]
+
+
+def buffer_value(ep: torch.export.ExportedProgram, name: str) -> torch.Tensor:
+    """The program's own value of buffer ``name`` (a persistent one in its state_dict, else in its constants)."""
+    return ep.state_dict[name] if name in ep.state_dict else ep.constants[name]
+
+
+def lift(ep: torch.export.ExportedProgram, names: list[str]) -> torch.export.ExportedProgram:
+    """``ep`` with the buffers ``names`` (every buffer it writes among them) taken as one extra input after
+    the user's own, a dict by qualified name passed as the keyword ``state_keyword(ep)`` ("state"), and
+    the new values of those it writes returned as one extra output after the user's own, a dict
+    likewise: ``lifted.module()(*args, **kwargs, state=state)`` returns ``(outputs, new_state)``. The
+    graph's ops are the same; the placeholders of those buffers become user inputs, their writes user
+    outputs, and the program holds them no more."""
+    sig = ep.graph_signature
+    written = written_buffers(ep)
+    buffers = {s.target: s for s in sig.input_specs if s.kind == InputKind.BUFFER}
+    missing = [n for n in names if n not in buffers]
+    if missing or not set(written) <= set(names):
+        raise ValueError(f"lift: {missing or sorted(set(written) - set(names))} are not buffers the names cover")
+    gm = torch.fx.GraphModule(ep.graph_module, ep.graph_module.graph.__deepcopy__())
+    graph = gm.graph
+    for old, node in zip(ep.graph.nodes, graph.nodes):
+        # a copy renames what shadows a builtin (torch.export's "input" comes back "input_1"); the
+        # signature names the program's own nodes
+        if node.name != old.name:
+            node.name = old.name
+    placeholders = {n.name: n for n in graph.nodes if n.op == "placeholder"}
+    moved = {buffers[n].arg.name for n in names}
+    last = [n for n in graph.nodes if n.op == "placeholder"][-1]
+    for name in names:  # the state's placeholders after every other, in the order of names
+        node = placeholders[buffers[name].arg.name]
+        if node is not last:
+            last.append(node)
+            last = node
+    input_specs = [s for s in sig.input_specs if not (s.kind == InputKind.BUFFER and s.arg.name in moved)] + [
+        InputSpec(InputKind.USER_INPUT, TensorArgument(buffers[n].arg.name), None) for n in names]
+
+    output = graph.output_node()
+    values = list(output.args[0])
+    writes = {s.target: (s, v) for s, v in zip(sig.output_specs, values)
+              if s.kind == OutputKind.BUFFER_MUTATION}
+    kept = [(s, v) for s, v in zip(sig.output_specs, values)
+            if not (s.kind == OutputKind.BUFFER_MUTATION and s.target in writes)]
+    lifted_out = [(OutputSpec(OutputKind.USER_OUTPUT, TensorArgument(writes[n][0].arg.name), None), writes[n][1])
+                  for n in names if n in writes]
+    output.args = (tuple(v for _, v in kept + lifted_out),)
+    gm.recompile()
+    output_specs = [s for s, _ in kept + lifted_out]
+
+    state_spec = pytree.treespec_dict({n: pytree.treespec_leaf() for n in names})
+    written_spec = pytree.treespec_dict({n: pytree.treespec_leaf() for n in names if n in writes})
+    in_spec, out_spec = ep.call_spec.in_spec, ep.call_spec.out_spec
+    args_spec, kwargs_spec = in_spec.children()
+    key = state_keyword(ep)  # the state comes last in the flat inputs, as its placeholders do: a keyword
+    new_in = pytree.treespec_tuple([args_spec, pytree.treespec_dict(
+        {**dict(zip(kwargs_spec.context, kwargs_spec.children())), key: state_spec})])
+    new_out = pytree.treespec_tuple([out_spec, written_spec])
+    calls = []
+    for entry in ep.module_call_graph:
+        if entry.fqn == "" and entry.signature is not None:
+            s = entry.signature
+            entry = ModuleCallEntry("", ModuleCallSignature(
+                [*s.inputs, *(TensorArgument(buffers[n].arg.name) for n in names)],
+                [*s.outputs, *(spec.arg for spec, _ in lifted_out)], new_in, new_out,
+                None if s.forward_arg_names is None else [*s.forward_arg_names, key]))
+        calls.append(entry)
+
+    example = None
+    if ep.example_inputs is not None:
+        args, kwargs = ep.example_inputs
+        example = (args, {**kwargs, key: {n: buffer_value(ep, n) for n in names}})
+    return torch.export.ExportedProgram(
+        root=gm, graph=gm.graph, graph_signature=ExportGraphSignature(input_specs, output_specs),
+        state_dict={k: v for k, v in ep.state_dict.items() if k not in names},
+        range_constraints=ep.range_constraints, module_call_graph=calls, example_inputs=example,
+        constants={k: v for k, v in ep.constants.items() if k not in names}, verifiers=ep.verifiers)
+
+
+def state_keyword(ep: torch.export.ExportedProgram) -> str:
+    """The keyword the lifted ``ep`` takes its state by: ``state``, unless the program has an argument of
+    that name."""
+    signature = ep.module_call_graph[0].signature if ep.module_call_graph else None
+    names = set(getattr(signature, "forward_arg_names", None) or ()) | set(ep.call_spec.in_spec.child(1).context)
+    return next(n for n in ("state", "lifted_state", "pt2b_lifted_state") if n not in names)
+
+
+class State(Mapping):
+    """The buffers a handed-over program writes, by qualified name, as they stand after the last call
+    (a read-only mapping: each method's calls write it; ``reset()`` puts back the program's own values).
+    The methods of one artifact handed over together hold one ``State``, as runtime_ref's do."""
+
+    def __init__(self) -> None:
+        self._values: dict[str, torch.Tensor] = {}
+        self._initial: dict[str, torch.Tensor] = {}  # the program's own tensors, never written
+
+    def take(self, ep: torch.export.ExportedProgram, names: list[str], backend: str) -> None:
+        """Hold ``names`` of ``ep``: a copy of the program's values (never its own tensors: a loaded
+        artifact's are its mapped file) where the State does not hold them yet."""
+        for name in names:
+            value = buffer_value(ep, name)
+            held = self._values.get(name)
+            if held is None:
+                self._initial[name] = value
+                self._values[name] = value.detach().clone()
+            elif held.shape != value.shape or held.dtype != value.dtype:
+                raise BackendStateError(
+                    f"the state handed to {backend} holds {name!r} as {tuple(held.shape)} {held.dtype}, and this "
+                    f"program's buffer is {tuple(value.shape)} {value.dtype}: share state only between the "
+                    f"methods of one artifact (to_backend_methods).")
+
+    def store(self, new: dict) -> None:
+        """The values a call returned: written into the held tensors where dtype and shape stay."""
+        for name, value in new.items():
+            held = self._values[name]
+            if isinstance(value, torch.Tensor) and value.shape == held.shape and value.dtype == held.dtype:
+                if value is not held:
+                    held.copy_(value)
+            else:  # (a program whose buffer changes its size: the new tensor is held, never the program's own)
+                self._values[name] = value.clone() if value is self._initial.get(name) else value
+
+    def reset(self) -> None:
+        """Every buffer back to the program's own value (a new sequence starts from an empty cache)."""
+        self.store(self._initial)
+
+    def snapshot(self) -> dict[str, torch.Tensor]:
+        """A copy of every held value, for ``store`` to put back."""
+        return {name: value.clone() for name, value in self._values.items()}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._values[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"State({', '.join(f'{n}: {tuple(v.shape)}' for n, v in self._values.items())})"
+
+
+class Carry:
+    """What a ``Compiled`` of a lifted program needs to call it: the State and the names it passes."""
+
+    def __init__(self, state: State, names: list[str], keyword: str):
+        self.state, self.names, self.keyword = state, names, keyword
+
+    def call(self, run, args: tuple, kwargs: dict):
+        """``run(args, kwargs)`` (the backend's run of the lifted program) with the state passed after the
+        user's arguments; its new values stored, the user's outputs returned."""
+        out, new = run(args, {**kwargs, self.keyword: {n: self.state[n] for n in self.names}})
+        self.state.store(new)
+        return out
