@@ -52,3 +52,35 @@ def cache_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("PT2B_CACHE_DIR", str(folder))
     monkeypatch.delenv("PT2B_CACHE", raising=False)
     return folder
+
+
+class TorchStateLeft(UserWarning):
+    """A test left torch's tracing state set: a dispatch mode pushed, make_fx's current tracer, dynamo's
+    frame callback (named in the warning summary)."""
+
+
+@pytest.fixture(autouse=True)
+def tracing_state_clear(request):
+    """Each test leaves torch's tracing state as it found it. A trace that fails half-way may leave a
+    dispatch mode on the stack or make_fx's current tracer set, and every later torch.cond export on
+    the worker then fails inside dynamo ("Attempted to inline function marked as skipped"). What a
+    test leaves is named in the warning summary and cleared, so that it fails no other test."""
+    import torch
+    import torch.fx.experimental.proxy_tensor as proxy_tensor
+    from torch.utils._python_dispatch import _pop_mode
+
+    yield
+    left = []
+    while torch._C._len_torch_dispatch_stack() > 0:
+        left.append(f"dispatch mode {type(_pop_mode()).__name__}")
+    if getattr(proxy_tensor, "_CURRENT_MAKE_FX_TRACER", None) is not None:
+        left.append("make_fx's current tracer")
+        proxy_tensor._CURRENT_MAKE_FX_TRACER = None
+    callback = torch._C._dynamo.eval_frame.get_eval_frame_callback()
+    if callback not in (None, False):
+        left.append(f"dynamo's frame callback {callback!r}")
+        torch._C._dynamo.eval_frame.set_eval_frame(None)
+    if left:
+        import warnings
+
+        warnings.warn(TorchStateLeft(f"{request.node.nodeid} left {', '.join(left)}"))

@@ -70,6 +70,9 @@ def _imports(tree: ast.Module, top_level_only: bool) -> list[str]:
            [n.module for n in nodes if isinstance(n, ast.ImportFrom) and n.module and not n.level]
 
 
+USER_MODEL = "exporter/hf.py"  # builds the one model a user names (`pt2b export --hf`), never a corpus
+
+
 def corpus_builders(files: dict[str, str | None]) -> list[str]:
     """The files of a package listing (path in the wheel -> a .py file's text, None for other files) that
     are corpus builders or reach for them: anything of tools/, a *zoo* or corpus-sample file, a module
@@ -86,8 +89,8 @@ def corpus_builders(files: dict[str, str | None]) -> list[str]:
         elif text is not None and name.endswith(".py"):
             tree = ast.parse(text, name)
             # (its exporters' conversion tables are a backend's, read by exporter/backends/library_tables.py)
-            if any(m.split(".")[0] == "transformers" and not m.startswith("transformers.exporters")
-                   for m in _imports(tree, top_level_only=False)):
+            if name != USER_MODEL and any(m.split(".")[0] == "transformers" and not m.startswith("transformers.exporters")
+                                          for m in _imports(tree, top_level_only=False)):
                 why = "imports transformers"
             elif any(m.split(".")[0] == "tools" for m in _imports(tree, top_level_only=True)):
                 why = "imports tools at import time"

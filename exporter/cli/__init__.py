@@ -61,10 +61,23 @@ def build_parser() -> argparse.ArgumentParser:
     json_flag = dict(action="store_true", help="print one JSON document on stdout instead of the text (an error too: "
                                                "{\"error\": {\"type\", \"message\"}}); progress and warnings stay "
                                                "on stderr")
-    e = sub.add_parser("export", help="capture a model from MODULE:CALLABLE and write a .pt2b")
-    e.add_argument("factory", help="MODULE:CALLABLE returning (model, args[, kwargs[, dynamic_shapes]])")
-    e.add_argument("output")
+    from ..hf import MAX_CACHE_LEN, TASKS  # (names only: exporter.hf imports transformers when a model is built)
+
+    e = sub.add_parser("export", help="capture a model from MODULE:CALLABLE, or a transformers model for a task "
+                                      "(--hf), and write a .pt2b",
+                       usage="pt2b export MODULE:CALLABLE OUT.pt2b [--strict]\n"
+                             "       pt2b export --hf SOURCE --task TASK -o OUT.pt2b [--max-cache-len N]")
+    e.add_argument("factory", nargs="?", help="MODULE:CALLABLE returning (model, args[, kwargs[, dynamic_shapes]])")
+    e.add_argument("output", nargs="?", help="the .pt2b to write (or -o)")
+    e.add_argument("-o", dest="output_option", metavar="OUT.pt2b", help="the .pt2b to write")
     e.add_argument("--strict", action="store_true", help="use torch.export's strict (dynamo) mode")
+    e.add_argument("--hf", metavar="SOURCE", help="a transformers model instead of MODULE:CALLABLE: a local folder "
+                   "(config.json, weights in *.safetensors; without them the weights are random), a config.json or a "
+                   "model type (llama, bert, ...); nothing is downloaded")
+    e.add_argument("--task", choices=list(TASKS), help="with --hf: what to export, as optimum-cli names it: its "
+                   "inputs, dynamic sizes, cache and methods (text-generation: prefill and decode over a static KV cache)")
+    e.add_argument("--max-cache-len", type=int, metavar="N", help="--task text-generation: the KV cache's length, "
+                   f"prompt plus generated tokens (default {MAX_CACHE_LEN}, at most the model's max_position_embeddings)")
     i = sub.add_parser("inspect", help="summarize an artifact: versions, ops, signature, symbols, weights")
     i.add_argument("artifact")
     i.add_argument("--json", **json_flag)
@@ -109,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="do not run the lowered program against the unlowered one on the stored example inputs"
                         + ("" if name == "lower" else ", nor the backend's against the lowered one"))
         lo.add_argument("--frozen-state", action="store_true", help="hand a program that writes its buffers to "
-                        "the backend with them as constants (every call starts from their exported values)")
+                        "the backend with them as constants (every call starts from their exported values); by "
+                        "default they are handed over as an input and an output and carried from call to call")
         lo.add_argument("--fallback", choices=["reference"], help="with --backend (or --supported): leave to the reference the ops "
                         "no decomposition brings to the backend's list"
                         + (" (the report names them)" if name == "lower" else ", and run on the reference what the "

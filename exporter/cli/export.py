@@ -1,4 +1,5 @@
-"""`pt2b export MODULE:CALLABLE OUT.pt2b`: capture the model a factory builds and write it."""
+"""`pt2b export MODULE:CALLABLE OUT.pt2b`: capture the model a factory builds and write it; `pt2b export --hf
+SOURCE --task TASK -o OUT.pt2b`: a transformers model exported for a task (exporter/hf.py)."""
 
 from __future__ import annotations
 
@@ -39,12 +40,53 @@ def _unpack_factory_result(res):
     )
 
 
+def _output(ns) -> str:
+    """The file to write: the second positional argument or -o, one of them."""
+    if ns.output and ns.output_option:
+        raise ExportError(f"two files to write ({ns.output!r} and -o {ns.output_option!r}); name one.")
+    out = ns.output_option or ns.output
+    if not out:
+        raise ExportError("name the .pt2b to write: pt2b export MODULE:CALLABLE OUT.pt2b, or pt2b export --hf SOURCE "
+                          "--task TASK -o OUT.pt2b.")
+    return out
+
+
+def _run_hf(ns) -> int:
+    from .. import hf
+
+    if ns.factory and not ns.output and not ns.output_option:
+        ns.output_option, ns.factory = ns.factory, None  # `--hf SOURCE --task TASK OUT.pt2b`
+    if ns.factory:
+        raise ExportError(f"--hf and {ns.factory!r}: export either a transformers model (--hf SOURCE --task TASK) or "
+                          "what MODULE:CALLABLE builds, not both.")
+    if not ns.task:
+        raise ExportError(f"--hf needs --task, one of {', '.join(hf.TASKS)}.")
+    if ns.strict:
+        raise ExportError("--strict is for MODULE:CALLABLE; with --hf the task chooses how torch.export captures it.")
+    if ns.max_cache_len is not None and ns.task != hf.CACHED:
+        raise ExportError(f"--max-cache-len is the KV cache's length of --task {hf.CACHED}; {ns.task} has no cache.")
+    out = _output(ns)
+    hf.check_request(ns.hf, ns.task)  # before torch and transformers are imported
+    with progress.status(f"building {ns.hf} for {ns.task} and writing {out}"):
+        prog = hf.export_hf(ns.hf, ns.task, out, max_cache_len=ns.max_cache_len)
+    methods = list(prog.methods)
+    print(f"wrote {out}" + (f" (methods {', '.join(methods)})" if len(methods) > 1 else ""))
+    return 0
+
+
 def run(ns) -> int:
+    if ns.hf is not None:
+        return _run_hf(ns)
+    if ns.task or ns.max_cache_len is not None:
+        raise ExportError("--task and --max-cache-len go with --hf SOURCE (a transformers model).")
+    if not ns.factory:
+        raise ExportError("pt2b export needs MODULE:CALLABLE OUT.pt2b, or --hf SOURCE --task TASK -o OUT.pt2b.")
+    out = _output(ns)
     from ..api import export_model
 
     with progress.status(f"building {ns.factory}"):
         model, args, kwargs, dyn, strict = _unpack_factory_result(_load_factory(ns.factory)())
-    with progress.status(f"capturing and writing {ns.output}"):
-        export_model(model, args, ns.output, kwargs=kwargs, dynamic_shapes=dyn, strict=strict or ns.strict)
-    print(f"wrote {ns.output}")
+    with progress.status(f"capturing and writing {out}"):
+        export_model(model, args, out, kwargs=kwargs, dynamic_shapes=dyn, strict=strict or ns.strict)
+    print(f"wrote {out}")
     return 0

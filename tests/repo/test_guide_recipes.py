@@ -86,6 +86,7 @@ def _deploy(scope, out, skipped):
     assert "DynamicCache" in out   # the failing export showed torch's reason, raised as an ExportError
     assert not (pathlib.Path("cached.pt2b")).exists()
     assert "CausalLMOutputWithPast" in out  # pt2b verify named what the file needs
+    assert "wrote tiny.pt2b (methods prefill, decode)" in out and len(set(scope["hf_tokens"])) > 1  # `--hf`
     if "onnxruntime" in " ".join(skipped):
         return
     assert "validation passed" in out

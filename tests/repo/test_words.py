@@ -17,7 +17,7 @@ HOMES = {
     # turn an earlier release's strict= (now lossless=) into today's with a warning
     r"\bstrict\b": {"exporter/api.py", "exporter/exporting.py", "exporter/capture.py", "exporter/cli/__init__.py",
                     "exporter/cli/export.py", "exporter/cli/lower.py", "exporter/errors.py", "exporter/request.py",
-                    "exporter/serialize/write/serde_repairs.py",
+                    "exporter/serialize/write/serde_repairs.py", "exporter/hf.py",
                     "exporter/backends/partition.py"},  # (a part traced with torch.export, non-strict)
     # a file's bytes against what it records (torch's and FlatBuffers' verifiers keep their names)
     r"\bverif(?!iers?\b)\w*": {"exporter/api.py", "exporter/loading.py", "exporter/cli/__init__.py",

@@ -12,6 +12,7 @@ from typing import Callable
 import torch
 
 from exporter.capture import BoundMethod
+from exporter.hf_modules import Seq2Seq
 
 __all__ = ["MethodsCase", "Seq2Seq", "TinyKV", "decoder_case", "seq2seq_case"]
 
@@ -78,42 +79,26 @@ def decoder_case(seed: int = 0, **sizes) -> MethodsCase:
     """Tiny Llama in transformers' static-cache wrapper: "prefill" [1, 4] and "decode" [1, 1]; ``sizes``
     override the config's (vocab_size, hidden_size, intermediate_size, num_hidden_layers, ...).
 
-    The wrapper is TorchExportableModuleWithStaticCache, the KV cache held as non-persistent buffers
+    The wrapper is exporter.hf's static_cache_decoder (`pt2b export --hf --task text-generation` exports
+    the same, its prefill's length dynamic), the KV cache held as non-persistent buffers
     key_cache_0, ... "prefill" has 4 tokens (cache_position arange(4)), "decode" 1 token: both are the
     wrapper's forward, so an entry is the module itself. The cache is state the methods share: decode
     reads what prefill wrote. Exported strict (docs/methods.md#writing says why)."""
     import transformers
-    from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
+
+    from exporter.hf import static_cache_decoder
 
     cfg = transformers.LlamaConfig(**{**dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64),
                                       **sizes, "use_cache": True})
     torch.manual_seed(seed)
     model = transformers.LlamaForCausalLM(cfg).eval()
-    model.generation_config.use_cache = True
-    model.generation_config.cache_implementation = "static"
-    wrapper = TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=CACHE_LEN).model.eval()
+    wrapper = static_cache_decoder(model, batch_size=1, max_cache_len=CACHE_LEN)
     prompt = torch.randint(0, cfg.vocab_size, (1, PROMPT_LEN), generator=torch.Generator().manual_seed(seed))
     methods = {"prefill": (wrapper, (), {"input_ids": prompt, "cache_position": torch.arange(PROMPT_LEN)}),
                "decode": (wrapper, (), {"input_ids": prompt[:, :1], "cache_position": torch.tensor([PROMPT_LEN])})}
     return MethodsCase(name="llama_static_cache", model=wrapper, methods=methods,
                        dynamic_shapes={"prefill": None, "decode": None}, strict=True, prompt=prompt)
-
-
-class Seq2Seq(torch.nn.Module):
-    """An encoder-decoder LM with two entry points: ``encode`` and ``decode`` (no KV cache)."""
-
-    def __init__(self, model: torch.nn.Module):
-        super().__init__()
-        self.model = model
-
-    def encode(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model.get_encoder()(input_ids=input_ids).last_hidden_state
-
-    def decode(self, decoder_input_ids: torch.Tensor, encoder_hidden_states: torch.Tensor) -> torch.Tensor:
-        out = self.model(encoder_outputs=(encoder_hidden_states,), decoder_input_ids=decoder_input_ids,
-                         use_cache=False)
-        return out.logits[:, -1]
 
 
 def seq2seq_case(seed: int = 0) -> MethodsCase:
