@@ -24,6 +24,7 @@ _LAZY = {
     "load": "api",
     "load_for_backend": "api",
     "register_tensor_subclass": "tensor_subclasses",
+    "export_hf": "hf",
     "eager_decompositions": "api",
     "Pt2bProgram": "program",
     "OperatorInfo": "program",
@@ -33,7 +34,7 @@ _LAZY = {
 }
 
 __all__ = ["__version__", "errors", "backends", "export_model", "load", "load_for_backend", "eager_decompositions",
-           "register_tensor_subclass", "Pt2bProgram", "OperatorInfo", "LoweredProgram", "EagerContext", "EagerDecompositions"]
+           "register_tensor_subclass", "export_hf", "Pt2bProgram", "OperatorInfo", "LoweredProgram", "EagerContext", "EagerDecompositions"]
 
 
 def __getattr__(name: str):
