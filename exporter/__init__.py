@@ -20,6 +20,7 @@ from .version import __version__
 # public name -> the module that defines it (None: the name is that submodule of the package)
 _LAZY = {
     "backends": None,
+    "sweep": None,
     "export_model": "api",
     "load": "api",
     "load_for_backend": "api",
@@ -33,7 +34,7 @@ _LAZY = {
     "EagerDecompositions": "lowering.eager",
 }
 
-__all__ = ["__version__", "errors", "backends", "export_model", "load", "load_for_backend", "eager_decompositions",
+__all__ = ["__version__", "errors", "backends", "sweep", "export_model", "load", "load_for_backend", "eager_decompositions",
            "register_tensor_subclass", "export_hf", "Pt2bProgram", "OperatorInfo", "LoweredProgram", "EagerContext", "EagerDecompositions"]
 
 

@@ -124,6 +124,12 @@ class InputGuardError(RuntimeInputError, AssertionError):
     module raises for it, with torch's text of the condition."""
 
 
+class MissingKernelError(Pt2bError, NotImplementedError):
+    """A loaded program calls an op the running torch has no kernel of for the inputs' device (an op
+    captured where torch chose a device's own kernel, as MPS's attention): names each op and the devices
+    that have one. A NotImplementedError too, as torch's dispatcher raises for it."""
+
+
 class UnknownOpsWarning(UserWarning):
     """A backend's supported_ops list names ops the running torch does not have (TorchScript-only
     overloads such as aten::add.int, ops of another torch release): they are left out of the lowering
@@ -152,17 +158,24 @@ __all__ = [
     "BackendStateError",
     "RuntimeInputError",
     "InputGuardError",
+    "MissingKernelError",
     "UnknownOpsWarning",
     "InstallationError",
     "TargetTorchError",
     "MissingPytreeTypeError",
     "DeprecatedSpellingWarning",
+    "SweepError",
 ]
 
 
 class InstallationError(Pt2bError):
     """One of pt2b's own files (its schema, a frozen preset, an op registry) is missing or corrupt:
     the installation is broken, not the user's input."""
+
+
+class SweepError(Pt2bError):
+    """A sweep (exporter.sweep) cannot run as asked: a case's function that is not importable by name, a
+    records file of another sweep, an interpreter or a Ray cluster that is not there."""
 
 
 class DeprecatedSpellingWarning(FutureWarning):

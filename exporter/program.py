@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from .errors import ArtifactError, CorruptArtifactError, MethodNotFoundError
+from .errors import ArtifactError, CorruptArtifactError, MethodNotFoundError, MissingKernelError
 from .lazy import Lazy
 from .lifted import finite_int
 from .util.process_state import preserved
@@ -188,7 +188,28 @@ class ProgramHandle:
         (``module()``: another structure, a value where a tensor was, another rank, a dynamic dim
         outside its range; a broken condition on sizes is an InputGuardError). Until ``module()`` is
         asked for, a call that matches the program's inputs (shapes within their ranges) runs its
-        lifted graph directly (lifted.DirectCall: the same kernels, the same writes into the program's state)."""
+        lifted graph directly (lifted.DirectCall: the same kernels, the same writes into the program's state).
+        An op this torch has no kernel of for the inputs' device is a MissingKernelError naming it."""
+        try:
+            return self._call(args, kwargs)
+        except NotImplementedError as e:
+            if isinstance(e, MissingKernelError):
+                raise
+            message = self._missing_kernels(args, kwargs)
+            if message is None:
+                raise
+            raise MissingKernelError(f"{self._where()}: {message}") from None
+
+    def _missing_kernels(self, args, kwargs) -> str | None:
+        """What missing_kernels says of the program on the device of its first tensor input (or the CPU)."""
+        from ._torch.pytree import pytree
+        from .shared.kernels import missing_kernels
+
+        leaves = pytree.tree_leaves((args, kwargs))
+        device = next((x.device for x in leaves if isinstance(x, torch.Tensor)), torch.device("cpu"))
+        return missing_kernels(self._ep.graph_module, device, "torch")
+
+    def _call(self, args: tuple, kwargs: dict) -> Any:
         if self._module is None:
             if self._direct is None:
                 from .lifted import DirectCall, Unbindable

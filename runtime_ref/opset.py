@@ -13,7 +13,7 @@ import torch
 
 from exporter._torch.dispatch import HigherOrderOperator, OpOverload, OpOverloadPacket
 from exporter.errors import OpsetError
-from exporter.shared.kernels import without_kernel
+from exporter.shared.kernels import missing_kernels
 from exporter.shared import (REGION_HOP_NAMES, OpSpec, is_mutating, is_region_marker, normalize_text, op_name,
                              resolve_op, updates_hidden_state, walk_graphs)
 
@@ -184,17 +184,7 @@ def check_program_ops(gm: torch.fx.GraphModule, acceptor: Acceptor) -> None:
 
 
 def check_device_kernels(gm: torch.fx.GraphModule, device: torch.device) -> None:
-    """Raise ONE OpsetError naming every op the running torch has no kernel of for ``device`` (an op
-    captured where torch chose a device's own kernel, as MPS's attention), with the devices that have one."""
-    targets = {node.target for _, g in walk_graphs(gm) for node in g.graph.nodes if node.op == "call_function"}
-    missing = without_kernel(targets, device.type)
-    if not missing:
-        return
-    lines = [f"program calls {len(missing)} operator(s) this torch has no {device.type} kernel for, so the reference "
-             f"runtime cannot run them on {device}:"]
-    lines += [f"  {name}: " + (f"kernels for {', '.join(devices)} only" if devices else
-                                "no kernel on any device of this torch build (its name says which device it is for)")
-              for name, devices in sorted(missing.items())]
-    lines.append("Run it where torch has a kernel for them (load(path)(...) on that device), or lower it with a "
-                 "decomposition of your own for each (load_for_backend(..., decompositions={op: fn})).")
-    raise OpsetError("\n".join(lines))
+    """Raise ONE OpsetError naming every op the running torch has no kernel of for ``device`` (missing_kernels)."""
+    message = missing_kernels(gm, device, "the reference runtime")
+    if message:
+        raise OpsetError(message)

@@ -1,6 +1,6 @@
 """The backend matrix: real transformers models (tools/corpus/transformers_zoo.py) exported once by
 pt2b, lowered with each backend's own preset, handed to the backend and run there, compared with eager;
-one forked process per case (tools/real_models.py's sweep).
+one process per case (tools/real_models.py's sweep, on exporter.sweep).
 
 Stages per case: build, capture, eager, write; then per backend B: lower:B (load_for_backend(path, B)),
 handoff:B (backends.to_backend), run:B, match:B. Where one of them fails, fallback:B runs it split with
@@ -371,7 +371,6 @@ def main(argv=None):
             return 0
         summarize(data["records"], data["meta"].get("backends", backends))
         return 0
-    rm._CODE_VERSION = rm._code_version()
     zoo = rm._preload()
     from exporter import backends as registry
 
@@ -386,19 +385,19 @@ def main(argv=None):
     else:
         names = zoo.case_names()
     names = names[: args.limit] if args.limit else names
-    resume = None
+    resume, again = None, set()
     if args.resume and os.path.exists(args.out):
         with rm._open_json(args.out) as f:
             resume = {r["name"]: r for r in json.load(f)["records"]}
         if args.redo:
-            resume = {n: r for n, r in resume.items() if not redo(r, backends)}
+            again = {n for n, r in resume.items() if redo(r, backends)}
+            resume = {n: r for n, r in resume.items() if n not in again}
     log_dir = args.out + ".logs"
     os.makedirs(log_dir, exist_ok=True)
     rm.STAGE_ORDER[:] = _stages(backends)
     print(f"{len(names)} cases through {', '.join(backends)}, {args.workers} workers, out {args.out}", flush=True)
     records, wall = rm.sweep(names, workers=args.workers, timeout=args.timeout, stop_after=None, out_path=args.out,
-                             log_dir=log_dir, resume=resume,
-                             case_fn=lambda name, _stop, conn, workdir: run_case(name, backends, conn, workdir))
+                             log_dir=log_dir, resume=resume, redo=again, backends=backends)
     with rm._open_json(args.out) as f:
         data = json.load(f)
     data["meta"]["backends"] = backends

@@ -1,4 +1,5 @@
-"""Sweep real transformers models (tools/corpus/transformers_zoo.py) through the pt2b pipeline, one subprocess per case.
+"""Sweep real transformers models (tools/corpus/transformers_zoo.py) through the pt2b pipeline, one process per case
+(exporter.sweep: here or on a Ray cluster, resumed from <out>.jsonl).
 
 Stages per case: build, capture (torch.export, dynamic then static), eager, write, load (+ bitwise round trip vs
 ep.module()), then per preset none/core/max: lower (load_for_backend), run (runtime_ref.Runtime), match (vs eager).
@@ -15,8 +16,6 @@ import collections
 import copy
 import gzip
 import json
-import multiprocessing as mp
-import multiprocessing.connection
 import os
 import re
 import subprocess
@@ -415,24 +414,34 @@ def _torch_lowering(ep, preset, fresh, ref, case):
         raise AssertionError(f"torch's lowered module differs from eager: {msg}")
 
 
-def _child(name, stop_after, conn, workdir, log_path, case_fn=None):
-    # silence the child: its own stdout/stderr go to a per-case log
-    import resource
+class _Reporter:
+    """The ``conn`` run_case sends its growing record to, inside a sweep's case: each one reported to
+    the runner (a case that crashes or runs out of time is recorded as far as it got)."""
 
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    limit = MEMORY_LIMIT_GB << 30
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    try:
-        (case_fn or run_case)(name, stop_after, conn, workdir)
-    except BaseException as e:  # noqa: BLE001
-        try:
-            conn.send({"name": name, "internal_error": f"{type(e).__name__}: {e}"[:MSG_CHARS]})
-        except Exception:
-            pass
-    finally:
-        conn.close()
+    def __init__(self):
+        self.last = None
+
+    def send(self, rec):
+        from exporter import sweep
+
+        self.last = copy.deepcopy(rec)
+        sweep.report(self.last)
+
+
+def sweep_case(name: str, stop_after: str | None, ratios: bool = False, backends: list[str] | None = None) -> dict:
+    """One case of the sweep (exporter.sweep runs it in a process of its own): run_case's stages, or
+    the backend matrix's with ``backends``; returns the finished record."""
+    global RATIOS
+    RATIOS = ratios
+    sink = _Reporter()
+    with tempfile.TemporaryDirectory(prefix="pt2b_real_models_") as workdir:
+        if backends is not None:
+            from tools import backend_matrix
+
+            backend_matrix.run_case(name, backends, sink, workdir)
+        else:
+            run_case(name, stop_after, sink, workdir)
+    return sink.last
 
 
 # ------------------------------------------------------------------------------------------------
@@ -482,25 +491,9 @@ def _skip_after(stages: dict, after: str, why: str, stop_after) -> None:
             break
 
 
-def _code_version() -> str:
-    """The commit of the pt2b checkout the sweep runs (with "+dirty" for uncommitted changes)."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        head = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("+dirty" if dirty else "")
-
-
-_CODE_VERSION = "unknown"
-
-
 def _descends(commit: str, base: str) -> bool:
     """Whether ``commit`` (a record's pt2b field, maybe "+dirty") is ``base`` or a later commit."""
-    commit = commit.removesuffix("+dirty")
+    commit = commit.removesuffix("+dirty").removesuffix("-dirty")
     if not commit or commit == "unknown":
         return False
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -509,15 +502,18 @@ def _descends(commit: str, base: str) -> bool:
 
 
 def sweep(names, *, workers: int, timeout: float, stop_after, out_path: str, log_dir: str, resume: dict | None = None,
-          progress=True, case_fn=None):
-    """Run ``case_fn`` (run_case: the pipeline's stages) for every name, one forked process per case."""
-    ctx = mp.get_context("fork")
+          progress=True, backends: list[str] | None = None, ray: str | None = None, fresh: bool = False,
+          redo: set | None = None):
+    """Run sweep_case for every name not in ``resume`` on the sweep runner (exporter.sweep: one process
+    per case, ``workers`` at a time here or on the Ray cluster ``ray``), its records file beside
+    ``out_path`` resumed from unless ``fresh`` (the cases named in ``redo`` run again); ``out_path``
+    holds the records in this tool's form, rewritten as cases finish."""
+    from exporter import sweep as runner
+
     records = dict(resume or {})
-    pending = [n for n in names if n not in records]
-    running = {}  # name -> (proc, conn, start, last_record, log)
-    workdir = tempfile.mkdtemp(prefix="pt2b_real_models_")
+    cases = [runner.Case(n, "tools.real_models:sweep_case", (n, stop_after, RATIOS), kwargs={"backends": backends} if backends else {})
+             for n in names if n not in records]
     t_start = time.time()
-    done_count = len(records)
 
     def flush():
         # the temporary file's name ends as out_path's does: _open_json compresses what ends in .gz
@@ -528,54 +524,33 @@ def sweep(names, *, workers: int, timeout: float, stop_after, out_path: str, log
                        "records": [records[n] for n in names if n in records]}, f, indent=1)
         os.replace(tmp, out_path)
 
-    while pending or running:
-        while pending and len(running) < workers:
-            name = pending.pop(0)
-            parent_conn, child_conn = ctx.Pipe(duplex=False)
-            log = os.path.join(log_dir, re.sub(r"[^A-Za-z0-9_.-]", "_", name) + ".log")
-            p = ctx.Process(target=_child, args=(name, stop_after, child_conn, workdir, log, case_fn),
-                            daemon=True)
-            p.start()
-            child_conn.close()
-            running[name] = [p, parent_conn, time.time(), None, log]
-        waitables = [r[1] for r in running.values()] + [r[0].sentinel for r in running.values()]
-        multiprocessing.connection.wait(waitables, timeout=1.0)
-        for name in list(running):
-            p, conn, start, last, log = running[name]
-            try:
-                while conn.poll():
-                    last = conn.recv()
-            except (EOFError, OSError):
-                pass
-            running[name][3] = last
-            finished = not p.is_alive()
-            if finished:
-                p.join()
-                if last is not None and "internal_error" in last:
-                    rec = _finish_dead(None, name, "internal_error: " + last["internal_error"], log, stop_after)
-                elif last is None or "current" in last or p.exitcode != 0:
-                    rec = _finish_dead(last, name, f"crash: exit code {p.exitcode}", log, stop_after)
-                else:
-                    rec = last
-            elif time.time() - start > timeout:
-                p.kill()
-                p.join()
-                rec = _finish_dead(last, name, f"timeout: {timeout:.0f}s", log, stop_after)
-            else:
-                continue
-            conn.close()
-            rec["wall_seconds"] = round(time.time() - start, 2)
-            rec["pt2b"] = _CODE_VERSION
-            records[name] = rec
-            del running[name]
-            done_count += 1
-            if progress:
-                last_status = _one_line(rec)
-                print(f"[{done_count}/{len(names)} {time.time() - t_start:6.0f}s] {name}: {last_status}", flush=True)
-            if done_count % 5 == 0 or not (pending or running):
-                flush()
+    journal = (out_path[:-3] if out_path.endswith(".gz") else out_path) + ".jsonl"
+    got = runner.iterate(cases, journal, workers=workers, ray=ray, resume=not fresh, log_dir=log_dir,
+                         limits=runner.Limits(timeout=timeout, memory_gb=MEMORY_LIMIT_GB), redo=lambda r: r["id"] in (redo or ()))
+    for i, (rec, new) in enumerate(got):
+        name = rec["id"]
+        records[name] = _from_runner(rec, stop_after, runner.log_path(log_dir, name))
+        if progress and new:
+            print(f"[{len(records)}/{len(names)} {time.time() - t_start:6.0f}s] {name}: {_one_line(records[name])}",
+                  flush=True)
+        if i % 5 == 4:
+            flush()
     flush()
     return records, time.time() - t_start
+
+
+def _from_runner(rec: dict, stop_after, log_path: str) -> dict:
+    """This tool's record of a case from the runner's: the case's own, or where the case's process
+    failed (a crash, the time limit, an error of the tool's), as far as it got with that stage failed."""
+    if rec["outcome"] == "ok":
+        out = dict(rec["result"])
+    else:
+        why = {"error": "internal_error", "memory": "internal_error"}.get(rec["outcome"], rec["outcome"])
+        out = _finish_dead(rec.get("partial"), rec["id"], f"{why}: {rec.get('error', '')}"[:MSG_CHARS], log_path,
+                           stop_after)
+    out["wall_seconds"] = rec.get("seconds")
+    out["pt2b"] = rec.get("git") or rec.get("pt2b")
+    return out
 
 
 def _open_json(path: str, mode: str = "r"):
@@ -882,7 +857,10 @@ def main(argv=None):
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per case")
     ap.add_argument("--out", default="/tmp/real_models.json")
     ap.add_argument("--log-dir", default=None, help="per-case stdout/stderr logs (default: <out>.logs/)")
-    ap.add_argument("--resume", action="store_true", help="keep the records already in --out, run the rest")
+    ap.add_argument("--resume", action="store_true", help="keep the records already in --out, run the rest (a "
+                    "sweep resumes from its records file, <out>.jsonl, without it)")
+    ap.add_argument("--fresh", action="store_true", help="start over: forget the records file <out>.jsonl")
+    ap.add_argument("--ray", metavar="auto|ADDRESS", help="run the cases on a Ray cluster (pip install 'pt2b[ray]')")
     ap.add_argument("--redo-failed", metavar="STAGE", help="with --resume: run again the cases whose STAGE failed "
                     "('any': any stage after capture; 'captured': every case torch.export captured, so that "
                     "pt2b's stages all come from the code checked out now)")
@@ -922,9 +900,8 @@ def main(argv=None):
             return 0
         summarize(data["records"], data.get("meta", {}).get("wall_seconds"))
         return 0
-    global RATIOS, _CODE_VERSION
+    global RATIOS
     RATIOS = not args.no_ratios
-    _CODE_VERSION = _code_version()
     zoo = _preload()
     if args.only:
         names = [n.strip() for n in args.only.split(",") if n.strip()]
@@ -938,7 +915,7 @@ def main(argv=None):
         names = [f"{n}@{v}" for v in args.variants.split(",") if v for n in names]
     if args.limit:
         names = names[: args.limit]
-    resume = None
+    resume, redo = None, set()
     if args.resume and os.path.exists(args.out):
         with _open_json(args.out) as f:
             resume = {r["name"]: r for r in json.load(f)["records"]}
@@ -953,13 +930,15 @@ def main(argv=None):
                                if k not in ("build", "capture") and not k.startswith("ratio:"))
                 return st.get(args.redo_failed, {}).get("status") == "fail"
 
-            resume = {n: r for n, r in resume.items() if not failed(r)}
+            redo = {n for n, r in resume.items() if failed(r)}
+            resume = {n: r for n, r in resume.items() if n not in redo}
     log_dir = args.log_dir or args.out + ".logs"
     os.makedirs(log_dir, exist_ok=True)
     print(f"{len(names)} cases, stages up to {args.stages}, {args.workers} workers, timeout {args.timeout:.0f}s, "
           f"out {args.out}", flush=True)
     records, wall = sweep(names, workers=args.workers, timeout=args.timeout, stop_after=STOP_AFTER[args.stages],
-                          out_path=args.out, log_dir=log_dir, resume=resume)
+                          out_path=args.out, log_dir=log_dir, resume=resume, redo=redo, ray=args.ray,
+                          fresh=args.fresh)
     summarize([records[n] for n in names if n in records], wall)
     print(f"\nJSON: {args.out}  logs: {log_dir}")
     return 0

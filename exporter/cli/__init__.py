@@ -66,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("export", help="capture a model from MODULE:CALLABLE, or a transformers model for a task "
                                       "(--hf), and write a .pt2b",
                        usage="pt2b export MODULE:CALLABLE OUT.pt2b [--strict]\n"
-                             "       pt2b export --hf SOURCE --task TASK -o OUT.pt2b [--max-cache-len N]")
+                             "       pt2b export --hf SOURCE --task TASK -o OUT.pt2b [--max-cache-len N] [--dtype D] [--batch N] "
+                             "[--seq N]")
     e.add_argument("factory", nargs="?", help="MODULE:CALLABLE returning (model, args[, kwargs[, dynamic_shapes]])")
     e.add_argument("output", nargs="?", help="the .pt2b to write (or -o)")
     e.add_argument("-o", dest="output_option", metavar="OUT.pt2b", help="the .pt2b to write")
@@ -78,6 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "inputs, dynamic sizes, cache and methods (text-generation: prefill and decode over a static KV cache)")
     e.add_argument("--max-cache-len", type=int, metavar="N", help="--task text-generation: the KV cache's length, "
                    f"prompt plus generated tokens (default {MAX_CACHE_LEN}, at most the model's max_position_embeddings)")
+    e.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], help="with --hf: the weights' dtype "
+                   "(default: the config's torch_dtype where a folder gives weights, else float32)")
+    e.add_argument("--batch", type=int, metavar="N", help="with --hf: the example's batch size (2 or more where the "
+                   "batch is dynamic; text-generation: the cache's batch, default 1)")
+    e.add_argument("--seq", type=int, metavar="N", help="with --hf: the example's sequence length (2 or more)")
     i = sub.add_parser("inspect", help="summarize an artifact: versions, ops, signature, symbols, weights")
     i.add_argument("artifact")
     i.add_argument("--json", **json_flag)
@@ -162,6 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
     cov.add_argument("--preset", default="core")
     cov.add_argument("--supported", metavar="OPS.txt", help="file with one supported op per line (overrides --preset)")
     cov.add_argument("--keep", nargs="*", metavar="OP")
+    cov.add_argument("--workers", type=int, default=1, help="models lowered at once, each in its own process")
+    cov.add_argument("--ray", metavar="auto|ADDRESS", help="lower the models on a Ray cluster (pip install 'pt2b[ray]')")
+    cov.add_argument("--records", metavar="FILE.jsonl", help="the sweep's records: a run stopped part-way goes on "
+                     "from them (docs/sweeps.md)")
     cov.add_argument("--json", **json_flag)
     page = osub.add_parser("page", help="write the opset explorer: one self-contained HTML page")
     page.add_argument("-o", "--output", default="opsets.html")

@@ -67,8 +67,11 @@ def _run_hf(ns) -> int:
         raise ExportError(f"--max-cache-len is the KV cache's length of --task {hf.CACHED}; {ns.task} has no cache.")
     out = _output(ns)
     hf.check_request(ns.hf, ns.task)  # before torch and transformers are imported
+    import torch
+
+    dtype = getattr(torch, ns.dtype) if ns.dtype else None
     with progress.status(f"building {ns.hf} for {ns.task} and writing {out}"):
-        prog = hf.export_hf(ns.hf, ns.task, out, max_cache_len=ns.max_cache_len)
+        prog = hf.export_hf(ns.hf, ns.task, out, max_cache_len=ns.max_cache_len, dtype=dtype, batch=ns.batch, seq=ns.seq)
     methods = list(prog.methods)
     print(f"wrote {out}" + (f" (methods {', '.join(methods)})" if len(methods) > 1 else ""))
     return 0
@@ -77,8 +80,9 @@ def _run_hf(ns) -> int:
 def run(ns) -> int:
     if ns.hf is not None:
         return _run_hf(ns)
-    if ns.task or ns.max_cache_len is not None:
-        raise ExportError("--task and --max-cache-len go with --hf SOURCE (a transformers model).")
+    if ns.task or any(v is not None for v in (ns.max_cache_len, ns.dtype, ns.batch, ns.seq)):
+        raise ExportError("--task, --max-cache-len, --dtype, --batch and --seq go with --hf SOURCE (a transformers "
+                          "model).")
     if not ns.factory:
         raise ExportError("pt2b export needs MODULE:CALLABLE OUT.pt2b, or --hf SOURCE --task TASK -o OUT.pt2b.")
     out = _output(ns)

@@ -33,7 +33,8 @@ def run(ns) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             paths = _corpus_artifacts(ns.corpus, tmp)
             rows = coverage.measure(paths, ns.preset, supported_ops=supported, keep=ns.keep or None,
-                                    track=progress.tracker("lowering", unit="model"))
+                                    track=progress.tracker("lowering", unit="model"), workers=ns.workers,
+                                    ray=ns.ray, records=ns.records)
             label = f"supported ops of {ns.supported}" if supported else f"preset {ns.preset}"
             if json_out.wanted(ns):
                 json_out.emit(_coverage_data(rows, label))

@@ -33,31 +33,59 @@ def artifacts(corpus) -> list[str]:
     return out
 
 
-def measure(paths, preset: str = "core", *, supported_ops=None, keep=None, track=None) -> list[ModelCoverage]:
-    """Lower each artifact of ``paths`` with the plan ``preset``/``supported_ops``/``keep`` make;
-    ``track`` (exporter.cli.progress.tracker) reports each one."""
+def measure_one(path: str, preset: str = "core", supported_ops=None, keep=None) -> dict:
+    """One artifact lowered with the plan ``preset``/``supported_ops``/``keep`` make (a sweep case):
+    its lowered ops and those outside the accepted set, over every method, or why lowering failed."""
     from collections import Counter
 
     from ..errors import Pt2bError
-    from ..serialize.read.reader import read_programs
     from ..lowering.pipeline import lower_exported
     from ..request import plan_request
+    from ..serialize.read.reader import read_programs
 
     # what falls outside is reported instead of raising on the first model
     plan = plan_request(preset, supported_ops=supported_ops, keep=keep).reporting()
-    rows = []
-    for path in (track(paths, label=lambda p: pathlib.Path(p).name) if track is not None else paths):
-        ops, missing = Counter(), Counter()  # over every method of the artifact
-        try:
-            for ep in read_programs(path).values():
-                lowered = lower_exported(ep, plan)
-                ops.update(lowered.ops())
-                missing.update(lowered.outside_opset)
-        except Pt2bError as e:
-            rows.append(ModelCoverage(os.fspath(path), {}, {}, f"{type(e).__name__}: {str(e).splitlines()[0]}"))
-            continue
-        rows.append(ModelCoverage(os.fspath(path), dict(ops), dict(missing)))
-    return rows
+    ops, missing = Counter(), Counter()
+    try:
+        for ep in read_programs(path).values():
+            lowered = lower_exported(ep, plan)
+            ops.update(lowered.ops())
+            missing.update(lowered.outside_opset)
+    except Pt2bError as e:
+        return {"ops": {}, "missing": {}, "error": f"{type(e).__name__}: {str(e).splitlines()[0]}"}
+    return {"ops": dict(ops), "missing": dict(missing), "error": ""}
+
+
+def _row(path: str, rec: dict) -> ModelCoverage:
+    if rec["outcome"] == "ok":
+        return ModelCoverage(path, **rec["result"])
+    # (the lowering raised, crashed, ran out of time or memory: the model is not covered)
+    why = f"{rec.get('error_type') or rec['outcome']}: {(rec.get('error') or '').splitlines()[0] if rec.get('error') else ''}"
+    return ModelCoverage(path, {}, {}, why.strip(": "))
+
+
+def measure(paths, preset: str = "core", *, supported_ops=None, keep=None, track=None, workers: int = 1,
+            ray: str | None = None, records: str | None = None, timeout: float = 3600.0,
+            memory_gb: float = 0.0) -> list[ModelCoverage]:
+    """Lower each artifact of ``paths`` with the plan ``preset``/``supported_ops``/``keep`` make, each
+    in its own process (exporter.sweep: ``workers`` at a time here, or on the Ray cluster ``ray``;
+    ``timeout`` seconds and ``memory_gb`` each); ``records``: the sweep's records file, resumed from
+    (default: a temporary one); ``track`` (exporter.cli.progress.tracker) reports each one."""
+    import tempfile
+
+    from .. import sweep
+
+    paths = [os.path.abspath(os.fspath(p)) for p in paths]
+    args = (preset, list(supported_ops) if supported_ops is not None else None, list(keep) if keep else None)
+    cases = [sweep.Case(p, measure_one, (p, *args)) for p in paths]
+    limits = sweep.Limits(timeout=timeout, memory_gb=memory_gb)
+    with tempfile.TemporaryDirectory(prefix="pt2b-coverage-") as tmp:
+        got = sweep.iterate(cases, records or os.path.join(tmp, "records.jsonl"), workers=workers, ray=ray,
+                            limits=limits, log_dir=None if records else os.path.join(tmp, "logs"))
+        if track is not None:
+            got = track(got, total=len(cases), label=lambda r: pathlib.Path(r[0]["id"]).name)
+        rows = {rec["id"]: _row(rec["id"], rec) for rec, _ in got}
+    return [rows[p] for p in paths]
 
 
 def greedy_next(needs: list, limit: int = 10) -> list[tuple[str, int]]:

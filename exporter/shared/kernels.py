@@ -8,7 +8,7 @@ import torch
 from .._torch.dispatch import OpOverload
 from ..ops import op_name
 
-__all__ = ["kernel_devices", "without_kernel"]
+__all__ = ["kernel_devices", "without_kernel", "missing_kernels"]
 
 # one kernel for every device: composite ops, the default kernels of custom ops and of prims
 _EVERY_DEVICE = ("CompositeImplicitAutograd", "CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional")
@@ -43,3 +43,23 @@ def without_kernel(ops, device_type: str) -> dict[str, list[str]]:
         if devices is not None and device_type not in devices:
             out[op_name(op)] = devices
     return out
+
+
+def missing_kernels(gm: torch.fx.GraphModule, device: torch.device, runner: str) -> str | None:
+    """The message naming every op of ``gm`` (its subgraphs too) that the running torch has no kernel of
+    for ``device`` (an op captured where torch chose a device's own kernel, as MPS's attention), with the
+    devices that have one and what to do; None where every op has one. ``runner``: what cannot run them."""
+    from ..graph_walk import walk_graphs
+
+    targets = {node.target for _, g in walk_graphs(gm) for node in g.graph.nodes if node.op == "call_function"}
+    missing = without_kernel(targets, device.type)
+    if not missing:
+        return None
+    lines = [f"program calls {len(missing)} operator(s) this torch has no {device.type} kernel for, so {runner} "
+             f"cannot run them on {device}:"]
+    lines += [f"  {name}: " + (f"kernels for {', '.join(devices)} only" if devices else
+                                "no kernel on any device of this torch build (its name says which device it is for)")
+              for name, devices in sorted(missing.items())]
+    lines.append("Run it where torch has a kernel for them (load(path)(...) on that device), or lower it with a "
+                 "decomposition of your own for each (load_for_backend(..., decompositions={op: fn})).")
+    return "\n".join(lines)

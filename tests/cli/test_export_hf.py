@@ -123,6 +123,30 @@ def test_a_folder_with_weights_loads_them(tmp_path):
     assert torch.equal(got, want)
 
 
+def test_cli_dtype_batch_and_seq(tmp_path, capsys):
+    """--dtype sets the weights' dtype, --batch and --seq the stored example's sizes; the file runs at others."""
+    out, cfg = tmp_path / "m.pt2b", tmp_path / "cfg" / "config.json"
+    transformers.AutoConfig.for_model("llama", **LLAMA).save_pretrained(cfg.parent)
+    with pytest.warns(UserWarning, match="holds no weights"):
+        assert cli(["--quiet", "export", "--hf", str(cfg), "--task", "text-generation-no-cache", "--dtype", "bfloat16",
+                    "--batch", "3", "--seq", "5", "-o", str(out)]) == 0
+    prog = load(out)
+    ep = prog.exported_program()
+    assert {t.dtype for t in ep.state_dict.values()} == {torch.bfloat16}
+    assert ep.example_inputs[1]["input_ids"].shape == (3, 5)
+    model = reference("llama", "text-generation-no-cache", **LLAMA).to(torch.bfloat16)
+    ids = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        want = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+    torch.testing.assert_close(prog(input_ids=ids, attention_mask=torch.ones_like(ids)).logits, want,
+                               rtol=1.6e-2, atol=1e-2)
+    with pytest.warns(UserWarning, match="holds no weights"):
+        assert cli(["export", "--hf", str(cfg), "--task", "text-generation-no-cache", "--batch", "1",
+                    "-o", str(tmp_path / "b.pt2b")]) == 2
+    assert "batch=1, seq=4: the example's sizes must be 2 or more" in capsys.readouterr().err
+    assert not (tmp_path / "b.pt2b").exists()
+
+
 def test_a_config_json_with_overrides(tmp_path):
     transformers.AutoConfig.for_model("bert", **SMALL).save_pretrained(tmp_path / "cfg")
     with pytest.warns(UserWarning, match="config.json holds no weights"):
@@ -165,7 +189,9 @@ def test_bad_requests_fail_before_any_model_is_built(tmp_path, capsys):
                            "export either a transformers model (--hf SOURCE --task TASK) or what MODULE:CALLABLE "
                            "builds, not both"),
                           (["--hf", "llama", "-o", "m.pt2b"], "--hf needs --task, one of feature-extraction"),
-                          (["mypkg:make", "m.pt2b", "--task", "fill-mask"], "--task and --max-cache-len go with --hf"),
+                          (["mypkg:make", "m.pt2b", "--task", "fill-mask"], "--task, --max-cache-len, --dtype, --batch and --seq go "
+                           "with --hf"),
+                          (["mypkg:make", "m.pt2b", "--dtype", "bfloat16"], "--dtype, --batch and --seq go with --hf"),
                           (["--hf", "llama", "--task", "fill-mask"], "name the .pt2b to write"),
                           (["--hf", "bert", "--task", "fill-mask", "--max-cache-len", "8", "-o", "m.pt2b"],
                            "--max-cache-len is the KV cache's length of --task text-generation; fill-mask has no cache.")):

@@ -74,7 +74,8 @@ def _public() -> dict[str, types.ModuleType]:
 
 
 def test_the_public_packages_are_found():
-    assert set(_public()) == {"exporter", "exporter.errors", "exporter.backends", "runtime_ref"}
+    assert set(_public()) == {"exporter", "exporter.errors", "exporter.backends", "exporter.sweep",
+                             "runtime_ref"}
 
 
 def _documented(page: str) -> set[str]:

@@ -4,6 +4,7 @@ order (Python in one scope, `pt2b ...` lines through the CLI), then checks of wh
 Markers a block may start with (comment lines, before its code):
   `# needs: onnxruntime, openvino`  modules it needs; where one is missing the block is skipped
   `# file: NAME.py`                  a file the reader saves: written to the folder (importable), not run
+  `# slow: WHY`                      run only by the slow test of the page (marker slow), skipped otherwise
 Blocks in other languages (text, console output) are not run. A `bash` block holds only `pt2b` lines."""
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from exporter.cli import main as cli
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "guide"
 FENCE = re.compile(r"^```(\w*)[ \t]*\n(.*?)^```[ \t]*$", re.M | re.S)
-MARKER = re.compile(r"#\s*(needs|file):\s*(.+?)\s*$")
+MARKER = re.compile(r"#\s*(needs|file|slow):\s*(.+?)\s*$")
 
 
 def blocks(text: str) -> list[tuple[str, str, dict[str, str]]]:
@@ -41,13 +42,20 @@ def blocks(text: str) -> list[tuple[str, str, dict[str, str]]]:
     return out
 
 
+def installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:   # a dotted name whose package is missing
+        return False
+
+
 def missing(markers: dict[str, str]) -> list[str]:
-    return [m for m in (n.strip() for n in markers.get("needs", "").split(",")) if m
-            and importlib.util.find_spec(m) is None]
+    return [m for m in (n.strip() for n in markers.get("needs", "").split(",")) if m and not installed(m)]
 
 
-def run_page(name: str, folder: pathlib.Path, monkeypatch) -> tuple[dict, list[str]]:
-    """Run a guide page's blocks in ``folder``: the Python scope it leaves and the blocks it skipped."""
+def run_page(name: str, folder: pathlib.Path, monkeypatch, slow: bool = False) -> tuple[dict, list[str]]:
+    """Run a guide page's blocks in ``folder`` (those marked slow only with ``slow``): the Python scope it
+    leaves and the blocks it skipped."""
     monkeypatch.chdir(folder)
     monkeypatch.setenv("PT2B_CACHE_DIR", str(folder / "cache"))   # on, as a reader has it, in a folder of its own
     monkeypatch.delenv("PT2B_CACHE", raising=False)
@@ -58,6 +66,8 @@ def run_page(name: str, folder: pathlib.Path, monkeypatch) -> tuple[dict, list[s
         for lang, code, markers in blocks((GUIDE / name).read_text()):
             if lacking := missing(markers):
                 skipped.append(f"{code.splitlines()[0]} (missing {', '.join(lacking)})")
+            elif "slow" in markers and not slow:
+                skipped.append(f"{code.splitlines()[0]} (slow)")
             elif "file" in markers:
                 (folder / markers["file"]).write_text(code)
                 written.append(pathlib.Path(markers["file"]).stem)
@@ -82,7 +92,17 @@ def pages() -> list[str]:
 
 
 # ---- what each page must have computed, beyond the asserts its own recipes make ----
+def _same_logits(compiled, scope, name):
+    assert compiled.backend.name == name
+    x = torch.randint(0, 128, (2, 13))   # sizes no block called it with
+    torch.testing.assert_close(compiled(input_ids=x).logits, scope["model"](input_ids=x).logits,
+                               rtol=1e-4, atol=1e-4)
+
+
 def _deploy(scope, out, skipped):
+    for var, name in (("et", "executorch"), ("vm", "iree"), ("aoti", "inductor")):
+        if var in scope:   # the block ran (its backend installed; inductor's in the slow test only)
+            _same_logits(scope[var], scope, name)
     assert "DynamicCache" in out   # the failing export showed torch's reason, raised as an ExportError
     assert not (pathlib.Path("cached.pt2b")).exists()
     assert "CausalLMOutputWithPast" in out  # pt2b verify named what the file needs
@@ -179,9 +199,29 @@ def test_the_page_runs(name, tmp_path, monkeypatch, capsys):
     CHECKS[name](scope, out, skipped)
 
 
+@pytest.mark.backends
+def test_deploy_page_on_the_backends_installed_apart(tmp_path, monkeypatch, capsys):
+    """ExecuTorch's and IREE's blocks run where that backend is installed (its own venv in CI)."""
+    here = [m for m in ("executorch", "iree.runtime") if installed(m)]
+    if not here:
+        pytest.skip("neither executorch nor iree.runtime is installed")
+    scope, skipped = run_page("deploy-a-transformers-model.md", tmp_path, monkeypatch)
+    assert {"executorch": "et", "iree.runtime": "vm"}[here[0]] in scope, skipped
+    _deploy(scope, capsys.readouterr().out, skipped)
+
+
+@pytest.mark.slow
+def test_deploy_page_with_its_slow_blocks(tmp_path, monkeypatch, capsys):
+    scope, skipped = run_page("deploy-a-transformers-model.md", tmp_path, monkeypatch, slow=True)
+    assert "aoti" in scope and not any(s.endswith("(slow)") for s in skipped)
+    _deploy(scope, capsys.readouterr().out, skipped)
+
+
 def test_markers_select_what_runs(tmp_path, monkeypatch):
     page = ("```python\n# file: helper_mod.py\nVALUE = 3\n```\n\n```text\nnot run\n```\n\n"
             "```python\n# needs: no_such_module_anywhere\nraise SystemExit('ran')\n```\n\n"
+            "```python\n# needs: no_such_package.sub\nraise SystemExit('ran')\n```\n\n"
+            "```python\n# slow: compiles\nraise SystemExit('ran')\n```\n\n"
             "```python\nimport helper_mod\nresult = helper_mod.VALUE * 2\n```\n")
     (tmp_path / "guide").mkdir()
     monkeypatch.setattr(sys.modules[__name__], "GUIDE", tmp_path / "guide")
@@ -190,5 +230,6 @@ def test_markers_select_what_runs(tmp_path, monkeypatch):
     work.mkdir()
     scope, skipped = run_page("p.md", work, monkeypatch)
     assert scope["result"] == 6
-    assert skipped == ["# needs: no_such_module_anywhere (missing no_such_module_anywhere)"]
+    assert skipped == ["# needs: no_such_module_anywhere (missing no_such_module_anywhere)",
+                       "# needs: no_such_package.sub (missing no_such_package.sub)", "# slow: compiles (slow)"]
     assert "helper_mod" not in sys.modules

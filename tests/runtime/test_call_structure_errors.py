@@ -11,7 +11,7 @@ import torch
 from torch.export import Dim
 
 from exporter import export_model, load, load_for_backend
-from exporter.errors import InputGuardError, RuntimeInputError
+from exporter.errors import InputGuardError, MissingKernelError, RuntimeInputError
 from runtime_ref import Runtime
 
 
@@ -113,3 +113,23 @@ def test_each_method_of_a_file_names_itself(tmp_path):
     with pytest.raises(InputGuardError, match=r"\(method 'half'\): the inputs break a condition"):
         prog["half"].module()(torch.randn(3, 3), torch.randn(3, 3))
     assert torch.equal(prog["half"](torch.ones(2, 3), torch.ones(2, 3)), torch.full((2, 3), 1.5))
+
+
+def test_an_op_without_a_kernel_for_the_device_is_named_not_a_dispatcher_trace():
+    """A program captured where torch chose a device's own kernel (MPS's attention) called on the CPU: a
+    MissingKernelError (a NotImplementedError too) naming the op, as runtime_ref names it at load."""
+    import pathlib
+
+    path = pathlib.Path(__file__).parents[1] / "golden" / "drift" / f"torch-{torch.__version__.split('+')[0]}" / \
+        "sdpa_math_for_mps.pt2b"
+    if not path.exists():
+        pytest.skip(f"no drift golden for torch {torch.__version__}")
+    prog = load(path)
+    args, kwargs = prog.exported_program().example_inputs
+    op = "aten::_scaled_dot_product_attention_math_for_mps.default"
+    with pytest.raises(MissingKernelError) as e:
+        prog(*args, **kwargs)
+    assert isinstance(e.value, NotImplementedError)
+    assert str(e.value).startswith(f"{path}: program calls 1 operator(s) this torch has no cpu kernel for, so torch "
+                                   f"cannot run them on cpu:\n  {op}: no kernel on any device")
+    assert "load_for_backend(..., decompositions={op: fn})" in str(e.value)

@@ -14,9 +14,10 @@ then cut back to that end; the header and the program table are written through 
 
 Where O_DIRECT is missing (macOS, Windows) or refused (tmpfs before Linux 6.6, some network or FUSE
 filesystems), or the data section is small enough for the page cache to be the cheaper road, the
-writer keeps its buffered write (``open_direct`` returns None). ``PT2B_DIRECT_WRITES=0`` (or
-off/false/no) in the environment keeps it too: for a filesystem that takes direct writes but serves them
-slower than the page cache would (some network filesystems).
+writer keeps its buffered write (``open_direct`` returns None). So it does on a filesystem that takes
+direct writes but serves them slower than the page cache (a disk that wants many requests in flight,
+some network filesystems): ``faster_here`` times one small write each way, once per filesystem and
+process. ``PT2B_DIRECT_WRITES=0`` (or off/false/no) in the environment keeps the buffered write always.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import concurrent.futures
 import errno
 import mmap
 import os
+import secrets
+import time
 
 import numpy as np
 
@@ -33,15 +36,24 @@ from ...util.env_switch import env_switch
 DIRECT_FROM = 256 << 20  # data sections at least this big are written with O_DIRECT
 BLOCK = 4096  # the alignment asked of memory, offsets and lengths (a page: every common disk's block divides it)
 BUFFER = 16 << 20  # bytes per write: each of the two buffers
+DATASYNC = getattr(os, "fdatasync", os.fsync)  # the data alone (macOS and Windows have fsync only)
 
 
 def open_direct(path: str, nbytes: int) -> int | None:
     """A file descriptor of ``path`` (created already) opened for direct writes, or None where the writer
-    should write ``nbytes`` of weights through the page cache instead (see the module's docstring).
-    The descriptor is proved by writing one block of zeros at offset 0 (filesystems that accept the
-    flag at open but not the write exist)."""
+    should write ``nbytes`` of weights through the page cache instead (see the module's docstring)."""
+    if not getattr(os, "O_DIRECT", 0) or nbytes < DIRECT_FROM or not env_switch("PT2B_DIRECT_WRITES", True):
+        return None
+    if not faster_here(os.path.dirname(os.path.abspath(path))):
+        return None
+    return _open_proved(path)
+
+
+def _open_proved(path: str) -> int | None:
+    """``path`` (created already) opened with O_DIRECT, the descriptor proved by writing one block of zeros
+    at offset 0 (filesystems that accept the flag at open but not the write exist); None where refused."""
     flag = getattr(os, "O_DIRECT", 0)
-    if not flag or nbytes < DIRECT_FROM or not env_switch("PT2B_DIRECT_WRITES", True):
+    if not flag:
         return None
     try:
         fd = os.open(path, os.O_WRONLY | flag | getattr(os, "O_CLOEXEC", 0))
@@ -60,17 +72,73 @@ def open_direct(path: str, nbytes: int) -> int | None:
 
 def folder_takes_direct_writes(folder) -> bool:
     """Whether the filesystem of ``folder`` takes direct writes (a probe file made, proved as open_direct
-    proves a descriptor, and removed): what the tests and the benchmark ask before they count on it."""
+    proves a descriptor, and removed), however fast: what the tests and the benchmark ask before they
+    count on it."""
     probe = os.path.join(os.fspath(folder), ".pt2b-direct-probe")
     open(probe, "wb").close()
     try:
-        fd = open_direct(probe, DIRECT_FROM)
+        fd = _open_proved(probe)
     finally:
         os.remove(probe)
     if fd is None:
         return False
     os.close(fd)
     return True
+
+
+# The probe: PROBE_ROUNDS writes each way of one BUFFER (what one direct write call sends), in turns,
+# each synced. A write this small finds free pages in the page cache, its best case; at gigabytes the
+# page cache also reclaims pages from other files, which direct writes never pay. So direct writes are
+# kept unless they measure clearly slower than that best case (SLOWER_BY): a tie is noise.
+PROBE_ROUNDS = 2
+SLOWER_BY = 1.25
+_faster: dict[int, bool] = {}  # st_dev of a filesystem -> whether direct writes are the faster road there
+
+
+def faster_here(folder) -> bool:
+    """Whether direct writes are the faster road into ``folder``'s filesystem: measured (``measure``) the
+    first time this process writes big weights there, then remembered for the filesystem."""
+    key = os.stat(folder).st_dev
+    if key not in _faster:
+        _faster[key] = measure(folder)
+    return _faster[key]
+
+
+def measure(folder) -> bool:
+    """Time PROBE_ROUNDS writes of BUFFER bytes each way into ``folder`` (a hidden temp file each, removed):
+    whether the direct ones took at most SLOWER_BY times the buffered ones. False where the filesystem
+    refuses a direct write, or the folder refuses the probe (the writer's own write then reports why)."""
+    data = mmap.mmap(-1, BUFFER)
+    try:
+        data.write(os.urandom(1 << 20) * (BUFFER >> 20) + bytes(BUFFER % (1 << 20)))  # not zeros: no filesystem skips them
+        took = {False: 0.0, True: 0.0}
+        for r in range(PROBE_ROUNDS):
+            for use_direct in ((False, True) if r % 2 == 0 else (True, False)):  # in turns: drift hits both alike
+                took[use_direct] += _timed_write(folder, data, use_direct)
+    except OSError:
+        return False
+    finally:
+        data.close()
+    return took[True] <= SLOWER_BY * took[False]
+
+
+def _timed_write(folder, data: mmap.mmap, use_direct: bool) -> float:
+    """Seconds to create a file in ``folder``, write ``data`` (page-aligned) to it and sync it; removed after."""
+    path = os.path.join(os.fspath(folder), f".pt2b-probe.{secrets.token_hex(6)}.tmp")  # hidden, never *.pt2b
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    start = time.perf_counter()
+    fd = os.open(path, flags | (os.O_DIRECT if use_direct else 0), 0o600)
+    try:
+        view = memoryview(data)
+        try:
+            _pwrite_all(fd, view, 0)
+        finally:
+            view.release()
+        DATASYNC(fd)
+        return time.perf_counter() - start
+    finally:
+        os.close(fd)
+        os.remove(path)
 
 
 class DirectSink:

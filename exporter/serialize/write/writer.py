@@ -427,7 +427,7 @@ def _program(methods: list[MethodSource], parts: list[_Parts], records: list, me
     return prog
 
 
-_DATASYNC = getattr(os, "fdatasync", os.fsync)  # the data alone (macOS and Windows have fsync only)
+_DATASYNC = direct.DATASYNC
 SYNC_BEHIND = 256 << 20  # weights written since the last sync that start the next one
 
 
