@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 import time
 
 import torch
@@ -146,10 +147,49 @@ def bounds_for(applied: list, source_ep=None) -> dict:
         if rec.get("verdict") == "lossy":
             extra = max(extra, rec.get("worst", {}).get("err_vs_f64", 0.0))
     bounds = {dt: max(limit, extra) for dt, limit in verdicts.WRONG_REL.items()}
-    for half in _autocast_dtypes(source_ep) if source_ep is not None else ():
-        for wide in (torch.float32, torch.float64):
-            bounds[wide] = max(bounds[wide], bounds[half])
+    if source_ep is not None:
+        for half, depth in rounding_depths(source_ep.graph).items():
+            bounds[half] = max(bounds[half], math.sqrt(depth) * torch.finfo(half).eps)
+        for half in _autocast_dtypes(source_ep):
+            for wide in (torch.float32, torch.float64):
+                bounds[wide] = max(bounds[wide], bounds[half])
     return bounds
+
+
+# Two right implementations of a program in a half-precision dtype each drift from the exact values by
+# a rounding at every op that computes a value, and independent roundings grow as the square root of
+# their number: a half-precision output's bound is sqrt(depth) machine epsilons of its dtype where that
+# is above the audit's line, depth the most value-computing ops on one path from an input to an output.
+HALF = (torch.bfloat16, torch.float16)
+
+
+def rounding_depths(graph: torch.fx.Graph) -> dict:
+    """Half-precision dtype -> the most ops computing a value of that dtype on one path of ``graph``
+    (views and ops of other dtypes do not round in it, and pass on the roundings before them; a
+    subgraph's call counts once)."""
+    depth, found = {}, {}
+    for node in graph.nodes:
+        val = node.meta.get("val")
+        here = {dt: max((depth.get(a, {}).get(dt, 0) for a in node.all_input_nodes), default=0) for dt in HALF}
+        if node.op == "call_function" and not _views(node):  # rounds what it computes
+            for dt in {t.dtype for t in pytree.tree_leaves(val) if isinstance(t, torch.Tensor)} & set(HALF):
+                here[dt] += 1
+        depth[node] = here
+        for dt, n in here.items():
+            if n:
+                found[dt] = max(found.get(dt, 0), n)
+    return found
+
+
+def _views(node) -> bool:
+    """Whether a call returns a view of its input, computing no value: an op whose schema says its
+    result may alias an input, unless the result's dtype is another (``to(dtype)`` converts then)."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is None or not any(r.alias_info is not None for r in schema.returns):
+        return False
+    first = node.args[0].meta.get("val") if node.args and isinstance(node.args[0], torch.fx.Node) else None
+    out = node.meta.get("val")
+    return not (isinstance(first, torch.Tensor) and isinstance(out, torch.Tensor) and first.dtype != out.dtype)
 
 
 def _autocast_dtypes(source_ep) -> set:
@@ -367,10 +407,57 @@ def rounding(dtype, bounds: dict) -> float:
     return min(16 * torch.finfo(dtype).eps, bounds.get(dtype, 1e-3) / 10)
 
 
+# A dynamic dim of the stored example inputs is validated at this size (at least its lower bound and 2):
+# the lowered graph is one graph for every size in the dim's range (the lowering traces it symbolically),
+# so a smaller input runs the same decompositions, in a fraction of the two programs' time
+CUT_TO = 8
+
+
+def smaller_inputs(source_ep):
+    """The stored example inputs with each dynamic dim cut to CUT_TO (the first elements: the stored
+    values), each dim derived from others (``s0 + 1``) to its expression's value; None where nothing is
+    cut, a dim's expression names a symbol no input dim is, or a cut size is outside the stored one."""
+    stored = source_ep.example_inputs
+    if stored is None:
+        return None
+    flat, spec = pytree.tree_flatten(stored)
+    names = set(source_ep.graph_signature.user_inputs)
+    vals = [n.meta.get("val") for n in source_ep.graph.nodes if n.op == "placeholder" and n.name in names]
+    if len(vals) != len(flat):
+        return None
+    dims = [(k, d, size.node.expr, real) for k, (val, x) in enumerate(zip(vals, flat))
+            if isinstance(val, torch.Tensor) and isinstance(x, torch.Tensor) and val.dim() == x.dim()
+            for d, (size, real) in enumerate(zip(val.shape, x.shape)) if isinstance(size, torch.SymInt)]
+    chosen = {}
+    for _, _, expr, real in dims:
+        if getattr(expr, "is_Symbol", False):
+            bounds = source_ep.range_constraints.get(expr)
+            low = int(bounds.lower) if bounds is not None and bounds.lower.is_finite else 0
+            chosen[expr] = max(low, 2, min(real, CUT_TO)) if real > CUT_TO else real
+    cuts = {}
+    for k, d, expr, real in dims:
+        if not expr.free_symbols <= set(chosen):
+            return None
+        size = expr.subs(chosen)
+        if not size.is_Integer or not 0 < int(size) <= real:
+            return None
+        if int(size) < real:
+            cuts.setdefault(k, []).append((d, int(size)))
+    if not cuts:
+        return None
+    for k, along in cuts.items():
+        x = flat[k]
+        for d, size in along:
+            x = x.narrow(d, 0, size)
+        flat[k] = x.detach().clone().requires_grad_(flat[k].requires_grad)
+    return pytree.tree_unflatten(flat, spec)
+
+
 class SourceRuns:
     """The unlowered program's side of a validation, computed once and shared by every validation of
     one request (the first, the one after a repair, the bisection's steps): its outputs on each input
-    set (the stored example inputs and one derived from them, or the sets given with their outputs),
+    set (the stored example inputs, their dynamic dims cut to CUT_TO where the program runs on that
+    (``cut``: those inputs, else None), and one derived from them; or the sets given with their outputs),
     each ("ok", outputs), ("random", None) where a second seed changes them, or ("error", exception),
     computed when first asked for (``result(i)``). The run on the stored inputs records the values the
     first calls of each op of ``record`` receive (``recorded``; the decomposed ops) and its time
@@ -379,14 +466,15 @@ class SourceRuns:
     the kernels and the trace contend for the cores.)"""
 
     def __init__(self, source_ep, input_sets=None, wanted=None, record=()):
-        self.ep, self.random = source_ep, _random_ops(source_ep)
+        self.ep, self.random, self.cut = source_ep, _random_ops(source_ep), None
         self.record, self.recorded, self.seconds, self._runner = list(record), None, 0.0, None
         self.given = input_sets is not None
         if self.given:  # with the outputs source_ep gave on them
             self.inputs = list(input_sets)
             self._results = [("ok", w) for w in wanted]
-        else:
-            self.inputs = [source_ep.example_inputs, None]  # the derived set made when first needed
+        else:  # the stored inputs, cut along their dynamic dims; the derived set made when first needed
+            self.cut = smaller_inputs(source_ep)
+            self.inputs = [self.cut or source_ep.example_inputs, None]
             self._results = []
 
     def result(self, i: int) -> tuple:
@@ -397,9 +485,17 @@ class SourceRuns:
 
     def _run(self, i: int) -> tuple:
         self._runner = self._runner or _Runner(self.ep)
+        if i == 0 and self.cut is not None:
+            outcome = self._ran(0)
+            if outcome[0] != "error":
+                return outcome
+            self.inputs[0], self.cut = self.ep.example_inputs, None  # outside the program's domain: the stored
+        return self._ran(i)
+
+    def _ran(self, i: int) -> tuple:
         try:
             if self.inputs[i] is None:
-                self.inputs[i] = _derived(self.ep.example_inputs)
+                self.inputs[i] = _derived(self.inputs[0])
             if i == 0:
                 t = time.perf_counter()
                 want, self.recorded = self._runner.record(self.inputs[0], self.record)
@@ -415,7 +511,8 @@ class SourceRuns:
 
 
 def validate(source_ep, lowered_ep, table: dict, runs: SourceRuns | None = None) -> Validation:
-    """Run ``lowered_ep`` on the stored example inputs and compare with ``source_ep``'s outputs on them;
+    """Run ``lowered_ep`` on the stored example inputs (cut along dynamic dims: smaller_inputs) and compare
+    with ``source_ep``'s outputs on them;
     then check a derived input, where a decomposition applied needs one: op by op where that costs less
     (_derived_at_ops), else by running both programs on it (docs/lowering.md#a-lowering-is-validated-on-the-artifacts-own-inputs). ``runs``
     given: on its input sets."""
