@@ -718,7 +718,7 @@ def _derived_at_ops(runs: SourceRuns, applied: list, table: dict, bounds: dict, 
     where this cannot stand for running both programs on a derived input (no op is decomposed, or an
     op applied was not recorded: it runs in a subgraph, or the recording was full), or costs more than
     ``budget`` seconds (the traces, TRACE_ESTIMATE each by the count of distinct calls, or as measured
-    on the way)."""
+    on the way; past it, finished where the calls left cost less than ``budget`` at the rate measured)."""
     from .._torch.dispatch import FakeTensorMode
 
     t0 = time.perf_counter()
@@ -734,12 +734,17 @@ def _derived_at_ops(runs: SourceRuns, applied: list, table: dict, bounds: dict, 
     keys = {decomposed.key(full[op], *call) for op in needed for call in recorded[op]}
     if len(keys) * TRACE_ESTIMATE > budget - (time.perf_counter() - t0):
         return None
-    out = {}
+    out, deadline = {}, budget
     for op in needed:
         fn = full[op]
         for args, kwargs in recorded[op]:
-            if time.perf_counter() - t0 > budget:
-                return None
+            spent = time.perf_counter() - t0
+            if spent > deadline:  # past the estimate: finish where what is left costs less than the programs
+                done = len(decomposed.traced)
+                left = spent / done * max(len(keys) - done, 0) if done else float("inf")
+                if deadline > budget or left > budget:  # (extended once already, or finishing costs more)
+                    return None
+                deadline = spent + 2 * left
             try:
                 derived = _derived((args, kwargs))
             except Exception:  # noqa: BLE001 -- values this cannot permute: the whole programs run instead

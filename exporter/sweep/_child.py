@@ -110,12 +110,21 @@ def serve(spec: dict, fd: int, parent: int) -> None:
     send(fd, {"done": done})
 
 
-def report(payload: Any) -> None:
-    """Send a case's result so far: a case that crashes or runs out of time is recorded with the last
-    one it reported. Does nothing outside a sweep."""
+def report(payload: Any, seconds: float | None = None, step: Any = None) -> None:
+    """Send how far a case got: a case that crashes or runs out of time is recorded with the last
+    ``payload`` as its ``partial``. ``seconds``: the case's time limit from now on (a batch bounds each
+    of its steps so), never past the case's own limit. ``step``: one finished step's result, kept in
+    order with the others (the record's ``steps`` when the case does not return). Does nothing
+    outside a sweep."""
     fd = os.environ.get(FD_VARIABLE)
-    if fd is not None:
-        send(int(fd), {"partial": payload})
+    if fd is None:
+        return
+    message = {"partial": payload}
+    if seconds is not None:
+        message["seconds"] = float(seconds)
+    if step is not None:
+        message["step"] = step
+    send(int(fd), message)
 
 
 if __name__ == "__main__":  # a fresh interpreter: the spec on stdin, messages to descriptor 3

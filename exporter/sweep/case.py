@@ -72,11 +72,14 @@ def interpreter_path(name: str) -> str:
 @dataclasses.dataclass(frozen=True)
 class Limits:
     """Per case: seconds before it is killed, the address space its process may take (GiB; 0: no
-    limit), and how many times a case whose worker was lost (not by its own doing) is run again."""
+    limit), how many times a case whose worker was lost (not by its own doing) is run again, and the
+    seconds past its limit a Ray task may take to return (start an interpreter, read the case's end)
+    before it is cancelled and counted lost."""
 
     timeout: float = 600.0
     memory_gb: float = 0.0
     retries: int = 2
+    grace: float = 60.0
 
     @property
     def memory_bytes(self) -> int:

@@ -53,8 +53,10 @@ class Running:
         self.eof = False
         self.buffer = b""
         self.t0 = time.monotonic()
-        self.deadline = self.t0 + timeout
+        self.deadline = self.limit = self.t0 + timeout
         self.timeout = timeout
+        self.step = None  # the seconds of the case's last report that set its time limit
+        self.steps: list = []
         os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
         read, write = os.pipe()
         log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -131,6 +133,11 @@ class Running:
                     self.started = msg["started"]
                 elif "partial" in msg:
                     self.partial = msg["partial"]
+                    if "step" in msg:
+                        self.steps.append(msg["step"])
+                    if msg.get("seconds") is not None:
+                        self.step = msg["seconds"]
+                        self.deadline = min(self.limit, time.monotonic() + self.step)
                 elif "done" in msg:
                     self.done = msg["done"]
 
@@ -173,21 +180,28 @@ class Running:
 
     def _outcome(self, status: int, usage, timed_out: bool = False) -> dict:
         seconds = round(time.monotonic() - self.t0, 3)
-        out = {"seconds": seconds, "peak_rss_mb": round(usage.ru_maxrss / 1024, 1) if usage else None}
+        out = {"seconds": seconds, "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 3) if usage else None,
+               "peak_rss_mb": round(usage.ru_maxrss / 1024, 1) if usage else None}
         if self.done is not None and not timed_out:
             out.update(self.done)
         elif timed_out:
-            out.update(outcome="timeout", error=f"no result within {self.timeout:g} s, killed")
+            within = f"{self.step:g} s of its last report" if self.step is not None and self.deadline < self.limit \
+                else f"{self.timeout:g} s"
+            out.update(outcome="timeout", error=f"no result within {within}, killed")
         elif self.started is None:
             out.update(outcome="lost", error="the case's process ended before it started the case" + self._why(status))
         else:
             out.update(outcome="crash", error="the case's process " + self._why(status).strip(" :"))
+            if os.WIFSIGNALED(status):
+                out["signal"] = _signal_name(os.WTERMSIG(status))
         if out["outcome"] not in ("ok",):
             tail = self._log_tail()
             if tail:
                 out["log_tail"] = tail
             if self.partial is not None:
                 out["partial"] = self.partial
+            if self.steps:
+                out["steps"] = self.steps
         return out
 
     @staticmethod

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import pathlib
 import re
-import shutil
 import warnings
 
 import pytest
@@ -26,8 +24,8 @@ from exporter.lowering.pipeline import lower_exported
 from exporter.lowering.plan import plan_lowering
 from exporter.request import plan_request
 from exporter.lowering.presets import torch_minor
+from tests.support.browser import opened
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = pathlib.Path(__file__).resolve().parents[2] / "test-artifacts"
 
 # installed backends' presets (exporter.backends): an op list (onnx) and a table (openvino), where installed
@@ -182,25 +180,9 @@ def test_page_refuses_an_empty_corpus(tmp_path):
 
 @pytest.fixture(scope="module")
 def browser_page(corpus, tmp_path_factory):
-    if not os.path.exists(CHROMIUM):
-        if os.environ.get("PT2B_REQUIRE_BROWSER"):
-            pytest.fail(f"PT2B_REQUIRE_BROWSER is set but {CHROMIUM} is missing (apt-get install chromium)")
-        pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
-    from playwright.sync_api import sync_playwright
-
     folder, data = corpus
-    html = write_page(data, tmp_path_factory.mktemp("page") / "opsets.html")
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync"])
-        page = browser.new_page(viewport={"width": 1440, "height": 900})
-        errors = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.goto(html.resolve().as_uri())
+    with opened(write_page(data, tmp_path_factory.mktemp("page") / "opsets.html")) as page:
         yield page, data, folder
-        assert not errors, errors
-        browser.close()
 
 
 def _page_answer(page) -> dict:

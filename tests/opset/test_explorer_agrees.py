@@ -4,9 +4,7 @@ op, unreachable ops name what emits them, typos warn, left-out programs are one 
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import warnings
 
 import pytest
@@ -19,9 +17,9 @@ from exporter.explorer.corpus import artifact_corpus
 from exporter.explorer.page import build_data, write_page
 from exporter.explorer.selection import Selection, evaluate, unreachable
 from exporter.ops import OpMatcher
+from tests.support.browser import opened
 from tools.corpus.zoo import make_case
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 # the spellings the docs allow: an overload-less name (every overload), the dotted form, a glob
 SUPPORTED = ["aten::mm", "aten.add.Tensor", "aten::mul.*", "aten::relu", "aten::addmm", "aten::permute",
@@ -153,23 +151,9 @@ def test_left_out_programs_are_one_line_unless_verbose(corpus, monkeypatch, caps
 
 @pytest.fixture(scope="module")
 def page(corpus, tmp_path_factory):
-    if not os.path.exists(CHROMIUM):
-        if os.environ.get("PT2B_REQUIRE_BROWSER"):
-            pytest.fail(f"PT2B_REQUIRE_BROWSER is set but {CHROMIUM} is missing (apt-get install chromium)")
-        pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
-    from playwright.sync_api import sync_playwright
-
     _, data = corpus
-    html = write_page(data, tmp_path_factory.mktemp("page") / "opsets.html")
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        pg = browser.new_page(viewport={"width": 1440, "height": 900})
-        errors = []
-        pg.on("pageerror", lambda e: errors.append(str(e)))
-        pg.goto(html.resolve().as_uri())
+    with opened(write_page(data, tmp_path_factory.mktemp("page") / "opsets.html")) as pg:
         yield pg
-        assert not errors, errors
-        browser.close()
 
 
 ENTRIES = ["aten::mm", "aten.add.Tensor", "torch.ops.aten.relu.default", "aten::mul.*", "aten::*pool*",

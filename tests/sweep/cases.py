@@ -50,3 +50,18 @@ def marked(x: int, marks: str, seconds: float = 0.0) -> dict:
     with open(os.path.join(marks, "done"), "a") as f:
         f.write(f"{x}\n")
     return {"x": x}
+
+
+def freeze_worker(marks: str) -> dict:
+    """The first time: stops the process that started it (a Ray worker that hangs, as on a hung node)
+    and waits, its pid in ``marks``/frozen; after that: returns."""
+    import signal
+
+    mark = os.path.join(marks, "frozen")
+    if not os.path.exists(mark):
+        with open(mark, "w") as f:
+            f.write(str(os.getppid()))
+        os.kill(os.getppid(), signal.SIGSTOP)
+        while True:
+            time.sleep(1)
+    return {"again": True}

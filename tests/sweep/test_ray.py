@@ -1,8 +1,11 @@
 """The sweep runner on a real two-node Ray cluster on this machine (each node its own raylet): the
-same records as the local pool, and a node killed mid-sweep loses no case."""
+same records as the local pool (plain cases, `pt2b opset coverage`, the fuzz campaign), a node killed
+mid-sweep loses no case, and a task whose worker hangs is cancelled and its case run again."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
@@ -59,3 +62,46 @@ def test_a_node_killed_mid_sweep_loses_no_case(cluster, tmp_path):
     assert max(r["attempts"] for r in got.values()) == 2  # the case on the killed node, run again
     assert sorted(int(x) for x in (marks / "done").read_text().split()) == [0, 1, 2, 3]
     assert len((tmp_path / "r.jsonl").read_text().splitlines()) == 4
+
+
+def test_coverage_records_are_the_local_pool_s(cluster, tmp_path):
+    from exporter import export_model
+    from exporter.explorer import coverage
+    from tools.corpus.zoo import make_case
+
+    for name in ("mlp", "kwargs_only"):
+        case = make_case(name)
+        export_model(case.model, case.args, tmp_path / f"{name}.pt2b", kwargs=case.kwargs)
+    (tmp_path / "broken.pt2b").write_bytes(b"not an artifact")
+    paths = coverage.artifacts([tmp_path])
+    ops = ["aten.addmm", "aten.mm", "aten.relu", "aten.permute", "aten.view", "aten.add", "aten.mul"]
+    local = coverage.measure(paths, supported_ops=ops, workers=2, records=str(tmp_path / "local.jsonl"))
+    on_ray = coverage.measure(paths, supported_ops=ops, ray="auto", records=str(tmp_path / "ray.jsonl"))
+    assert on_ray == local and [r.covered for r in local] == [False, True, False]
+    records = {name: sweep.read(str(tmp_path / f"{name}.jsonl")) for name in ("local", "ray")}
+    assert {r["executor"] for r in records["ray"].values()} == {"ray"}
+    assert {k: sweep.comparable(r) for k, r in records["ray"].items()} == \
+        {k: sweep.comparable(r) for k, r in records["local"].items()}
+
+
+def test_fuzz_campaign_results_are_the_local_pool_s(cluster, tmp_path):
+    from tools.fuzz.campaign import run_campaign
+
+    kw = dict(indices=[(0, i) for i in range(4)], models=("mlp",), seeds_dir=str(tmp_path / "seeds"), timeout=20.0,
+              keep_results=True, batch=4)
+    local = run_campaign(0, 0, workers=1, records=str(tmp_path / "local.jsonl"), **kw)
+    on_ray = run_campaign(0, 0, ray="auto", records=str(tmp_path / "ray.jsonl"), **kw)
+    keys = ("seed", "index", "kind", "desc", "model", "outcome", "phase", "changed", "allowed")
+    assert [[r.get(k) for k in keys] for r in on_ray.results] == [[r.get(k) for k in keys] for r in local.results]
+    assert len(local.results) == 4 and [r["executor"] for r in sweep.read(str(tmp_path / "ray.jsonl")).values()] == ["ray"]
+
+
+def test_a_task_whose_worker_hangs_is_cancelled_and_run_again(cluster, tmp_path):
+    path = str(tmp_path / "r.jsonl")
+    try:
+        got = sweep.run([sweep.Case("frozen", C + "freeze_worker", (str(tmp_path),))], path, ray="auto",
+                        limits=sweep.Limits(timeout=2.0, grace=3.0))
+        assert got["frozen"]["outcome"] == "ok" and got["frozen"]["result"] == {"again": True}
+        assert got["frozen"]["attempts"] == 2  # the hung task cancelled after its limit and grace, run again
+    finally:  # the Ray worker the case stopped
+        os.kill(int((tmp_path / "frozen").read_text()), signal.SIGKILL)

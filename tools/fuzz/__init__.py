@@ -1,4 +1,4 @@
-"""Mutation fuzzer for .pt2b artifacts: every mutant is loaded, lowered and run in an isolated worker.
+"""Mutation fuzzer for .pt2b artifacts: every mutant is loaded, lowered and run in an isolated batch process.
 
     python -m tools.fuzz --mutants 100000 --seed 1 --workers 2 [--json out.json]
     python -m tools.fuzz --replay 1:4711 [--out mutant.pt2b] [--run]
@@ -18,8 +18,8 @@ Modules, by concern:
   mutators     the mutation kinds (KINDS) and Mutator: mutant i of seed s
   oracle       running one mutant and the rule deciding which outcomes are allowed (allowed())
   observe      the oracle's own observers: torch's process-global state, terminal output, resident memory
-  worker       the worker process of both modes: references built once, then one mutant at a time
-  campaign     the parent: a pool of workers with limits, totals, findings, report, replay
+  worker       a batch of mutants in one process (a sweep case), both modes: references built once
+  campaign     the parent: batches on the sweep runner (exporter.sweep), totals, findings, report, replay
   cli          the command line (``python -m tools.fuzz`` runs cli.main)
 the semantic mode (``--semantic``: edits of the program's meaning, every entry point run, side effects watched):
   semantic_values  callables with the arguments that make them act, grown expressions, sizes, guards

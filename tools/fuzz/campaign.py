@@ -1,7 +1,8 @@
-"""The campaign driver (the parent): a pool of worker processes with a time limit per mutant, a
-worker that died or hung killed and restarted (a death by a signal is the outcome ``signal:<NAME>``;
-SIGKILL, the kernel's out-of-memory killer, ``memory``), totals per outcome class and kind, findings
-grouped by signature; the report, and the replay of one mutant."""
+"""The campaign driver: mutants in batches on the sweep runner (exporter.sweep), each batch a process
+with a time limit per mutant; a batch that crashed or hung is recorded against the mutant it was on
+(a death by a signal is the outcome ``signal:<NAME>``; SIGKILL, the kernel's out-of-memory killer,
+``memory``) and the rest of its range runs as a new batch; totals per outcome class and kind,
+findings grouped by signature; the report, and the replay of one mutant."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import os
 import re
 import shutil
 import signal
+import socket
 import sys
 import tempfile
+import threading
 import time
 
 from .mutators import Mutator
@@ -20,24 +23,8 @@ from .oracle import allowed
 from .seeds import DEFAULT_MODELS, export_seeds
 
 SEMANTIC_MODELS = ("mlp", "cond", "dynamic_shapes")  # the semantic mode's default seeds
-from .worker import worker_main
-
-
-class _Worker:
-    def __init__(self, ctx, cfg):
-        self.parent, child = ctx.Pipe()
-        self.proc = ctx.Process(target=worker_main, args=(child, cfg), daemon=True)
-        self.proc.start()
-        child.close()
-        self.ready = False
-        self.started = time.monotonic()
-        self.job = None  # [index, meta, phase, deadline, changed]
-
-    def kill(self):
-        if self.proc.is_alive():
-            self.proc.kill()
-        self.proc.join(5)
-        self.parent.close()
+BATCH = 64  # mutants per batch at most: a batch builds torch's state and the references once
+SETUP_SECONDS = 120.0  # a batch's time to build them, before its first mutant's own limit applies
 
 
 @dataclasses.dataclass
@@ -130,124 +117,123 @@ def finding_signature(res: dict) -> str:
 def run_campaign(seed: int, mutants: int, *, workers: int = 2, models=DEFAULT_MODELS, seeds_dir: str | None = None,
                  timeout: float = 20.0, mem_gib: float = 6.0, time_budget: float | None = None, start: int = 0,
                  indices=None, keep_results: bool = False, progress=None, log: str | None = None,
-                 threads: int = 1, semantic: bool = False, plant: dict | None = None) -> Campaign:
+                 threads: int = 1, semantic: bool = False, plant: dict | None = None, batch: int | None = None,
+                 records: str | None = None, resume: bool = True, ray: str | None = None) -> Campaign:
     """Run mutants ``start .. start+mutants-1`` (or the given ``indices``: ints, or (seed, index)
-    pairs) of ``seed`` on ``workers`` worker processes. ``time_budget`` (seconds) stops dispatching new mutants once spent.
-    ``semantic``: the semantic mode (tools/fuzz/semantic.py, semantic_oracle.py); there the pair
-    (semantic.ATTACK_SEED, i) is the i-th concrete attack of semantic_build.ATTACKS. ``plant``: faults
-    planted in the semantic oracle's phases, {(seed, index): (phase, "module:function")} (worker.py)."""
-    import multiprocessing as mp
-    from multiprocessing.connection import wait
+    pairs, each once) of ``seed`` on the sweep runner: batches of ``batch`` mutants (default: up to
+    BATCH, an eighth of the campaign at most), each in a process of its own (``workers`` at a time on
+    this machine, or Ray tasks with ``ray``: "auto" or an address; the seed artifacts must then be at
+    the same path on every node), ``timeout`` seconds per
+    mutant, ``mem_gib`` the address space of each batch's process. A batch that crashes or hangs is
+    recorded against the mutant it was on; the rest of its range runs as a new batch. ``records``: the
+    sweep's records file (kept, so a campaign run again resumes; ``resume=False`` starts over); by
+    default a temporary one. ``time_budget`` (seconds) stops starting new mutants once spent (a batch it
+    stopped runs again when the campaign is resumed). ``semantic``: the semantic mode
+    (tools/fuzz/semantic.py, semantic_oracle.py); there the pair (semantic.ATTACK_SEED, i) is the i-th
+    concrete attack of semantic_build.ATTACKS. ``plant``: faults planted in the semantic oracle's phases,
+    {(seed, index): (phase, "module:function")} (worker.py)."""
+    from exporter import sweep
 
-    own_dir = None
+    work = tempfile.mkdtemp(prefix="pt2b-fuzz-run-")  # removed at the end, with what a killed batch left there
     if seeds_dir is None:
-        own_dir = seeds_dir = tempfile.mkdtemp(prefix="pt2b-fuzz-seeds-")
+        seeds_dir = records + ".seeds" if records else os.path.join(work, "seeds")
     seed_paths = export_seeds(models, seeds_dir)
-    work = tempfile.mkdtemp(prefix="pt2b-fuzz-run-")  # workers' mutant files; removed even if one was killed
-    cfg = {"seeds": seed_paths, "mem_bytes": int(mem_gib * 2**30) if mem_gib else 0, "log": log, "threads": threads,
-           "tmp": work, "semantic": semantic,
-           "plant": {f"{k[0]}:{k[1]}": list(v) for k, v in (plant or {}).items()}}
-    todo = [x if isinstance(x, tuple) else (seed, x)
-            for x in (indices if indices is not None else range(start, start + mutants))]
-    todo.reverse()
+    stop = records + ".stop" if records else os.path.join(work, "stop")
+    if os.path.exists(stop):  # (an earlier run's budget: this run has its own)
+        os.unlink(stop)
+    cfg = {"seeds": seed_paths, "log": log, "threads": threads, "timeout": timeout, "semantic": semantic,
+           "stop": stop, "plant": {f"{k[0]}:{k[1]}": list(v) for k, v in (plant or {}).items()}}
+    todo = list(dict.fromkeys(tuple(x) if isinstance(x, (tuple, list)) else (seed, x)
+                              for x in (indices if indices is not None else range(start, start + mutants))))
+    # by default a small campaign is still cut into several batches, to share out
+    size = max(1, batch or min(BATCH, -(-len(todo) // 8)))
+    cases = [_batch(cfg, todo[i:i + size]) for i in range(0, len(todo), size)]
+    limits = sweep.Limits(timeout=SETUP_SECONDS + size * timeout, memory_gb=mem_gib)
     camp = Campaign(seed, tuple(models), semantic=semantic)
-    ctx = mp.get_context("spawn")
-    pool = [_Worker(ctx, cfg) for _ in range(max(1, min(workers, len(todo) or 1)))]
-    t0 = time.monotonic()
-    last_progress = t0
-    spawn_limit = 600.0
-
-    def restart(i):
-        pool[i].kill()
-        if not todo:  # nothing left for a new one
-            pool[i].job = None
-            return
-        pool[i] = _Worker(ctx, cfg)
-        camp.restarts += 1
-
-    def give(w):
-        if not todo or (time_budget is not None and time.monotonic() - t0 > time_budget):
-            w.job = None
-            return
-        job_seed, index = todo.pop()
-        w.job = [index, {"seed": job_seed, "index": index}, "generate", time.monotonic() + timeout, None]
-        w.parent.send(("run", job_seed, index))
-
+    timer = threading.Timer(time_budget, lambda: open(stop, "w").close()) if time_budget is not None else None
+    t0 = last_progress = time.monotonic()
+    path = records or os.path.join(work, "records.jsonl")
     try:
-        while True:
-            busy = [w for w in pool if w.job is not None or not w.ready]
-            if not busy:
-                break
-            now = time.monotonic()
-            deadlines = [w.job[3] if w.job else w.started + spawn_limit for w in busy]
-            ready = wait([w.parent for w in busy] + [w.proc.sentinel for w in busy],
-                         timeout=max(0.0, min(deadlines) - now))
-            for i, w in enumerate(pool):
-                if w not in busy:
-                    continue
-                dead = retired = False
-                try:
-                    while w.parent in ready and w.parent.poll():
-                        kind, payload = w.parent.recv()
-                        if kind == "ready":
-                            w.ready = True
-                            give(w)
-                        elif kind == "start":
-                            w.job[1] = payload
-                        elif kind == "phase":
-                            w.job[2], w.job[4] = payload
-                        elif kind == "done":
-                            camp.record(payload, keep_results)
-                            retired = bool(payload.get("retire"))  # its torch state could not be set back
-                            if retired:
-                                break
-                            give(w)
-                except (EOFError, OSError):
-                    dead = True
-                if retired:
-                    w.job = None
-                    restart(i)
-                    continue
-                if dead or (not w.proc.is_alive()):
-                    w.proc.join(1)
-                    code = w.proc.exitcode
-                    if w.job is not None:
-                        index, meta, phase, _, changed = w.job
-                        outcome, how = _death(code)
-                        res = dict(meta, index=index, outcome=outcome, changed=changed, phase=phase,
-                                   detail=f"worker {how} during {phase}", traceback="")
-                        camp.record(res, keep_results)
-                        restart(i)
-                    elif not w.ready:
-                        raise RuntimeError(f"fuzz worker failed to start (exit code {code}); set log= to see why")
-                    else:
-                        restart(i)
-                    continue
-                if w.job is not None and time.monotonic() > w.job[3]:
-                    index, meta, phase, _, changed = w.job
-                    res = dict(meta, index=index, outcome="timeout", changed=changed, phase=phase,
-                               detail=f"no result within {timeout:g} s (phase {phase})", traceback="")
-                    camp.record(res, keep_results)
-                    restart(i)
-                elif not w.ready and time.monotonic() > w.started + spawn_limit:
-                    raise RuntimeError("fuzz worker did not start in time")
-            if progress and time.monotonic() - last_progress > 30:
-                last_progress = time.monotonic()
-                progress(camp, time.monotonic() - t0)
+        if timer:
+            timer.daemon = True
+            timer.start()
+        first = True
+        while cases:
+            jobs = {c.id: c.args[1] for c in cases}
+            rest = []
+            for rec, _ in sweep.iterate(cases, path, workers=workers, ray=ray, limits=limits,
+                                        resume=resume or not first, redo=_stopped):
+                more = _take(camp, rec, jobs[rec["id"]], timeout, keep_results)
+                if more and not os.path.exists(stop):
+                    rest.append(_batch(cfg, more))
+                if progress and time.monotonic() - last_progress > 30:
+                    last_progress = time.monotonic()
+                    progress(camp, last_progress - t0)
+            cases, first = rest, False
     finally:
-        for w in pool:
-            try:
-                w.parent.send(None)
-            except (OSError, BrokenPipeError):
-                pass
-        for w in pool:
-            w.proc.join(2)
-            w.kill()
+        if timer:
+            timer.cancel()
         camp.seconds = time.monotonic() - t0
         shutil.rmtree(work, ignore_errors=True)
-        if own_dir:
-            shutil.rmtree(own_dir, ignore_errors=True)
+        if os.path.exists(stop):
+            os.unlink(stop)
     return camp
+
+
+def _batch(cfg: dict, jobs) -> "sweep.Case":
+    from exporter import sweep
+
+    jobs = [list(j) for j in jobs]
+    return sweep.Case(f"{jobs[0][0]}:{jobs[0][1]}+{len(jobs)}", "tools.fuzz.worker:run_batch", (cfg, jobs))
+
+
+def _stopped(rec: dict) -> bool:
+    """A batch the time budget stopped: run again when the campaign is."""
+    return rec["outcome"] == "ok" and bool(rec["result"].get("stopped"))
+
+
+def _take(camp: Campaign, rec: dict, jobs: list, timeout: float, keep: bool) -> list:
+    """Count a batch's record in ``camp``; the jobs after the one that ended it early, to run anew."""
+    if rec["outcome"] == "ok":
+        for res in rec["result"]["results"]:
+            camp.record(res, keep)
+        if not rec["result"].get("retired"):
+            return []
+        camp.restarts += 1
+        return jobs[len(rec["result"]["results"]):]
+    partial = rec.get("partial")
+    if rec["outcome"] == "lost" or partial is None:
+        raise RuntimeError(f"fuzz batch {rec['id']} {'was lost' if rec['outcome'] == 'lost' else 'failed to start'}: "
+                           f"{rec.get('error_type', '')} {rec.get('error')}\n{rec.get('log_tail', '')}\n"
+                           f"run the campaign again (with --records it resumes), or see the batch's log")
+    done = rec.get("steps") or []
+    for res in done:
+        camp.record(res, keep)
+    current = partial["current"]
+    phase = current.pop("phase")
+    changed = current.pop("changed")
+    outcome, how = _ending(rec, timeout, phase)
+    camp.record(dict(current, outcome=outcome, changed=changed, phase=phase, detail=how, traceback=rec.get("traceback", "")),
+                keep)
+    camp.restarts += 1
+    if rec.get("host") == socket.gethostname():
+        shutil.rmtree(partial.get("tmp") or "", ignore_errors=True)  # (the killed batch's mutant files)
+    return jobs[len(done) + 1:]
+
+
+def _ending(rec: dict, timeout: float, phase: str) -> tuple[str, str]:
+    """(outcome, detail) of the mutant a batch was on when its process ended without a result."""
+    if rec["outcome"] == "timeout":
+        return "timeout", f"no result within {timeout:g} s (phase {phase})"
+    if rec["outcome"] == "crash":
+        name = rec.get("signal")
+        number = getattr(signal, name, None) if name else None
+        code = -int(number) if number is not None else int((re.findall(r"exit code (-?\d+)", rec.get("error", "")) or [1])[0])
+        outcome, how = _death(code)
+        return outcome, f"worker {how} during {phase}"
+    if rec["outcome"] == "memory":
+        return "memory", f"worker out of memory during {phase}: {rec.get('error')}"
+    return "fuzzer_error", f"the batch raised during {phase}: {rec.get('error_type')}: {rec.get('error')}"
 
 
 def print_report(camp: Campaign, out=sys.stdout) -> None:

@@ -7,7 +7,7 @@ import json
 import sys
 
 from . import __doc__ as OVERVIEW
-from .campaign import SEMANTIC_MODELS, print_report, replay, run_campaign
+from .campaign import BATCH, SEMANTIC_MODELS, print_report, replay, run_campaign
 from .seeds import DEFAULT_MODELS
 
 
@@ -32,7 +32,13 @@ def main(argv=None) -> int:
     ap.add_argument("--mem-gib", type=float, default=6.0, help="RLIMIT_AS of each worker")
     ap.add_argument("--time-budget", type=float, help="stop dispatching after this many seconds")
     ap.add_argument("--json", help="write totals and findings here")
-    ap.add_argument("--log", help="worker stdout/stderr go here (default: discarded)")
+    ap.add_argument("--log", help="the batches' stdout/stderr go here (default: each batch's log, next to --records)")
+    ap.add_argument("--batch", type=int, help=f"mutants per batch process (default: up to {BATCH})")
+    ap.add_argument("--records", help="the sweep's records file: a campaign run again with it resumes "
+                                      "(default: a temporary one)")
+    ap.add_argument("--fresh", action="store_true", help="with --records: start over")
+    ap.add_argument("--ray", metavar="auto|ADDRESS", help="run the batches as Ray tasks on that cluster "
+                                                          "(--seeds-dir on a folder every node sees)")
     ap.add_argument("--replay", metavar="SEED:INDEX", help="save that mutant (see --out) and describe it")
     ap.add_argument("--out", help="with --replay: file to write (default fuzz_SEED_INDEX.pt2b)")
     ap.add_argument("--run", action="store_true", help="with --replay: also run it in a worker, print the traceback")
@@ -50,7 +56,8 @@ def main(argv=None) -> int:
 
     camp = run_campaign(a.seed, a.mutants, workers=a.workers, models=models, seeds_dir=a.seeds_dir,
                         timeout=timeout, mem_gib=a.mem_gib, time_budget=a.time_budget, start=a.start,
-                        progress=progress, log=a.log, semantic=a.semantic)
+                        progress=progress, log=a.log, semantic=a.semantic, batch=a.batch, records=a.records,
+                        resume=not a.fresh, ray=a.ray)
     print_report(camp)
     if a.json:
         with open(a.json, "w") as f:

@@ -1,11 +1,12 @@
 """The oracle: what one mutant does when loaded, lowered and run, and whether that is allowed.
 
-Execution: a persistent worker process (torch imported once, RLIMIT_AS set) takes one mutant at a
+Execution: a batch process (worker.py; torch's state built once, RLIMIT_AS set) takes one mutant at a
 time: ``load(path, verify=v)`` (v random per mutant), runs the loaded program eagerly on the seed's
 example inputs, then ``Runtime(load_for_backend(path, preset, verify=v))`` (preset "none" or
 "core") and compares both with the seed's own outputs (bitwise); for a multi-method seed
-("<case>_methods") every method, in order, eagerly and on ``runtime_ref.runtimes`` over one state. The parent kills a worker that
-exceeds the per-mutant limit (``timeout``) and restarts a worker that died (``crash``).
+("<case>_methods") every method, in order, eagerly and on ``runtime_ref.runtimes`` over one state. The sweep
+runner kills a batch whose mutant exceeds the per-mutant limit (``timeout``); a batch that died is that
+mutant's ``crash``; the campaign runs the rest of the batch anew.
 
 Outcome classes and the rule that decides whether an outcome is allowed (``allowed()``):
   ok_equal                   loaded and ran; every output bitwise equal to the seed's     allowed

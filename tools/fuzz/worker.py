@@ -1,19 +1,23 @@
-"""The worker process (started by campaign.run_campaign): torch imported once, RLIMIT_AS set, the
-seeds' references built once, then one mutant at a time, generated here from (seed, index), written
-to a file and run by the mode's oracle; phases and results go back to the parent over a pipe.
+"""A batch of mutants (a case of the campaign's sweep, exporter.sweep, in a process of its own): torch's
+state and the seeds' references built once, then one mutant at a time, generated here from (seed,
+index), written to a file and run by the mode's oracle. Before each mutant and after each of its
+phases the batch reports how far it got (exporter.sweep.report: the mutant it is on and its phase;
+with each new mutant, the last one's result as a step) and bounds that mutant's time, so a batch that
+crashes or hangs is recorded with the mutant that did it; the campaign runs the rest as a new batch.
 
 Byte mode: mutators.Mutator, oracle.execute. Semantic mode (``cfg["semantic"]``):
 semantic.SemanticMutator (seed ATTACK_SEED names a concrete attack by index), semantic_oracle.execute,
 and the process's current directory a fresh temporary folder the oracle watches for side effects
 (the mutant's own folder is watched too). In both modes torch's process-global state (observe.snapshot,
 taken once the references are built) must be the same after every mutant: a change is the outcome
-``state_change``, set back; a worker whose state cannot be set back answers ``retire`` and exits.
+``state_change``, set back; a batch whose state cannot be set back ends after that mutant (``retired``).
 ``cfg["plant"]`` ({"SEED:INDEX": [phase, "module:function"]}, semantic mode): that function runs instead
 of the phase's work for that mutant (the oracle's own tests plant faults so)."""
 
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import shutil
 import tempfile
@@ -55,17 +59,22 @@ def _semantic_mode(seeds: dict, paths: dict, tmp: str, state: dict, plant: dict)
     return mutant, run, lambda m: {"size": len(m.data)}
 
 
-def worker_main(conn, cfg: dict) -> None:
-    """Child process: build references, then answer ("run", seed, index) messages."""
+def run_batch(cfg: dict, jobs: list) -> dict:
+    """Run the mutants ``jobs`` ([seed, index] pairs) in this process: {"results": one dict per mutant
+    run, "retired": the batch ended early (its torch state could not be set back), "stopped": the
+    campaign's time budget ran out (the file ``cfg["stop"]`` exists)}."""
+    from exporter.sweep import report
+
+    stop = cfg.get("stop")
+    if stop and os.path.exists(stop):
+        return {"results": [], "stopped": True}
     import resource
 
-    log = cfg.get("log")
-    fd = os.open(log if log else os.devnull, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
+    if cfg.get("log"):
+        fd = os.open(cfg["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    if cfg.get("mem_bytes"):
-        resource.setrlimit(resource.RLIMIT_AS, (cfg["mem_bytes"], cfg["mem_bytes"]))
     import logging
     import warnings
 
@@ -77,7 +86,7 @@ def worker_main(conn, cfg: dict) -> None:
     torch.set_num_threads(cfg.get("threads", 1))
     logging.disable(logging.WARNING)
     seeds = {n: open(p, "rb").read() for n, p in cfg["seeds"].items()}
-    top = tempfile.mkdtemp(prefix="worker-", dir=cfg.get("tmp"))
+    top = tempfile.mkdtemp(prefix="pt2b-fuzz-batch-")
     tmp = tempfile.mkdtemp(prefix="mutants-", dir=top)
     from . import observe
 
@@ -86,29 +95,42 @@ def worker_main(conn, cfg: dict) -> None:
         seeds, cfg["seeds"], tmp, state, cfg.get("plant") or {})
     install_canary()
     state.update(observe.snapshot())
-    conn.send(("ready", os.getpid()))
+    results: list = []
+    out = {"results": results}
+
+    def progress(current: dict, **how) -> None:
+        report({"current": current, "tmp": top}, **how)
+
     try:
-        while True:
-            msg = conn.recv()
-            if msg is None:
+        for seed, index in jobs:
+            if stop and os.path.exists(stop):
+                out["stopped"] = True
                 break
-            _, seed, index = msg
+            current = {"seed": seed, "index": index, "phase": "generate", "changed": None}
+            # the mutant before this one, finished; this one's time limit starts
+            progress(current, seconds=cfg["timeout"], step=results[-1] if results else None)
             t0 = time.perf_counter()
             try:
                 m = mutant(seed, index)
             except Exception as e:
-                conn.send(("done", {"seed": seed, "index": index, "outcome": "fuzzer_error", "kind": "?", "model": "?",
-                                    "desc": "", "verify": None, "preset": None, "changed": None, "phase": "generate",
-                                    "detail": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-6000:]}))
+                results.append({"seed": seed, "index": index, "outcome": "fuzzer_error", "kind": "?", "model": "?",
+                                "desc": "", "verify": None, "preset": None, "changed": None, "phase": "generate",
+                                "detail": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-6000:]})
                 continue
             meta = {"seed": seed, "index": index, "kind": m.kind, "model": m.model, "desc": m.desc, "verify": m.verify,
                     "preset": m.preset, **extra(m)}
-            conn.send(("start", meta))
+            current = dict(meta, phase="generate", changed=None)
+
+            def on_phase(phase, changed):
+                current.update(phase=phase, changed=changed)
+                progress(current)
+
+            progress(current)
             path = os.path.join(tmp, f"m{index}.pt2b")
             with open(path, "wb") as f:
                 f.write(m.data)
             try:
-                res = run(path, m, lambda p, c: conn.send(("phase", (p, c))))
+                res = run(path, m, on_phase)
             finally:
                 os.unlink(path)
             diff = observe.changes(state, observe.snapshot())
@@ -119,9 +141,11 @@ def worker_main(conn, cfg: dict) -> None:
                                   f"(its outcome was {res['outcome']} in {res.get('phase')})")
             res.update(meta)
             res["seconds"] = time.perf_counter() - t0
-            conn.send(("done", res))
+            results.append(json.loads(json.dumps(res, default=repr)))  # (what the oracle kept, as the record's JSON)
             if res.get("retire"):
+                out["retired"] = True
                 break
     finally:
-        os.chdir(cfg.get("tmp") or "/")
+        os.chdir(os.path.dirname(top))
         shutil.rmtree(top, ignore_errors=True)
+    return out
