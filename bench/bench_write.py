@@ -1,6 +1,7 @@
 """pt2b's write and verify on one model each against what a user would compare them with, in the same run:
 export_model(ep, path) against torch.export.save and a plain write + fsync of as many bytes to the same folder;
-`pt2b verify` (the command) against reading the file and hashing it with sha256.
+`pt2b verify` (the command) against reading the file and hashing it with sha256 (and, beside it, a fresh
+`python -c "import torch"`: the checks against the running torch need it).
 
 Models: ``llama06b-bf16`` (a Llama decoder of 0.6B parameters built by transformers from a config, random
 weights, bfloat16: hidden 2048, 8 layers, intermediate 8192, vocabulary 32000), and two small ones:
@@ -96,9 +97,14 @@ def bench(name: str, repeat: int, tmp: str, profile: bool) -> None:
     o_verify, t_hash = interleaved([cold(lambda: subprocess.run(cmd, check=True, capture_output=True, env=env)),
                                     cold(lambda: raw_read_hash(pt2b))], repeat)
     row("`pt2b verify` (cold cache)", o_verify, t_hash, "read + sha256 (cold cache)", "verify")
-    o_verify, t_hash = interleaved([lambda: subprocess.run(cmd, check=True, capture_output=True, env=env),
-                                    lambda: raw_read_hash(pt2b)], repeat)
+    imp = [sys.executable, "-c", "import torch"]
+    o_verify, t_hash, t_import = interleaved([lambda: subprocess.run(cmd, check=True, capture_output=True, env=env),
+                                              lambda: raw_read_hash(pt2b),
+                                              lambda: subprocess.run(imp, check=True, capture_output=True, env=env)],
+                                             repeat)
     row("`pt2b verify` (warm cache)", o_verify, t_hash, "read + sha256 (warm cache)", "verify")
+    # the checks against the running torch need torch: its import is verify's floor beside the hashing
+    print(f"    (a fresh `python -c \"import torch\"` beside it: {t_import:.3f} s)", flush=True)
     if profile:
         prof = cProfile.Profile()
         prof.runcall(export_model, ep, pt2b)

@@ -23,7 +23,10 @@ def method_given(m, args, kwargs, dynamic_shapes, strict, path, method: str | No
     the weights it never reads unless ``keep_unused_weights``."""
     ep, ir_level, lowering, provenance = _given(m, args, kwargs, dynamic_shapes, strict, path, method)
     if not keep_unused_weights:
-        ep, dropped = _capture.without_unused_weights(ep)
+        from ._torch.deferred_codegen import deferred
+
+        with deferred():  # (the rebuilt program's code is generated where it is first run, if ever)
+            ep, dropped = _capture.without_unused_weights(ep)
         if dropped:
             key = f"unused_weights_dropped:{method}" if method else "unused_weights_dropped"
             provenance[key] = ", ".join(dropped)

@@ -380,7 +380,7 @@ def _compare(got, want, bounds: dict) -> tuple[str, float, str]:
     """(verdict, largest relative difference, why) of the lowered outputs ``got`` against ``want``."""
     from . import verdicts
 
-    entry = verdicts.compare(got, want, None)
+    entry = verdicts.compare(got, want, None, ulps=False)  # (wrong or exact: the distance is measured below)
     if entry["verdict"] == "wrong":
         return "wrong", float("inf"), entry.get("why", "")
     verdict, worst, beyond_rounding = entry["verdict"], 0.0, False

@@ -48,11 +48,11 @@ def _type_needs(serialized_methods, where: str) -> tuple[dict, dict]:
     names = set()
     for m, serialized in serialized_methods:
         names |= pytree_types.named_types(spec_texts(m, serialized), where)
-    pytree_types.register_from_libraries(names)
     found, missing = {}, {}
+    unfindable = set(pytree_types.unfindable(names))  # (nothing imported: a load imports the library's module)
     for name in sorted(names):
         cls, library = pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE.get(name), pytree_types.library_module(name)
-        if cls is None:
+        if name in unfindable:
             found[name] = missing[name] = f"not registered: {pytree_types.advice(name)}"
         elif library is not None:
             found[name] = f"registered by {library[1]} (pt2b imports it where {library[0]} is installed)"
@@ -64,7 +64,7 @@ def _type_needs(serialized_methods, where: str) -> tuple[dict, dict]:
 def needs_to_load(art, serialized: list | None = None) -> Needs:
     """The needs of the artifact ``art`` (reader.open_artifact), every method's (``serialized``: (method's
     artifact, its decoded program) of each, where the caller has them: reader.check's; else decoded here);
-    imports what pytree_types imports for a load (a well-known library's output types), nothing else."""
+    imports nothing (a well-known library's output types are found by their module's source)."""
     from .reader import decode_graph, method, operator_records, text
 
     if serialized is None:

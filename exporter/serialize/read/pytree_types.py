@@ -3,15 +3,18 @@ pt2b import to register them: a well-known library's output-type module (LIBRARY
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import json
+import os
 import re
 
 from ..._torch.pytree import pytree
 from . import untrusted
 
-__all__ = ["LIBRARY_MODULES", "advice", "library_module", "named_types", "register_from_libraries", "unregistered"]
+__all__ = ["LIBRARY_MODULES", "advice", "library_module", "named_types", "register_from_libraries", "unfindable",
+           "unregistered"]
 
 # Modules whose import registers their classes with torch's pytree under "<module>.<class>", the name a
 # spec records: transformers' ModelOutput subclasses register themselves where they are defined (the
@@ -56,11 +59,53 @@ def library_module(name: str) -> tuple[str, str] | None:
     return next(((lib, module) for lib, pattern in LIBRARY_MODULES if pattern.fullmatch(module)), None)
 
 
-def _installed(module: str) -> bool:
+def _installed(library: str) -> bool:
+    """Whether the top-level package ``library`` is on the import path (found, not imported)."""
     try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):  # (a parent package that is not installed)
+        return importlib.util.find_spec(library) is not None
+    except (ImportError, ValueError):
         return False
+
+
+def _source(module: str) -> str | None:
+    """The source file of ``module`` (a dotted name) found without importing it or any package above it:
+    importlib's find_spec of a dotted name imports its parents, and a library's top-level import
+    (transformers') costs more than `pt2b verify` of a big file. None where it is not there."""
+    top, *rest = module.split(".")
+    try:
+        spec = importlib.util.find_spec(top)  # (a top-level name: nothing is imported)
+    except (ImportError, ValueError):
+        return None
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        path = os.path.join(folder, *rest) + ".py"
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def _classes_defined(path: str) -> frozenset[str]:
+    """The names of the classes a module's source defines at its top level (read as text, not run)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return frozenset(re.findall(r"^class\s+([A-Za-z_][A-Za-z_0-9]*)", f.read(), flags=re.MULTILINE))
+    except OSError:
+        return frozenset()
+
+
+def _defined_by_library(name: str) -> bool:
+    """Whether the LIBRARY_MODULES module ``name`` belongs to is installed and its source defines the class
+    (what importing it registers), known without importing anything."""
+    found = library_module(name)
+    path = _source(found[1]) if found is not None else None
+    return path is not None and name.rpartition(".")[2] in _classes_defined(path)
+
+
+def unfindable(names) -> list[str]:
+    """The names neither registered with torch's pytree now nor defined by an installed LIBRARY_MODULES
+    module (which register_from_libraries imports where the program is built): what a load would refuse.
+    Imports nothing."""
+    return [n for n in unregistered(names) if not _defined_by_library(n)]
 
 
 def register_from_libraries(names) -> dict[str, str]:
@@ -69,7 +114,7 @@ def register_from_libraries(names) -> dict[str, str]:
     done = {}
     for name in unregistered(names):
         found = library_module(name)
-        if found is None or not _installed(found[1]):
+        if found is None or _source(found[1]) is None:
             continue
         try:
             importlib.import_module(found[1])
@@ -89,7 +134,11 @@ def advice(name: str) -> str:
     lib, module = found
     if not _installed(lib):
         return f"install {lib} (pip install {lib}): pt2b imports {module} by itself where it is installed"
-    if not _installed(module):
+    path = _source(module)
+    if path is None:
         return f"this {lib} release has no module {module}: use the {lib} release the file was written with"
+    if name.rpartition(".")[2] not in _classes_defined(path):
+        return (f"this {lib} release's {module} defines no class {name.rpartition('.')[2]}: use the {lib} release "
+                f"the file was written with")
     return (f"pt2b imported {module}, which does not register it: use the {lib} release the file was written "
             f"with (or import what registers the type first: pt2b --import MODULE ...)")

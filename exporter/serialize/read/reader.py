@@ -314,6 +314,7 @@ class Checked:
     state_dict: dict
     constants: dict
     example_inputs: object
+    pytree_types: frozenset = frozenset()  # the type names its specs use (build registers them: _register_types)
 
 
 def check_ops(art: Artifact) -> dict:
@@ -340,7 +341,7 @@ def check(art: Artifact, *, verify: bool = False) -> Checked:
     recorded = frozenset(schema_drift.op_target(q, o) for q, o, _, kind in records
                          if kind in (G.OperatorKind.ATEN, G.OperatorKind.CUSTOM))
     untrusted.check_program(serialized, where, recorded)
-    _resolve_pytree_types(art, serialized, where)
+    type_names = _resolve_pytree_types(art, serialized, where)
     # recorded op schemas vs the running torch: missing ops, compatible drift, upgraders
     serialized, art.upgrade_notes = schema_drift.upgrade_program(serialized, records, where, check_ops(art))
     names.rename_state_paths(serialized, names.safe_path)  # what generated code cannot hold, aliased
@@ -363,14 +364,17 @@ def check(art: Artifact, *, verify: bool = False) -> Checked:
     serialized.guards_code = untrusted.distinct_guards(serialized.guards_code)  # each checked, compiled, run once
     untrusted.check_guards(serialized.guards_code, example_inputs, list(root.forward_arg_names or []),
                            f"{where}: guards_code")
-    return Checked(serialized, state_dict, constants, example_inputs)
+    return Checked(serialized, state_dict, constants, example_inputs, type_names)
 
 
 def read_programs(path) -> dict[str, torch.export.ExportedProgram]:
-    """Every method of the artifact at ``path``, through every check (the writer's check_readable)."""
+    """Every method of the artifact at ``path``, through every check (the writer's check_readable); as load()'s,
+    their graph modules generate their Python code on first use, not here (what the checks and torch's
+    deserializer refuse does not depend on it: a caller that only reads the graphs never pays for it)."""
+    from ..._torch.deferred_codegen import deferred
     from ...util.gc_pause import gc_paused
 
-    with gc_paused():
+    with gc_paused(), deferred():
         art = open_artifact(path)
         return {name: rebuild(method(art, name)) for name in art.method_names}
 
@@ -408,13 +412,28 @@ def spec_texts(art: Artifact, serialized) -> list[tuple]:
     return out
 
 
-def _resolve_pytree_types(art: Artifact, serialized, where: str) -> None:
-    """Register the types the method's specs name: a well-known library's output types are imported where
-    the library is installed (pytree_types); any other unregistered type is a MissingPytreeTypeError now,
-    as torch's deserializer would refuse it at the first use."""
-    names = pytree_types.named_types(spec_texts(art, serialized), where)
-    pytree_types.register_from_libraries(names)
-    missing = pytree_types.unregistered(names)
+def _resolve_pytree_types(art: Artifact, serialized, where: str) -> frozenset[str]:
+    """The type names the method's specs use, each registered or defined by a well-known library's installed
+    output-type module (pytree_types), which is imported where the program is built (_register_types), not
+    here: `pt2b verify` checks a file without importing the library. Any other type is a
+    MissingPytreeTypeError now, as torch's deserializer would refuse it at the first use. The stored example
+    inputs are built by ``check`` itself: their types are registered now."""
+    example, *signature = spec_texts(art, serialized)
+    example_names = pytree_types.named_types([example], where)
+    pytree_types.register_from_libraries(example_names)
+    names = example_names | pytree_types.named_types(signature, where)
+    missing = pytree_types.unfindable(names)
+    if missing:
+        raise _missing_pytree_type(missing[0], where)
+    return frozenset(names)
+
+
+def _register_types(c: Checked, where: str) -> None:
+    """Before torch's deserializer reads the program's specs: import the library modules that register the
+    types ``check`` found (pytree_types.register_from_libraries); one still unregistered then (a library
+    release whose module does not register it) is a MissingPytreeTypeError."""
+    pytree_types.register_from_libraries(c.pytree_types)
+    missing = pytree_types.unregistered(c.pytree_types)
     if missing:
         raise _missing_pytree_type(missing[0], where)
 
@@ -425,6 +444,7 @@ def build(art: Artifact, c: Checked) -> torch.export.ExportedProgram:
     from . import deserialize  # (torch.export's serializer imports torch._dynamo: not for inspect or check)
 
     where = _where(art.path)
+    _register_types(c, where)
     ep = _by_torchs_deserializer(lambda: deserialize.deserialize_program(
         c.serialized, c.state_dict, c.constants, c.example_inputs), where)
     _check_inputs_match_placeholders(ep, where)
@@ -442,6 +462,7 @@ def build_for_call(art: Artifact, c: Checked):
     from . import deserialize
 
     where = _where(art.path)
+    _register_types(c, where)
     graph = _by_torchs_deserializer(lambda: deserialize.deserialize_for_call(c.serialized, c.state_dict, c.constants),
                                     where)
     _check_inputs_match_placeholders(graph, where)
