@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from ..lazy import Lazy
 from .lower import Lowering, lowering_record
 from ..ops import normalize_text, op_name, resolve_op
@@ -12,6 +14,7 @@ from .._torch.custom_kernels import where_defined
 from ..program import ProgramHandle
 from . import routes, tables
 from ..graph_walk import op_counts, op_nodes
+from ..mutation import functional_variant
 from .opset_check import route_lines
 
 if TYPE_CHECKING:
@@ -136,10 +139,14 @@ class LoweredProgram(ProgramHandle):
         return {name: where_defined(resolve_op(name)) for name in self._inlined if name not in held}
 
     def unused_keep(self) -> list[str]:
-        """The ops keep= names exactly that the undecomposed program never calls (nothing to keep)."""
+        """The ops keep= names exactly that the undecomposed program never calls (nothing to keep); an
+        in-place call counts as a call of its functional variant too (the op the lowering keeps for it)."""
         if self.keep is None or not self.keep.exact:
             return []
-        return sorted(self.keep.exact - set(op_counts(self._source_ep.graph_module)))
+        called = set(op_counts(self._source_ep.graph_module))
+        called |= {op_name(f) for n in op_nodes(self._source_ep.graph_module)
+                   if isinstance(n.target, torch._ops.OpOverload) and (f := functional_variant(n.target)) is not None}
+        return sorted(self.keep.exact - called)
 
     def explain(self, op: OpSpec) -> str:
         """Why ``op`` is in the result (supported, kept, no decomposition, ...) or how it was decomposed."""

@@ -13,6 +13,7 @@ import torch
 
 from ..errors import LoweringError, UnknownOpsWarning
 from ..functionalize import forced_ops
+from ..mutation import functional_variant
 from ..ops import OpMatcher, op_name, resolve_op
 from .._torch.custom_kernels import composite_kernel
 from . import presets as _presets
@@ -67,8 +68,10 @@ class LoweringPlan:
 
     def without(self, ops) -> "LoweringPlan":
         """This plan with ``ops`` left out of its table (what accepts them is unchanged), custom ops among
-        them no longer given their kernels."""
+        them no longer given their kernels. An in-place op goes with its functional variant: the lowering
+        decomposes an in-place call as that variant (``silu_`` as ``silu``), so that is what keeps it."""
         ops = set(ops)
+        ops |= {f for op in ops if isinstance(op, torch._ops.OpOverload) and (f := functional_variant(op)) is not None}
         inlines = self.inlines if self.inlines is None else (lambda op, was=self.inlines: was(op) and op not in ops)
         names = {op_name(op) for op in ops}
         return dataclasses.replace(self, table={op: fn for op, fn in self.table.items() if op not in ops},
@@ -180,6 +183,25 @@ def _check_keepable(keep_m: OpMatcher | None) -> None:
                             f"(torch decomposes them before any table applies: they write their inputs or have no "
                             f"functional form). Keep the ops they decompose to instead (LoweredProgram.explain shows "
                             f"them).")
+
+
+def _keeps(keep_m: OpMatcher | None) -> Callable:
+    """Whether keep= protects an op: it names the op, or an in-place op whose functional variant the op
+    is (the lowering decomposes an in-place call as that variant: keeping ``silu_`` keeps ``silu``)."""
+    if keep_m is None:
+        return lambda op: False
+
+    @functools.cache
+    def kept(op) -> bool:
+        if op in keep_m:
+            return True
+        if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten":
+            return False
+        inplace = getattr(torch.ops.aten, op._overloadpacket.__name__ + "_", None)
+        return inplace is not None and any(functional_variant(o) is op and o in keep_m
+                                           for o in (getattr(inplace, name) for name in inplace.overloads()))
+
+    return kept
 
 
 def _extra_decompositions(decompose, kept) -> dict:
@@ -310,7 +332,7 @@ def plan_lowering(preset: str | None = "core", *, backend: Any = None, supported
                             f"not both.")
     keep_m = _matcher(keep, "keep")
     _check_keepable(keep_m)
-    kept = (lambda op: op in keep_m) if keep_m is not None else (lambda op: False)
+    kept = _keeps(keep_m)
     user = _user_table(decompositions)
     extra = _extra_decompositions(decompose, kept)
     if backend is not None and backend.takes_what_its_table_leaves:

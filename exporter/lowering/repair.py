@@ -7,6 +7,7 @@ import dataclasses
 import time
 
 from ..errors import OpsetError
+from ..mutation import functional_variant
 from ..ops import op_name
 from .lower import Lowering, lower
 from .validate import (SourceRuns, Validation, applied_decompositions, bounds_for, right_where_they_run,
@@ -71,8 +72,9 @@ def _repaired(failure: Validation, culprits: list, plan, source_ep, runs: Source
         found[op] = (where, node, f"lowering with {plan.label}: the decomposition of {op_name(op)} ({where}) makes "
                                   f"the program wrong at node {node}: {failure.why}{measured}.")
     for op in culprits:  # (with a fallback, an op the backend lacks stays for the reference to run)
-        if not plan.accepts(op) and plan.fallback is None:
-            raise OpsetError(f"{found[op][2]} The backend does not accept {op_name(op)} undecomposed; implement it "
+        stays = functional_variant(op) or op  # (an in-place call is lowered as its functional variant)
+        if not plan.accepts(stays) and plan.fallback is None:
+            raise OpsetError(f"{found[op][2]} The backend does not accept {op_name(stays)} undecomposed; implement it "
                              "(add it to supported_ops or keep=[...]), give another decomposition "
                              "(decompositions={op: fn}), or lower with validate=False to accept the difference.")
     repaired = lower(source_ep, plan.without(culprits))

@@ -13,6 +13,7 @@ from ...functionalize import (LOCK, functionalize_graph, insert_runtime_asserts,
                               signature_of, trace_plain)
 from ...mutation import functional_variant, is_mutating, returns_alias, updates_hidden_state
 from . import functorch_regions
+from .node_copy import copy_node
 
 __all__ = ["lower_locally"]
 
@@ -98,9 +99,7 @@ def _inline_grad_regions(gm: torch.fx.GraphModule) -> torch.fx.Graph:
         elif node.op == "call_function" and node.target is operator.getitem and isinstance(env.get(node.args[0]), list):
             env[node] = env[node.args[0]][node.args[1]]
         else:
-            env[node] = graph.node_copy(node, env.__getitem__)
-            if node.op == "placeholder":
-                env[node].name = env[node].target = node.name
+            env[node] = copy_node(graph, node, env.__getitem__)
     return graph
 
 
@@ -158,7 +157,7 @@ def _without_idle_dropouts(graph: torch.fx.Graph) -> torch.fx.Graph:
         if n in idle:
             env[n] = env[n.args[0]]
         else:
-            env[n] = new.node_copy(n, env.__getitem__)
+            env[n] = copy_node(new, n, env.__getitem__)
     return new
 
 
@@ -330,7 +329,7 @@ def _without_writes(graph: torch.fx.Graph, fake_mode_of, traced,
             env[node] = read(node.args[0])  # (the value itself, as written so far)
             continue
         if node not in root:
-            env[node] = out.node_copy(node, read)
+            env[node] = copy_node(out, node, read)
             continue
         target = node.args[0]
         if node in through:  # the views of the value as written so far, written, scattered back into it
@@ -544,10 +543,7 @@ class _Lowering:
     def run(self):
         for node in self.source.nodes:
             if node.op == "placeholder":
-                new = self.graph.placeholder(node.name)
-                new.name = new.target = node.name  # (the graph's namespace would rename a builtin's name)
-                new.meta.update(node.meta)
-                self.env[node] = new
+                self.env[node] = copy_node(self.graph, node, self.env.__getitem__)
             elif node.op == "output":
                 out = self.graph.output(pytree.tree_map_only(torch.fx.Node, self.env.__getitem__, node.args[0]))
                 out.meta.update(node.meta)

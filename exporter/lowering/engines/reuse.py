@@ -14,6 +14,7 @@ from torch.export.graph_signature import ExportGraphSignature, OutputKind, Outpu
 
 from ..._torch.pytree import pytree
 from ...mutation import may_mutate
+from .node_copy import copy_node
 
 __all__ = ["Reused", "expand", "find_blocks", "lower_with_reuse", "program_with_graph", "valid_recipe"]
 
@@ -164,7 +165,7 @@ def _collapsed(ep, chain: list) -> torch.fx.Graph:
     for n in ep.graph.nodes:
         if n in drop:
             continue
-        env[n] = g.node_copy(n, lambda a: env[a])
+        env[n] = copy_node(g, n, lambda a: env[a])
         if n is chain[0][2][0]:
             env[chain[-1][2][0]] = env[n]
     return g
@@ -249,7 +250,7 @@ def _expand(graph: torch.fx.Graph, first: list, inputs: list):
     g = torch.fx.Graph()
     env = {}
     for n in graph.nodes:
-        env[n] = g.node_copy(n, lambda a: env[a])
+        env[n] = copy_node(g, n, lambda a: env[a])
         if n is not first[-1]:
             continue
         prev = env[out]
