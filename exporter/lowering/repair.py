@@ -11,7 +11,7 @@ from ..mutation import functional_variant
 from ..ops import op_name
 from .lower import Lowering, lower
 from .validate import (SourceRuns, Validation, applied_decompositions, bounds_for, right_where_they_run,
-                       validate, where_defined)
+                       rounding_explains, validate, where_defined)
 
 __all__ = ["validated"]
 
@@ -42,8 +42,10 @@ def validated(lowering: Lowering, source_ep) -> Lowering:
                              f"does ({failure.why}), and no single decomposition is responsible. Lower with fewer "
                              "decompositions (keep=[...]) or validate=False to accept it.")
     if not culprits and len(local) == len(applied):  # each right where it runs: rounding amplified, if they
-        # are what differs: the lowering that keeps them all validates on the input that failed
-        if not _validates_keeping(plan, source_ep, applied, SourceRuns(source_ep, [failed_on], [wanted])):
+        # are what differs: the lowered outputs as near a widened run as the unlowered ones are, else the
+        # lowering that keeps them all validates on the input that failed
+        if not rounding_explains(source_ep, failure) and \
+                not _validates_keeping(plan, source_ep, applied, SourceRuns(source_ep, [failed_on], [wanted])):
             raise unexplained
         worst = sorted((rel, op_name(op)) for op, rel in local.items() if rel > 0)[::-1][:3]
         passed = dataclasses.replace(failure, status="passed", verdict="lossy", why="",

@@ -23,8 +23,8 @@ from ..shared.regions import is_autocast_marker
 from ..ops import op_name
 from ..util import nesting
 
-__all__ = ["SourceRuns", "Validation", "applied_decompositions", "bounds_for", "right_where_they_run", "validate",
-           "where_defined"]
+__all__ = ["SourceRuns", "Validation", "applied_decompositions", "bounds_for", "right_where_they_run",
+           "rounding_explains", "validate", "where_defined", "widened_run"]
 
 
 @dataclasses.dataclass
@@ -359,6 +359,71 @@ class _Runner:
             return self._user(self.ep.graph_module(*self._flat(args, kwargs)))
 
 
+def _wider(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a widened run computes ``dtype``'s values in: half precision in float32 (complex32 in
+    complex64); others as they are."""
+    return torch.float32 if dtype in HALF else torch.complex64 if dtype == torch.complex32 else dtype
+
+
+def _widen(v):
+    if isinstance(v, torch.Tensor) and _wider(v.dtype) != v.dtype:
+        return v.to(_wider(v.dtype))
+    return _wider(v) if isinstance(v, torch.dtype) else v
+
+
+def widened_run(ep, inputs) -> list | None:
+    """The user outputs of ``ep`` on ``inputs`` with its half-precision values computed in float32 (its
+    inputs and state converted once, each dtype an op is given widened, each result widened where an
+    op still makes one in half precision): a reference nearer the exact values than the program's own
+    run, to tell rounding from a wrong lowering. None where the program does not run so (dtypes mixed
+    where an op needs one)."""
+    from .._torch.dispatch import TorchDispatchMode
+
+    class Widened(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **pytree.tree_map(_widen, kwargs or {}))
+            return pytree.tree_map(_widen, out)
+
+    runner = _Runner(ep)
+    if runner.module is not None:
+        return None
+    args, kwargs = copy.deepcopy(inputs)
+    try:
+        flat = [_widen(v) for v in runner._flat(args, kwargs)]
+        with torch.no_grad(), Widened():
+            return runner._user(ep.graph_module(*flat))
+    except Exception:  # noqa: BLE001 -- not runnable wider: nothing told
+        return None
+
+
+def rounding_explains(source_ep, failure: "Validation") -> bool:
+    """Whether the lowered outputs of a failed comparison are as near the exact values as the unlowered
+    program's own are, on the inputs it failed on (a run in float32 stands for the exact values): within
+    twice the unlowered program's distance from it, on every float output. Then the difference between
+    the two programs is rounding each makes, not a wrong lowering. Asked only of half-precision outputs
+    (a float32 program's reference would be a float64 run, which costs many times a float32 one on a
+    CPU, a float64 convolution most); False where the widened run cannot be made or any output is
+    farther."""
+    from . import verdicts
+
+    inputs, want = failure.failed_on
+    got = getattr(failure, "failed_got", None)
+    differs = [b for a, b in zip(got or [], want) if isinstance(b, torch.Tensor) and b.is_floating_point()
+               and not torch.equal(a, b)]
+    if got is None or not differs or any(b.dtype not in HALF for b in differs):
+        return False
+    exact = widened_run(source_ep, inputs)
+    if exact is None or len(exact) != len(want) or len(got) != len(want):
+        return False
+    for a, b, c in zip(got, want, exact):
+        if not isinstance(b, torch.Tensor) or not b.is_floating_point() or torch.equal(a, b):
+            continue
+        ours, theirs = verdicts.relative_difference(a, c), verdicts.relative_difference(b, c)
+        if not (theirs > 0 and ours <= 2 * theirs):
+            return False
+    return True
+
+
 def _wrapped(t: torch.Tensor) -> bool:
     """Whether ``t`` is a functorch wrapper (a batched tensor of a vmap region, a grad-tracking one)."""
     return torch._C._functorch.is_functorch_wrapped_tensor(t)
@@ -559,6 +624,7 @@ def validate(source_ep, lowered_ep, table: dict, runs: SourceRuns | None = None)
             got = theirs(inputs)
             t_lowered = time.perf_counter() - t
         except Exception as e:  # noqa: BLE001 -- the lowered program fails where the unlowered one runs
+            got = None
             verdict, rel, why = "wrong", float("inf"), f"the lowered program raises {type(e).__name__}: {str(e)[:200]}"
         else:
             verdict, rel, why = _compare(got, want, bounds)
@@ -570,6 +636,7 @@ def validate(source_ep, lowered_ep, table: dict, runs: SourceRuns | None = None)
             result.status = "failed"
             result.why = ("on the stored example inputs: " if i == 0 else "on the derived input: ") + why
             result.failed_on = inputs, want  # (not a field: the inputs and the source's outputs, for validated())
+            result.failed_got = got  # (the lowered outputs, None where it raised: for rounding_explains)
             break
     result.seconds = time.perf_counter() - t0
     return result

@@ -106,3 +106,56 @@ def test_the_half_precision_bound_follows_the_rounding_depth(tmp_path):
     shallow = _Chain(2).to(torch.bfloat16).eval()
     _, ep = _ep(tmp_path, shallow, (torch.randn(4, 8, dtype=torch.bfloat16),), None)
     assert V.bounds_for([], ep)[torch.bfloat16] == 5e-2   # the audit's line, where depth gives less
+
+
+class _AttentionRounding(torch.nn.Module):
+    """gain * (attention with equal scores - the mean it computes): nothing but attention's rounding in
+    bfloat16, amplified; its decomposition (matmuls and a softmax, each rounding) is right, and moves the
+    outputs past the bound."""
+
+    def forward(self, q, v):
+        return 100.0 * (torch.nn.functional.scaled_dot_product_attention(q, q, v) - v.mean(dim=-2, keepdim=True))
+
+
+def _attention_artifact(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    q = (0.01 * torch.randn(1, 2, 16, 8, generator=g)).to(torch.bfloat16)
+    v = torch.randn(1, 2, 16, 8, generator=g).to(torch.bfloat16)
+    path = tmp_path / "attention.pt2b"
+    export_model(_AttentionRounding(), (q, v), path)
+    return (q, v), path
+
+
+def test_rounding_told_by_a_widened_run_needs_no_second_lowering(tmp_path, monkeypatch):
+    """The decomposed attention right where it runs, the outputs past the bound: a float32 run of the
+    program says both programs are as far from the exact values, so the lowering passes without the
+    lowering that keeps every decomposed op (counted: none)."""
+    from exporter.lowering import repair as R
+
+    kept = []
+    monkeypatch.setattr(R, "_validates_keeping", lambda *a: kept.append(a) or False)
+    _, path = _attention_artifact(tmp_path)
+    v = load_for_backend(path, "core", cache=False).validation
+    assert (v.status, v.verdict, kept) == ("passed", "lossy", []) and v.max_rel > v.bound, v.describe()
+    assert list(v.amplified) == ["aten::scaled_dot_product_attention.default"]
+
+
+def test_a_widened_run_computes_nearer_the_exact_values_and_refuses_an_output_farther_off(tmp_path):
+    from types import SimpleNamespace
+
+    (q, v), path = _attention_artifact(tmp_path)
+    ep = load(path).exported_program()
+    inputs = ((q, v), {})
+    [wide] = V.widened_run(ep, inputs)
+    assert wide.dtype == torch.float32
+    with torch.no_grad():
+        exact = _AttentionRounding()(q.double(), v.double())
+        [want] = V._Runner(ep)(inputs)
+    assert (wide - exact).abs().max() < (want.double() - exact).abs().max() / 10
+
+    def explains(got, wanted=want):
+        return V.rounding_explains(ep, SimpleNamespace(failed_on=(inputs, [wanted]), failed_got=[got]))
+
+    assert not explains(want + 1.0)   # farther from the exact values than rounding takes it
+    assert explains(wide.to(torch.bfloat16))   # nearer
+    assert not explains(wide, want.float())   # float32 outputs are not asked (their reference: a float64 run)
