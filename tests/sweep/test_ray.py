@@ -1,6 +1,7 @@
 """The sweep runner on a real two-node Ray cluster on this machine (each node its own raylet): the
-same records as the local pool (plain cases, `pt2b opset coverage`, the fuzz campaign), a node killed
-mid-sweep loses no case, and a task whose worker hangs is cancelled and its case run again."""
+same records as the local pool (plain cases, `pt2b opset coverage`, the fuzz campaign, the real-model
+sweep and the backend matrix), a node killed mid-sweep loses no case, and a task whose worker hangs is
+cancelled and its case run again."""
 
 from __future__ import annotations
 
@@ -105,3 +106,33 @@ def test_a_task_whose_worker_hangs_is_cancelled_and_run_again(cluster, tmp_path)
         assert got["frozen"]["attempts"] == 2  # the hung task cancelled after its limit and grace, run again
     finally:  # the Ray worker the case stopped
         os.kill(int((tmp_path / "frozen").read_text()), signal.SIGKILL)
+
+
+@pytest.mark.slow   # (a transformers model built and captured in a fresh process per case: a minute each)
+@pytest.mark.parametrize("backends", [None, ["onnx"]], ids=["corpus", "backend-matrix"])
+def test_the_real_model_sweep_records_are_the_local_pool_s(cluster, tmp_path, backends):
+    """tools/real_models.py's sweep (the backend matrix's too, with ``backends``) on the local pool and on
+    the cluster: the same records of each stage."""
+    pytest.importorskip("transformers")
+    if backends:
+        pytest.importorskip("onnxruntime")
+    from tools import real_models
+
+    kw = dict(timeout=300.0, stop_after="capture" if backends is None else None, log_dir=str(tmp_path / "logs"),
+              progress=False, backends=backends)
+    names = ["bert"]
+    local, _ = real_models.sweep(names, workers=1, out_path=str(tmp_path / "local.json"), **kw)
+    on_ray, _ = real_models.sweep(names, workers=1, ray="auto", out_path=str(tmp_path / "ray.json"), **kw)
+    journals = {name: sweep.read(str(tmp_path / f"{name}.json.jsonl")) for name in ("local", "ray")}
+    assert [r["executor"] for r in journals["ray"].values()] == ["ray"]
+
+
+    def same(records):  # (the result holds each stage's seconds: its statuses are compared below)
+        return {k: {x: v for x, v in sweep.comparable(r).items() if x != "result"} for k, r in records.items()}
+
+    assert same(journals["ray"]) == same(journals["local"])
+
+    def outcomes(records):
+        return {n: {s: st.get("status") for s, st in r["stages"].items()} for n, r in records.items()}
+
+    assert outcomes(on_ray) == outcomes(local) and outcomes(local)["bert"]["capture"] == "ok"
