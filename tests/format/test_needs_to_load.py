@@ -20,25 +20,15 @@ from exporter._torch.pytree import pytree
 from exporter.errors import MissingPytreeTypeError, OpsetError
 from exporter.serialize.read import pytree_types
 from runtime_ref import Runtime
+from tests.support.helpers import tiny_bert_artifact
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DRIFT = ROOT / "tests" / "golden" / "drift"
 MPS_ONLY = "aten::_scaled_dot_product_attention_math_for_mps.default"
 
 
-def _bert(path):
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    cfg = transformers.BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
-                                  vocab_size=50, max_position_embeddings=16)
-    model = transformers.BertModel(cfg).eval()
-    ids = torch.randint(0, 50, (1, 6))
-    export_model(model, (ids,), path)
-    return model, ids
-
-
 def test_a_transformers_output_file_loads_without_import_where_transformers_is_installed(tmp_path):
-    model, ids = _bert(tmp_path / "bert.pt2b")
+    model, ids = tiny_bert_artifact(tmp_path / "bert.pt2b")
     torch.save({"ids": ids, "want": model(ids).last_hidden_state}, tmp_path / "io.pt")
     code = textwrap.dedent("""
         import sys, torch
@@ -119,7 +109,7 @@ def test_a_library_module_that_is_not_there_says_what_to_do():
 
 def test_verify_and_needs_list_what_a_transformers_file_needs(tmp_path, capsys):
     path = tmp_path / "bert.pt2b"
-    _bert(path)
+    tiny_bert_artifact(path)
     name = "transformers.modeling_outputs.BaseModelOutputWithPoolingAndCrossAttentions"
     needs = load(path).needs()
     how = "registered by transformers.modeling_outputs (pt2b imports it where transformers is installed)"

@@ -18,23 +18,13 @@ from exporter import cli, export_model, load
 from exporter._torch.deferred_codegen import is_deferred
 from exporter._torch.pytree import pytree
 from exporter.serialize.read import pytree_types, reader
+from tests.support.helpers import tiny_bert_artifact
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-def _tiny_bert(path):
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    cfg = transformers.BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
-                                  vocab_size=50, max_position_embeddings=16)
-    model = transformers.BertModel(cfg).eval()
-    ids = torch.randint(0, 50, (1, 6))
-    export_model(model, (ids,), path)
-    return model, ids
-
-
 def test_verify_of_a_transformers_output_file_does_not_import_transformers(tmp_path):
-    _, _ = _tiny_bert(tmp_path / "bert.pt2b")
+    _, _ = tiny_bert_artifact(tmp_path / "bert.pt2b")
     code = textwrap.dedent("""
         import sys
         from exporter import cli

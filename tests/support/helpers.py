@@ -180,3 +180,21 @@ def raised(fn, args):
     except Exception as e:  # noqa: BLE001 -- what each raises is compared by the caller
         return e
     return None
+
+
+def tiny_bert_artifact(path):
+    """(model, ids): a one-layer transformers BertModel (random weights, seed 0), exported to ``path`` with
+    one (1, 6) ``input_ids``: a file whose outputs are a transformers type. Skips where transformers is
+    missing."""
+    import pytest
+
+    from exporter import export_model
+
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                                  vocab_size=50, max_position_embeddings=16)
+    model = transformers.BertModel(cfg).eval()
+    ids = torch.randint(0, 50, (1, 6))
+    export_model(model, (ids,), path)
+    return model, ids
