@@ -202,7 +202,7 @@ def with_guards_of(made, source):
 def as_aten_dialect(ep):
     """``ep`` (a functional program pt2b lowered) declaring the ATen dialect and its verifier, as
     torch's own run_decompositions output does (``ep.dialect == "ATEN"``): consumers that take a
-    lowered program (coremltools) refuse one that still says "TRAINING". Each call node's
+    lowered program (coremltools) refuse one that still says "TRAINING". Each input's and call node's
     ``meta["tensor_meta"]`` is filled from its ``meta["val"]`` where missing (StableHLO exporters read
     it). Returns ``ep``."""
     from torch.fx.passes.shape_prop import _extract_tensor_metadata
@@ -215,6 +215,7 @@ def as_aten_dialect(ep):
             continue
         for node in module.graph.nodes:
             val = node.meta.get("val")
-            if node.op == "call_function" and "tensor_meta" not in node.meta and isinstance(val, torch.Tensor):
+            if node.op in ("placeholder", "call_function") and "tensor_meta" not in node.meta \
+                    and isinstance(val, torch.Tensor):
                 node.meta["tensor_meta"] = _extract_tensor_metadata(val)
     return ep

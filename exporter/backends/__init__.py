@@ -9,6 +9,8 @@ the model.
   openvino.py   OpenVINO's PyTorch frontend (convert_model), compiled for its CPU plugin (pt2b[openvino])
   executorch.py ExecuTorch's portable kernels, its runtime's own kernel registry (pip install executorch)
   iree.py       IREE through iree-turbine, its own AOT table, compiled for llvm-cpu (pip install iree-turbine ...)
+  tvm.py        Apache TVM's Relax importer, compiled for llvm, run by its Relax VM (pip install apache-tvm)
+  stablehlo.py  StableHLO through torchax's exporter, run by JAX on the CPU (pip install torchax jax[cpu])
   calling.py    the program's calling convention around a backend's runner
   state.py      the buffers a program writes lifted to inputs and outputs, carried between calls (Compiled.state)
   library_tables.py  the conversion tables transformers' exporters keep for onnx and openvino, read from it
@@ -44,6 +46,8 @@ ADAPTERS: dict[str, tuple[str, str]] = {
     "openvino": ("openvino", "pt2b[openvino]"),
     "executorch": ("executorch", "executorch"),
     "iree": ("iree", "iree-turbine iree-base-compiler iree-base-runtime"),
+    "tvm": ("tvm", "apache-tvm"),
+    "stablehlo": ("stablehlo", "'torchax>=0.0.14.dev0' 'jax[cpu]'"),
 }
 
 
