@@ -53,12 +53,19 @@ def _leaf_name(path) -> str:
                               else f".{getattr(k, 'name', k)}" for k in path)
 
 
+def _input_name(path) -> str:
+    """A leaf of (args, kwargs) as a caller names it: ``args[0]``, ``kwargs['mask']``."""
+    return ("args" if path[0].idx == 0 else "kwargs") + _leaf_name(path[1:]).removeprefix("output")
+
+
 def validated_hand_off(compiled, ep, bounds: dict) -> HandOffValidation:
     """``compiled`` (a Compiled of ``ep``) run on ``ep``'s stored example inputs and compared with
     ``ep``'s own run; BackendResultError naming the first output that differs beyond ``bounds`` (dtype
     -> relative bound, as validation's), or that has another shape or dtype. A state the Compiled
     carries runs from the program's own values, its new values are compared too (``state[name]``), and
-    it is left as it was before."""
+    it is left as it was before; where the program writes its inputs in place, the caller's tensors
+    after the call are compared too (``input[...]``: a backend that computes the writes but never makes
+    them is found here)."""
     key = compiled.backend.key
     carried = getattr(compiled, "carry", None)
     if ep.example_inputs is None:
@@ -68,7 +75,8 @@ def validated_hand_off(compiled, ep, bounds: dict) -> HandOffValidation:
                                                  f"compare would change the state its first call starts from")
     fresh = lambda: pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t,  # noqa: E731
                                     ep.example_inputs)  # (a program may write its inputs)
-    want, want_state = _reference(ep, *fresh())
+    ref_args, ref_kwargs = fresh()
+    want, want_state = _reference(ep, ref_args, ref_kwargs)
     args, kwargs = fresh()
     kept = carried.state.snapshot() if carried is not None else None
     try:
@@ -87,6 +95,10 @@ def validated_hand_off(compiled, ep, bounds: dict) -> HandOffValidation:
                                  f"{len(wanted)}; to_backend(..., validate=False) hands it over unchecked.")
     pairs = [(_leaf_name(path), w, g) for (path, w), g in zip(wanted, gotten)]
     pairs += [(f"state[{name!r}]", w, got_state[name]) for name, w in want_state.items() if name in got_state]
+    if ep.graph_signature.user_inputs_to_mutate:  # what the program writes into the caller's tensors
+        written, _ = pytree.tree_flatten_with_path((ref_args, ref_kwargs))
+        pairs += [(_input_name(path), w, g)
+                  for (path, w), g in zip(written, pytree.tree_leaves((args, kwargs))) if isinstance(w, torch.Tensor)]
     worst, widest = 0.0, 0.0
     for name, w, g in pairs:
         if not isinstance(w, torch.Tensor):
@@ -113,6 +125,13 @@ def validated_hand_off(compiled, ep, bounds: dict) -> HandOffValidation:
                                      f"not (or the reverse); to_backend(..., validate=False) hands it over unchecked.")
         rel = relative_difference(g, w)
         worst = max(worst, rel)
+        if rel > bound and name.startswith(("args", "kwargs")):
+            raise BackendResultError(
+                f"{key}: the program writes its input {name} in place, and after the call the caller's tensor "
+                f"differs from what the lowered program leaves there by {rel:.3g} (relative): the backend does "
+                f"not make the write. Return the new value instead of writing the input, or run the program "
+                f"where writes reach the caller (runtime_ref, inductor); to_backend(..., validate=False) hands "
+                f"it over unchecked.")
         if rel > bound:
             raise BackendResultError(
                 f"{key}: {name} ({w.dtype}) differs from the lowered program's by {rel:.3g} (relative), beyond "

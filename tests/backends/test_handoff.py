@@ -324,3 +324,27 @@ def test_a_backend_result_that_differs_is_caught_at_the_hand_off(artifacts, monk
         backends.to_backend(lowered)
     unchecked = backends.to_backend(lowered, validate=False)
     assert unchecked.validation is None
+
+
+class _WritesItsInput(torch.nn.Module):
+    def forward(self, x, *, scale):
+        x.add_(1)
+        return x * scale
+
+
+@pytest.mark.parametrize("backend", ["onnx", "openvino"])
+def test_a_backend_that_does_not_make_the_program_s_input_writes_is_caught(tmp_path, backend):
+    """The program writes its input in place; the backend computes the output but leaves the caller's
+    tensor as it was: a BackendResultError naming the input, where the outputs alone compare equal."""
+    from exporter.errors import BackendResultError
+
+    path = tmp_path / "writes.pt2b"
+    export_model(_WritesItsInput(), (torch.randn(3),), path, kwargs={"scale": torch.tensor(2.0)})
+    lowered = load_for_backend(path, backend=backend, cache=False)
+    with pytest.raises(BackendResultError, match=r"the program writes its input args\[0\] in place, and after the "
+                                                 r"call the caller's tensor differs from what the lowered program "
+                                                 r"leaves there by 1 \(relative\)"):
+        backends.to_backend(lowered)
+    x = torch.zeros(3)
+    backends.to_backend(lowered, validate=False)(x, scale=torch.tensor(2.0))
+    assert torch.equal(x, torch.zeros(3))   # what the check found: the write never reached the caller
