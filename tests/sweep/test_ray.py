@@ -14,6 +14,9 @@ import pytest
 
 from exporter import sweep
 
+# a cluster of two raylets started per module: about two minutes of the 2-core machine, run by CI's slow line
+pytestmark = pytest.mark.slow
+
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
@@ -108,7 +111,6 @@ def test_a_task_whose_worker_hangs_is_cancelled_and_run_again(cluster, tmp_path)
         os.kill(int((tmp_path / "frozen").read_text()), signal.SIGKILL)
 
 
-@pytest.mark.slow   # (a transformers model built and captured in a fresh process per case: a minute each)
 @pytest.mark.parametrize("backends", [None, ["onnx"]], ids=["corpus", "backend-matrix"])
 def test_the_real_model_sweep_records_are_the_local_pool_s(cluster, tmp_path, backends):
     """tools/real_models.py's sweep (the backend matrix's too, with ``backends``) on the local pool and on
