@@ -334,14 +334,17 @@ def merged(paths: list[str]) -> dict:
         out["meta"]["cases"] = max(out["meta"]["cases"], data["meta"].get("cases", 0))
         for rec in data["records"]:
             have = by_name.get(rec["name"])
-            if have is None:
-                by_name[rec["name"]] = have = {**rec, "stages": dict(rec["stages"]), "owner": dict(rec.get("owner", {}))}
-                out["records"].append(have)
-            else:
-                have["stages"].update({k: v for k, v in rec["stages"].items() if k not in have["stages"]})
-                have["owner"].update(rec.get("owner", {}))
-                have["pt2b"] = ", ".join(sorted({*have.get("pt2b", "").split(", "), rec.get("pt2b", "")} - {""}))
+            by_name[rec["name"]] = rm.merge_record(have, rec) if have is not None else rm.merge_record(rec, {})
+    out["records"] = list(by_name.values())
     return out
+
+
+def _place(text: str) -> tuple[str, str]:
+    """--python's BACKEND=PYTHON as (backend, python)."""
+    backend, sep, python = text.partition("=")
+    if not sep or not backend or not python:
+        raise SystemExit(f"--python {text!r}: give BACKEND=PYTHON, e.g. executorch=/opt/venvs/executorch/bin/python")
+    return backend.strip(), python.strip()
 
 
 def main(argv=None):
@@ -351,6 +354,11 @@ def main(argv=None):
     ap.add_argument("--sample", action="store_true", help="the default test sample (transformers_sample.txt)")
     ap.add_argument("--limit", type=int)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--ray", metavar="ADDRESS", help="run the cases on the Ray cluster at ADDRESS ('auto': the one this "
+                                                      "machine is part of)")
+    ap.add_argument("--python", action="append", default=[], metavar="BACKEND=PYTHON",
+                    help="run BACKEND's stages with the python of the venv it is installed in, a case of their own "
+                         "per model (on Ray: on the nodes that offer the resource backend_BACKEND); repeatable")
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--out", default="/tmp/backend_matrix.json.gz")
     ap.add_argument("--resume", action="store_true")
@@ -364,6 +372,7 @@ def main(argv=None):
                          "venvs), merged case by case")
     args = ap.parse_args(argv)
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    places = dict(_place(p) for p in args.python)
     if args.summary_only or args.markdown:
         data = merged([args.out, *args.also])
         if args.markdown:
@@ -375,7 +384,8 @@ def main(argv=None):
     from exporter import backends as registry
 
     for b in backends:
-        registry.get(b)  # installed, and its op list read once before the children fork
+        if b not in places:  # (a backend of another venv is read there)
+            registry.get(b)  # installed, and its op list read once before the children fork
     if args.only:
         names = [n.strip() for n in args.only.split(",") if n.strip()]
     elif args.sample:
@@ -397,7 +407,8 @@ def main(argv=None):
     rm.STAGE_ORDER[:] = _stages(backends)
     print(f"{len(names)} cases through {', '.join(backends)}, {args.workers} workers, out {args.out}", flush=True)
     records, wall = rm.sweep(names, workers=args.workers, timeout=args.timeout, stop_after=None, out_path=args.out,
-                             log_dir=log_dir, resume=resume, redo=again, backends=backends)
+                             log_dir=log_dir, resume=resume, redo=again, backends=backends, ray=args.ray,
+                             places=places)
     with rm._open_json(args.out) as f:
         data = json.load(f)
     data["meta"]["backends"] = backends

@@ -503,16 +503,17 @@ def _descends(commit: str, base: str) -> bool:
 
 def sweep(names, *, workers: int, timeout: float, stop_after, out_path: str, log_dir: str, resume: dict | None = None,
           progress=True, backends: list[str] | None = None, ray: str | None = None, fresh: bool = False,
-          redo: set | None = None):
+          redo: set | None = None, places: dict | None = None):
     """Run sweep_case for every name not in ``resume`` on the sweep runner (exporter.sweep: one process
     per case, ``workers`` at a time here or on the Ray cluster ``ray``), its records file beside
     ``out_path`` resumed from unless ``fresh`` (the cases named in ``redo`` run again); ``out_path``
-    holds the records in this tool's form, rewritten as cases finish."""
+    holds the records in this tool's form, rewritten as cases finish. ``places``: backend -> the python
+    of the venv it is installed in; each model's stages on such a backend are a case of their own run
+    there (routed_cases), merged into the model's record."""
     from exporter import sweep as runner
 
     records = dict(resume or {})
-    cases = [runner.Case(n, "tools.real_models:sweep_case", (n, stop_after, RATIOS), kwargs={"backends": backends} if backends else {})
-             for n in names if n not in records]
+    cases, model_of = routed_cases([n for n in names if n not in records], stop_after, backends, places, ray)
     t_start = time.time()
 
     def flush():
@@ -528,15 +529,62 @@ def sweep(names, *, workers: int, timeout: float, stop_after, out_path: str, log
     got = runner.iterate(cases, journal, workers=workers, ray=ray, resume=not fresh, log_dir=log_dir,
                          limits=runner.Limits(timeout=timeout, memory_gb=MEMORY_LIMIT_GB), redo=lambda r: r["id"] in (redo or ()))
     for i, (rec, new) in enumerate(got):
-        name = rec["id"]
-        records[name] = _from_runner(rec, stop_after, runner.log_path(log_dir, name))
+        name = model_of[rec["id"]]
+        part = _from_runner(rec, stop_after, runner.log_path(log_dir, rec["id"]))
+        records[name] = merge_record(records[name], part) if name in records else part
         if progress and new:
-            print(f"[{len(records)}/{len(names)} {time.time() - t_start:6.0f}s] {name}: {_one_line(records[name])}",
+            print(f"[{len(records)}/{len(names)} {time.time() - t_start:6.0f}s] {rec['id']}: {_one_line(part)}",
                   flush=True)
         if i % 5 == 4:
             flush()
     flush()
     return records, time.time() - t_start
+
+
+# A case routed to a backend's own venv on a Ray cluster asks for this custom resource, which the nodes
+# where that venv is installed offer (``ray start --resources '{"backend_executorch": 1000}'``); a small
+# amount per task, so that the node's CPUs, not the resource, bound how many run there at once
+ROUTE_RESOURCE = "backend_{}"
+ROUTE_AMOUNT = 0.001
+
+
+def routed_cases(names, stop_after, backends, places, ray) -> tuple[list, dict]:
+    """(the sweep's cases, case id -> model name): one case per model for the backends installed here
+    (or the corpus sweep's stages, without ``backends``), and one per model and backend of ``places``
+    (backend -> the python of its venv), run by that interpreter and, on Ray, on a node offering
+    ROUTE_RESOURCE of it. Its id is "model@backend"."""
+    from exporter import sweep as runner
+    from exporter.errors import SweepError
+
+    places = dict(places or {})
+    unknown = sorted(set(places) - set(backends or ()))
+    if unknown:
+        raise SweepError(f"--python names backends the sweep does not run ({', '.join(unknown)}): name them "
+                                f"in --backends too, or leave them out of --python.")
+    here = [b for b in backends or () if b not in places]
+    cases, model_of = [], {}
+    for n in names:
+        if backends is None or here:
+            cases.append(runner.Case(n, "tools.real_models:sweep_case", (n, stop_after, RATIOS),
+                                     kwargs={"backends": here} if backends else {}))
+            model_of[n] = n
+        for b, python in places.items():
+            cid = f"{n}@{b}"
+            cases.append(runner.Case(cid, "tools.real_models:sweep_case", (n, stop_after, RATIOS),
+                                     kwargs={"backends": [b]}, backend=b, interpreter=python,
+                                     resources={ROUTE_RESOURCE.format(b): ROUTE_AMOUNT} if ray else None))
+            model_of[cid] = n
+    return cases, model_of
+
+
+def merge_record(have: dict, rec: dict) -> dict:
+    """Two records of one model (its stages on different backends, run in different cases or files) as
+    one: the stages and owners of both (``have``'s where both ran one), both code versions."""
+    out = {**have, "stages": dict(have["stages"]), "owner": dict(have.get("owner", {}))}
+    out["stages"].update({k: v for k, v in rec.get("stages", {}).items() if k not in out["stages"]})
+    out["owner"].update(rec.get("owner", {}))
+    out["pt2b"] = ", ".join(sorted({*str(have.get("pt2b") or "").split(", "), str(rec.get("pt2b") or "")} - {""}))
+    return out
 
 
 def _from_runner(rec: dict, stop_after, log_path: str) -> dict:

@@ -100,6 +100,7 @@ class Compiled:
     dim_names: dict = dataclasses.field(default_factory=dict)  # torch's symbol -> the user's Dim name (files name dims so)
     share: Any = None  # partition.Share: what the backend runs of a program split with the reference (fallback=)
     carry: Any = None  # state.Carry: the written buffers passed in and stored back at every call (None: none)
+    write_back: Any = None  # state.WriteBack: the program's writes into its inputs, made after every call
 
     @property
     def state(self) -> Mapping[str, torch.Tensor] | None:
@@ -132,9 +133,9 @@ class Compiled:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the program on the backend with the exported model's arguments; its outputs, structured."""
         extra = {"plan": self.plan} if self.plan is not None else {}
-        if self.carry is None:
-            return self.backend.run(self.native, self.program, args, kwargs, **extra)
-        return self.carry.call(lambda a, k: self.backend.run(self.native, self.program, a, k, **extra), args, kwargs)
+        run = lambda a, k: self.backend.run(self.native, self.program, a, k, **extra)  # noqa: E731
+        carried = run if self.carry is None else (lambda a, k: self.carry.call(run, a, k))
+        return carried(args, kwargs) if self.write_back is None else self.write_back.call(carried, args, kwargs)
 
     def __repr__(self) -> str:
         return f"Compiled({self.backend.key}, {type(self.native).__name__})"
@@ -210,6 +211,7 @@ def to_backend(name: str | LoweredProgram, lowered: LoweredProgram | torch.expor
         raise BackendHandOffError(f"the program was lowered to {lowered.backend}'s own op list, not {name}'s: hand "
                                   f"it to {lowered.backend}, or lower it with backend={name!r}.")
     from ..tensor_subclasses import is_subclass
+    from .state import lift_input_writes
 
     backend = get(name)
     ep = exported_program(lowered)
@@ -220,7 +222,9 @@ def to_backend(name: str | LoweredProgram, lowered: LoweredProgram | torch.expor
             f"subclasses, kept as such because the program's own inputs or outputs are subclasses too; {backend.key} takes "
             f"plain tensors. Run it with runtime_ref or the program itself, or export a model whose inputs and "
             f"outputs are plain tensors (its subclass weights are then lowered to their inner tensors).")
-    program, carry = _lifted(backend, ep, frozen_state, state)
+    # the caller's tensors a program writes, written by pt2b from the new values the backend returns
+    program, write_back = lift_input_writes(ep)
+    program, carry = _lifted(backend, program, frozen_state, state)
     from ..lowering.plan import fallback_refusal
     from ..lowering.verdicts import WRONG_REL
     from .validation import validated_hand_off
@@ -233,12 +237,13 @@ def to_backend(name: str | LoweredProgram, lowered: LoweredProgram | torch.expor
     check = (lambda compiled, program: validated_hand_off(compiled, program, WRONG_REL)) if validate else None
     dim_names = dict(getattr(lowered, "dim_names", None) or {})
     split = lambda: dataclasses.replace(_split(backend, program, lowered, options, dim_names, check),  # noqa: E731
-                                        carry=carry)
+                                        carry=carry, write_back=write_back)
     if left:  # the lowering left ops the backend does not list to the reference: no whole hand-off to try
         compiled = split()
     else:
         try:
-            compiled = Compiled(backend, *_handed(backend, program, options), dim_names=dim_names, carry=carry)
+            compiled = Compiled(backend, *_handed(backend, program, options), dim_names=dim_names, carry=carry,
+                                write_back=write_back)
         except BackendHandOffError:
             if fallback is None:
                 raise

@@ -13,7 +13,7 @@ from torch.export.graph_signature import (ExportGraphSignature, InputKind, Input
 from .._torch.pytree import pytree
 from ..errors import BackendStateError
 
-__all__ = ["Carry", "State", "buffer_value", "lift", "state_keyword", "written_buffers"]
+__all__ = ["Carry", "State", "WriteBack", "buffer_value", "lift", "lift_input_writes", "state_keyword", "written_buffers"]
 
 
 def written_buffers(ep: torch.export.ExportedProgram) -> list[str]:
@@ -172,4 +172,64 @@ class Carry:
         user's arguments; its new values stored, the user's outputs returned."""
         out, new = run(args, {**kwargs, self.keyword: {n: self.state[n] for n in self.names}})
         self.state.store(new)
+        return out
+
+
+def lift_input_writes(ep: torch.export.ExportedProgram) -> tuple:
+    """(the program to hand over, its WriteBack or None): where ``ep`` writes its user inputs in place,
+    ``ep`` with those writes returned as one extra output after the user's own (a tuple, in the order of
+    the flat inputs written), which no backend can drop: a backend takes a graph's outputs, and a
+    write into an input it copies in is lost (ONNX Runtime, OpenVINO and TVM compute it and never make
+    it). The WriteBack makes the writes into the caller's tensors after each call."""
+    sig = ep.graph_signature
+    writes = [(i, s) for i, s in enumerate(sig.output_specs) if s.kind == OutputKind.USER_INPUT_MUTATION]
+    if not writes:
+        return ep, None
+    user = [s.arg.name for s in sig.input_specs if s.kind == InputKind.USER_INPUT]
+    flat_index = [user.index(s.target) for _, s in writes]
+    gm = torch.fx.GraphModule(ep.graph_module, ep.graph_module.graph.__deepcopy__())
+    for old, node in zip(ep.graph.nodes, gm.graph.nodes):
+        if node.name != old.name:  # (a copy renames what shadows a builtin; the signature names the originals)
+            node.name = old.name
+    output = gm.graph.output_node()
+    values = list(output.args[0])
+    at = {i for i, _ in writes}
+    kept = [(s, v) for i, (s, v) in enumerate(zip(sig.output_specs, values)) if i not in at]
+    moved = [(OutputSpec(OutputKind.USER_OUTPUT, s.arg, None), values[i]) for i, s in writes]
+    output.args = (tuple(v for _, v in kept + moved),)
+    gm.recompile()
+    out_spec = pytree.treespec_tuple([ep.call_spec.out_spec,
+                                      pytree.treespec_tuple([pytree.treespec_leaf() for _ in writes])])
+    calls = []
+    for entry in ep.module_call_graph:
+        if entry.fqn == "" and entry.signature is not None:
+            s = entry.signature
+            entry = ModuleCallEntry("", ModuleCallSignature(s.inputs, [*s.outputs, *(spec.arg for spec, _ in moved)],
+                                                            s.in_spec, out_spec, s.forward_arg_names))
+        calls.append(entry)
+    lifted = torch.export.ExportedProgram(
+        root=gm, graph=gm.graph, graph_signature=ExportGraphSignature(list(sig.input_specs), [s for s, _ in kept + moved]),
+        state_dict=ep.state_dict, range_constraints=ep.range_constraints, module_call_graph=calls,
+        example_inputs=ep.example_inputs, constants=ep.constants, verifiers=ep.verifiers)
+    return lifted, WriteBack(ep.call_spec.in_spec, flat_index)
+
+
+class WriteBack:
+    """What a ``Compiled`` of a program whose input writes were lifted (lift_input_writes) does after
+    each call: each new value copied into the caller's tensor it was written into."""
+
+    def __init__(self, in_spec, flat_index: list[int]):
+        self.in_spec, self.flat_index = in_spec, flat_index
+
+    def call(self, run, args: tuple, kwargs: dict):
+        """``run(args, kwargs)`` (returning the outputs and the new values), the writes made; the outputs."""
+        from .._torch.pytree import fx_pytree
+
+        out, new = run(args, kwargs)
+        leaves = fx_pytree.tree_flatten_spec((args, kwargs), self.in_spec)
+        with torch.no_grad():
+            for i, value in zip(self.flat_index, new):
+                target = leaves[i]
+                if value is not target:
+                    target.copy_(value)
         return out

@@ -104,6 +104,7 @@ def serve(spec: dict, fd: int, parent: int) -> None:
         if isinstance(e, TypeError) and "JSON serializable" in str(e):
             done["error"] = f"the case returned data that is not JSON: {e}"[:MSG_CHARS]
     done["torch"] = _torch_version()
+    done["python"] = sys.executable  # (where it ran: a backend's own venv, for a case routed there)
     done["backend_version"] = _backend_version(spec.get("backend"))
     sys.stdout.flush()
     sys.stderr.flush()

@@ -11,7 +11,8 @@ from .isolate import FINAL
 
 # what differs between two runs of the same case however it ran: the others are the same records
 # whichever executor ran them
-RUN_KEYS = ("seconds", "cpu_seconds", "peak_rss_mb", "host", "executor", "attempts", "log_tail", "traceback")
+RUN_KEYS = ("seconds", "cpu_seconds", "peak_rss_mb", "host", "node", "python", "executor", "attempts", "log_tail",
+            "traceback")
 
 
 def comparable(record: dict) -> dict:

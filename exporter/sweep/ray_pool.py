@@ -15,10 +15,12 @@ def _case_task(spec: dict, timeout: float, log_path: str):
     """A Ray task's body: that it started (its time runs from then), then the case's record."""
     import socket
 
+    import ray
+
     from .isolate import run_one
 
     yield {"started": socket.gethostname()}
-    yield dict(run_one(spec, timeout, log_path), host=socket.gethostname())
+    yield dict(run_one(spec, timeout, log_path), host=socket.gethostname(), node=ray.get_runtime_context().get_node_id())
 
 
 class RayPool:

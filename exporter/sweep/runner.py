@@ -18,7 +18,7 @@ from .ray_pool import RayPool
 Executor = Union[LocalPool, RayPool]
 
 RECORD_KEYS = ("outcome", "result", "error_type", "error", "signal", "partial", "steps", "torch", "backend_version", "pt2b", "git",
-               "seconds", "cpu_seconds", "peak_rss_mb", "host", "log_tail", "traceback")
+               "seconds", "cpu_seconds", "peak_rss_mb", "host", "node", "python", "log_tail", "traceback")
 
 
 def executor_for(workers: int = 2, ray: str | None = None) -> Executor:

@@ -333,18 +333,39 @@ class _WritesItsInput(torch.nn.Module):
 
 
 @pytest.mark.parametrize("backend", ["onnx", "openvino"])
-def test_a_backend_that_does_not_make_the_program_s_input_writes_is_caught(tmp_path, backend):
-    """The program writes its input in place; the backend computes the output but leaves the caller's
-    tensor as it was: a BackendResultError naming the input, where the outputs alone compare equal."""
+def test_the_program_s_writes_into_its_inputs_reach_the_caller(tmp_path, backend):
+    """The program writes its input in place. A backend computes the write but never makes it (ONNX
+    Runtime and OpenVINO copy their inputs in): pt2b hands the program over with the new value as an
+    extra output and writes it into the caller's tensor after each call, as the program does. Without
+    that copy the hand-off check names the input, where the outputs alone compare equal."""
+    from exporter.backends import validation
     from exporter.errors import BackendResultError
+    from exporter.lowering.verdicts import WRONG_REL
 
     path = tmp_path / "writes.pt2b"
     export_model(_WritesItsInput(), (torch.randn(3),), path, kwargs={"scale": torch.tensor(2.0)})
     lowered = load_for_backend(path, backend=backend, cache=False)
+    compiled = backends.to_backend(lowered)
+    assert compiled.validation.status == "passed"
+    x, want = torch.arange(3.0), torch.arange(3.0)
+    out = compiled(x, scale=torch.tensor(2.0))
+    ref = _WritesItsInput()(want, scale=torch.tensor(2.0))
+    assert torch.equal(x, want) and torch.equal(out, ref)  # x + 1 in the caller's tensor; (x + 1) * 2 returned
+    compiled(x, scale=torch.tensor(2.0))
+    assert torch.equal(x, want + 1)  # every call writes it, as the program does
+
+    import dataclasses
+
+    dropped = dataclasses.replace(compiled, write_back=None, validation=None)
+    dropped.write_back = _OutputsOnly()
     with pytest.raises(BackendResultError, match=r"the program writes its input args\[0\] in place, and after the "
                                                  r"call the caller's tensor differs from what the lowered program "
                                                  r"leaves there by 1 \(relative\)"):
-        backends.to_backend(lowered)
-    x = torch.zeros(3)
-    backends.to_backend(lowered, validate=False)(x, scale=torch.tensor(2.0))
-    assert torch.equal(x, torch.zeros(3))   # what the check found: the write never reached the caller
+        validation.validated_hand_off(dropped, lowered.exported_program(), WRONG_REL)
+
+
+class _OutputsOnly:
+    """A write-back that drops the writes: what a backend that copies its inputs in does alone."""
+
+    def call(self, run, args, kwargs):
+        return run(args, kwargs)[0]

@@ -138,3 +138,39 @@ def test_the_real_model_sweep_records_are_the_local_pool_s(cluster, tmp_path, ba
         return {n: {s: st.get("status") for s, st in r["stages"].items()} for n, r in records.items()}
 
     assert outcomes(on_ray) == outcomes(local) and outcomes(local)["bert"]["capture"] == "ok"
+
+
+def _python_that_marks(tmp_path):
+    """A python (this one) that leaves a mark each time it starts: a backend's venv stand-in."""
+    import sys
+
+    marks = tmp_path / "started"
+    wrapper = tmp_path / "venv-python"
+    wrapper.write_text(f"#!/bin/sh\necho $$ >> '{marks}'\nexec '{sys.executable}' \"$@\"\n")
+    wrapper.chmod(0o755)
+    return str(wrapper), marks
+
+
+def test_a_backends_cases_run_where_it_is_installed(cluster, tmp_path):
+    """The backend matrix with a backend placed elsewhere (--python onnx=...): its cases run by that
+    python, here and on the cluster; on the cluster only on the node that offers the backend's resource."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("onnxruntime")
+    from tools import real_models
+
+    node = cluster.add_node(**NODE, resources={"backend_onnx": 1})
+    cluster.wait_for_nodes()
+    try:
+        python, marks = _python_that_marks(tmp_path)
+        kw = dict(timeout=300.0, stop_after=None, log_dir=str(tmp_path / "logs"), progress=False, backends=["onnx"],
+                  places={"onnx": python})
+        local, _ = real_models.sweep(["bert"], workers=1, out_path=str(tmp_path / "local.json"), **kw)
+        on_ray, _ = real_models.sweep(["bert"], workers=1, ray="auto", out_path=str(tmp_path / "ray.json"), **kw)
+        journal = sweep.read(str(tmp_path / "ray.json.jsonl"))
+        assert list(journal) == ["bert@onnx"] and journal["bert@onnx"]["node"] == node.node_id
+        assert len(marks.read_text().split()) == 2  # both cases started by the backend's python
+        stages = {n: {s: st.get("status") for s, st in r["stages"].items()} for n, r in on_ray.items()}
+        assert stages == {n: {s: st.get("status") for s, st in r["stages"].items()} for n, r in local.items()}
+        assert stages["bert"]["capture"] == "ok" and "run:onnx" in stages["bert"]
+    finally:
+        cluster.remove_node(node)
