@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 
 from .. import dims
 from ..lazy import Lazy
@@ -49,9 +50,10 @@ def lower_artifact(path, plan: LoweringPlan, *, device: str = "cpu", verify: boo
                 from torch.export.passes import move_to_device_pass
 
                 ep = move_to_device_pass(ep, device)
+            t0 = time.perf_counter()
             low = lower(ep, plan)
-            if validate and device == "cpu":
-                low = validated(low, ep)
+            if validate and device == "cpu":  # (at most the lowering's own time in runs of the programs)
+                low = validated(low, ep, budget=time.perf_counter() - t0)
             lowerings[name], sources[name] = low, (ep, prog, prog.dim_names)
         if entry is not None:
             entry.store(lowerings, source=art)  # refuses a source whose weights are not the ones it records
@@ -60,9 +62,10 @@ def lower_artifact(path, plan: LoweringPlan, *, device: str = "cpu", verify: boo
 
 def lower_exported(source_ep, plan: LoweringPlan, *, validate: bool = False, source=None) -> LoweredProgram:
     """An ExportedProgram in memory lowered with ``plan`` (validated against it where ``validate``)."""
+    t0 = time.perf_counter()
     low = lower(source_ep, plan)
     if validate:
-        low = validated(low, source_ep)
+        low = validated(low, source_ep, budget=time.perf_counter() - t0)
     return LoweredProgram(low, source_ep=source_ep, source=source)
 
 

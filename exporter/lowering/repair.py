@@ -16,17 +16,20 @@ from .validate import (SourceRuns, Validation, applied_decompositions, bounds_fo
 __all__ = ["validated"]
 
 
-def validated(lowering: Lowering, source_ep) -> Lowering:
+def validated(lowering: Lowering, source_ep, budget: float | None = None) -> Lowering:
     """``lowering`` (lower.Lowering of ``source_ep``) validated: a new Lowering with its validation,
     that of a repaired lowering where a decomposition is wrong. After a failure, each decomposition applied is
     checked where it runs (on the values its op receives in this program, one recording pass): the
     wrong ones are kept undecomposed where ``plan.accepts`` them, else OpsetError names the first; where
     all are right, the program amplifies their rounding and passes, naming them. Only where some
-    cannot be recorded (in a subgraph) is the responsible one found by bisection."""
+    cannot be recorded (in a subgraph) is the responsible one found by bisection. ``budget``: the
+    seconds the lowering took, which the programs' runs should not exceed (validate.validate)."""
     plan = lowering.plan
     applied = applied_decompositions(source_ep, plan.table)
     runs = SourceRuns(source_ep, record=applied)
-    verdict = validate(source_ep, lowering.exported_program(), plan.table, runs)
+    verdict = validate(source_ep, lowering.exported_program(), plan.table, runs, budget=budget)
+    if verdict.status == "failed" and verdict.scope == "ops" and not getattr(verdict, "culprits", None):
+        verdict = validate(source_ep, lowering.exported_program(), plan.table, runs)  # (the programs tell what)
     if verdict.status != "failed":
         return dataclasses.replace(lowering, validation=verdict)
     failure = verdict

@@ -1,7 +1,7 @@
 """Validation of a lowering on the artifact's own inputs: load_for_backend runs the lowered and the
 unlowered program on the stored example inputs and compares their outputs in the audit's words
 (verdicts.py), then checks a permuted second input op by op or on both programs, whichever costs
-less, for the decompositions not right whatever the values (_value_free); on a wrong output it
+less, for the decompositions not right whatever the values (value_free); on a wrong output it
 checks each decomposition where it runs.
 Why and the bounds: docs/lowering.md#a-lowering-is-validated-on-the-artifacts-own-inputs."""
 
@@ -16,12 +16,13 @@ import time
 import torch
 
 from .._torch.pytree import pytree
-from ..functionalize import LOCK
 from .decompose import shared_trace_table
 from ..graph_walk import call_nodes
 from ..shared.regions import is_autocast_marker
 from ..ops import op_name
 from ..util import nesting
+from .op_checks import (RANK, Decomposed, check_call, compare, is_wrapped, permuted, same, user_input_values,
+                        value_free, where_defined)
 
 __all__ = ["SourceRuns", "Validation", "applied_decompositions", "bounds_for", "right_where_they_run",
            "rounding_explains", "validate", "where_defined", "widened_run"]
@@ -39,7 +40,7 @@ class Validation:
     # how the derived input was checked: "program" (both programs run on it) or "ops" (each decomposed
     # op against its decomposition on the values its first calls receive, permuted); "eager" where no
     # check is needed (each decomposition applied runs eager's kernels for its op, or lays out a view as
-    # they do: _value_free); "" where it was not
+    # they do: value_free); "" where it was not
     derived: str = ""
     seconds: float = 0.0
     why: str = ""  # what failed, or why it was skipped
@@ -48,6 +49,10 @@ class Validation:
     # its op receives in this program (the program amplifies rounding): op -> that largest relative
     # difference, for the (up to three) ops that differ most there
     amplified: dict = dataclasses.field(default_factory=dict)
+    # "program": both programs ran on the input sets; "ops": their runs would cost more than the lowering,
+    # and each decomposition applied was checked against its op call by call instead (op_checks.py)
+    scope: str = "program"
+    calls: int = 0  # (scope "ops") the distinct calls checked
 
     def describe(self) -> str:
         if self.status == "skipped":
@@ -62,6 +67,13 @@ class Validation:
                     f"layers compound it in a low-precision dtype), as any other implementation of the ops would; "
                     f"{self.seconds:.2f} s")
         word = {"ulp": "ulp (float rounding)", "lossy": "lossy (beyond float rounding, within the bound)"}
+        if self.scope == "ops":
+            text = (f"validation {self.status} op by op: each decomposition applied against its op on {self.calls} "
+                    f"distinct call(s) of the program's shapes, on values computed from its inputs where cheap and "
+                    f"drawn elsewhere, and on those values permuted (the two programs' runs would cost more than "
+                    f"the lowering): {word.get(self.verdict, self.verdict)}, largest relative difference "
+                    f"{self.max_rel:.3g} (wrong beyond {self.bound:.3g}), {self.seconds:.2f} s")
+            return text + (f"; {self.why}" if self.why else "")
         how = {"ops": " (the derived one op by op)",
                "eager": " (no derived input needed: each decomposition applied runs the kernels eager runs for its "
                         "op, or lays out a view as they do)"
@@ -87,9 +99,6 @@ class Validation:
             return cls(**{f.name: fields[f.name] for f in dataclasses.fields(cls) if f.name in fields})
         except (ValueError, TypeError, KeyError):
             return None
-
-
-_RANK = {"exact": 0, "ulp": 1, "lossy": 2, "wrong": 3}
 
 
 def _called_ops(ep) -> set:
@@ -126,11 +135,6 @@ def applied_decompositions(source_ep, table: dict) -> list:
     whatever the table says: decompose.trace_table)."""
     full = shared_trace_table(table)
     return sorted((op for op in _called_ops(source_ep) if op in table and op in full), key=op_name)
-
-
-def where_defined(fn) -> str:
-    """A decomposition's name in messages: module.qualname."""
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
 
 
 def bounds_for(applied: list, source_ep=None) -> dict:
@@ -203,11 +207,6 @@ def _autocast_dtypes(source_ep) -> set:
                 found.add(dtype)
     return found
 
-
-# Above this many elements a tensor's values are rotated by a random offset instead of shuffled: a
-# random permutation of a large weight costs more than the two runs of the program it checks
-SHUFFLE_LIMIT = 1 << 20
-
 # The copies a recording run keeps of the values the decomposed ops receive, at most (the calls past it
 # are not recorded: a derived input is then checked on the whole programs)
 RECORD_LIMIT = 256 << 20
@@ -219,22 +218,13 @@ RECORD_LIMIT = 256 << 20
 TRACE_ESTIMATE = 0.025
 BUDGET = 1.0
 
-
-def _derived(inputs):
-    """``inputs`` with each tensor's values permuted (a fixed permutation per tensor: shuffled, or
-    rotated by a random offset when larger than SHUFFLE_LIMIT)."""
-    gen = torch.Generator().manual_seed(0)
-
-    def permute(x):
-        if not isinstance(x, torch.Tensor) or x.numel() < 2 or x.is_sparse:
-            return x
-        flat = x.detach().reshape(-1)
-        if flat.numel() > SHUFFLE_LIMIT:
-            shift = int(torch.randint(1, flat.numel(), (), generator=gen))
-            return flat.roll(shift).reshape(x.shape).contiguous()
-        return flat[torch.randperm(flat.numel(), generator=gen)].reshape(x.shape).clone()
-
-    return pytree.tree_map(permute, inputs)
+# What validating on the programs costs, in runs of the unlowered program as run_cost estimates it: both
+# programs on the stored inputs and, where a decomposition needs it, on a derived input (a lowered
+# program runs about as long; where it runs longer, its decompositions are slower in eager than the op)
+PROGRAM_RUNS = 4
+# Runs estimated to cost less than this are made whatever the lowering cost (an estimate this small is
+# mostly per-call overhead the count of FLOPs and bytes leaves out)
+RUNS_ALWAYS = 0.02
 
 
 def _written_placeholders(graph) -> set[str]:
@@ -333,7 +323,7 @@ class _Runner:
                     leaves = pytree.tree_leaves((args, kwargs))
                     need = sum(v.numel() * v.element_size() for v in leaves if copied(v))
                     # (a call inside a vmap region receives batched tensors, which mean nothing outside it)
-                    if need <= room[0] and not any(isinstance(v, torch.Tensor) and _wrapped(v) for v in leaves):
+                    if need <= room[0] and not any(isinstance(v, torch.Tensor) and is_wrapped(v) for v in leaves):
                         room[0] -= need
                         calls[target].append(pytree.tree_map(keep, (args, kwargs)))
                 return super().call_function(target, args, kwargs)
@@ -424,52 +414,11 @@ def rounding_explains(source_ep, failure: "Validation") -> bool:
     return True
 
 
-def _wrapped(t: torch.Tensor) -> bool:
-    """Whether ``t`` is a functorch wrapper (a batched tensor of a vmap region, a grad-tracking one)."""
-    return torch._C._functorch.is_functorch_wrapped_tensor(t)
-
-
-def _same(a, b) -> bool:
-    return all(torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y
-               for x, y in zip(pytree.tree_leaves(a), pytree.tree_leaves(b)))
-
-
 def _output_bound(want, bounds: dict) -> float:
     """The bound of the outputs' float dtype (the widest bound where they mix): what describe() names."""
     found = [bounds.get(t.dtype, 1e-3) for t in pytree.tree_leaves(want)
              if isinstance(t, torch.Tensor) and t.is_floating_point()]
     return max(found) if found else bounds[torch.float32]
-
-
-def _compare(got, want, bounds: dict) -> tuple[str, float, str]:
-    """(verdict, largest relative difference, why) of the lowered outputs ``got`` against ``want``."""
-    from . import verdicts
-
-    entry = verdicts.compare(got, want, None, ulps=False)  # (wrong or exact: the distance is measured below)
-    if entry["verdict"] == "wrong":
-        return "wrong", float("inf"), entry.get("why", "")
-    verdict, worst, beyond_rounding = entry["verdict"], 0.0, False
-    if verdict == "exact":  # every output equal: nothing to measure
-        return verdict, worst, ""
-    for a, b in zip(pytree.tree_leaves(got), pytree.tree_leaves(want)):
-        if not isinstance(b, torch.Tensor) or not b.is_floating_point() or b.numel() == 0 or torch.equal(a, b):
-            continue
-        dtype = b.dtype
-        rel = verdicts.relative_difference(a, b)  # (in float32, float64 only for float64 outputs)
-        worst = max(worst, rel)
-        if rel > bounds.get(dtype, 1e-3):
-            return "wrong", rel, f"a {str(dtype).removeprefix('torch.')} output differs by {rel:.3g} (relative)"
-        beyond_rounding = beyond_rounding or rel > rounding(dtype, bounds)
-    # a whole program's outputs are judged on the relative difference the bound uses: an element near
-    # zero a few of its own ulps off (what makes the element-wise verdict "lossy") is rounding here
-    return ("lossy" if beyond_rounding else "ulp"), worst, ""
-
-
-def rounding(dtype, bounds: dict) -> float:
-    """The relative difference a program's output may show from float rounding alone: 16 machine
-    epsilons of its dtype (1.9e-6 for float32), at most a tenth of the bound beyond which it is wrong
-    (0.005 for bfloat16)."""
-    return min(16 * torch.finfo(dtype).eps, bounds.get(dtype, 1e-3) / 10)
 
 
 # A dynamic dim of the stored example inputs is validated at this size (at least its lower bound and 2):
@@ -486,8 +435,7 @@ def smaller_inputs(source_ep):
     if stored is None:
         return None
     flat, spec = pytree.tree_flatten(stored)
-    names = set(source_ep.graph_signature.user_inputs)
-    vals = [n.meta.get("val") for n in source_ep.graph.nodes if n.op == "placeholder" and n.name in names]
+    vals = user_input_values(source_ep)
     if len(vals) != len(flat):
         return None
     dims = [(k, d, size.node.expr, real) for k, (val, x) in enumerate(zip(vals, flat))
@@ -560,13 +508,13 @@ class SourceRuns:
     def _ran(self, i: int) -> tuple:
         try:
             if self.inputs[i] is None:
-                self.inputs[i] = _derived(self.inputs[0])
+                self.inputs[i] = permuted(self.inputs[0])
             if i == 0:
                 t = time.perf_counter()
                 want, self.recorded = self._runner.record(self.inputs[0], self.record)
                 self.seconds = time.perf_counter() - t
                 # an op that can draw (dropout, sdpa) may draw nothing (eval mode): a second seed tells
-                if self.random and not _same(want, self._runner(self.inputs[0], seed=1)):
+                if self.random and not same(want, self._runner(self.inputs[0], seed=1)):
                     return "random", None
             else:
                 want = self._runner(self.inputs[i])
@@ -575,12 +523,15 @@ class SourceRuns:
             return "error", e
 
 
-def validate(source_ep, lowered_ep, table: dict, runs: SourceRuns | None = None) -> Validation:
+def validate(source_ep, lowered_ep, table: dict, runs: SourceRuns | None = None, budget: float | None = None
+             ) -> Validation:
     """Run ``lowered_ep`` on the stored example inputs (cut along dynamic dims: smaller_inputs) and compare
     with ``source_ep``'s outputs on them;
     then check a derived input, where a decomposition applied needs one: op by op where that costs less
     (_derived_at_ops), else by running both programs on it (docs/lowering.md#a-lowering-is-validated-on-the-artifacts-own-inputs). ``runs``
-    given: on its input sets."""
+    given: on its input sets. ``budget`` (seconds: the lowering's own time): where the two runs are
+    estimated to cost more, each decomposition is checked call by call instead, where that can speak
+    for them (_by_ops)."""
     t0 = time.perf_counter()
     if source_ep.example_inputs is None:
         return Validation("skipped", why="the artifact stores no example inputs")
@@ -588,6 +539,11 @@ def validate(source_ep, lowered_ep, table: dict, runs: SourceRuns | None = None)
     bounds = bounds_for(applied, source_ep)
     result = Validation("passed", verdict="exact", bound=bounds[torch.float32])
     runs, theirs = runs or SourceRuns(source_ep, record=applied), None
+    if budget is not None and not runs.given:
+        by_ops = _by_ops(source_ep, lowered_ep, applied, table, bounds, budget, runs.inputs[0])
+        if by_ops is not None:
+            by_ops.seconds = time.perf_counter() - t0
+            return by_ops
     t_lowered = 0.0
     for i in range(len(runs.inputs)):
         if i == 1 and not runs.given:
@@ -627,10 +583,10 @@ def validate(source_ep, lowered_ep, table: dict, runs: SourceRuns | None = None)
             got = None
             verdict, rel, why = "wrong", float("inf"), f"the lowered program raises {type(e).__name__}: {str(e)[:200]}"
         else:
-            verdict, rel, why = _compare(got, want, bounds)
+            verdict, rel, why = compare(got, want, bounds)
         result.inputs += 1
         result.max_rel = max(result.max_rel, rel)
-        if _RANK[verdict] > _RANK[result.verdict]:
+        if RANK[verdict] > RANK[result.verdict]:
             result.verdict = verdict
         if verdict == "wrong":
             result.status = "failed"
@@ -642,109 +598,79 @@ def validate(source_ep, lowered_ep, table: dict, runs: SourceRuns | None = None)
     return result
 
 
-class _Decomposed:
-    """Calls of decompositions as the lowering computes them: ``fn`` traced with the table applied to
-    every op it calls in turn (the lowered form of one call), then run. A trace on fake tensors is kept
-    per call signature (shapes, dtypes, strides and non-tensor arguments), so the calls of a repeated
-    layer are traced once; a call that cannot be traced on fake tensors (its decomposition reads
-    values) is traced on its own values, and one that cannot be traced at all runs fn as it is."""
+def _by_ops(source_ep, lowered_ep, applied: list, table: dict, bounds: dict, budget: float, inputs
+            ) -> Validation | None:
+    """The Validation of checking each decomposition applied call by call (op_checks.check_calls), where the
+    programs' runs (PROGRAM_RUNS of the unlowered one on ``inputs``, as run_cost estimates it) cost more
+    than ``budget`` and the checks' traces (TRACE_ESTIMATE per distinct call) less; None where the runs fit,
+    or the checks cannot speak for them: no decomposition applied, a program that draws random values
+    or writes its state or inputs back (what functionalization does there is the programs' to show),
+    an op in a subgraph, a value that cannot be drawn."""
+    from ..functionalize import forced_decompositions
+    from . import run_cost
+    from .op_checks import check_calls, input_sizes, signatures
 
-    def __init__(self, table: dict):
-        self.table, self.traced = table, {}
-
-    @staticmethod
-    def _split(args, kwargs):
-        flat, spec = pytree.tree_flatten((args, kwargs))
-        return flat, spec, [i for i, v in enumerate(flat) if isinstance(v, torch.Tensor)]
-
-    def key(self, fn, args, kwargs):
-        """What makes two calls of ``fn`` trace alike (None: no stable key, traced on their values)."""
-        return self._key(fn, *self._split(args, kwargs))
-
-    @staticmethod
-    def _key(fn, flat, spec, at):
-        try:
-            key = (fn, str(spec), tuple((flat[i].shape, flat[i].dtype, flat[i].stride(), flat[i].device) for i in at),
-                   repr([v for i, v in enumerate(flat) if i not in at]))
-            hash(key)
-        except Exception:  # noqa: BLE001 -- an argument without a stable key
-            return None
-        return key
-
-    def __call__(self, fn, args, kwargs):
-        flat, spec, at = self._split(args, kwargs)
-
-        def call(*tensors):
-            values = list(flat)
-            for i, t in zip(at, tensors):
-                values[i] = t
-            a, k = pytree.tree_unflatten(values, spec)
-            return fn(*a, **k)
-
-        tensors = [flat[i] for i in at]
-        key = self._key(fn, flat, spec, at)
-        gm = self.traced.get(key) if key is not None else None
-        if gm is None:
-            with LOCK:  # (a trace in another thread, another lowering's, sees this one's modes otherwise)
-                gm = self._trace(call, tensors, key)
-            if gm is None:
-                return call(*tensors)
-        return gm(*tensors)
-
-    def _trace(self, call, tensors, key):
-        """``call`` traced with the table, on fake tensors, else on ``tensors``; None where it cannot be."""
-        from torch.fx.experimental.proxy_tensor import make_fx
-
-        try:
-            gm = make_fx(call, decomposition_table=self.table, tracing_mode="fake")(*tensors)
-            if key is not None:
-                self.traced[key] = gm
-            return gm
-        except Exception:  # noqa: BLE001 -- a decomposition that reads values: traced on these
-            try:
-                return make_fx(call, decomposition_table=self.table)(*[t.clone() for t in tensors])
-            except Exception:  # noqa: BLE001 -- a call make_fx cannot trace: its first-level decomposition runs
-                return None
-
-
-def _check_call(op, fn, decomposed: _Decomposed, args, kwargs, bounds: dict) -> tuple[str, float, str] | None:
-    """(verdict, largest relative difference, why) of ``fn`` (op's decomposition, lowered further as
-    ``decomposed`` does) against ``op`` on one call's values, what an in-place op writes compared too;
-    None where op itself raises on them (values outside its domain) or ``fn`` declines the call (the
-    lowering keeps the op there): no check; verdict "error" where
-    the decomposition cannot be run here (the lowering traced it its own way: nothing known)."""
-    from ..mutation import is_mutating
-
-    writes = is_mutating(op)  # (a functional op's arguments are shared by both calls)
-    want_in, got_in = ((copy.deepcopy((args, kwargs)), copy.deepcopy((args, kwargs))) if writes
-                       else ((args, kwargs), (args, kwargs)))
-    with torch.no_grad():
-        try:
-            torch.manual_seed(0)  # (an op that draws, drawing as the program's run does: same seed both sides)
-            want = op(*want_in[0], **want_in[1])
-        except Exception:  # noqa: BLE001 -- the op's own check
-            return None
-        try:
-            torch.manual_seed(0)
-            got = decomposed(fn, *got_in)
-        except Exception as e:  # noqa: BLE001 -- this check cannot run it (the lowering's own trace did)
-            return "error", float("inf"), f"its decomposition raises {type(e).__name__}: {str(e)[:200]}"
-    if got is NotImplemented:  # the entry declines this call: the lowering keeps the op there
+    if not applied or _random_ops(source_ep):
         return None
-    if writes:
-        want, got = (want, want_in), (got, got_in)
-    if _uninitialized(op):  # its values are whatever memory held: the layout is all there is to compare
-        want, got = (pytree.tree_map_only(torch.Tensor, torch.zeros_like, x) for x in (want, got))
+    sig = source_ep.graph_signature
+    if sig.buffers_to_mutate or sig.user_inputs_to_mutate or _written_placeholders(source_ep.graph):
+        return None
     try:
-        return _compare(got, want, bounds)
-    except Exception as e:  # noqa: BLE001 -- values this cannot compare (float8 has no equal on CPU): nothing known
-        return "error", float("inf"), f"its values cannot be compared here ({type(e).__name__}: {str(e)[:200]})"
+        sizes = input_sizes(source_ep, inputs)
+        work = run_cost.program_work(source_ep, sizes)
+        runs = PROGRAM_RUNS * work.seconds(run_cost.rates())
+    except Exception:  # noqa: BLE001 -- not estimated: the programs run
+        return None
+    if sizes is None or runs <= max(budget, RUNS_ALWAYS):
+        return None
+    calls = signatures(source_ep, applied, sizes)
+    if calls is None or sum(map(len, calls.values())) * TRACE_ESTIMATE >= runs:
+        return None
+    # (and what every lowering decomposes whatever the table says, which the programs' runs would check)
+    forced = {op: fn for op, fn in forced_decompositions().items() if op not in table}
+    ops = applied + sorted((op for op in _called_ops(source_ep) if op in forced), key=op_name)
+    checks = check_calls(source_ep, ops, table, bounds, inputs, forced, work.heavy)
+    if checks is None:
+        return None
+    wanted = [n.meta.get("val") for n in _user_output_nodes(source_ep)]
+    got = [n.meta.get("val") for n in _user_output_nodes(lowered_ep)]
+    floats = {v.dtype for v in wanted if isinstance(v, torch.Tensor) and v.is_floating_point()}
+    result = Validation("passed", verdict=checks.verdict, bound=max((bounds.get(dt, 0.0) for dt in floats),
+                                                                    default=bounds[torch.float32]),
+                        inputs=2, derived="ops", scope="ops", calls=checks.calls)
+    result.max_rel = max((rel for rel, _ in checks.local.values() if rel is not None), default=0.0)
+    differs = _outputs_differ(wanted, got)
+    wrong = [op for op in applied if op in checks.local and checks.local[op][0] is None]
+    if wrong:
+        result.status, result.verdict = "failed", "wrong"
+        result.why = f"where {op_name(wrong[0])} runs: {checks.local[wrong[0]][1]}"
+        result.culprits = wrong  # (not a field: for repair.validated())
+    elif differs:
+        result.status, result.verdict, result.why = "failed", "wrong", f"the lowered program's outputs {differs}"
+    return result
 
 
-def _uninitialized(op) -> bool:
-    """Whether ``op`` returns memory it does not fill (aten::empty, empty_like, new_empty_strided, ...)."""
-    return op.__name__.split(".")[0] in {"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided",
-                                         "empty_permuted"}
+def _user_output_nodes(ep) -> list:
+    """The nodes of ``ep``'s user outputs, in order."""
+    from torch.export.graph_signature import OutputKind
+
+    out = ep.graph.output_node().args[0]
+    return [v for v, spec in zip(out, ep.graph_signature.output_specs) if spec.kind == OutputKind.USER_OUTPUT]
+
+
+def _outputs_differ(wanted: list, got: list) -> str:
+    """What differs in the recorded outputs of two programs (their number, a tensor's dtype or rank, a
+    static size); "" where nothing does."""
+    if len(wanted) != len(got):
+        return f"are {len(got)} where the program's are {len(wanted)}"
+    for i, (w, g) in enumerate(zip(wanted, got)):
+        if isinstance(w, torch.Tensor) != isinstance(g, torch.Tensor):
+            return f"[{i}] is {type(g).__name__} where the program's is {type(w).__name__}"
+        if isinstance(w, torch.Tensor):
+            static = all(isinstance(a, int) and isinstance(b, int) for a, b in zip(w.shape, g.shape))
+            if w.dtype != g.dtype or w.dim() != g.dim() or (static and tuple(w.shape) != tuple(g.shape)):
+                return (f"[{i}] is {tuple(g.shape)} {g.dtype} where the program's is {tuple(w.shape)} {w.dtype}")
+    return ""
 
 
 def right_where_they_run(source_ep, ops, table: dict, bounds: dict, inputs, recorded: dict | None = None) -> dict:
@@ -754,7 +680,7 @@ def right_where_they_run(source_ep, ops, table: dict, bounds: dict, inputs, reco
     decomposition is wrong where it runs). Ops not recorded (called in a subgraph only, or a program
     run through ep.module()) are left out."""
     full = shared_trace_table(table)  # each entry as the lowering applies it
-    out, decomposed = {}, _Decomposed(full)
+    out, decomposed = {}, Decomposed(full)
     if recorded is None:
         try:
             _, recorded = _Runner(source_ep).record(inputs, ops)
@@ -764,7 +690,7 @@ def right_where_they_run(source_ep, ops, table: dict, bounds: dict, inputs, reco
         if op not in ops:
             continue
         for args, kwargs in calls:
-            checked = _check_call(op, full[op], decomposed, args, kwargs, bounds)
+            checked = check_call(op, full[op], decomposed, args, kwargs, bounds)
             if checked is None:  # (the op ran on these values in the program, or the lowering keeps this call)
                 continue
             verdict, rel, _ = checked
@@ -780,8 +706,8 @@ def right_where_they_run(source_ep, ops, table: dict, bounds: dict, inputs, reco
 def _derived_at_ops(runs: SourceRuns, applied: list, table: dict, bounds: dict, budget: float) -> tuple | None:
     """(op -> (largest relative difference, "") or (None, why it is wrong), the ops checked): each
     decomposition applied against its op on the values the op's first calls received in the run on
-    the stored inputs, each tensor's values permuted (_derived): the derived input, checked where the
-    decompositions run; not those whose lowered form is right whatever the values (_value_free). None
+    the stored inputs, each tensor's values permuted (permuted): the derived input, checked where the
+    decompositions run; not those whose lowered form is right whatever the values (value_free). None
     where this cannot stand for running both programs on a derived input (no op is decomposed, or an
     op applied was not recorded: it runs in a subgraph, or the recording was full), or costs more than
     ``budget`` seconds (the traces, TRACE_ESTIMATE each by the count of distinct calls, or as measured
@@ -793,9 +719,9 @@ def _derived_at_ops(runs: SourceRuns, applied: list, table: dict, bounds: dict, 
     if not applied or recorded is None or any(op not in recorded for op in applied):
         return None  # (no decomposition applied: what the derived input checks is the rest of the lowering)
     full = shared_trace_table(table)  # each entry as the lowering applies it
-    decomposed = _Decomposed(full)
+    decomposed = Decomposed(full)
     mode = FakeTensorMode()
-    needed = [op for op in applied if not _value_free(op, table[op], full, recorded[op], decomposed, mode)]
+    needed = [op for op in applied if not value_free(op, table[op], full, recorded[op], decomposed, mode)]
     if not needed:
         return {}, needed
     keys = {decomposed.key(full[op], *call) for op in needed for call in recorded[op]}
@@ -813,10 +739,10 @@ def _derived_at_ops(runs: SourceRuns, applied: list, table: dict, bounds: dict, 
                     return None
                 deadline = spent + 2 * left
             try:
-                derived = _derived((args, kwargs))
+                derived = permuted((args, kwargs))
             except Exception:  # noqa: BLE001 -- values this cannot permute: the whole programs run instead
                 return None
-            checked = _check_call(op, fn, decomposed, *derived, bounds)
+            checked = check_call(op, fn, decomposed, *derived, bounds)
             if checked is None:  # permuted values outside the op's own domain: not a check
                 continue
             verdict, rel, why = checked
@@ -828,88 +754,3 @@ def _derived_at_ops(runs: SourceRuns, applied: list, table: dict, bounds: dict, 
                 break
             out[op] = (max(out.get(op, (0.0,))[0], rel), "")
     return out, needed
-
-
-def _eagers_own(op, fn) -> bool:
-    """Whether ``fn`` is op's own CompositeImplicitAutograd kernel as torch's table holds it
-    (functionalize.runs_cia_kernel: the lowering's trace runs that C++ kernel, and the ops it calls from
-    C++ are decomposed by their own C++ kernels too, as in eager), and the code eager runs for op: op
-    has no kernel of a device's own (native_channel_shuffle has a CPU one, which eager runs instead)."""
-    from ..functionalize import runs_cia_kernel
-
-    has = torch._C._dispatch_has_kernel_for_dispatch_key
-    return (runs_cia_kernel(fn) and fn.keywords.get("kernel") is op
-            and has(op.name(), "CompositeImplicitAutograd") and not has(op.name(), "CPU") and not has(op.name(), "CUDA"))
-
-
-def _same_layout_view(want, got) -> bool:
-    """Whether ``got`` and ``want`` are each the same view of the same storage (shape, strides, offset):
-    the same elements whatever they hold. Two values computed anew are not (each has its own storage)."""
-    w, g = pytree.tree_leaves(want), pytree.tree_leaves(got)
-    return len(w) == len(g) and all(
-        isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.shape == y.shape and x.dtype == y.dtype
-        and x.stride() == y.stride() and x.storage_offset() == y.storage_offset()
-        and x.untyped_storage()._cdata == y.untyped_storage()._cdata for x, y in zip(w, g))
-
-
-def _value_free(op, fn, full: dict, calls: list, decomposed: _Decomposed, mode=None) -> bool:
-    """Whether op's lowered form computes what op does whatever the values, on the shapes of ``calls``,
-    as told on fake tensors (shapes, no values): ``fn`` is eager's own kernel for op (_eagers_own), or op
-    is not a composite one, and every op that eager dispatches for op and the table decomposes (op
-    itself, where it is not composite) returns a view its decomposition lays out as the op's own
-    kernel does (the same elements of the same storage, whatever they hold: linear's t, which the
-    lowering makes a permute; transpose), and the same ops with the Python dispatcher on as without it
-    (a trace may run the Python kernel matmul has where eager runs C++); or no call has a tensor
-    argument (arange). A derived input
-    can find nothing wrong there that the stored one does not (a trace cannot branch on values). False
-    where this cannot be told, for an op that writes in place, and for any that computes values anew.
-    ``mode``: the FakeTensorMode to run in (one for all the ops of a program: the weights made fake once)."""
-    from .._torch.dispatch import FakeTensorMode, TorchDispatchMode, enable_python_dispatcher
-    from ..mutation import is_mutating
-
-    if not any(isinstance(v, torch.Tensor) for call in calls for v in pytree.tree_leaves(call)):
-        return True  # (arange, ones: the derived input gives these calls the arguments the stored one did)
-    if is_mutating(op) or not (_eagers_own(op, fn) or not torch._C._dispatch_has_kernel_for_dispatch_key(
-            op.name(), "CompositeImplicitAutograd")):
-        return False
-    bad, seen = [], []
-
-    class Views(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            out = func(*args, **kwargs)
-            seen.append((func, [(t.shape, t.stride()) for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]))
-            if func in full and not bad:
-                if is_mutating(func):
-                    bad.append(func)
-                else:
-                    with self:  # (its decomposition's own calls checked alike)
-                        got = full[func](*args, **kwargs)
-                    if got is not NotImplemented and not _same_layout_view(out, got):
-                        bad.append(func)
-            return out
-
-    done = set()
-    for args, kwargs in calls:
-        key = decomposed.key(fn, args, kwargs)
-        if key is not None and key in done:
-            continue
-        done.add(key)
-        try:
-            mode = mode or FakeTensorMode()
-            with LOCK, mode:
-                fake = pytree.tree_map_only(torch.Tensor, mode.from_tensor, (args, kwargs))
-                with Views():
-                    op(*fake[0], **fake[1])
-                plain, seen[:] = list(seen), []
-                # a trace may run the Python kernels some composite ops have (matmul's) where eager runs
-                # C++: the same calls either way, or not known (the decompositions' own calls included:
-                # the second run checks the layouts again so that its calls compare with the first's)
-                with enable_python_dispatcher(), Views():
-                    op(*fake[0], **fake[1])
-        except Exception:  # noqa: BLE001 -- not known: checked as any other
-            return False
-        if bad or key is None or seen != plain:
-            return False
-        seen.clear()
-    return True

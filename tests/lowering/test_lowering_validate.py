@@ -16,6 +16,7 @@ from tools.corpus.zoo import make_case
 from exporter.lowering import tables
 from exporter.lowering import repair as R
 from exporter.lowering import validate as V
+from exporter.lowering import op_checks
 from exporter.lowering.plan import plan_lowering
 from runtime_ref import Runtime
 
@@ -175,7 +176,7 @@ def test_eval_dropout_is_validated():
 
 def test_derived_inputs_keep_shapes_dtypes_and_values():
     x, ids = torch.randn(3, 5), torch.randint(0, 7, (2, 6))
-    (dx, dids), _ = V._derived(((x, ids), {}))
+    (dx, dids), _ = op_checks.permuted(((x, ids), {}))
     assert dx.shape == x.shape and dids.dtype == ids.dtype
     assert not torch.equal(dx, x)
     assert torch.equal(dx.flatten().sort().values, x.flatten().sort().values)
@@ -199,9 +200,9 @@ def test_the_runner_computes_what_the_module_does_and_leaves_the_state(tmp_path,
     assert runner.module is None  # the direct path, not the ep.module() fallback
     got = runner(inputs)
     want = copy.deepcopy(ep).module()(*copy.deepcopy(case.args), **copy.deepcopy(case.kwargs or {}))
-    assert len(got) == len(pytree.tree_leaves(want)) and V._same(got, pytree.tree_leaves(want))
+    assert len(got) == len(pytree.tree_leaves(want)) and op_checks.same(got, pytree.tree_leaves(want))
     assert all(torch.equal(v, before[k]) for k, v in ep.state_dict.items())
-    assert V._same(runner(inputs), got)  # again, from the stored state
+    assert op_checks.same(runner(inputs), got)  # again, from the stored state
 
 
 @pytest.mark.parametrize("model, random", [
@@ -251,13 +252,13 @@ def test_validation_work_on_a_large_input_is_a_fixed_number_of_passes_over_it(tm
     derived input and float64 copies of each output to compare. Now the derived input of a large tensor
     is a rotation, an output equal to the unlowered one is not measured further, and differences are
     measured in float32 for half-precision outputs (bench: `--models instance_norm_large`)."""
-    n = V.SHUFFLE_LIMIT * 2
+    n = op_checks.SHUFFLE_LIMIT * 2
     x = torch.randn(1, 2, n // 2, dtype=torch.float16)
     path = tmp_path / "inorm.pt2b"
     export_model(_InstanceNorm(), (x,), path)
     work = _Work()
     with work:
-        derived = V._derived(((x,), {}))
+        derived = op_checks.permuted(((x,), {}))
     assert not any(f is torch.ops.aten.randperm.default for f, _, _ in work.calls)
     assert torch.equal(derived[0][0].flatten().sort().values, x.flatten().sort().values)
     assert not torch.equal(derived[0][0], x)
@@ -267,7 +268,7 @@ def test_validation_work_on_a_large_input_is_a_fixed_number_of_passes_over_it(tm
     for got in ([want[0].clone()], [want[0] + torch.finfo(torch.float16).eps]):
         work = _Work()
         with work:
-            verdict, _, why = V._compare(got, want, V.bounds_for(V.applied_decompositions(source, lowered.table)))
+            verdict, _, why = op_checks.compare(got, want, V.bounds_for(V.applied_decompositions(source, lowered.table)))
         assert verdict in ("exact", "ulp", "lossy"), why
         assert not any(dt == torch.float64 and k >= n for _, dt, k in work.calls), "float64 copies of the outputs"
         assert len([1 for _, _, k in work.calls if k >= n]) <= 64, "more than a fixed number of passes over the output"
@@ -329,7 +330,7 @@ def test_each_wrong_decomposition_is_found_where_it_runs_and_kept_in_one_relower
     monkeypatch.setattr(R, "_responsible", lambda *a: pytest.fail("bisected"))
     lowerings = []
     real = R.validate
-    monkeypatch.setattr(R, "validate", lambda *a: lowerings.append(1) or real(*a))
+    monkeypatch.setattr(R, "validate", lambda *a, **k: lowerings.append(1) or real(*a, **k))
     lp = load_for_backend(path, "max", cache=False, keep=["aten::gelu.default", "aten::hardswish.default"],
                           decompositions=wrong)
     assert sorted(lp.validation.kept) == ["aten::gelu.default", "aten::hardswish.default"]
@@ -474,7 +475,7 @@ def test_a_call_whose_values_cannot_be_compared_tells_nothing():
         return (x + 1).to(dtype)
 
     x = torch.randn(4, 4)
-    verdict, _, why = V._check_call(op, off_by_one, V._Decomposed(full), (x,), {"dtype": torch.float8_e4m3fn}, {})
+    verdict, _, why = op_checks.check_call(op, off_by_one, op_checks.Decomposed(full), (x,), {"dtype": torch.float8_e4m3fn}, {})
     assert verdict == "error" and "cannot be compared" in why
 
 
@@ -516,11 +517,11 @@ def test_what_is_right_whatever_the_values_is_told_on_fake_tensors():
 
     table = plan_lowering("core").table
     full = shared_trace_table(table)
-    d = V._Decomposed(full)
+    d = op_checks.Decomposed(full)
     x, w = torch.randn(3, 4), torch.randn(5, 4)
 
     def free(op, calls, table=table, full=full):
-        return V._value_free(op, table[op], full, calls, V._Decomposed(full))
+        return op_checks.value_free(op, table[op], full, calls, op_checks.Decomposed(full))
 
     assert free(aten.linear.default, _call(x, w, torch.randn(5)))
     assert free(aten.linear.default, _call(torch.randn(2, 3, 4), w))  # (3-d: matmul, _unsafe_view as view)
@@ -529,9 +530,9 @@ def test_what_is_right_whatever_the_values_is_told_on_fake_tensors():
     assert free(aten.arange.start, [((0, 5), {})])
     assert not free(aten.silu.default, _call(x))
     # (composite, yet with a CPU kernel of its own, which eager runs instead)
-    assert not V._eagers_own(aten.native_channel_shuffle.default, table[aten.native_channel_shuffle.default])
-    assert V._eagers_own(aten.linear.default, table[aten.linear.default])
-    assert not V._value_free(aten.add_.Tensor, table.get(aten.add_.Tensor), full, _call(x, x), V._Decomposed(full))
+    assert not op_checks.eagers_own(aten.native_channel_shuffle.default, table[aten.native_channel_shuffle.default])
+    assert op_checks.eagers_own(aten.linear.default, table[aten.linear.default])
+    assert not op_checks.value_free(aten.add_.Tensor, table.get(aten.add_.Tensor), full, _call(x, x), op_checks.Decomposed(full))
     mine = dict(table)
     mine[aten.linear.default] = lambda x, w, b=None: x @ w.t() + (0 if b is None else b)  # right, yet not eager's
     assert not free(aten.linear.default, _call(x, w), mine, shared_trace_table(mine))
@@ -553,9 +554,9 @@ def test_a_python_kernel_the_trace_may_run_is_not_taken_for_eagers(monkeypatch):
     table = plan_lowering("core").table
     full = shared_trace_table(table)
     call = _call(torch.randn(2, 3, 4).transpose(0, 1), torch.randn(5, 4))
-    assert not V._value_free(aten.linear.default, table[aten.linear.default], full, call, V._Decomposed(full))
+    assert not op_checks.value_free(aten.linear.default, table[aten.linear.default], full, call, op_checks.Decomposed(full))
     monkeypatch.setattr(dispatch, "enable_python_dispatcher", contextlib.nullcontext)  # what tells them apart
-    assert V._value_free(aten.linear.default, table[aten.linear.default], full, call, V._Decomposed(full))
+    assert op_checks.value_free(aten.linear.default, table[aten.linear.default], full, call, op_checks.Decomposed(full))
 
 
 class _Permutes(torch.nn.Module):

@@ -29,6 +29,7 @@ HOMES = {
     # keeps its name)
     r"\bvalidat\w*": {"exporter/api.py", "exporter/cli/__init__.py", "exporter/cli/lower.py", "exporter/cli/run.py",
                       "exporter/lowering/validate.py", "exporter/lowering/repair.py", "exporter/lowering/pipeline.py",
+                      "exporter/lowering/op_checks.py",
                       "exporter/lowering/lowered.py", "exporter/lowering/lower.py", "exporter/lowering/cache.py",
                       "exporter/lowering/verdicts.py", "exporter/lowering/opset_check.py",
                       "exporter/serialize/read/weights.py", "exporter/serialize/write/writer.py",

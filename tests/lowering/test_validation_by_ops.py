@@ -1,0 +1,164 @@
+"""Validation where the two programs' runs would cost more than the lowering (a large model): each
+decomposition applied is checked against its op call by call (exporter/lowering/op_checks.py), once per
+call signature, on values of the program's shapes; neither program runs. What the checks cannot speak
+for (a program that writes its state back, an op in a subgraph) is still validated on the programs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from exporter import export_model, load, load_for_backend
+from exporter.errors import OpsetError
+from exporter.lowering import op_checks, run_cost
+from exporter.lowering import validate as V
+from exporter.lowering.plan import plan_lowering
+
+aten = torch.ops.aten
+
+
+class _Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln, self.qkv, self.out = torch.nn.LayerNorm(16), torch.nn.Linear(16, 48), torch.nn.Linear(16, 16)
+
+    def forward(self, x, mask):
+        q, k, v = self.qkv(self.ln(x)).chunk(3, -1)
+        a = torch.nn.functional.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None], attn_mask=mask)
+        return x + self.out(torch.nn.functional.silu(torch.nn.functional.gelu(a[:, 0])))
+
+
+class _Decoder(torch.nn.Module):
+    """Four equal layers: their decomposed calls share one signature each."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(_Block() for _ in range(4))
+
+    def forward(self, x, ids):
+        mask = torch.arange(x.shape[1])[None, :] <= ids[:, None]  # (cheap: computed, not drawn)
+        for layer in self.layers:
+            x = layer(x, mask)
+        return x
+
+
+@pytest.fixture
+def large(monkeypatch):
+    """Every program estimated to run for a minute: larger than any lowering's time."""
+    monkeypatch.setattr(run_cost.Work, "seconds", lambda self, rates: 60.0)
+
+
+@pytest.fixture
+def runs(monkeypatch):
+    """How many times validation ran a program (whole, on an input set)."""
+    count = {"runs": 0}
+    real_call, real_record = V._Runner.__call__, V._Runner.record
+
+    def call(self, *a, **k):
+        count["runs"] += 1
+        return real_call(self, *a, **k)
+
+    def record(self, *a, **k):
+        count["runs"] += 1
+        return real_record(self, *a, **k)
+
+    monkeypatch.setattr(V._Runner, "__call__", call)
+    monkeypatch.setattr(V._Runner, "record", record)
+    return count
+
+
+def _decoder(tmp_path):
+    torch.manual_seed(0)
+    model = _Decoder().eval()
+    args = (torch.randn(2, 10, 16), torch.arange(10))
+    seq = torch.export.Dim("seq", min=2, max=64)
+    path = tmp_path / "m.pt2b"
+    export_model(model, args, path, dynamic_shapes={"x": {1: seq}, "ids": {0: seq}})
+    return model, args, path
+
+
+def test_a_large_program_is_validated_op_by_op_and_runs_no_program(tmp_path, large, runs):
+    model, args, path = _decoder(tmp_path)
+    lp = load_for_backend(path, "core", cache=False)
+    v = lp.validation
+    assert (v.status, v.scope, v.derived) == ("passed", "ops", "ops")
+    assert runs["runs"] == 0  # neither program ran
+    # sdpa and silu compute values anew (layer_norm and linear run eager's own kernels: nothing to check);
+    # the four layers' calls share one signature per op
+    assert v.calls == 2 and v.verdict in ("exact", "ulp") and v.max_rel <= v.bound == 1e-3
+    assert "validation passed op by op" in lp.report() and "2 distinct call(s)" in v.describe()
+    torch.testing.assert_close(lp.exported_program().module()(*args), model(*args))
+
+
+def test_the_values_are_the_program_s_where_cheap_and_drawn_elsewhere(tmp_path):
+    _, _, path = _decoder(tmp_path)
+    ep = load(path).exported_program()
+    plan = plan_lowering("core")
+    applied = V.applied_decompositions(ep, plan.table)
+    checks = op_checks.check_calls(ep, applied, plan.table, V.bounds_for(applied, ep), ep.example_inputs)
+    assert [V.op_name(op) for op in checks.ops] == ["aten::scaled_dot_product_attention.default", "aten::silu.default"]
+    # the mask (arange <= ids) is computed from the stored ids; the attention's q, k, v and silu's
+    # input, made by linear layers, are drawn
+    assert checks.own_values >= 1 and checks.random_values >= 3
+    again = op_checks.check_calls(ep, applied, plan.table, V.bounds_for(applied, ep), ep.example_inputs)
+    assert again == checks  # (the same values each time: a verdict is reproducible)
+
+
+def _wrong_silu(x):
+    return x * torch.sigmoid(x) * 1.01
+
+
+def _half_gelu(x, approximate="none"):
+    return 0.5 * x
+
+
+def test_a_wrong_decomposition_is_found_op_by_op_and_kept(tmp_path, large, runs):
+    """gelu is in the core opset: its wrong decomposition is found op by op and kept undecomposed."""
+    model, args, path = _decoder(tmp_path)
+    lp = load_for_backend(path, "core", cache=False, decompositions={aten.gelu.default: _half_gelu})
+    v = lp.validation
+    assert list(v.kept) == ["aten::gelu.default"] and "_half_gelu" in v.kept["aten::gelu.default"]
+    assert (v.status, v.scope) == ("passed", "program")  # (the repair is validated on the programs)
+    assert lp.ops().get("aten::gelu.default") == 4
+    torch.testing.assert_close(lp.exported_program().module()(*args), model(*args))
+
+
+def test_a_wrong_decomposition_of_an_op_the_backend_lacks_is_an_opset_error(tmp_path, large, runs):
+    _, _, path = _decoder(tmp_path)
+    with pytest.raises(OpsetError, match=r"the decomposition of aten::silu\.default \(.*_wrong_silu\) makes the "
+                                         r"program wrong at node silu: where aten::silu\.default runs: its "
+                                         r"decomposition \(.*_wrong_silu\) differs from it on a call of shapes the "
+                                         r"program calls it with: a float32 output differs by 0\.01"):
+        load_for_backend(path, "core", cache=False, decompositions={aten.silu.default: _wrong_silu})
+    assert runs["runs"] == 0  # found without running either program
+
+
+class _Counter(torch.nn.Module):
+    """Writes its buffer: what functionalization writes back is the programs' to show."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("seen", torch.zeros(4))
+
+    def forward(self, x):
+        self.seen.add_(1)
+        return torch.nn.functional.silu(x) + self.seen
+
+
+def test_a_program_that_writes_its_state_is_validated_on_the_programs(tmp_path, large, runs):
+    path = tmp_path / "c.pt2b"
+    export_model(_Counter(), (torch.randn(3, 4),), path)
+    v = load_for_backend(path, "core", cache=False).validation
+    assert (v.status, v.scope) == ("passed", "program") and runs["runs"] >= 2
+
+
+def test_the_runs_are_kept_where_they_cost_less_than_the_lowering(tmp_path, runs, monkeypatch):
+    """The work counted, at a machine's rates (fixed here: a busy machine measures its own slower): a
+    tiny program's runs cost less than its lowering."""
+    f32 = torch.float32
+    monkeypatch.setattr(run_cost, "_RATES", run_cost.Rates({f32: 1e11}, 1e10, {f32: 1e10}))
+    _, _, path = _decoder(tmp_path)
+    ep = load(path).exported_program()
+    assert V.PROGRAM_RUNS * run_cost.estimated_run_seconds(ep) < 1e-3
+    v = load_for_backend(path, "core", cache=False).validation
+    assert (v.status, v.scope) == ("passed", "program") and runs["runs"] >= 2
