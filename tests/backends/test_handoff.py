@@ -326,12 +326,6 @@ def test_a_backend_result_that_differs_is_caught_at_the_hand_off(artifacts, monk
     assert unchecked.validation is None
 
 
-class _WritesItsInput(torch.nn.Module):
-    def forward(self, x, *, scale):
-        x.add_(1)
-        return x * scale
-
-
 @pytest.mark.parametrize("backend", ["onnx", "openvino"])
 def test_the_program_s_writes_into_its_inputs_reach_the_caller(tmp_path, backend):
     """The program writes its input in place. A backend computes the write but never makes it (ONNX
@@ -341,27 +335,15 @@ def test_the_program_s_writes_into_its_inputs_reach_the_caller(tmp_path, backend
     from exporter.backends import validation
     from exporter.errors import BackendResultError
     from exporter.lowering.verdicts import WRONG_REL
+    from tests.support.helpers import input_writes_reach_the_caller
 
-    path = tmp_path / "writes.pt2b"
-    export_model(_WritesItsInput(), (torch.randn(3),), path, kwargs={"scale": torch.tensor(2.0)})
-    lowered = load_for_backend(path, backend=backend, cache=False)
-    compiled = backends.to_backend(lowered)
-    assert compiled.validation.status == "passed"
-    x, want = torch.arange(3.0), torch.arange(3.0)
-    out = compiled(x, scale=torch.tensor(2.0))
-    ref = _WritesItsInput()(want, scale=torch.tensor(2.0))
-    assert torch.equal(x, want) and torch.equal(out, ref)  # x + 1 in the caller's tensor; (x + 1) * 2 returned
-    compiled(x, scale=torch.tensor(2.0))
-    assert torch.equal(x, want + 1)  # every call writes it, as the program does
-
-    import dataclasses
-
-    dropped = dataclasses.replace(compiled, write_back=None, validation=None)
-    dropped.write_back = _OutputsOnly()
+    compiled = input_writes_reach_the_caller(backend, tmp_path)
+    lowered = load_for_backend(tmp_path / f"writes-{backend}.pt2b", backend=backend, cache=False).exported_program()
+    dropped = dataclasses.replace(compiled, write_back=_OutputsOnly(), validation=None)
     with pytest.raises(BackendResultError, match=r"the program writes its input args\[0\] in place, and after the "
                                                  r"call the caller's tensor differs from what the lowered program "
                                                  r"leaves there by 1 \(relative\)"):
-        validation.validated_hand_off(dropped, lowered.exported_program(), WRONG_REL)
+        validation.validated_hand_off(dropped, lowered, WRONG_REL)
 
 
 class _OutputsOnly:

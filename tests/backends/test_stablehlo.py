@@ -220,3 +220,10 @@ def test_its_file_runs_with_jax_alone_in_a_fresh_process(artifacts, tmp_path):
     subprocess.run([sys.executable, "-c", script, file, tmp_path / "x.npy", tmp_path / "y.npy"], check=True,
                    capture_output=True)
     torch.testing.assert_close(torch.from_numpy(np.load(tmp_path / "y.npy")), _eager(case, (x,)), **TOL)
+
+
+def test_the_program_s_writes_into_its_inputs_reach_the_caller(tmp_path):
+    """Handed over with the writes lifted to outputs, which pt2b makes in the caller's tensors."""
+    from tests.support.helpers import input_writes_reach_the_caller
+
+    input_writes_reach_the_caller("stablehlo", tmp_path)

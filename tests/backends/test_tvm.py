@@ -183,3 +183,10 @@ def test_save_writes_the_library_tvms_runtime_loads_without_pt2b(tmp_path):
 
     with torch.no_grad():
         torch.testing.assert_close(torch.from_numpy(numpy.load(tmp_path / "y.npy")), pristine(x), **TOL)
+
+
+def test_the_program_s_writes_into_its_inputs_reach_the_caller(tmp_path):
+    """Handed over with the writes lifted to outputs, which pt2b makes in the caller's tensors."""
+    from tests.support.helpers import input_writes_reach_the_caller
+
+    input_writes_reach_the_caller("tvm", tmp_path)

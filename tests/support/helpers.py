@@ -198,3 +198,29 @@ def tiny_bert_artifact(path):
     ids = torch.randint(0, 50, (1, 6))
     export_model(model, (ids,), path)
     return model, ids
+
+
+class WritesItsInput(torch.nn.Module):
+    """A program that writes its own input in place (``x.add_(1)``) and returns from it."""
+
+    def forward(self, x, *, scale):
+        x.add_(1)
+        return x * scale
+
+
+def input_writes_reach_the_caller(backend: str, tmp_path):
+    """WritesItsInput handed to ``backend`` (validated), called twice on a caller's tensor: the tensor
+    holds each write (x + 1, then x + 2) and the outputs are eager's. Returns the Compiled."""
+    from exporter import backends, export_model, load_for_backend
+
+    path = tmp_path / f"writes-{backend}.pt2b"
+    export_model(WritesItsInput(), (torch.randn(3),), path, kwargs={"scale": torch.tensor(2.0)})
+    compiled = backends.to_backend(load_for_backend(path, backend=backend, cache=False))
+    assert compiled.validation.status == "passed"
+    x, want = torch.arange(3.0), torch.arange(3.0)
+    for _ in range(2):
+        out = compiled(x, scale=torch.tensor(2.0))
+        ref = WritesItsInput()(want, scale=torch.tensor(2.0))
+        torch.testing.assert_close(x, want, rtol=0, atol=0)
+        torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+    return compiled
