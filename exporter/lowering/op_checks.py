@@ -133,14 +133,8 @@ class _Values:
                 raise LookupError(f"{node.name}: a size of symbols the inputs do not fix")
             return got
         cone = self._cheap_cone(node)
-        if cone is not None:
+        if cone is not None and self._computed(cone):
             self.own += 1
-            for n in cone:
-                if n not in self.env:
-                    args, kwargs = pytree.tree_map_only(torch.fx.Node, self.of, (n.args, dict(n.kwargs)))
-                    with torch.no_grad():
-                        self.env[n] = n.target(*args, **kwargs) if n.op == "call_function" else \
-                            functools.reduce(getattr, n.target.split("."), self.ep.graph_module)
             return self.env[node]
         if not isinstance(val, torch.Tensor) or not (val.is_floating_point() or val.dtype == torch.bool):
             raise LookupError(f"{node.name}: a value made by costly ops that is not drawn ({type(val).__name__})")
@@ -156,6 +150,29 @@ class _Values:
         self.drawn += 1
         self.env[node] = out
         return out
+
+    def _computed(self, cone: list) -> bool:
+        """Whether computing ``cone`` gives each node a value laid out as the program recorded it (its
+        dtype and shape: a call the program makes in a mode this does not set would not); the values
+        kept where it does, none where it does not."""
+        made = []
+        try:
+            for n in cone:
+                if n in self.env:
+                    continue
+                args, kwargs = pytree.tree_map_only(torch.fx.Node, self.of, (n.args, dict(n.kwargs)))
+                with torch.no_grad():
+                    value = n.target(*args, **kwargs) if n.op == "call_function" else \
+                        functools.reduce(getattr, n.target.split("."), self.ep.graph_module)
+                self.env[n] = value
+                made.append(n)
+                if not _as_recorded(value, n.meta.get("val"), self.sizes):
+                    raise LookupError(n.name)
+        except LookupError:
+            for n in made:
+                del self.env[n]
+            return False
+        return True
 
     def _cheap_cone(self, node) -> list | None:
         """The calls that compute ``node`` from values known already, in program order, where they are
@@ -188,6 +205,19 @@ class _Values:
             stack += n.all_input_nodes
         order = {n: i for i, n in enumerate(self.ep.graph.nodes)}
         return sorted(cone, key=order.__getitem__)
+
+
+def _as_recorded(value, recorded, sizes: dict) -> bool:
+    """Whether a computed value has the dtypes and shapes of the value the program recorded."""
+    got, want = pytree.tree_leaves(value), pytree.tree_leaves(recorded)
+    if len(got) != len(want):
+        return False
+    for g, w in zip(got, want):
+        if isinstance(w, torch.Tensor):
+            layout = _layout(w, sizes)
+            if not isinstance(g, torch.Tensor) or g.dtype != w.dtype or layout is None or tuple(g.shape) != layout[0]:
+                return False
+    return True
 
 
 def _written_bases(graph) -> set:

@@ -610,8 +610,8 @@ def _by_ops(source_ep, lowered_ep, applied: list, table: dict, bounds: dict, bud
     from . import run_cost
     from .op_checks import check_calls, input_sizes, signatures
 
-    if not applied or _random_ops(source_ep):
-        return None
+    if not applied or _random_ops(source_ep) or _has_autocast(source_ep):
+        return None  # (a call in an autocast region computes in its dtype: the program's run knows where)
     sig = source_ep.graph_signature
     if sig.buffers_to_mutate or sig.user_inputs_to_mutate or _written_placeholders(source_ep.graph):
         return None
@@ -648,6 +648,11 @@ def _by_ops(source_ep, lowered_ep, applied: list, table: dict, bounds: dict, bud
     elif differs:
         result.status, result.verdict, result.why = "failed", "wrong", f"the lowered program's outputs {differs}"
     return result
+
+
+def _has_autocast(source_ep) -> bool:
+    """Whether the program has an autocast region (markers, or a region wrapped as a subgraph)."""
+    return any(is_autocast_marker(n.target) or "autocast" in str(n.target) for n in call_nodes(source_ep.graph_module))
 
 
 def _user_output_nodes(ep) -> list:

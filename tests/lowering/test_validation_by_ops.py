@@ -162,3 +162,22 @@ def test_the_runs_are_kept_where_they_cost_less_than_the_lowering(tmp_path, runs
     assert V.PROGRAM_RUNS * run_cost.estimated_run_seconds(ep) < 1e-3
     v = load_for_backend(path, "core", cache=False).validation
     assert (v.status, v.scope) == ("passed", "program") and runs["runs"] >= 2
+
+
+class _Autocast(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = torch.nn.functional.silu(self.a(x))
+        return h.float().softmax(-1)
+
+
+def test_a_program_with_an_autocast_region_is_validated_on_the_programs(tmp_path, large, runs):
+    """A call in the region computes in bfloat16: only the program's run knows which calls are there."""
+    path = tmp_path / "a.pt2b"
+    export_model(_Autocast(), (torch.randn(4, 8),), path)
+    v = load_for_backend(path, "core", cache=False).validation
+    assert (v.status, v.scope) == ("passed", "program") and runs["runs"] >= 2
