@@ -14,7 +14,6 @@ import torch
 
 from exporter import backends, export_model, load_for_backend
 from exporter.errors import BackendHandOffError, BackendRunError, OpsetError
-from tools.corpus.zoo import make_case
 from exporter.ops import op_name
 
 pytest.importorskip("onnxruntime")
@@ -26,19 +25,9 @@ TOL = dict(rtol=1e-4, atol=1e-4)
 
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory):
-    d = tmp_path_factory.mktemp("handoff")
-    made = {}
+    from tests.support.helpers import zoo_artifacts
 
-    def get(name):
-        if name not in made:
-            case = make_case(name)
-            case.pristine = copy.deepcopy(case.model)  # eager from the exported state, every call
-            path = d / f"{name}.pt2b"
-            export_model(case.model, case.args, path, kwargs=case.kwargs, dynamic_shapes=case.dynamic_shapes)
-            made[name] = (path, case)
-        return made[name]
-
-    return get
+    return zoo_artifacts(tmp_path_factory.mktemp("handoff"))
 
 
 def _eager(case, args=None, kwargs=None):
@@ -293,15 +282,9 @@ def test_a_program_writing_its_buffers_carries_them_from_call_to_call(artifacts,
     """The backends hold no state of their own: the buffers the program writes (a counter, a moving
     average) are lifted to inputs and outputs and the Compiled carries them, call after call, as eager
     does (tests/backends/test_lifted_state.py has the rest)."""
-    path, case = artifacts("buffer_mutation")
-    compiled = backends.to_backend(load_for_backend(path, backend=backend, cache=False))
-    assert sorted(compiled.state) == ["count", "ema"]
-    eager = copy.deepcopy(case.pristine)
-    for _ in range(3):
-        with torch.no_grad():
-            torch.testing.assert_close(compiled(*case.args), eager(*case.args), **TOL)
-    assert int(compiled.state["count"]) == 3
-    torch.testing.assert_close(compiled.state["ema"], eager.ema, **TOL)
+    from tests.support.helpers import buffers_carry_from_call_to_call
+
+    buffers_carry_from_call_to_call(backend, *artifacts("buffer_mutation"))
 
 
 def test_a_backend_result_that_differs_is_caught_at_the_hand_off(artifacts, monkeypatch):

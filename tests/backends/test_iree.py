@@ -6,7 +6,6 @@ tests/backends/test_iree.py` in a venv with iree-turbine, iree-base-compiler and
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch
@@ -15,18 +14,16 @@ pytest.importorskip("iree.turbine.aot")
 pytest.importorskip("iree.runtime")
 
 from exporter import backends, export_model, load_for_backend  # noqa: E402
-from tools.corpus.zoo import make_case  # noqa: E402
 from exporter.errors import BackendHandOffError  # noqa: E402
 
 pytestmark = pytest.mark.backends
 
 
 def _artifact(tmp_path, name):
-    case = make_case(name)
-    pristine = copy.deepcopy(case.model)
-    path = tmp_path / f"{name}.pt2b"
-    export_model(case.model, case.args, path, kwargs=case.kwargs, dynamic_shapes=case.dynamic_shapes)
-    return path, case, pristine
+    from tests.support.helpers import zoo_artifact
+
+    path, case = zoo_artifact(tmp_path, name)
+    return path, case, case.pristine
 
 
 def test_the_preset_is_torchs_implicit_decompositions_with_turbines_own_over_them():

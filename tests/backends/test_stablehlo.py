@@ -19,7 +19,6 @@ pytest.importorskip("jax")
 
 from exporter import backends, export_model, load_for_backend  # noqa: E402
 from exporter.errors import BackendHandOffError, BackendResultError, BackendRunError  # noqa: E402
-from tools.corpus.zoo import make_case  # noqa: E402
 
 pytestmark = pytest.mark.backends
 TOL = dict(rtol=1e-4, atol=1e-4)
@@ -27,19 +26,9 @@ TOL = dict(rtol=1e-4, atol=1e-4)
 
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory):
-    d = tmp_path_factory.mktemp("stablehlo")
-    made = {}
+    from tests.support.helpers import zoo_artifacts
 
-    def get(name):
-        if name not in made:
-            case = make_case(name)
-            case.pristine = copy.deepcopy(case.model)  # eager from the exported state
-            path = d / f"{name}.pt2b"
-            export_model(case.model, case.args, path, kwargs=case.kwargs, dynamic_shapes=case.dynamic_shapes)
-            made[name] = (path, case)
-        return made[name]
-
-    return get
+    return zoo_artifacts(tmp_path_factory.mktemp("stablehlo"))
 
 
 def _eager(case, args=None):
@@ -149,15 +138,11 @@ def test_a_small_llama_runs_at_another_batch_and_length(tmp_path):
 def test_the_buffers_a_program_writes_carry_from_call_to_call(artifacts, tmp_path):
     """torchax's module returns none of the buffers a program writes: pt2b lifts them to inputs and
     outputs and carries them, so three calls give what three eager calls give."""
+    from tests.support.helpers import buffers_carry_from_call_to_call
+
     path, case = artifacts("buffer_mutation")
-    compiled = backends.to_backend(load_for_backend(path, backend="stablehlo", cache=False))
-    assert not compiled.backend.holds_state and sorted(compiled.state) == ["count", "ema"]
-    eager = copy.deepcopy(case.pristine)
-    for _ in range(3):
-        with torch.no_grad():
-            torch.testing.assert_close(compiled(*case.args), eager(*case.args), **TOL)
-    assert int(compiled.state["count"]) == 3
-    torch.testing.assert_close(compiled.state["ema"], eager.ema, **TOL)
+    compiled, eager = buffers_carry_from_call_to_call("stablehlo", path, case)
+    assert not compiled.backend.holds_state
     # its file takes the state after the user's inputs and returns the new state after the outputs
     import jax
 

@@ -7,7 +7,6 @@ backends tests/backends/test_tvm.py` in a venv with apache-tvm)."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import subprocess
 import sys
@@ -19,7 +18,6 @@ pytest.importorskip("tvm.relax.frontend.torch")
 
 from exporter import backends, export_model, load_for_backend  # noqa: E402
 from exporter.errors import BackendHandOffError, BackendResultError  # noqa: E402
-from tools.corpus.zoo import make_case  # noqa: E402
 
 pytestmark = pytest.mark.backends
 
@@ -27,11 +25,10 @@ TOL = dict(rtol=1e-4, atol=1e-4)
 
 
 def _artifact(tmp_path, name):
-    case = make_case(name)
-    pristine = copy.deepcopy(case.model)
-    path = tmp_path / f"{name}.pt2b"
-    export_model(case.model, case.args, path, kwargs=case.kwargs, dynamic_shapes=case.dynamic_shapes)
-    return path, case, pristine
+    from tests.support.helpers import zoo_artifact
+
+    path, case = zoo_artifact(tmp_path, name)
+    return path, case, case.pristine
 
 
 def _own_conversion(key):

@@ -224,3 +224,49 @@ def input_writes_reach_the_caller(backend: str, tmp_path):
         torch.testing.assert_close(x, want, rtol=0, atol=0)
         torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
     return compiled
+
+
+def zoo_artifact(directory, name: str):
+    """(path, case): the zoo case ``name`` exported to ``directory``/NAME.pt2b, the case keeping a copy of
+    its model as exported (``case.pristine``: eager from the exported state, every call)."""
+    import copy
+
+    from exporter import export_model
+    from tools.corpus.zoo import make_case
+
+    case = make_case(name)
+    case.pristine = copy.deepcopy(case.model)
+    path = directory / f"{name}.pt2b"
+    export_model(case.model, case.args, path, kwargs=case.kwargs, dynamic_shapes=case.dynamic_shapes)
+    return path, case
+
+
+def zoo_artifacts(directory):
+    """zoo_artifact of each name asked for, exported once into ``directory`` (a module fixture's)."""
+    made: dict = {}
+
+    def get(name: str):
+        if name not in made:
+            made[name] = zoo_artifact(directory, name)
+        return made[name]
+
+    return get
+
+
+def buffers_carry_from_call_to_call(backend: str, path, case):
+    """The zoo's ``buffer_mutation`` (``path``, ``case``: zoo_artifact) handed to ``backend``: three calls
+    give what three eager calls give, its counter and moving average carried. Returns the Compiled and
+    the eager model as the three calls left it."""
+    import copy
+
+    from exporter import backends, load_for_backend
+
+    compiled = backends.to_backend(load_for_backend(path, backend=backend, cache=False))
+    assert sorted(compiled.state) == ["count", "ema"]
+    eager = copy.deepcopy(case.pristine)
+    for _ in range(3):
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(*case.args), eager(*case.args), rtol=1e-4, atol=1e-4)
+    assert int(compiled.state["count"]) == 3
+    torch.testing.assert_close(compiled.state["ema"], eager.ema, rtol=1e-4, atol=1e-4)
+    return compiled, eager
