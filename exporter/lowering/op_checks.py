@@ -268,13 +268,14 @@ def signatures(source_ep, applied: list, sizes: dict) -> dict | None:
 
 
 def check_calls(source_ep, applied: list, table: dict, bounds: dict, inputs, forced: dict | None = None,
-                heavy: frozenset | None = None) -> OpChecks | None:
+                heavy: frozenset | None = None, calls: dict | None = None) -> OpChecks | None:
     """Each decomposition of ``applied`` against its op, once per call signature, on the values of
     _Values (``inputs``: the program's (args, kwargs) the values are computed from), then on those
     values permuted; not the ops whose lowered form is right whatever the values (validate._value_free).
     ``forced``: op -> what every lowering decomposes it with, whatever the table says (batch_norm's
     kernel: functionalize.forced_decompositions), for the ops of ``applied`` the table lacks. ``heavy``:
-    the names of the nodes that do FLOPs (run_cost.Work.heavy; computed here where not given).
+    the names of the nodes that do FLOPs (run_cost.Work.heavy), and ``calls`` the signatures of
+    ``applied`` at the inputs' sizes: computed here where not given.
     None where this cannot speak for running the programs: an op called in a subgraph, a value it
     cannot draw, a call that raises on the values drawn, a decomposition this cannot run."""
     from .._torch.dispatch import FakeTensorMode
@@ -284,7 +285,7 @@ def check_calls(source_ep, applied: list, table: dict, bounds: dict, inputs, for
     sizes = _sizes(source_ep, flat)
     if sizes is None:
         return None
-    calls = signatures(source_ep, applied, sizes)
+    calls = calls if calls is not None else signatures(source_ep, applied, sizes)
     if calls is None:
         return None
     if heavy is None:

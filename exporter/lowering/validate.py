@@ -623,13 +623,13 @@ def _by_ops(source_ep, lowered_ep, applied: list, table: dict, bounds: dict, bud
         return None
     if sizes is None or runs <= max(budget, RUNS_ALWAYS):
         return None
-    calls = signatures(source_ep, applied, sizes)
-    if calls is None or sum(map(len, calls.values())) * TRACE_ESTIMATE >= runs:
-        return None
     # (and what every lowering decomposes whatever the table says, which the programs' runs would check)
     forced = {op: fn for op, fn in forced_decompositions().items() if op not in table}
     ops = applied + sorted((op for op in _called_ops(source_ep) if op in forced), key=op_name)
-    checks = check_calls(source_ep, ops, table, bounds, inputs, forced, work.heavy)
+    calls = signatures(source_ep, ops, sizes)
+    if calls is None or sum(map(len, calls.values())) * TRACE_ESTIMATE >= runs:
+        return None
+    checks = check_calls(source_ep, ops, table, bounds, inputs, forced, work.heavy, calls)
     if checks is None:
         return None
     wanted = [n.meta.get("val") for n in _user_output_nodes(source_ep)]
