@@ -47,7 +47,7 @@ PARTS = (
     ("derived input op by op: traces and checks", [("op_checks.py", "check_call", "_derived_at_ops")]),
     ("output comparison", [("op_checks.py", "compare", "validate")]),
     ("op by op, no program run (the runs estimated to cost more than the lowering)", [("op_checks.py", "check_calls")]),
-    ("the runs' estimate (run_cost)", [("run_cost.py", "estimated_run_seconds")]),
+    ("the runs' estimate (run_cost)", [("run_cost.py", "program_work", "_by_ops")]),
     ("diagnosis after a failure (per-op checks, keep-all lowering, bisection, repair)",
      [("validate.py", "right_where_they_run"), ("repair.py", "_validates_keeping"), ("repair.py", "_responsible"),
       ("repair.py", "_repaired")]),

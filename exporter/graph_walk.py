@@ -11,17 +11,23 @@ import torch.fx
 
 from .ops import op_name
 
-__all__ = ["subgraph_of", "walk_graphs", "call_nodes", "iter_graphs", "iter_serialized_graphs", "count_calls",
+__all__ = ["attr_of", "subgraph_of", "walk_graphs", "call_nodes", "iter_graphs", "iter_serialized_graphs", "count_calls",
            "op_nodes", "op_counts"]
 
 
-def subgraph_of(gm: torch.fx.GraphModule, node: torch.fx.Node):
-    """The GraphModule a get_attr node refers to, or None when it names something else."""
+def attr_of(gm: torch.fx.GraphModule, node: torch.fx.Node):
+    """What a get_attr node refers to in ``gm`` (a subgraph, a constant tensor), or None."""
     if node.op != "get_attr":
         return None
     obj = gm
     for part in str(node.target).split("."):
         obj = getattr(obj, part, None)
+    return obj
+
+
+def subgraph_of(gm: torch.fx.GraphModule, node: torch.fx.Node):
+    """The GraphModule a get_attr node refers to, or None when it names something else."""
+    obj = attr_of(gm, node)
     return obj if isinstance(obj, torch.fx.GraphModule) else None
 
 

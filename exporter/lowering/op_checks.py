@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 
 import torch
 
 from .._torch.pytree import fx_pytree, pytree
 from ..functionalize import LOCK
-from ..graph_walk import iter_graphs
+from ..graph_walk import attr_of, iter_graphs
 from ..mutation import is_mutating
 
 __all__ = ["RANK", "Decomposed", "OpChecks", "check_call", "check_calls", "compare", "eagers_own", "input_sizes",
@@ -162,8 +161,7 @@ class _Values:
                     continue
                 args, kwargs = pytree.tree_map_only(torch.fx.Node, self.of, (n.args, dict(n.kwargs)))
                 with torch.no_grad():
-                    value = n.target(*args, **kwargs) if n.op == "call_function" else \
-                        functools.reduce(getattr, n.target.split("."), self.ep.graph_module)
+                    value = n.target(*args, **kwargs) if n.op == "call_function" else attr_of(self.ep.graph_module, n)
                 self.env[n] = value
                 made.append(n)
                 if not _as_recorded(value, n.meta.get("val"), self.sizes):

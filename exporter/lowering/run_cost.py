@@ -11,7 +11,9 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from .._torch.compat import hinted_expressions
+from .._torch.pytree import pytree
 from .._torch.dispatch import HigherOrderOperator, OpOverload
+from ..graph_walk import attr_of, subgraph_of
 
 __all__ = ["Rates", "Work", "estimated_run_seconds", "program_work", "rates"]
 
@@ -117,7 +119,7 @@ class _Walk:
                     if isinstance(value, torch.Tensor):
                         self.state_bytes[value.dtype] += self.nbytes(value)
                 elif node.op == "get_attr" and node.users:
-                    value = _attr(gm, node.target)
+                    value = attr_of(gm, node)
                     if isinstance(value, torch.Tensor):
                         self.state_bytes[value.dtype] += value.nbytes
                 elif node.op == "call_function":
@@ -130,8 +132,8 @@ class _Walk:
         if isinstance(node.target, HigherOrderOperator):
             # the body runs once per call of the higher-order op (both branches of a cond are counted)
             for arg in node.all_input_nodes:
-                body = _attr(gm, arg.target) if arg.op == "get_attr" else None
-                if isinstance(body, torch.fx.GraphModule):
+                body = subgraph_of(gm, arg)
+                if body is not None:
                     self.graph(body, ())
             return
         if not isinstance(node.target, OpOverload):
@@ -235,22 +237,8 @@ class _Walk:
         return result
 
 
-def _attr(gm, target: str):
-    value = gm
-    for part in target.split("."):
-        value = getattr(value, part)
-    return value
-
-
 def _tensors(tree):
-    if isinstance(tree, torch.Tensor):
-        yield tree
-    elif isinstance(tree, (list, tuple)):
-        for t in tree:
-            yield from _tensors(t)
-    elif isinstance(tree, dict):
-        for t in tree.values():
-            yield from _tensors(t)
+    return (t for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor))
 
 
 def _key(tree):
