@@ -77,8 +77,16 @@ class Backend:
     # False: the backend cannot take a program whose state comes in as inputs and goes out as outputs; a
     # program that writes its buffers is then refused before any backend work
     takes_lifted_state: bool = True
+    # (native) -> plan: the backend's runtime loaded afresh from its own object, its state the program's own;
+    # where it holds state, the hand-off check runs on such a copy and leaves the caller's untouched
+    load: Callable[[Any], Any] | None = None
+    # True: the backend takes a program that writes its inputs as it is and returns each new value as an
+    # output before the program's own (ExecuTorch), which pt2b copies into the caller's tensor; False: the
+    # writes are lifted to outputs first (state.lift_input_writes)
+    returns_input_writes: bool = False
     save: Callable[..., None] | None = None  # (Compiled, path): the backend's own file, read by its own runtime
     file_suffix: str = ""  # that file's usual suffix
+    runs_here: bool = True  # False: its runtime is not on this system (Core ML off macOS): nothing runs it here
 
     @property
     def key(self) -> str:
@@ -223,7 +231,7 @@ def to_backend(name: str | LoweredProgram, lowered: LoweredProgram | torch.expor
             f"plain tensors. Run it with runtime_ref or the program itself, or export a model whose inputs and "
             f"outputs are plain tensors (its subclass weights are then lowered to their inner tensors).")
     # the caller's tensors a program writes, written by pt2b from the new values the backend returns
-    program, write_back = lift_input_writes(ep)
+    program, write_back = (ep, None) if backend.returns_input_writes else lift_input_writes(ep)
     program, carry = _lifted(backend, program, frozen_state, state)
     from ..lowering.plan import fallback_refusal
     from ..lowering.verdicts import WRONG_REL

@@ -96,22 +96,53 @@ def _supported() -> tuple[tuple[str, ...], tuple[str, ...]]:
     return tuple(sorted(accepted)), tuple(unmapped)
 
 
+def _written_buffers(ep) -> list[str]:
+    """The placeholder names of the buffers ``ep`` writes."""
+    from torch.export.graph_signature import InputKind
+
+    written = set(ep.graph_signature.buffers_to_mutate.values())
+    return [s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.BUFFER and s.target in written]
+
+
 def hand_off(ep):
     """``to_edge(ep).to_executorch()``: the ExecutorchProgramManager (``.buffer``: the .pte bytes), and
-    the runtime's module loaded from those bytes."""
-    from executorch.exir import to_edge
+    the runtime's module loaded from those bytes. ExecuTorch stores a written buffer's shape and dtype
+    only, and its runtime starts it from zeros, unless its InitializedMutableBufferPass marks it: every
+    buffer the program writes is marked, so the first call starts from the program's own values (a
+    counter at 5, a moving average, a cache's positions), as the program's own first call does."""
+    from executorch.exir import ExecutorchBackendConfig, to_edge
+    from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
+
+    written = _written_buffers(ep)
+    config = ExecutorchBackendConfig(passes=[InitializedMutableBufferPass(written)] if written else [])
+    with quiet_logger("executorch"):
+        manager = to_edge(ep).to_executorch(config)
+    return manager, ep, load(manager)
+
+
+def load(manager):
+    """The runtime's module loaded afresh from the .pte bytes (its buffers at the program's values)."""
     from executorch.extension.pybindings import portable_lib
 
-    with quiet_logger("executorch"):
-        manager = to_edge(ep).to_executorch()
-    return manager, ep, portable_lib._load_for_executorch_from_buffer(manager.buffer)
+    return portable_lib._load_for_executorch_from_buffer(manager.buffer)
 
 
 def run(manager, ep, args, kwargs, plan=None):
-    """``plan``: the loaded module hand_off made."""
+    """``plan``: the loaded module hand_off made. The runtime returns the new value of each input the
+    program writes, then the program's own outputs; the new values are copied into the caller's tensors
+    (its inputs are copies: the runtime never writes them)."""
+    from torch.export.graph_signature import OutputKind
+
     leaves = calling.flat_inputs(ep, args, kwargs)
-    outs = plan.forward([leaf.contiguous() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves])
-    return calling.from_tensor_outputs(ep, list(outs), leaves, "ExecuTorch")
+    outs = list(plan.forward([leaf.contiguous() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]))
+    writes = [s for s in ep.graph_signature.output_specs if s.kind == OutputKind.USER_INPUT_MUTATION]
+    if writes:
+        user = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+        with torch.no_grad():
+            for spec, value in zip(writes, outs):
+                leaves[user.index(spec.target)].copy_(value)
+        outs = outs[len(writes):]
+    return calling.from_tensor_outputs(ep, outs, leaves, "ExecuTorch")
 
 
 def backend() -> Backend:
@@ -122,6 +153,7 @@ def backend() -> Backend:
                    "executorch's portable_lib._get_operator_names() (out-variant kernels, read as functional ops)",
                    dict, hand_off, run, "portable kernels, no delegate",
                    holds_state=True,  # the loaded Method keeps its mutable buffers between executions
+                   load=load, returns_input_writes=True,
                    save=save, file_suffix=".pte")
 
 

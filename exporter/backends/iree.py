@@ -44,12 +44,18 @@ def _table() -> dict:
 def hand_off(ep, *, target_backends: tuple[str, ...] = (TARGET,)):
     """``aot.export(ep)`` compiled for ``target_backends``: the module's bytes (a .vmfb file's contents),
     and that module loaded by iree.runtime."""
-    import iree.runtime as rt
     import iree.turbine.aot as aot
 
     vmfb = bytes(aot.export(ep).compile(save_to=None, target_backends=target_backends).map_memory())
+    return vmfb, ep, load(vmfb)
+
+
+def load(vmfb: bytes):
+    """The module loaded afresh by iree.runtime (its mutable globals at the program's values)."""
+    import iree.runtime as rt
+
     config = rt.Config(DRIVER)
-    return vmfb, ep, rt.load_vm_module(rt.VmModule.copy_buffer(config.vm_instance, vmfb), config)
+    return rt.load_vm_module(rt.VmModule.copy_buffer(config.vm_instance, vmfb), config)
 
 
 def run(vmfb: bytes, ep, args, kwargs, plan=None):
@@ -68,7 +74,7 @@ def backend() -> Backend:
                    "torch.export's CompositeImplicitAutograd decompositions with iree-turbine's current_aot_decompositions() over them (IREE publishes no op list)", _table, hand_off, run,
                    f"target {TARGET}, runtime driver {DRIVER}", takes_what_its_table_leaves=True, save=save,
                    file_suffix=".vmfb",
-                   holds_state=True)  # turbine makes written buffers the module's mutable globals
+                   holds_state=True, load=load)  # turbine makes written buffers the module's mutable globals
 
 
 def save(compiled, path: str) -> None:

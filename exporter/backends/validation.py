@@ -70,9 +70,14 @@ def validated_hand_off(compiled, ep, bounds: dict) -> HandOffValidation:
     carried = getattr(compiled, "carry", None)
     if ep.example_inputs is None:
         return HandOffValidation("skipped", why="the program stores no example inputs")
+    if not compiled.backend.runs_here:
+        return HandOffValidation("skipped", why=f"{key} does not run on this system: {compiled.backend.settings}")
     if ep.graph_signature.buffers_to_mutate and compiled.backend.holds_state and carried is None:
-        return HandOffValidation("skipped", why=f"the program writes its buffers and {key} holds them: a run to "
-                                                 f"compare would change the state its first call starts from")
+        if compiled.backend.load is None:
+            return HandOffValidation("skipped", why=f"the program writes its buffers and {key} holds them: a run "
+                                                     f"to compare would change the state its first call starts from")
+        # a runtime of its own, loaded afresh: its first call starts from the state the caller's first call will
+        compiled = dataclasses.replace(compiled, plan=compiled.backend.load(compiled.native))
     fresh = lambda: pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t,  # noqa: E731
                                     ep.example_inputs)  # (a program may write its inputs)
     ref_args, ref_kwargs = fresh()

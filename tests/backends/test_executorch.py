@@ -7,6 +7,7 @@ ExecuTorch installs slowly (about ten minutes): these tests run where it is inst
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ pytest.importorskip("executorch.extension.pybindings.portable_lib")
 
 from exporter import backends, export_model, load_for_backend  # noqa: E402
 from tools.corpus.zoo import make_case  # noqa: E402
-from exporter.errors import BackendHandOffError  # noqa: E402
+from exporter.errors import BackendHandOffError, BackendResultError  # noqa: E402
 
 pytestmark = pytest.mark.backends
 
@@ -84,8 +85,8 @@ def test_a_cache_filled_eagerly_is_written_back_on_the_runtime(tmp_path):
         backends.to_backend("executorch", ep)
     export_model(ep, path=tmp_path / "cache.pt2b")
     compiled = backends.to_backend("executorch", load_for_backend(tmp_path / "cache.pt2b", backend="executorch", cache=False))
-    # the runtime holds the cache: handed over without frozen_state, and no check run advances it
-    assert compiled.validation.status == "skipped" and "holds them" in compiled.validation.why
+    # the runtime holds the cache: handed over without frozen_state, checked on a runtime loaded for the check
+    assert compiled.validation.status == "passed"
     again, _ = CacheFilledEagerly.made()
     with torch.no_grad():
         torch.testing.assert_close(compiled(*args), again(*args), rtol=1e-5, atol=1e-5)
@@ -98,18 +99,35 @@ def test_the_buffers_a_program_writes_carry_from_call_to_call(tmp_path):
     pristine = copy.deepcopy(case.model)
     export_model(case.model, case.args, tmp_path / "m.pt2b")
     compiled = backends.to_backend(load_for_backend(tmp_path / "m.pt2b", backend="executorch", cache=False))
-    assert compiled.validation.status == "skipped"  # (a check run would advance the state)
+    assert compiled.validation.status == "passed"  # (run on a runtime of its own: this one's state is untouched)
     for _ in range(3):
         x = torch.randn(4, 8)
         with torch.no_grad():
             torch.testing.assert_close(compiled(x), pristine(x), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.xfail(strict=True, raises=BackendHandOffError,
-                   reason="to_edge's verifier loses the lifted write's output ('Output add does not exist in the "
-                          "graph'); the program as it is, ExecuTorch returns the write as one more output")
 def test_the_program_s_writes_into_its_inputs_reach_the_caller(tmp_path):
-    """Handed over with the writes lifted to outputs, which pt2b makes in the caller's tensors."""
+    """Handed over as it is (to_edge refuses the writes lifted to outputs): the runtime returns each new
+    value before the program's outputs and never writes the caller's tensor; pt2b copies it there."""
     from tests.support.helpers import input_writes_reach_the_caller
 
-    input_writes_reach_the_caller("executorch", tmp_path)
+    compiled = input_writes_reach_the_caller("executorch", tmp_path)
+    assert compiled.write_back is None and compiled.backend.returns_input_writes
+
+
+def test_a_written_buffer_starts_from_the_programs_value(tmp_path, monkeypatch):
+    """ExecuTorch stores a written buffer's shape only and starts it from zeros unless its
+    InitializedMutableBufferPass marks it: the hand-off marks every one. Unmarked, the hand-off check (run
+    on a runtime loaded for it) catches the zeros."""
+    from executorch.exir import to_edge
+
+    from exporter.backends import executorch
+    from tests.support.helpers import state_starts_from_the_programs_values
+
+    compiled = state_starts_from_the_programs_values("executorch", tmp_path)
+    unmarked = lambda ep: (lambda m: (m, ep, executorch.load(m)))(to_edge(ep).to_executorch())  # noqa: E731
+    monkeypatch.setattr(backends, "_CACHE", {**backends._CACHE,
+                                             "executorch": dataclasses.replace(compiled.backend, hand_off=unmarked)})
+    with pytest.raises(BackendResultError, match=r"executorch@.*: output \(torch.float32\) differs from the "
+                                                 r"lowered program's"):
+        backends.to_backend(load_for_backend(tmp_path / "from-five-executorch.pt2b", backend="executorch", cache=False))

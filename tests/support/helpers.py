@@ -270,3 +270,32 @@ def buffers_carry_from_call_to_call(backend: str, path, case):
     assert int(compiled.state["count"]) == 3
     torch.testing.assert_close(compiled.state["ema"], eager.ema, rtol=1e-4, atol=1e-4)
     return compiled, eager
+
+
+class CountsFromFive(torch.nn.Module):
+    """A buffer the program writes whose exported value is not zero (a counter at 5, positions 5, 6, 7)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("count", torch.arange(3.0) + 5)
+
+    def forward(self, x):
+        self.count.add_(x)
+        return self.count * 2
+
+
+def state_starts_from_the_programs_values(backend: str, tmp_path):
+    """CountsFromFive handed to ``backend``, validated (a backend that holds the state is checked on a
+    runtime of its own), then called three times: each call gives what eager's gives, the first from the
+    buffer's exported value. Returns the Compiled."""
+    from exporter import backends, export_model, load_for_backend
+
+    path = tmp_path / f"from-five-{backend}.pt2b"
+    export_model(CountsFromFive(), (torch.ones(3),), path)
+    compiled = backends.to_backend(load_for_backend(path, backend=backend, cache=False))
+    assert compiled.validation.status == "passed", compiled.validation.describe()
+    eager = CountsFromFive()
+    for step in range(3):
+        x = torch.full((3,), float(step + 1))
+        torch.testing.assert_close(compiled(x), eager(x), rtol=0, atol=0)
+    return compiled
