@@ -11,6 +11,9 @@ the model.
   iree.py       IREE through iree-turbine, its own AOT table, compiled for llvm-cpu (pip install iree-turbine ...)
   tvm.py        Apache TVM's Relax importer, compiled for llvm, run by its Relax VM (pip install apache-tvm)
   stablehlo.py  StableHLO through torchax's exporter, run by JAX on the CPU (pip install torchax jax[cpu])
+  torch_mlir.py torch-mlir's FX importer to linalg, run through MLIR's execution engine (pip install torch-mlir)
+  litert.py     LiteRT (litert-torch's converter to a TFLite flatbuffer, run by ai-edge-litert's interpreter)
+  coreml.py     Core ML (coremltools converts to an ML program; it runs only on macOS, so here its spec is checked)
   calling.py    the program's calling convention around a backend's runner
   state.py      the buffers a program writes lifted to inputs and outputs, carried between calls (Compiled.state)
   library_tables.py  the conversion tables transformers' exporters keep for onnx and openvino, read from it
@@ -44,10 +47,13 @@ ADAPTERS: dict[str, tuple[str, str]] = {
     "inductor": ("inductor", "torch"),
     "onnx": ("onnx", "pt2b[onnx]"),
     "openvino": ("openvino", "pt2b[openvino]"),
-    "executorch": ("executorch", "executorch"),
-    "iree": ("iree", "iree-turbine iree-base-compiler iree-base-runtime"),
-    "tvm": ("tvm", "apache-tvm"),
-    "stablehlo": ("stablehlo", "'torchax>=0.0.14.dev0' 'jax[cpu]'"),
+    "executorch": ("executorch", "pt2b[executorch]"),
+    "iree": ("iree", "pt2b[iree]"),
+    "tvm": ("tvm", "pt2b[tvm]"),
+    "stablehlo": ("stablehlo", "pt2b[stablehlo]"),
+    "torch_mlir": ("torch_mlir", "pt2b[torch-mlir]"),
+    "litert": ("litert", "pt2b[litert]"),
+    "coreml": ("coreml", "pt2b[coreml]"),
 }
 
 
@@ -80,10 +86,6 @@ class Backend:
     # (native) -> plan: the backend's runtime loaded afresh from its own object, its state the program's own;
     # where it holds state, the hand-off check runs on such a copy and leaves the caller's untouched
     load: Callable[[Any], Any] | None = None
-    # True: the backend takes a program that writes its inputs as it is and returns each new value as an
-    # output before the program's own (ExecuTorch), which pt2b copies into the caller's tensor; False: the
-    # writes are lifted to outputs first (state.lift_input_writes)
-    returns_input_writes: bool = False
     save: Callable[..., None] | None = None  # (Compiled, path): the backend's own file, read by its own runtime
     file_suffix: str = ""  # that file's usual suffix
     runs_here: bool = True  # False: its runtime is not on this system (Core ML off macOS): nothing runs it here
@@ -231,7 +233,7 @@ def to_backend(name: str | LoweredProgram, lowered: LoweredProgram | torch.expor
             f"plain tensors. Run it with runtime_ref or the program itself, or export a model whose inputs and "
             f"outputs are plain tensors (its subclass weights are then lowered to their inner tensors).")
     # the caller's tensors a program writes, written by pt2b from the new values the backend returns
-    program, write_back = (ep, None) if backend.returns_input_writes else lift_input_writes(ep)
+    program, write_back = lift_input_writes(ep)
     program, carry = _lifted(backend, program, frozen_state, state)
     from ..lowering.plan import fallback_refusal
     from ..lowering.verdicts import WRONG_REL
@@ -333,6 +335,14 @@ def _lifted(backend: Backend, ep, frozen_state: bool, state) -> tuple:
 
 def _handed(backend: Backend, ep, options: dict) -> tuple:
     """(native, the program it took[, plan]): ``backend``'s hand-off of ``ep``, its failure typed."""
+    import inspect
+
+    params = inspect.signature(backend.hand_off).parameters
+    takes = [n for n, p in params.items() if p.kind == p.KEYWORD_ONLY or (p.kind == p.POSITIONAL_OR_KEYWORD and n != "ep")]
+    unknown = [k for k in options if k not in takes]
+    if unknown and not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        raise BackendHandOffError(f"{backend.key}'s hand-off takes no option {', '.join(map(repr, unknown))}; it takes "
+                                  f"{', '.join(takes) or 'none'} (docs/backends.md).")
     try:
         return backend.hand_off(ep, **options)
     except Pt2bError:

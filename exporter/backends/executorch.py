@@ -128,21 +128,10 @@ def load(manager):
 
 
 def run(manager, ep, args, kwargs, plan=None):
-    """``plan``: the loaded module hand_off made. The runtime returns the new value of each input the
-    program writes, then the program's own outputs; the new values are copied into the caller's tensors
-    (its inputs are copies: the runtime never writes them)."""
-    from torch.export.graph_signature import OutputKind
-
+    """``plan``: the loaded module hand_off made."""
     leaves = calling.flat_inputs(ep, args, kwargs)
-    outs = list(plan.forward([leaf.contiguous() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]))
-    writes = [s for s in ep.graph_signature.output_specs if s.kind == OutputKind.USER_INPUT_MUTATION]
-    if writes:
-        user = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
-        with torch.no_grad():
-            for spec, value in zip(writes, outs):
-                leaves[user.index(spec.target)].copy_(value)
-        outs = outs[len(writes):]
-    return calling.from_tensor_outputs(ep, outs, leaves, "ExecuTorch")
+    outs = plan.forward([leaf.contiguous() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves])
+    return calling.from_tensor_outputs(ep, list(outs), leaves, "ExecuTorch")
 
 
 def backend() -> Backend:
@@ -153,7 +142,7 @@ def backend() -> Backend:
                    "executorch's portable_lib._get_operator_names() (out-variant kernels, read as functional ops)",
                    dict, hand_off, run, "portable kernels, no delegate",
                    holds_state=True,  # the loaded Method keeps its mutable buffers between executions
-                   load=load, returns_input_writes=True,
+                   load=load,
                    save=save, file_suffix=".pte")
 
 

@@ -81,10 +81,10 @@ def lift(ep: torch.export.ExportedProgram, names: list[str]) -> torch.export.Exp
     for entry in ep.module_call_graph:
         if entry.fqn == "" and entry.signature is not None:
             s = entry.signature
+            # the root's argument lists stay as torch leaves them (it names the graph's values only for the
+            # submodules it keeps, and a pass that renames nodes, as to_edge's do, leaves them stale)
             entry = ModuleCallEntry("", ModuleCallSignature(
-                [*s.inputs, *(TensorArgument(buffers[n].arg.name) for n in names)],
-                [*s.outputs, *(spec.arg for spec, _ in lifted_out)], new_in, new_out,
-                None if s.forward_arg_names is None else [*s.forward_arg_names, key]))
+                s.inputs, s.outputs, new_in, new_out, None if s.forward_arg_names is None else [*s.forward_arg_names, key]))
         calls.append(entry)
 
     example = None
@@ -204,8 +204,8 @@ def lift_input_writes(ep: torch.export.ExportedProgram) -> tuple:
     for entry in ep.module_call_graph:
         if entry.fqn == "" and entry.signature is not None:
             s = entry.signature
-            entry = ModuleCallEntry("", ModuleCallSignature(s.inputs, [*s.outputs, *(spec.arg for spec, _ in moved)],
-                                                            s.in_spec, out_spec, s.forward_arg_names))
+            entry = ModuleCallEntry("", ModuleCallSignature(s.inputs, s.outputs, s.in_spec, out_spec,
+                                                            s.forward_arg_names))  # (its lists as lift's)
         calls.append(entry)
     lifted = torch.export.ExportedProgram(
         root=gm, graph=gm.graph, graph_signature=ExportGraphSignature(list(sig.input_specs), [s for s, _ in kept + moved]),

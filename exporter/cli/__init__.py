@@ -130,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
         lo.add_argument("--frozen-state", action="store_true", help="hand a program that writes its buffers to "
                         "the backend with them as constants (every call starts from their exported values); by "
                         "default they are handed over as an input and an output and carried from call to call")
+        lo.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="an option of the backend's hand-off (with --to or --backend; repeatable; docs/backends.md "
+                        "lists them), its value read as a Python literal: --option specialize=True")
         lo.add_argument("--fallback", choices=["reference"], help="with --backend (or --supported): leave to the reference the ops "
                         "no decomposition brings to the backend's list"
                         + (" (the report names them)" if name == "lower" else ", and run on the reference what the "

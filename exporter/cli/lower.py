@@ -77,6 +77,26 @@ def validation_facts(found) -> dict | None:
     return None if found is None else {**json_out.plain(found), "text": found.describe()}
 
 
+def hand_off_options(ns) -> dict:
+    """``--option KEY=VALUE`` as the keyword arguments of a backend's hand-off, each value read as a Python
+    literal (``True``, ``3``, ``'fp16'``) and kept as text where it is none (``compute_precision=fp32``)."""
+    import ast
+
+    from ..errors import BackendHandOffError
+
+    options = {}
+    for given in getattr(ns, "option", None) or ():
+        key, eq, text = given.partition("=")
+        if not eq or not key.strip().isidentifier():
+            raise BackendHandOffError(f"--option {given!r} is not KEY=VALUE with KEY a keyword argument of the "
+                                      f"backend's hand-off: write e.g. --option specialize=True.")
+        try:
+            options[key.strip()] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            options[key.strip()] = text
+    return options
+
+
 def _write_backend_file(ns) -> int:
     """`pt2b lower ART --to NAME -o FILE`: lowered to the backend's own op list, handed over (validated
     unless --no-validate) and written as the backend's own file."""
@@ -95,7 +115,8 @@ def _write_backend_file(ns) -> int:
     backends.get(ns.to)  # known and installed, before any lowering
     lowered = lower_from_args(ns, backend=ns.to)
     with progress.status(f"handing {ns.artifact} to {ns.to}"):
-        compiled = backends.to_backend(lowered, validate=not ns.no_validate, frozen_state=ns.frozen_state)
+        compiled = backends.to_backend(lowered, validate=not ns.no_validate, frozen_state=ns.frozen_state,
+                                       **hand_off_options(ns))
     with progress.status(f"writing {ns.output}"):
         compiled.save(ns.output)
     if json_out.wanted(ns):

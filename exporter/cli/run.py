@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..errors import ExportError
 from . import json_out, progress
-from .lower import lower_from_args, validation_facts
+from .lower import hand_off_options, lower_from_args, validation_facts
 
 
 def _read_inputs(paths, lowered):
@@ -65,7 +65,7 @@ def _runner(ns, lowered):
 
         with progress.status(f"handing {ns.artifact} to {ns.backend}"):
             compiled = backends.to_backend(ns.backend, lowered, validate=not ns.no_validate,
-                                           frozen_state=ns.frozen_state, fallback=ns.fallback)
+                                           frozen_state=ns.frozen_state, fallback=ns.fallback, **hand_off_options(ns))
         return compiled, compiled.backend.key
     from runtime_ref import Runtime
 

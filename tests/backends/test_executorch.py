@@ -107,12 +107,11 @@ def test_the_buffers_a_program_writes_carry_from_call_to_call(tmp_path):
 
 
 def test_the_program_s_writes_into_its_inputs_reach_the_caller(tmp_path):
-    """Handed over as it is (to_edge refuses the writes lifted to outputs): the runtime returns each new
-    value before the program's outputs and never writes the caller's tensor; pt2b copies it there."""
+    """Handed over with the writes lifted to outputs, which pt2b makes in the caller's tensors (the
+    runtime copies its inputs in: it computes a write and never makes it)."""
     from tests.support.helpers import input_writes_reach_the_caller
 
-    compiled = input_writes_reach_the_caller("executorch", tmp_path)
-    assert compiled.write_back is None and compiled.backend.returns_input_writes
+    assert input_writes_reach_the_caller("executorch", tmp_path).write_back is not None
 
 
 def test_a_written_buffer_starts_from_the_programs_value(tmp_path, monkeypatch):
@@ -131,3 +130,11 @@ def test_a_written_buffer_starts_from_the_programs_value(tmp_path, monkeypatch):
     with pytest.raises(BackendResultError, match=r"executorch@.*: output \(torch.float32\) differs from the "
                                                  r"lowered program's"):
         backends.to_backend(load_for_backend(tmp_path / "from-five-executorch.pt2b", backend="executorch", cache=False))
+
+
+def test_a_tiny_llama_generates_token_for_token_what_transformers_generates(tmp_path):
+    """Prefill and decode handed over on one state (the cache lifted: each method alone would hold a
+    cache of its own in the runtime): greedy tokens equal transformers' own generate()."""
+    from tests.support.helpers import generates_what_transformers_generates
+
+    generates_what_transformers_generates(("executorch",), tmp_path)

@@ -102,3 +102,12 @@ def test_views_in_control_flow_branches_are_reshapes_too(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(handed.module()(x), ep.module()(x), rtol=0, atol=0)
         torch.testing.assert_close(handed.module()(-x), ep.module()(-x), rtol=0, atol=0)
+
+
+@pytest.mark.slow
+def test_a_tiny_llama_generates_token_for_token_what_transformers_generates(tmp_path):
+    """Prefill and decode compiled by AOTInductor on one state (the cache lifted, carried by pt2b):
+    greedy tokens equal transformers' own generate()."""
+    from tests.support.helpers import generates_what_transformers_generates
+
+    generates_what_transformers_generates(("inductor",), tmp_path)

@@ -115,3 +115,11 @@ def test_a_written_buffer_starts_from_the_programs_value(tmp_path):
     from tests.support.helpers import state_starts_from_the_programs_values
 
     state_starts_from_the_programs_values("iree", tmp_path)
+
+
+def test_a_tiny_llama_generates_token_for_token_what_transformers_generates(tmp_path):
+    """Prefill and decode handed over on one state (the cache lifted: each method alone would hold a
+    cache of its own in the runtime): greedy tokens equal transformers' own generate()."""
+    from tests.support.helpers import generates_what_transformers_generates
+
+    generates_what_transformers_generates(("iree",), tmp_path)

@@ -283,14 +283,6 @@ def test_a_tiny_llama_generates_token_for_token_what_transformers_generates(tmp_
     """transformers' static-cache export wrapper, prefill + decode, through onnx and openvino: greedy
     tokens equal transformers' own generate()."""
     pytest.importorskip("openvino")
-    from tools.corpus.methods import decoder_case
+    from tests.support.helpers import generates_what_transformers_generates
 
-    case = decoder_case()
-    export_model({name: case.export(name) for name in case.methods}, tmp_path / "llama.pt2b")
-    llama = case.model.model  # the LlamaForCausalLM inside the wrapper
-    expected = llama.generate(case.prompt, max_new_tokens=case.n_new, do_sample=False,
-                              cache_implementation="static")[0, case.prompt.shape[1]:].tolist()
-    assert len(set(expected)) > 1
-    for backend in ("onnx", "openvino"):
-        compiled = backends.to_backend_methods(load_for_backend(tmp_path / "llama.pt2b", backend=backend, cache=False))
-        assert case.generate(lambda name, args, kwargs: compiled[name](*args, **kwargs)) == expected, backend
+    generates_what_transformers_generates(("onnx", "openvino"), tmp_path)

@@ -110,14 +110,9 @@ def test_a_grad_mode_region_is_handed_over(tmp_path):
 def test_a_small_llama_runs_close_to_eager_at_another_batch_and_length(tmp_path):
     """transformers hands SDPA a bool mask, which TVM's own conversion refuses; the hand-off converts it
     as torch defines it, left-padded rows (which attend to nothing) included."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from tests.support.helpers import tiny_llama
 
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, use_cache=False)
-    model = LlamaForCausalLM(config).eval()
-    ids, mask = torch.randint(0, 64, (2, 7)), torch.ones(2, 7, dtype=torch.long)
-    mask[1, :2] = 0
+    model, ids, mask = tiny_llama(padded=2)
     dims = {0: torch.export.Dim("batch", max=8), 1: torch.export.Dim("seq", max=32)}
     export_model(model, (), tmp_path / "llama.pt2b", kwargs={"input_ids": ids, "attention_mask": mask},
                  dynamic_shapes={"input_ids": dims, "attention_mask": dims})

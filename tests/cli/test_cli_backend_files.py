@@ -82,3 +82,22 @@ def test_the_onnx_file_names_its_outputs_by_the_programs_structure(tmp_path):
     got, want = compiled(x), _DictOut()(x)
     torch.testing.assert_close(got["hidden"][1], want["hidden"][1])
     torch.testing.assert_close(got["logits"], want["logits"])
+
+
+def test_options_reach_the_backends_hand_off(tmp_path):
+    """`--option KEY=VALUE` is a keyword argument of the hand-off, its value a Python literal (ONNX's
+    opset_version=18 is the opset the file declares); an option the hand-off does not take is a typed
+    error naming the ones it takes, before any backend work."""
+    pytest.importorskip("onnxruntime")
+    import onnx
+
+    export_model(torch.nn.Linear(4, 2), (torch.randn(2, 4),), tmp_path / "m.pt2b")
+    out_file = tmp_path / "m.onnx"
+    code, _, err = run_cli("lower", str(tmp_path / "m.pt2b"), "--to", "onnx", "--option", "opset_version=18",
+                           "-o", str(out_file), "--no-cache")
+    assert code == 0, err
+    assert [o.version for o in onnx.load(out_file).opset_import if o.domain in ("", "ai.onnx")] == [18]
+    code, _, err = run_cli("run", str(tmp_path / "m.pt2b"), "--backend", "onnx", "--option", "speed=9", "--no-cache")
+    assert code != 0 and "'speed'" in err and "it takes opset_version, optimize" in err
+    code, _, err = run_cli("lower", str(tmp_path / "m.pt2b"), "--to", "onnx", "--option", "18", "-o", str(out_file))
+    assert code != 0 and "--option '18' is not KEY=VALUE" in err

@@ -299,3 +299,36 @@ def state_starts_from_the_programs_values(backend: str, tmp_path):
         x = torch.full((3,), float(step + 1))
         torch.testing.assert_close(compiled(x), eager(x), rtol=0, atol=0)
     return compiled
+
+
+def generates_what_transformers_generates(backends_: tuple[str, ...], tmp_path) -> None:
+    """transformers' static-cache export wrapper of a tiny Llama, prefill + decode in one artifact, handed
+    to each of ``backends_`` with its methods on one state (to_backend_methods): greedy tokens equal
+    transformers' own generate()."""
+    from exporter import backends, export_model, load_for_backend
+    from tools.corpus.methods import decoder_case
+
+    case = decoder_case()
+    export_model({name: case.export(name) for name in case.methods}, tmp_path / "llama.pt2b")
+    llama = case.model.model  # the LlamaForCausalLM inside the wrapper
+    expected = llama.generate(case.prompt, max_new_tokens=case.n_new, do_sample=False,
+                              cache_implementation="static")[0, case.prompt.shape[1]:].tolist()
+    assert len(set(expected)) > 1
+    for backend in backends_:
+        compiled = backends.to_backend_methods(load_for_backend(tmp_path / "llama.pt2b", backend=backend, cache=False))
+        assert case.generate(lambda name, args, kwargs: compiled[name](*args, **kwargs)) == expected, backend
+
+
+def tiny_llama(layers: int = 2, padded: int | None = None):
+    """(a transformers Llama with random weights, its input_ids, its attention mask) at batch 2, length 7;
+    ``padded``: that many leading positions of the second row masked (left padding: those rows attend to
+    nothing, as a padded batch's do)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, use_cache=False)
+    ids, mask = torch.randint(0, 64, (2, 7)), torch.ones(2, 7, dtype=torch.long)
+    if padded:
+        mask[1, :padded] = 0
+    return LlamaForCausalLM(config).eval(), ids, mask
