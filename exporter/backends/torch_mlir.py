@@ -77,7 +77,8 @@ def _importable(ep) -> torch.export.ExportedProgram:
     erases the placeholders of the weights it binds, in the program it is given), and each non-persistent
     buffer given to it as a persistent one, its value in the state_dict: the import looks every buffer up
     in the state_dict only, where torch keeps a non-persistent one among the constants (a Llama's rotary
-    ``inv_freq``: "Could not find state mapping for buffer"); and its views ``_flattened_views``."""
+    ``inv_freq``: "Could not find state mapping for buffer"); its views ``_flattened_views``; its bool
+    operators ``_bitwise``."""
     from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec
 
     sig = ep.graph_signature
@@ -88,6 +89,7 @@ def _importable(ep) -> torch.export.ExportedProgram:
         if node.name != old.name:  # (a copy renames what shadows a builtin; the signature names the originals)
             node.name = old.name
     _flattened_views(gm)
+    _bitwise(gm)
     constants = {k: v for k, v in ep.constants.items() if k not in loose}
     return torch.export.ExportedProgram(
         root=gm, graph=gm.graph, graph_signature=ExportGraphSignature(specs, list(sig.output_specs)),
@@ -115,10 +117,56 @@ def _flattened_views(gm) -> None:
     gm.recompile()
 
 
+def _bitwise(gm) -> None:
+    """Each ``aten.__and__``, ``__or__``, ``__xor__`` made the ``aten.bitwise_*`` op of its overload, in
+    place: torch defines those operators on tensors as these ops, and the torch dialect has an op for
+    ``__and__.Tensor`` (transformers' causal mask) that its conversion to linalg does not handle, where it
+    converts ``bitwise_and``."""
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        name, _, overload = op_name(node.target).removeprefix("aten::").partition(".")
+        if name in ("__and__", "__or__", "__xor__"):
+            node.target = registered_overload("aten", "bitwise_" + name.strip("_"), overload) or node.target
+    gm.recompile()
+
+
+def _no_true_literals(module) -> None:
+    """Each all-true bool literal of the torch-dialect module made the negation of an all-false one, in
+    place: the conversion to linalg sign-extends a literal's integers, so a bool literal's true (1) becomes
+    -1, which does not fit in one bit, and the literal is refused ("failed to legalize operation
+    'torch.vtensor.literal'"). torch-mlir folds such literals out of ops of the program (``new_ones([],
+    dtype=torch.bool)`` in transformers' causal mask), so they are found in the module, not in the program."""
+    from torch_mlir import ir
+
+    found = []
+
+    def visit(op):
+        value = op.attributes["value"] if op.name == "torch.vtensor.literal" else None
+        if isinstance(value, ir.DenseIntElementsAttr) and value.is_splat \
+                and value.type.element_type == ir.IntegerType.get_signless(1) and value.get_splat_value().value:
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    with module.context, ir.Location.unknown():
+        module.operation.walk(visit)
+        for op in found:
+            false = ir.DenseElementsAttr.get_splat(op.attributes["value"].type, ir.BoolAttr.get(False))
+            with ir.InsertionPoint(op), op.location:
+                zeros = ir.Operation.create("torch.vtensor.literal", results=[op.result.type],
+                                            attributes={"value": false})
+                ones = ir.Operation.create("torch.aten.logical_not", results=[op.result.type], operands=[zeros.result])
+            op.result.replace_all_uses_with(ones.result)
+            op.erase()
+
+
 class Engine:
     """The linalg module lowered to LLVM by PIPELINE and JIT-compiled by MLIR's ``ExecutionEngine``:
     ``engine(*arrays)`` calls its ``main`` with NumPy arrays and returns its results as NumPy arrays,
-    which the compiled code hands to the callbacks the calling-convention pass declared."""
+    which the compiled code hands to the callbacks the calling-convention pass declared. Each result
+    is copied, then its buffer freed: the deallocation passes make every buffer ``main`` returns one it
+    allocated for the caller (an input or a weight returned is a copy), and the reference-backend
+    convention hands them to the callback, which owns them from then on."""
 
     def __init__(self, module):
         from torch_mlir import ir
@@ -129,11 +177,19 @@ class Engine:
             llvm = ir.Module.parse(str(module))  # the pipeline rewrites the module it runs on: a copy
         run_pipeline_with_repro_report(llvm, PIPELINE, "lowering linalg-on-tensors to LLVM")
         self._engine = ExecutionEngine(llvm)
-        self._result, self._callbacks = None, []
-        for op in llvm.body.operations:
-            name = str(op.attributes["sym_name"]).strip('"') if "sym_name" in op.attributes else ""
+        self._result, self._callbacks, self._owned = None, [], []
+        names = {str(op.attributes["sym_name"]).strip('"') for op in llvm.body.operations
+                 if "sym_name" in op.attributes}
+        for name in sorted(names):
             if name.startswith(RETURN_PREFIX):
                 self._register(name)
+        # the memref lowering allocates with the C library's malloc (or aligned_alloc), which the JIT
+        # resolves in this process: the C library's free releases it; a module that allocates otherwise
+        # keeps its buffers
+        self._free = None
+        if names & {"malloc", "aligned_alloc"} and "_mlir_memref_to_llvm_alloc" not in names:
+            self._free = ctypes.CDLL(None).free
+            self._free.argtypes, self._free.restype = [ctypes.c_void_p], None
 
     def _register(self, name: str) -> None:
         import numpy as np
@@ -147,9 +203,11 @@ class Engine:
         types = [ctypes.POINTER(UnrankedMemRefDescriptor) if t in _MEMREF_DTYPES else _SCALARS[t] for t in tags]
 
         def consume(*values):
-            # a copy: the compiled code owns the memory it hands over
+            # a copy, the buffer freed after the call (two results may share one)
             self._result = [np.array(unranked_memref_to_numpy(v, np.dtype(_MEMREF_DTYPES[t])), copy=True)
                             if t in _MEMREF_DTYPES else v for v, t in zip(values, tags)]
+            self._owned = [ctypes.cast(v.contents.descriptor, ctypes.POINTER(ctypes.c_void_p))[0]
+                           for v, t in zip(values, tags) if t in _MEMREF_DTYPES]
 
         callback = ctypes.CFUNCTYPE(None, *types)(consume)
         self._callbacks.append(callback)  # alive while the engine may call it
@@ -159,9 +217,12 @@ class Engine:
         from torch_mlir.runtime import get_unranked_memref_descriptor
 
         held = [get_unranked_memref_descriptor(a) for a in arrays]  # alive through the call
-        self._result = None
+        self._result, self._owned = None, []
         self._engine.invoke("main", *(ctypes.pointer(ctypes.pointer(d)) for d in held))
         result, self._result = self._result, None
+        for pointer in dict.fromkeys(self._owned) if self._free else ():
+            if pointer:
+                self._free(pointer)
         if result is None:
             raise BackendRunError("torch-mlir's compiled program returned nothing.")
         return result
@@ -169,11 +230,11 @@ class Engine:
 
 def hand_off(ep, *, output_type: str = OUTPUT):
     """``torch_mlir.fx.export_and_import(program, output_type=...)`` of the program as pt2b lowered it
-    (no decompositions run again; a copy with two defects routed around: ``_importable``): the MLIR
-    module (``compiled.native``), and for linalg-on-tensors the ``Engine`` that runs it. ``output_type``
-    "torch", "tosa" or "stablehlo" gives that dialect's module, which pt2b does not run: hand it over
-    unchecked (the check runs it)."""
-    from torch_mlir.compiler_utils import OutputType
+    (no decompositions run again; a copy with the importer's and the conversion's defects routed around:
+    ``_importable``, ``_no_true_literals``): the MLIR module (``compiled.native``), and for
+    linalg-on-tensors the ``Engine`` that runs it. ``output_type`` "torch", "tosa" or "stablehlo" gives
+    that dialect's module, which pt2b does not run: hand it over unchecked (the check runs it)."""
+    from torch_mlir.compiler_utils import OutputType, lower_mlir_module
     from torch_mlir.fx import export_and_import
 
     try:
@@ -181,7 +242,14 @@ def hand_off(ep, *, output_type: str = OUTPUT):
     except Exception:  # noqa: BLE001 (torch-mlir's own refusal is a bare error)
         raise BackendHandOffError(f"torch-mlir has no output type {output_type!r}: pass one of linalg-on-tensors, "
                                   f"torch, tosa, stablehlo.") from None
-    module = export_and_import(_importable(ep), output_type=wanted, decomposition_table={})
+    # imported to the torch dialect, then lowered to the output type as export_and_import does, with the
+    # bool literals the linalg conversion refuses rewritten in between
+    if wanted == OutputType.RAW:
+        return export_and_import(_importable(ep), output_type=wanted, decomposition_table={}), ep, None
+    module = export_and_import(_importable(ep), output_type=OutputType.TORCH, decomposition_table={})
+    if wanted == OutputType.LINALG_ON_TENSORS:
+        _no_true_literals(module)
+    module = lower_mlir_module(False, wanted, module)
     return module, ep, (Engine(module) if wanted == OutputType.LINALG_ON_TENSORS else None)
 
 

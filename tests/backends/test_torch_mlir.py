@@ -1,8 +1,9 @@
 """torch-mlir takes pt2b's lowering with its own op list (its torch dialect's ops) and decompositions: the
 hand-off is its FX importer to linalg-on-tensors, run by pt2b's driver (the wheel's reference-backend
-passes, MLIR's ExecutionEngine), close to eager on the zoo and a small Llama, with the importer's and the
-view conversion's defects routed around; the hand-off check catches a wrong result; the buffers a program
-writes are carried; save() writes the module that torch-mlir alone runs. torch-mlir needs its own venv
+passes, MLIR's ExecutionEngine, the buffers it returns freed), close to eager on the zoo and a small Llama,
+token-exact on a static-cache one, with the importer's and the conversion's defects routed around; the
+hand-off check catches a wrong result; the buffers a program writes are carried; save() writes the
+module that torch-mlir alone runs. torch-mlir needs its own venv
 beside torch 2.13 (`pytest -m backends tests/backends/test_torch_mlir.py` there)."""
 
 from __future__ import annotations
@@ -117,18 +118,77 @@ def test_a_non_persistent_buffer_is_handed_over():
     assert "inv_freq" in ep.constants and len(list(ep.graph.nodes)) == 4  # the program handed over is unchanged
 
 
-def test_a_small_llama_gets_past_the_import_and_stops_at_a_typed_error(tmp_path):
-    """The Llama's non-persistent rotary inv_freq no longer stops the import; the conversion to linalg
-    then refuses a bool scalar literal of transformers' causal mask, a typed error (docs: not yet)."""
+class _Mask(torch.nn.Module):
+    def forward(self, y):
+        return y.new_ones([], dtype=torch.bool) & y & y.flip(0)
+
+
+def test_a_true_bool_literal_and_the_bool_operators_are_routed_around():
+    """torch-mlir folds ``new_ones([], dtype=torch.bool)`` (transformers' causal mask) into a bool literal
+    its conversion to linalg refuses, and converts ``bitwise_and`` but not ``&`` on tensors: the hand-off
+    rewrites both; the result is bit-exact."""
+    from torch_mlir.fx import export_and_import
+
+    y = torch.rand(3, 4) > 0.5
+    ep = torch.export.export(_Mask(), (y,))
+    with pytest.raises(Exception, match="Lowering Torch Backend IR -> Linalg-on-Tensors"):
+        export_and_import(ep, output_type="linalg-on-tensors", decomposition_table={})
+    compiled = backends.to_backend("torch_mlir", ep)
+    torch_dialect = backends.to_backend("torch_mlir", ep, output_type="torch", validate=False).native
+    assert "torch.aten.__and__" not in str(torch_dialect)
+    for y in (y, torch.rand(3, 4) > 0.5):
+        assert torch.equal(compiled(y), _Mask()(y))
+
+
+def test_a_small_llama_runs_close_to_eager_at_another_batch_and_length(tmp_path):
+    """A transformers Llama with a left-padded mask (those rows attend to nothing), batch and length
+    dynamic: its rotary inv_freq, causal mask and merged views all routed around."""
     from tests.support.helpers import tiny_llama
 
-    model, ids, _ = tiny_llama(layers=1)
-    export_model(model, (), tmp_path / "llama.pt2b", kwargs={"input_ids": ids})
+    model, ids, mask = tiny_llama(padded=2)
+    dims = {0: torch.export.Dim("batch", max=8), 1: torch.export.Dim("seq", max=32)}
+    export_model(model, (), tmp_path / "llama.pt2b", kwargs={"input_ids": ids, "attention_mask": mask},
+                 dynamic_shapes={"input_ids": dims, "attention_mask": dims})
     lowered = load_for_backend(tmp_path / "llama.pt2b", backend="torch_mlir", cache=False)
     assert any("inv_freq" in name for name in lowered.exported_program().constants)
-    with pytest.raises(BackendHandOffError, match=r"torch_mlir@.* could not take the program: TorchMlirCompilerError: "
-                                                  r"Lowering Torch Backend IR -> Linalg-on-Tensors"):
-        backends.to_backend(lowered)
+    compiled = backends.to_backend(lowered)
+    assert compiled.validation.status == "passed" and compiled.validation.max_rel <= compiled.validation.bound
+    ids, mask = torch.randint(0, 64, (3, 11)), torch.ones(3, 11, dtype=torch.long)
+    mask[0, :4] = 0
+    with torch.no_grad():
+        want = model(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(compiled(input_ids=ids, attention_mask=mask).logits, want, **TOL)
+
+
+def test_a_static_cache_llama_generates_what_transformers_generates(tmp_path):
+    from tests.support.helpers import generates_what_transformers_generates
+
+    generates_what_transformers_generates(("torch_mlir",), tmp_path)
+
+
+class _Big(torch.nn.Module):
+    def forward(self, x):
+        y = x * 2
+        return x, y, y, y[:, 1:]
+
+
+def test_the_buffers_the_compiled_code_returns_are_freed():
+    """Each call's outputs (an input returned, one result returned twice, a slice: 3 MiB) are copied and
+    their buffers freed: the process does not grow by them call after call."""
+    import os
+
+    def resident_mib():
+        return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    x = torch.randn(256, 1024)
+    compiled = backends.to_backend("torch_mlir", torch.export.export(_Big(), (x,)))
+    for _ in range(10):  # the allocator settles
+        compiled(x)
+    before = resident_mib()
+    for _ in range(60):  # 180 MiB, were they kept
+        out = compiled(x)
+    assert resident_mib() - before < 60
+    torch.testing.assert_close(out, _Big()(x), rtol=0, atol=0)
 
 
 def test_a_wrong_result_is_caught_at_the_hand_off(artifacts, monkeypatch):
