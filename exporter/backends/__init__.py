@@ -144,7 +144,8 @@ class Compiled:
         """Run the program on the backend with the exported model's arguments; its outputs, structured."""
         extra = {"plan": self.plan} if self.plan is not None else {}
         run = lambda a, k: self.backend.run(self.native, self.program, a, k, **extra)  # noqa: E731
-        carried = run if self.carry is None else (lambda a, k: self.carry.call(run, a, k))
+        holder = getattr(self.plan, "holder", None)  # (the backend's runtime holding the state: state.State.hold)
+        carried = run if self.carry is None else (lambda a, k: self.carry.call(run, a, k, holder))
         return carried(args, kwargs) if self.write_back is None else self.write_back.call(carried, args, kwargs)
 
     def __repr__(self) -> str:
@@ -252,7 +253,7 @@ def to_backend(name: str | LoweredProgram, lowered: LoweredProgram | torch.expor
         compiled = split()
     else:
         try:
-            compiled = Compiled(backend, *_handed(backend, program, options), dim_names=dim_names, carry=carry,
+            compiled = Compiled(backend, *_handed(backend, program, options, carry), dim_names=dim_names, carry=carry,
                                 write_back=write_back)
         except BackendHandOffError:
             if fallback is None:
@@ -333,18 +334,20 @@ def _lifted(backend: Backend, ep, frozen_state: bool, state) -> tuple:
     return lift(ep, names), Carry(state, names, state_keyword(ep))
 
 
-def _handed(backend: Backend, ep, options: dict) -> tuple:
-    """(native, the program it took[, plan]): ``backend``'s hand-off of ``ep``, its failure typed."""
+def _handed(backend: Backend, ep, options: dict, carry=None) -> tuple:
+    """(native, the program it took[, plan]): ``backend``'s hand-off of ``ep``, its failure typed; a
+    hand-off that takes ``carry`` gets the state.Carry of a lifted program (to hold that state itself)."""
     import inspect
 
     params = inspect.signature(backend.hand_off).parameters
-    takes = [n for n, p in params.items() if p.kind == p.KEYWORD_ONLY or (p.kind == p.POSITIONAL_OR_KEYWORD and n != "ep")]
+    takes = [n for n, p in params.items() if n != "carry" and (
+        p.kind == p.KEYWORD_ONLY or (p.kind == p.POSITIONAL_OR_KEYWORD and n != "ep"))]
     unknown = [k for k in options if k not in takes]
     if unknown and not any(p.kind == p.VAR_KEYWORD for p in params.values()):
         raise BackendHandOffError(f"{backend.key}'s hand-off takes no option {', '.join(map(repr, unknown))}; it takes "
                                   f"{', '.join(takes) or 'none'} (docs/backends.md).")
     try:
-        return backend.hand_off(ep, **options)
+        return backend.hand_off(ep, **options, **({"carry": carry} if carry is not None and "carry" in params else {}))
     except Pt2bError:
         raise
     except Exception as e:  # noqa: BLE001 (whatever the backend raises, typed and chained)

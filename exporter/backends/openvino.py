@@ -7,6 +7,7 @@ ops it names are the core ATen ops (torch.Tag.core) plus that list, plus, where 
 the ops its conversion extensions translate that the table leaves (library_tables; convert_model gets
 the extensions). The hand-off is an ``openvino.CompiledModel`` for the CPU device, in float32
 (``INFERENCE_PRECISION_HINT=f32``: on CPUs with AMX or AVX512-BF16 OpenVINO otherwise computes in bf16).
+A lifted program's floating state becomes the model's variables, held by its infer request (``stateful``).
 
 pip install pt2b[openvino]
 """
@@ -51,10 +52,11 @@ def _table() -> dict:
 
 
 def hand_off(ep, *, device: str = "CPU", config: dict | None = None,
-             library: library_tables.LibraryTable | None = None):
+             library: library_tables.LibraryTable | None = None, stateful: bool = True, carry=None):
     """``openvino.convert_model`` of ``ep`` after OpenVINO's own table (as convert_model applies it), with
     ``library``'s conversion extensions (transformers', where it is installed), compiled for ``device``
-    in float32 unless ``config`` says otherwise."""
+    in float32 unless ``config`` says otherwise. ``carry`` (a lifted program's state.Carry) with
+    ``stateful``: the model made stateful (_make_stateful), its infer request holding the state."""
     import openvino
     from openvino.frontend.pytorch.fx_decoder import TorchFXPythonDecoder
 
@@ -64,8 +66,88 @@ def hand_off(ep, *, device: str = "CPU", config: dict | None = None,
         _as_builtins(gm, library)
     extensions = {"extension": list(library.entries)} if library else {}
     model = openvino.convert_model(TorchFXPythonDecoder(gm, dynamic_shapes=True), **extensions)
-    settings = {"INFERENCE_PRECISION_HINT": "f32", **(config or {})}
-    return openvino.Core().compile_model(model, device, settings), ep, Converted(_result_names(gm), model)
+    names, held = _result_names(gm), None
+    if stateful and carry is not None:
+        held = _make_stateful(model, ep, carry, names)
+    settings = {"INFERENCE_PRECISION_HINT": "f32", **({"KV_CACHE_PRECISION": "f32"} if held else {}), **(config or {})}
+    compiled = openvino.Core().compile_model(model, device, settings)
+    if held is None:
+        return compiled, ep, Converted(names, model)
+    request = compiled.create_infer_request()
+    kept = [n for i, n in enumerate(names) if i not in held.results]
+    return compiled, ep, Converted(kept, model, request, held.inputs, tuple(names[i] for i in held.results),
+                                   Variables(request, held.variables))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Held:
+    inputs: frozenset  # the flat inputs the variables replace
+    results: frozenset  # the results they replace (indices into the converted model's)
+    variables: dict  # buffer name -> variable id
+
+
+def _make_stateful(model, ep, carry, names: list[str]) -> _Held | None:
+    """``model`` (converted from the lifted ``ep``) made stateful in place: each floating buffer that the
+    program reads as ``state.<buffer>`` and returns as ``state_out.<buffer>`` becomes a variable of the
+    model (OpenVINO's own make-stateful transformation, as transformers' OpenVINO exporter and OpenVINO
+    GenAI do with a KV cache), started from the program's own value. Integer buffers stay inputs and
+    outputs: the CPU plugin keeps variables in the types it computes in and refuses i64 ones. None where
+    nothing is held (the ports do not line up with the program's inputs and outputs: the lifted form)."""
+    import numpy as np
+    import openvino.opset14 as ops
+    from openvino._offline_transformations import apply_make_stateful_transformation
+
+    user_in = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    user_out = [s.arg.name for s in ep.graph_signature.output_specs if s.kind.name == "USER_OUTPUT"]
+    written = list(ep.call_spec.out_spec.children()[1].context)  # lift's: (outputs, {written buffer: new value})
+    if len(model.inputs) != len(user_in) or len(user_out) < len(written) or len(carry.names) > len(user_in):
+        return None
+    first_state = len(user_in) - len(carry.names)
+    new_values = dict(zip(written, user_out[len(user_out) - len(written):]))
+    initial = {name: carry.state.initial(name) for name in carry.names}
+    pairs, inputs, results, variables = {}, set(), set(), {}
+    for i, name in enumerate(carry.names):
+        out = new_values.get(name)
+        if out is None or names.count(out) != 1 or not initial[name].is_floating_point():
+            continue
+        model.inputs[first_state + i].get_tensor().set_names({f"state.{name}"})
+        model.outputs[names.index(out)].get_tensor().set_names({f"state_out.{name}"})
+        pairs[f"state.{name}"] = f"state_out.{name}"
+        inputs.add(first_state + i)
+        results.add(names.index(out))
+        variables[name] = f"state.{name}state_out.{name}"  # (the transformation names a variable so)
+    if not pairs:
+        return None
+    apply_make_stateful_transformation(model, pairs)
+    by_id = {v: n for n, v in variables.items()}
+    for op in model.get_ops():  # each variable starts from the program's value (a saved model's reset)
+        if op.get_type_name() == "ReadValue" and op.get_variable_id() in by_id:
+            value = initial[by_id[op.get_variable_id()]].numpy(force=True)
+            shape = ops.constant(np.array(value.shape, np.int64))
+            zeros = ops.broadcast(ops.constant(np.zeros((), value.dtype)), shape)
+            op.set_arguments([zeros if not value.any() else ops.constant(value)])
+    return _Held(frozenset(inputs), frozenset(results), variables)
+
+
+class Variables:
+    """The buffers an infer request of a stateful model holds, by name (state.State.hold's holder)."""
+
+    def __init__(self, request, variables: dict[str, str]):
+        self.request, self.names = request, frozenset(variables)
+        self._buffer = {v: n for n, v in variables.items()}  # variable id -> buffer name
+
+    def pull(self) -> dict:
+        """The values the request holds, copied out, by buffer name."""
+        return {self._buffer[v.name]: torch.from_numpy(v.state.data.copy()) for v in self.request.query_state()
+                if v.name in self._buffer}
+
+    def push(self, values: dict) -> None:
+        """``values`` (by buffer name) copied into the request's variables."""
+        import openvino
+
+        for v in self.request.query_state():
+            if v.name in self._buffer:
+                v.state = openvino.Tensor(values[self._buffer[v.name]].numpy(force=True).copy())
 
 
 def _as_builtins(gm, library: library_tables.LibraryTable) -> None:
@@ -87,10 +169,16 @@ def _as_builtins(gm, library: library_tables.LibraryTable) -> None:
 @dataclasses.dataclass(frozen=True)
 class Converted:
     """What running and saving the compiled model need beside it: the results' names in OpenVINO's
-    order, and the model convert_model made (what openvino.save_model writes)."""
+    order, and the model convert_model made (what openvino.save_model writes). A stateful model's: the
+    infer request that holds its variables, the flat inputs and the outputs they replace, and the
+    request's variables as the State's holder."""
 
     names: list
     model: object
+    request: object = None
+    dropped: frozenset = frozenset()
+    held_outputs: tuple = ()
+    holder: Variables | None = None
 
 
 def _result_names(gm) -> list[str]:
@@ -106,12 +194,14 @@ def run(compiled, ep, args, kwargs, plan=None):
     """The compiled model takes the program's user inputs in order; its results, matched to the
     program's outputs by name, are put back into the program's own output structure."""
     leaves = calling.flat_inputs(ep, args, kwargs)
-    result = compiled(calling.numpy_inputs(leaves))
+    fed = [leaf for i, leaf in enumerate(leaves) if i not in plan.dropped]  # (a variable holds the rest)
+    result = (compiled if plan.request is None else plan.request.infer)(calling.numpy_inputs(fed))
     values = [torch.from_numpy(result[i].copy()) for i in range(len(result))]
     names = plan.names
     if len(values) != len(names):
         raise BackendRunError(f"OpenVINO returned {len(values)} results for the program's {len(names)} tensor outputs.")
-    return calling.user_outputs(ep, dict(zip(names, values)), leaves)
+    # a held buffer's new value stays in its variable: None in its place (state.Carry stores nothing of it)
+    return calling.user_outputs(ep, {**dict(zip(names, values)), **dict.fromkeys(plan.held_outputs)}, leaves)
 
 
 def save(compiled, path: str) -> None:

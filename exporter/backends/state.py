@@ -109,11 +109,18 @@ def state_keyword(ep: torch.export.ExportedProgram) -> str:
 class State(Mapping):
     """The buffers a handed-over program writes, by qualified name, as they stand after the last call
     (a read-only mapping: each method's calls write it; ``reset()`` puts back the program's own values).
-    The methods of one artifact handed over together hold one ``State``, as runtime_ref's do."""
+    The methods of one artifact handed over together hold one ``State``, as runtime_ref's do.
+
+    Some of the values may live in a backend's runtime instead (``hold``: OpenVINO's stateful form
+    keeps a KV cache in its infer request's variables, so no call copies it in or out). A State has at
+    most one such holder; reading a held value, storing into it or snapshotting pulls the holder's
+    values back (the holder then holds nothing until ``hold`` again), so a reader always sees the
+    newest values, and a tensor read before later calls is stale until read again."""
 
     def __init__(self) -> None:
         self._values: dict[str, torch.Tensor] = {}
         self._initial: dict[str, torch.Tensor] = {}  # the program's own tensors, never written
+        self._holder = None  # the backend runtime holding the newest values of its ``names`` (None: none)
 
     def take(self, ep: torch.export.ExportedProgram, names: list[str], backend: str) -> None:
         """Hold ``names`` of ``ep``: a copy of the program's values (never its own tensors: a loaded
@@ -130,8 +137,32 @@ class State(Mapping):
                     f"program's buffer is {tuple(value.shape)} {value.dtype}: share state only between the "
                     f"methods of one artifact (to_backend_methods).")
 
+    def hold(self, holder) -> None:
+        """Let ``holder`` (a backend runtime) hold the values of ``holder.names`` from now on: they are
+        pushed into it (``holder.push(values)``) unless it holds them already, after the values of the
+        holder before it are pulled back. ``holder.pull()`` returns its values by name. A method switch
+        moves the state once; calls through the same holder move nothing."""
+        if self._holder is holder:
+            return
+        self._settle()
+        holder.push({name: self._values[name] for name in holder.names})
+        self._holder = holder
+
+    def _settle(self, names=None) -> None:
+        """The holder's values pulled back into this State's tensors where it holds any of ``names``
+        (None: any), the holder released."""
+        holder = self._holder
+        if holder is None or (names is not None and not holder.names.intersection(names)):
+            return
+        self._holder = None
+        self._put(holder.pull())
+
     def store(self, new: dict) -> None:
         """The values a call returned: written into the held tensors where dtype and shape stay."""
+        self._settle(new)
+        self._put(new)
+
+    def _put(self, new: dict) -> None:
         for name, value in new.items():
             held = self._values[name]
             if isinstance(value, torch.Tensor) and value.shape == held.shape and value.dtype == held.dtype:
@@ -142,13 +173,20 @@ class State(Mapping):
 
     def reset(self) -> None:
         """Every buffer back to the program's own value (a new sequence starts from an empty cache)."""
-        self.store(self._initial)
+        self._holder = None  # (what it holds is overwritten: nothing to pull)
+        self._put(self._initial)
+
+    def initial(self, name: str) -> torch.Tensor:
+        """The program's own value of ``name``, what ``reset()`` puts back (never to be written)."""
+        return self._initial[name]
 
     def snapshot(self) -> dict[str, torch.Tensor]:
         """A copy of every held value, for ``store`` to put back."""
+        self._settle()
         return {name: value.clone() for name, value in self._values.items()}
 
     def __getitem__(self, name: str) -> torch.Tensor:
+        self._settle((name,))
         return self._values[name]
 
     def __iter__(self) -> Iterator[str]:
@@ -167,11 +205,17 @@ class Carry:
     def __init__(self, state: State, names: list[str], keyword: str):
         self.state, self.names, self.keyword = state, names, keyword
 
-    def call(self, run, args: tuple, kwargs: dict):
+    def call(self, run, args: tuple, kwargs: dict, holder=None):
         """``run(args, kwargs)`` (the backend's run of the lifted program) with the state passed after the
-        user's arguments; its new values stored, the user's outputs returned."""
-        out, new = run(args, {**kwargs, self.keyword: {n: self.state[n] for n in self.names}})
-        self.state.store(new)
+        user's arguments; its new values stored, the user's outputs returned. ``holder``: the backend's
+        runtime holds ``holder.names`` between calls (State.hold); their entries are passed unread (the
+        run drops them) and their new values, which the run does not return, are not stored."""
+        held = holder.names if holder is not None else frozenset()
+        if holder is not None:
+            self.state.hold(holder)
+        values = self.state._values  # (read raw: a held value would be pulled back from the holder)
+        out, new = run(args, {**kwargs, self.keyword: {n: values[n] for n in self.names}})
+        self.state.store({n: v for n, v in new.items() if n not in held})
         return out
 
 
