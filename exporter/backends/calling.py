@@ -11,10 +11,19 @@ from .._torch.pytree import fx_pytree, pytree
 from ..errors import BackendRunError
 
 
+def _spec(ep: torch.export.ExportedProgram, which: str):
+    """The program's ``in_spec`` or ``out_spec``, read where ``ep.call_spec`` reads it: that property makes
+    a class at every access, a cost every call of a compiled program would pay (twice)."""
+    graph = ep.module_call_graph
+    if graph and graph[0].fqn == "" and graph[0].signature is not None:
+        return getattr(graph[0].signature, which)
+    return getattr(ep.call_spec, which)
+
+
 def flat_inputs(ep: torch.export.ExportedProgram, args: tuple, kwargs: dict) -> list:
     """The program's user inputs, in its order, from a call's (args, kwargs)."""
     try:
-        return list(fx_pytree.tree_flatten_spec((tuple(args), dict(kwargs)), ep.call_spec.in_spec))
+        return list(fx_pytree.tree_flatten_spec((tuple(args), dict(kwargs)), _spec(ep, "in_spec")))
     except Exception as e:  # noqa: BLE001 (pytree's errors are bare: say what was expected)
         raise BackendRunError(f"the call does not match the program's inputs ({type(e).__name__}: {e}); "
                               f"call it as the exported model was called.") from None
@@ -37,7 +46,7 @@ def user_outputs(ep: torch.export.ExportedProgram, produced: dict, leaves: list 
         else:
             raise BackendRunError(f"the backend did not return the program's output {spec.arg.name!r} (it returned "
                                   f"{', '.join(produced) or 'nothing'}).")
-    return pytree.tree_unflatten(out, ep.call_spec.out_spec)
+    return pytree.tree_unflatten(out, _spec(ep, "out_spec"))
 
 
 def numpy_inputs(leaves: list) -> list:
