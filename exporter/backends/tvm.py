@@ -126,6 +126,43 @@ def _conversions() -> dict:
     return {**markers, **{key: entry(key) for key in _convert_map_keys()}}
 
 
+def _index_put_every_dim(x, indices, values, accumulate=False):
+    """``index_put`` with an index tensor for every dim of ``x``: each sliced dim (a None index, or one past
+    the last index given) indexed by its ``arange``, shaped so that all of them broadcast to the shape
+    ``x[indices]`` has (the sliced dims before, the index tensors' broadcast shape, the sliced dims after),
+    the same positions. TVM's conversion requires one index per dim ("IndexPut requires the number of
+    index tensors (3) to match the data tensor dimensions (4)": a static KV cache written at
+    ``cache[:, :, position]``) and broadcasts the aranges it makes for None wrongly where two dims are
+    sliced. Where the index tensors are not adjacent torch puts their dims first: left as it is
+    (NotImplemented), as is a bool index."""
+    given = list(indices) + [None] * (x.dim() - len(indices))
+    at = [d for d, i in enumerate(given) if i is not None]
+    if (not at or len(at) == len(given) or at != list(range(at[0], at[-1] + 1))
+            or any(given[d].dtype == torch.bool for d in at)):
+        return NotImplemented
+    shape = torch.broadcast_shapes(*(given[d].shape for d in at))
+    before, after = at[0], x.dim() - at[-1] - 1
+    full = []
+    for d, index in enumerate(given):
+        if index is not None:
+            full.append(index.reshape(*[1] * (len(shape) - index.dim()), *index.shape, *[1] * after))
+            continue
+        # a sliced dim: its own axis, every other position of the result shape broadcast
+        lead = d if d < before else before + len(shape) + (d - at[-1] - 1)
+        rank = before + len(shape) + after
+        full.append(torch.arange(x.shape[d], device=x.device).reshape([-1] + [1] * (rank - lead - 1)))
+    return torch.ops.aten.index_put.default(x, full, values, accumulate)
+
+
+def _every_dim_indexed(ep):
+    """``ep`` with each ``index_put`` that leaves dims sliced made one that indexes every dim (a new
+    program), or ``ep`` if it has none."""
+    put = torch.ops.aten.index_put.default
+    short = [n for n in ep.graph.nodes if n.target is put and (
+        len(n.args[1]) < n.args[0].meta["val"].dim() or any(i is None for i in n.args[1]))]
+    return ep.run_decompositions({put: _index_put_every_dim}) if short else ep
+
+
 def hand_off(ep, *, target: str = TARGET, custom_convert_map: dict | None = None):
     """``from_exported_program(ep)`` (pt2b's lowering as it is: TVM's own run_decompositions is not run
     again) with TVM's conversions fixed as above and ``custom_convert_map`` over them, compiled by
@@ -136,7 +173,7 @@ def hand_off(ep, *, target: str = TARGET, custom_convert_map: dict | None = None
     from tvm.relax.frontend.torch import from_exported_program
 
     entries = {**_conversions(), **(custom_convert_map or {})}
-    mod = from_exported_program(ep, run_ep_decomposition=False, custom_convert_map=entries)
+    mod = from_exported_program(_every_dim_indexed(ep), run_ep_decomposition=False, custom_convert_map=entries)
     executable = tvm.compile(mod, target=target)
     return executable, ep, relax.VirtualMachine(executable, tvm.cpu())
 

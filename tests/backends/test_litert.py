@@ -216,3 +216,11 @@ def test_its_file_runs_with_ai_edge_litert_alone_in_a_fresh_process(artifacts, t
     subprocess.run([sys.executable, "-c", script, file, tmp_path / "x.npy", tmp_path / "y.npy"], check=True,
                    capture_output=True, timeout=120)
     torch.testing.assert_close(torch.from_numpy(np.load(tmp_path / "y.npy")), _eager(case), **TOL)
+
+
+def test_a_tiny_llama_generates_token_for_token_what_transformers_generates(tmp_path):
+    """Prefill and decode handed over on one state (the cache lifted, carried by pt2b): greedy tokens
+    equal transformers' own generate()."""
+    from tests.support.helpers import generates_what_transformers_generates
+
+    generates_what_transformers_generates(("litert",), tmp_path)

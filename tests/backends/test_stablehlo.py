@@ -212,3 +212,19 @@ def test_the_program_s_writes_into_its_inputs_reach_the_caller(tmp_path):
     from tests.support.helpers import input_writes_reach_the_caller
 
     input_writes_reach_the_caller("stablehlo", tmp_path)
+
+
+def test_a_tiny_llama_generates_token_for_token_what_transformers_generates(tmp_path):
+    """Prefill and decode handed over on one state (the cache lifted, carried by pt2b): greedy tokens
+    equal transformers' own generate()."""
+    import pathlib
+
+    from tests.support.helpers import generates_what_transformers_generates
+
+    # once torchax is imported, torch.export's strict capture of the decoder fails ("PyTorch is not linked
+    # with support for jax devices"): the artifact is exported by an interpreter that has not imported it
+    root = pathlib.Path(__file__).resolve().parents[2]
+    subprocess.run([sys.executable, "-c", "import sys; from tests.support.helpers import export_decoder_case; "
+                    "export_decoder_case(sys.argv[1])", str(tmp_path / "llama.pt2b")], check=True, cwd=root,
+                   capture_output=True, timeout=600)
+    generates_what_transformers_generates(("stablehlo",), tmp_path, exported=True)

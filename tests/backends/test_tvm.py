@@ -182,3 +182,59 @@ def test_the_program_s_writes_into_its_inputs_reach_the_caller(tmp_path):
     from tests.support.helpers import input_writes_reach_the_caller
 
     input_writes_reach_the_caller("tvm", tmp_path)
+
+
+class CacheWrite(torch.nn.Module):
+    """A static KV cache written at ``cache[:, :, position]`` (transformers' StaticCache), two dims sliced."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("cache", torch.zeros(2, 3, 8, 4))
+
+    def forward(self, k, position):
+        self.cache[:, :, position] = k
+        return self.cache.sum(-1)
+
+
+@pytest.mark.parametrize("indices, values", [
+    ((None, None, torch.tensor([1, 3])), (2, 3, 2, 4)),
+    ((None, torch.tensor([0, 2])), (2, 2, 8, 4)),
+    ((None, torch.tensor([[0], [2]]), torch.tensor([1, 4])), (2, 2, 2, 4)),
+    ((None, None, torch.tensor([1, 3]), None), (2, 3, 2, 4)),
+    ((None, None, None, torch.tensor([0, 3])), (2, 3, 8, 2)),
+])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_an_index_put_with_sliced_dims_indexes_every_dim_the_same(indices, values, accumulate):
+    from exporter.backends.tvm import _index_put_every_dim
+
+    torch.manual_seed(0)
+    x, v = torch.randn(2, 3, 8, 4), torch.randn(values)
+    want = torch.ops.aten.index_put.default(x, list(indices), v, accumulate)
+    assert torch.equal(_index_put_every_dim(x, list(indices), v, accumulate), want)
+    # index tensors apart: torch puts their dims first, and the rewrite declines
+    assert _index_put_every_dim(x, [torch.tensor([0]), None, torch.tensor([1])], v, accumulate) is NotImplemented
+
+
+def test_a_static_cache_write_reaches_tvm_with_every_dim_indexed(tmp_path, monkeypatch):
+    """TVM's own conversion refuses an index_put that leaves dims sliced (every static-cache decoder's
+    cache write); handed over with every dim indexed, it writes what eager writes, call after call."""
+    from exporter.backends import tvm as adapter
+
+    export_model(CacheWrite(), (torch.randn(2, 3, 1, 4), torch.tensor([0])), tmp_path / "w.pt2b")
+    lowered = load_for_backend(tmp_path / "w.pt2b", backend="tvm", cache=False)
+    compiled = backends.to_backend(lowered)
+    eager = CacheWrite()
+    for step in range(3):
+        k, position = torch.randn(2, 3, 1, 4), torch.tensor([step * 2])
+        torch.testing.assert_close(compiled(k, position), eager(k, position), **TOL)
+    monkeypatch.setattr(adapter, "_every_dim_indexed", lambda ep: ep)
+    with pytest.raises(BackendHandOffError, match="IndexPut requires the number of index tensors"):
+        backends.to_backend(lowered)
+
+
+def test_a_tiny_llama_generates_token_for_token_what_transformers_generates(tmp_path):
+    """Prefill and decode handed over on one state (the cache lifted, carried by pt2b): greedy tokens
+    equal transformers' own generate()."""
+    from tests.support.helpers import generates_what_transformers_generates
+
+    generates_what_transformers_generates(("tvm",), tmp_path)

@@ -301,15 +301,26 @@ def state_starts_from_the_programs_values(backend: str, tmp_path):
     return compiled
 
 
-def generates_what_transformers_generates(backends_: tuple[str, ...], tmp_path) -> None:
-    """transformers' static-cache export wrapper of a tiny Llama, prefill + decode in one artifact, handed
-    to each of ``backends_`` with its methods on one state (to_backend_methods): greedy tokens equal
-    transformers' own generate()."""
-    from exporter import backends, export_model, load_for_backend
+def export_decoder_case(path) -> None:
+    """tools.corpus.methods.decoder_case (a tiny Llama with seeded weights in transformers' static-cache
+    export wrapper), its prefill and decode exported into one artifact at ``path``."""
+    from exporter import export_model
     from tools.corpus.methods import decoder_case
 
     case = decoder_case()
-    export_model({name: case.export(name) for name in case.methods}, tmp_path / "llama.pt2b")
+    export_model({name: case.export(name) for name in case.methods}, path)
+
+
+def generates_what_transformers_generates(backends_: tuple[str, ...], tmp_path, exported: bool = False) -> None:
+    """export_decoder_case's artifact (``exported``: already at tmp_path/llama.pt2b), handed to each of
+    ``backends_`` with its methods on one state (to_backend_methods): greedy tokens equal transformers'
+    own generate()."""
+    from exporter import backends, load_for_backend
+    from tools.corpus.methods import decoder_case
+
+    case = decoder_case()
+    if not exported:
+        export_decoder_case(tmp_path / "llama.pt2b")
     llama = case.model.model  # the LlamaForCausalLM inside the wrapper
     expected = llama.generate(case.prompt, max_new_tokens=case.n_new, do_sample=False,
                               cache_implementation="static")[0, case.prompt.shape[1]:].tolist()
