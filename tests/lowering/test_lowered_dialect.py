@@ -8,45 +8,16 @@ import pytest
 import torch
 
 from exporter import export_model, load_for_backend
-from exporter.lowering import engines
-from exporter.lowering.engines import local
+from tests.support.helpers import ENGINES, LayerStack, force_engine
 
 
-class _Block(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin, self.norm = torch.nn.Linear(16, 16), torch.nn.LayerNorm(16)
-
-    def forward(self, x):
-        return self.norm(torch.nn.functional.gelu(self.lin(x)) + x)
-
-
-class _Stack(torch.nn.Module):
-    def __init__(self, n=4):
-        super().__init__()
-        self.blocks = torch.nn.ModuleList(_Block() for _ in range(n))
-
-    def forward(self, x):
-        for block in self.blocks:
-            x = block(x)
-        return x
-
-
-def _engine(name, monkeypatch):
-    """Force one lowering engine: node by node, the whole-program retrace, or repeated layers once."""
-    if name != "reuse":
-        monkeypatch.setattr(engines, "lower_with_reuse", lambda ep, decompose: None)
-    if name == "whole program":
-        monkeypatch.setattr(local, "lower_locally", lambda *a, **k: None)
-
-
-@pytest.mark.parametrize("engine", ["node by node", "whole program", "reuse"])
+@pytest.mark.parametrize("engine", ENGINES)
 def test_each_engine_lowers_to_the_aten_dialect_with_tensor_metadata(tmp_path, monkeypatch, engine):
     torch.manual_seed(0)
-    model, x = _Stack().eval(), torch.randn(3, 16)
+    model, x = LayerStack().eval(), torch.randn(3, 16)
     ep = torch.export.export(model, (x,))
     export_model(ep, path=tmp_path / "m.pt2b")
-    _engine(engine, monkeypatch)
+    force_engine(engine, monkeypatch)
     lowered = load_for_backend(tmp_path / "m.pt2b", "core", cache=False)
     assert (lowered.reused is not None) == (engine == "reuse")
     ours, theirs = lowered.exported_program(), ep.run_decompositions()
@@ -62,7 +33,7 @@ def test_each_engine_lowers_to_the_aten_dialect_with_tensor_metadata(tmp_path, m
 def test_a_lowering_served_from_the_cache_says_the_same(tmp_path, monkeypatch):
     monkeypatch.setenv("PT2B_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("PT2B_CACHE", raising=False)  # (the suite turns the cache off)
-    export_model(_Stack(2).eval(), (torch.randn(3, 16),), tmp_path / "m.pt2b")
+    export_model(LayerStack(2).eval(), (torch.randn(3, 16),), tmp_path / "m.pt2b")
     load_for_backend(tmp_path / "m.pt2b", "core")
     hit = load_for_backend(tmp_path / "m.pt2b", "core")
     assert hit.from_cache and hit.exported_program().dialect == "ATEN"

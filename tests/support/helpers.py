@@ -343,3 +343,41 @@ def tiny_llama(layers: int = 2, padded: int | None = None):
     if padded:
         mask[1, :padded] = 0
     return LlamaForCausalLM(config).eval(), ids, mask
+
+
+class _Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin, self.norm = torch.nn.Linear(16, 16), torch.nn.LayerNorm(16)
+
+    def forward(self, x):
+        return self.norm(torch.nn.functional.gelu(self.lin(x)) + x)
+
+
+class LayerStack(torch.nn.Module):
+    """``n`` identical blocks (Linear, GELU, residual, LayerNorm): what the engine that lowers repeated
+    layers once reuses."""
+
+    def __init__(self, n=4):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(_Block() for _ in range(n))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+ENGINES = ("node by node", "whole program", "reuse")
+
+
+def force_engine(name: str, monkeypatch) -> None:
+    """Force one lowering engine of ENGINES: node by node, the whole-program retrace, or repeated layers
+    lowered once."""
+    from exporter.lowering import engines
+    from exporter.lowering.engines import local
+
+    if name != "reuse":
+        monkeypatch.setattr(engines, "lower_with_reuse", lambda ep, decompose: None)
+    if name == "whole program":
+        monkeypatch.setattr(local, "lower_locally", lambda *a, **k: None)
