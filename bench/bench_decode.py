@@ -2,9 +2,10 @@
 model exported by transformers' own exporters (transformers.exporters), on ONNX Runtime and OpenVINO.
 
 pt2b: the artifact's two methods lowered per backend and handed over on one state (`to_backend_methods`):
-onnx (the cache lifted: fed and returned every call), openvino stateful (its default: the cache in the
-infer request's variables) and openvino lifted (`stateful=False`), both with PERFORMANCE_HINT=LATENCY
-as transformers' OpenVINO runner compiles. transformers: `export_for_generation`
+onnx stateful (its default: the cache held by ONNX Runtime as its own values between calls) and onnx
+lifted (`stateful=False`: the cache passed through torch every call), openvino stateful (its default:
+the cache in the infer request's variables) and openvino lifted (`stateful=False`), these two with
+PERFORMANCE_HINT=LATENCY as transformers' OpenVINO runner compiles. transformers: `export_for_generation`
 with a static cache of the same length, its prefill and decode components run as its docs run them: an
 onnxruntime InferenceSession fed the cache (its decode takes and returns it), an OpenVINO compiled model
 (its runner's settings) whose decode holds the cache in its own state, seeded from the prefill's outputs.
@@ -193,7 +194,8 @@ def bench(name: str, tokens: int, rounds: int) -> None:
                    "decode": (wrapper, (), {"input_ids": prompt[:, :1], "cache_position": torch.tensor([PROMPT_LEN])})}
         export_model({m: torch.export.export(w, a, k, strict=True) for m, (w, a, k) in methods.items()}, path)
         latency = {"config": {"PERFORMANCE_HINT": "LATENCY"}}  # (transformers' OpenVINO runner's CPU setting)
-        runtimes = {"pt2b onnx": Pt2b(path, "onnx"), "pt2b openvino": Pt2b(path, "openvino", **latency),
+        runtimes = {"pt2b onnx": Pt2b(path, "onnx"), "pt2b onnx lifted": Pt2b(path, "onnx", stateful=False),
+                    "pt2b openvino": Pt2b(path, "openvino", **latency),
                     "pt2b openvino lifted": Pt2b(path, "openvino", stateful=False, **latency)}
         runtimes.update(transformers_exports(model, prompt, cache_len))
         want = eager_tokens(model, prompt, steps, cache_len)

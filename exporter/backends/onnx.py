@@ -3,7 +3,8 @@ torch.onnx's own registry lists them (``ONNXRegistry.from_torchlib()``) plus the
 declares that this torch lacks (reported, not fatal), plus the ops transformers' ONNX translation
 table converts where transformers is installed (library_tables); no decompositions of its own
 (torch.onnx decomposes with torch's table what torchlib lacks, as pt2b does); the hand-off is
-``torch.onnx.export(program)`` with that table, an ``ONNXProgram``; onnxruntime runs it.
+``torch.onnx.export(program)`` with that table, an ``ONNXProgram``; onnxruntime runs it, holding a
+lifted program's state between calls as its own values (``stateful``, the default).
 
 pip install pt2b[onnx]  (onnx, onnxscript, onnxruntime)
 """
@@ -57,31 +58,130 @@ def _supported_ops(library: library_tables.LibraryTable) -> tuple[str, ...]:
 
 
 def hand_off(ep, *, opset_version: int | None = None, optimize: bool = True,
-             custom_translation_table: dict | None = None, library: library_tables.LibraryTable | None = None):
+             custom_translation_table: dict | None = None, library: library_tables.LibraryTable | None = None,
+             stateful: bool = True, carry=None):
     """``torch.onnx.export`` of ``ep`` with ``library``'s translation table (transformers', where it is
     installed) and ``custom_translation_table`` over it: an ``ONNXProgram`` (``.model_proto``,
-    ``.save(path)``), and the program torch.onnx translated (after its own decompositions, a no-op on
-    pt2b's lowering)."""
+    ``.save(path)``), the program torch.onnx translated (after its own decompositions, a no-op on
+    pt2b's lowering), and the Session that runs it. ``carry`` (a lifted program's state.Carry) with
+    ``stateful``: ONNX Runtime holds the state between calls (Held); ``stateful=False`` passes it in
+    and out of torch at every call."""
     options = {"opset_version": opset_version} if opset_version is not None else {}
     table = {**(library.entries if library else {}), **(custom_translation_table or {})}
     if table:
         options["custom_translation_table"] = table
     with quiet_logger("torch.onnx"):
         onnx_program = torch.onnx.export(ep, (), dynamo=True, optimize=optimize, verbose=False, **options)
-    return onnx_program, onnx_program.exported_program
+    program = onnx_program.exported_program
+    return onnx_program, program, Session(onnx_program, program, carry if stateful else None)
 
 
-def run(onnx_program, ep, args, kwargs):
-    """Run on onnxruntime's CPU provider (ONNXProgram's own session); inputs by graph input name (an input
-    the translation made a constant, such as a size export specialized, is no graph input), outputs by
-    graph output name."""
+class Session:
+    """What run needs beside the ONNXProgram: onnxruntime's session of its model (made on first use and
+    given to the ONNXProgram as its own), which user input feeds each graph input, and the holder of a
+    carried state (None: every value passes through torch)."""
+
+    def __init__(self, onnx_program, ep, carry=None):
+        import onnxruntime
+
+        self.onnx_program, self._session = onnx_program, None
+        self.inputs = [v.name for v in onnx_program.model.graph.inputs]
+        self.outputs = [v.name for v in onnx_program.model.graph.outputs]
+        user = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+        # by name: an input the translation made a constant (a size export specialized) is no graph input
+        by_name = all(n in user for n in self.inputs)
+        self.fed = [user.index(n) for n in self.inputs] if by_name else list(range(len(self.inputs)))
+        self.holder = Held.of(ep, carry, self.inputs, self.outputs) if carry is not None and by_name else None
+        self.options = onnxruntime.RunOptions()
+        self.options.log_severity_level = 3  # errors only, as ONNXProgram runs
+
+    def session(self):
+        """The InferenceSession on onnxruntime's CPU provider, as ONNXProgram makes its own (a model past
+        protobuf's size is written to a file first)."""
+        if self._session is None:
+            import onnxruntime
+
+            def made(model):
+                options = onnxruntime.SessionOptions()
+                options.log_severity_level = 3
+                self._session = onnxruntime.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+                return self._session
+
+            self.onnx_program.initialize_inference_session(made)
+        return self._session
+
+
+class Held:
+    """The buffers ONNX Runtime holds between calls as its own values (OrtValues; state.State.hold's
+    holder): each call feeds them as the graph's ``state.*`` inputs and keeps the ``state_out.*``
+    outputs it returns as the next call's inputs, so no call converts or copies the state; ``pull``
+    hands them to torch when the State is read."""
+
+    def __init__(self, inputs: dict[str, str], outputs: dict[str, str]):
+        self.names = frozenset(inputs)  # the buffers held
+        self.inputs = inputs  # buffer -> the graph input it is fed as
+        self.feeds = {outputs[n]: inputs[n] for n in inputs}  # graph output -> the graph input it feeds next
+        self.values: dict = {}  # graph input -> OrtValue (empty: holding nothing)
+
+    @classmethod
+    def of(cls, ep, carry, inputs: list[str], outputs: list[str]) -> Held | None:
+        """The holder of the lifted ``ep``'s buffers whose new value is one graph output of its own (not
+        also a user output), None where there is none."""
+        user_in = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+        user_out = [s.arg.name for s in ep.graph_signature.output_specs if s.kind.name == "USER_OUTPUT"]
+        written = list(ep.call_spec.out_spec.children()[1].context)  # lift's: (outputs, {buffer: new value})
+        if len(carry.names) > len(user_in) or len(written) > len(user_out):
+            return None
+        fed = dict(zip(carry.names, user_in[len(user_in) - len(carry.names):]))
+        new = dict(zip(written, user_out[len(user_out) - len(written):]))
+        held = [n for n in written if n in fed and fed[n] in inputs and outputs.count(new[n]) == 1
+                and user_out.count(new[n]) == 1]
+        return cls({n: fed[n] for n in held}, {n: new[n] for n in held}) if held else None
+
+    def push(self, values: dict) -> None:
+        """``values`` (by buffer name) held from now on (ONNX Runtime reads them where they are: the
+        State's tensors are not written while it holds them)."""
+        self.values = {self.inputs[n]: _ort_value(values[n]) for n in self.names}
+
+    def pull(self) -> dict:
+        """The values held, as torch tensors by buffer name; the holder holds nothing after."""
+        values, self.values = self.values, {}
+        return {n: _torch_value(values[i]) for n, i in self.inputs.items()}
+
+
+def _ort_value(value):
+    """A torch tensor (read where it is, any dtype) or a number as an OrtValue."""
+    import numpy as np
+    import onnxruntime
+
+    if isinstance(value, torch.Tensor):
+        return onnxruntime.OrtValue.from_dlpack(value.detach().contiguous())
+    dtype = {int: np.int64, float: np.float32}.get(type(value))  # (as ONNXProgram feeds a number)
+    return onnxruntime.OrtValue.ortvalue_from_numpy(np.array(value, dtype=dtype))
+
+
+def _torch_value(value) -> torch.Tensor:
+    """An OrtValue as a torch tensor over its memory (bfloat16 and float8 have no NumPy type: DLPack)."""
+    try:
+        return torch.from_numpy(value.numpy())
+    except RuntimeError:
+        return torch.from_dlpack(value._get_c_value())
+
+
+def run(onnx_program, ep, args, kwargs, plan: Session):
+    """Run on onnxruntime's CPU provider: inputs by graph input name, outputs by graph output name; a held
+    state fed from and kept in the holder (its outputs None: state.Carry stores nothing of them)."""
     leaves = calling.flat_inputs(ep, args, kwargs)
-    names = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
-    by_name = dict(zip(names, leaves))
-    graph_inputs = [v.name for v in onnx_program.model.graph.inputs]
-    fed = [by_name[n] for n in graph_inputs] if all(n in by_name for n in graph_inputs) else leaves
-    outs = onnx_program(*fed)
-    produced = dict(zip((v.name for v in onnx_program.model.graph.outputs), outs))
+    held = plan.holder.values if plan.holder is not None else {}
+    feed = {name: held[name] if name in held else _ort_value(leaves[i]) for name, i in zip(plan.inputs, plan.fed)}
+    outs = plan.session().run_with_ort_values(plan.outputs, feed, plan.options)
+    produced = {}
+    for name, value in zip(plan.outputs, outs):
+        if held and name in plan.holder.feeds:
+            held[plan.holder.feeds[name]] = value
+            produced[name] = None
+        else:
+            produced[name] = _torch_value(value)
     return calling.user_outputs(ep, produced, leaves)
 
 

@@ -213,6 +213,7 @@ class Carry:
         held = holder.names if holder is not None else frozenset()
         if holder is not None:
             self.state.hold(holder)
+        self.state._settle(set(self.names) - held)  # (a value another method's holder holds: pulled back first)
         values = self.state._values  # (read raw: a held value would be pulled back from the holder)
         out, new = run(args, {**kwargs, self.keyword: {n: values[n] for n in self.names}})
         self.state.store({n: v for n, v in new.items() if n not in held})
