@@ -125,6 +125,12 @@ def run(ns) -> int:
         print(runner.validation.describe())
     if getattr(runner, "share", None) is not None:  # a program split with the reference (--fallback)
         print(runner.share.describe())
-    if getattr(runner, "state", None) is not None:  # the buffers it writes, passed in and out at every call
-        print(f"state carried from call to call as inputs and outputs: {', '.join(runner.state)}")
+    if getattr(runner, "state", None) is not None:  # the buffers it writes, carried from call to call
+        holder = getattr(getattr(runner, "plan", None), "holder", None)  # (the backend's runtime holding some)
+        held = sorted(holder.names) if holder is not None else []
+        lifted = [name for name in runner.state if name not in held]
+        if held:
+            print(f"state held by {runner.backend.name}'s runtime from call to call: {', '.join(held)}")
+        if lifted:
+            print(f"state carried from call to call as inputs and outputs: {', '.join(lifted)}")
     return 0

@@ -276,7 +276,7 @@ def test_pt2b_run_on_a_backend_carries_a_methods_state(kv):
     code, out, err = run_cli("run", str(kv), "--backend", "onnx", "--method", "decode", "--no-cache", "--repeat", "2")
     assert code == 0, err
     assert "hand-off validation passed: 1 output(s) and 2 carried buffer(s) on the stored example inputs" in out
-    assert "state carried from call to call as inputs and outputs: k_cache, v_cache" in out
+    assert "state held by onnx's runtime from call to call: k_cache, v_cache" in out
 
 
 def test_a_tiny_llama_generates_token_for_token_what_transformers_generates(tmp_path):

@@ -191,8 +191,8 @@ def test_run_on_a_backend(tmp_path):
     path = tmp_path / "net.pt2b"
     export_model(model, args, path, dynamic_shapes=dynamic)
     code, out, err = run_cli("run", str(path), "--backend", "onnx", "--no-cache", "--repeat", "0")
-    assert code == 0, err  # the program counts its steps: the count carried as an input and an output
-    assert "state carried from call to call as inputs and outputs: steps" in out
+    assert code == 0, err  # the program counts its steps: the count held by ONNX Runtime between calls
+    assert "state held by onnx's runtime from call to call: steps" in out
     code, out, err = run_cli("run", str(path), "--backend", "onnx", "--no-cache", "--repeat", "0", "--frozen-state")
     assert code == 0, err
     key = backends.get("onnx").key
