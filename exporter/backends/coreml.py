@@ -226,6 +226,22 @@ def run(model, ep, args, kwargs, plan=None):
     return calling.user_outputs(ep, produced, leaves)
 
 
+def _bool_or(a, b):
+    """``bitwise_or`` of two bool tensors as ``logical_or``, the same values: coremltools converts no
+    ``bitwise_or`` (its ``bitwise_and`` takes bools only), and torch's own decomposition ends in
+    ``prims::bitwise_or``, which nothing converts (transformers' masks: cpmant). Other dtypes are left
+    as they are (NotImplemented)."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.dtype != torch.bool or b.dtype != torch.bool:
+        return NotImplemented
+    return torch.ops.aten.logical_or.default(a, b)
+
+
+def _repairs() -> dict:
+    """pt2b's decompositions for Core ML, used before torch's: each routes around an op its converter
+    lacks where torch's decomposition reaches none it has."""
+    return {torch.ops.aten.bitwise_or.Tensor: _bool_or}
+
+
 def save(compiled, path: str) -> None:
     """The ML program as a ``.mlpackage`` (``MLModel.save``): its spec and weights, which coremltools
     loads (``ct.models.MLModel(path)``; ``coremltools.models.utils.load_spec(path)`` off macOS)."""
@@ -237,7 +253,7 @@ def backend() -> Backend:
 
     return Backend("coreml", version("coremltools"), _supported(),
                    "coremltools.converters.mil.frontend.torch.torch_op_registry._TORCH_OPS_REGISTRY (its names, "
-                   "read as the frontend reads a node's target)", dict, hand_off, run,
+                   "read as the frontend reads a node's target)", _repairs, hand_off, run,
                    "ML program, float32 compute; Core ML runs it on macOS only, and elsewhere the hand-off checks "
                    "the converted model's inputs and outputs against the program's",
                    # the lifted program converts as any other; the buffers a program writes would become

@@ -55,7 +55,9 @@ def test_the_op_list_is_the_frontends_registry():
     # a registry name is every overload that comes to it; an overload it tells apart only as it does
     assert {"aten::add.Tensor", "aten::add.Scalar", "aten::sum.dim_IntList", "aten::linear.default"} <= set(b.supported_ops)
     assert "aten::add.out" not in b.supported_ops and "aten::alias.default" not in b.supported_ops
-    assert b.decompositions() == {} and not b.holds_state and b.takes_lifted_state
+    # coremltools has none of its own: the table is pt2b's repairs (bitwise_or)
+    assert list(b.decompositions()) == [torch.ops.aten.bitwise_or.Tensor]
+    assert not b.holds_state and b.takes_lifted_state
     assert b.runs_here == (sys.platform == "darwin") and b.file_suffix == ".mlpackage"
 
 
@@ -239,3 +241,33 @@ def test_its_file_is_read_by_coremltools_alone_in_a_fresh_process(artifacts, tmp
               "[o.name for o in spec.description.output], list(spec.description.input[0].type.multiArrayType.shape))\n")
     done = subprocess.run([sys.executable, "-c", script, file], check=True, capture_output=True, text=True, timeout=120)
     assert done.stdout.strip().splitlines()[-1] == f"mlProgram ['x'] [{output!r}] [1, 16]"
+
+
+class BoolOr(torch.nn.Module):
+    def forward(self, a, b):
+        return ((a > 0) | (b > 0)).float() * a
+
+
+class IntOr(torch.nn.Module):
+    def forward(self, a, b):
+        return a.long() | b.long()
+
+
+def test_a_bool_or_converts_as_logical_or(tmp_path, monkeypatch):
+    """coremltools converts no bitwise_or, and torch's decomposition ends in prims::bitwise_or: pt2b's
+    repair makes a bool one logical_or; an integer one stays a typed error naming it."""
+    from exporter.errors import OpsetError
+
+    args = (torch.randn(3), torch.randn(3))
+    export_model(BoolOr(), args, tmp_path / "or.pt2b")
+    lowered = load_for_backend(tmp_path / "or.pt2b", backend="coreml", cache=False)
+    assert "aten::logical_or.default" in lowered.ops() and lowered.validation.status == "passed"
+    inputs, outputs = _mil(backends.to_backend(lowered))
+    assert list(inputs) == ["a", "b"] and len(outputs) == 1
+    export_model(IntOr(), args, tmp_path / "int_or.pt2b")
+    with pytest.raises(OpsetError, match=r"aten::bitwise_or.Tensor \(1 call sites\): no decomposition reaches"):
+        load_for_backend(tmp_path / "int_or.pt2b", backend="coreml", cache=False)
+    monkeypatch.setattr(backends, "_CACHE", {**backends._CACHE, "coreml": dataclasses.replace(
+        backends.get("coreml"), decompositions=dict)})
+    with pytest.raises(OpsetError, match=r"prims::bitwise_or.default"):
+        load_for_backend(tmp_path / "or.pt2b", backend="coreml", cache=False)
