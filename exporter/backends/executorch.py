@@ -98,10 +98,10 @@ def _supported() -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 def _written_buffers(ep) -> list[str]:
     """The placeholder names of the buffers ``ep`` writes."""
-    from torch.export.graph_signature import InputKind
+    from .state import written_buffers
 
-    written = set(ep.graph_signature.buffers_to_mutate.values())
-    return [s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.BUFFER and s.target in written]
+    written = set(written_buffers(ep))
+    return [name for name, target in ep.graph_signature.inputs_to_buffers.items() if target in written]
 
 
 def hand_off(ep):

@@ -127,14 +127,13 @@ class Held:
     def of(cls, ep, carry, inputs: list[str], outputs: list[str]) -> Held | None:
         """The holder of the lifted ``ep``'s buffers whose new value is one graph output of its own (not
         also a user output), None where there is none."""
-        user_in = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
-        user_out = [s.arg.name for s in ep.graph_signature.output_specs if s.kind.name == "USER_OUTPUT"]
-        written = list(ep.call_spec.out_spec.children()[1].context)  # lift's: (outputs, {buffer: new value})
-        if len(carry.names) > len(user_in) or len(written) > len(user_out):
+        from .state import lifted_ports
+
+        ports = lifted_ports(ep, carry.names)
+        if ports is None:
             return None
-        fed = dict(zip(carry.names, user_in[len(user_in) - len(carry.names):]))
-        new = dict(zip(written, user_out[len(user_out) - len(written):]))
-        held = [n for n in written if n in fed and fed[n] in inputs and outputs.count(new[n]) == 1
+        fed, new, _, user_out = ports
+        held = [n for n in new if n in fed and fed[n] in inputs and outputs.count(new[n]) == 1
                 and user_out.count(new[n]) == 1]
         return cls({n: fed[n] for n in held}, {n: new[n] for n in held}) if held else None
 

@@ -97,13 +97,12 @@ def _make_stateful(model, ep, carry, names: list[str]) -> _Held | None:
     import openvino.opset14 as ops
     from openvino._offline_transformations import apply_make_stateful_transformation
 
-    user_in = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
-    user_out = [s.arg.name for s in ep.graph_signature.output_specs if s.kind.name == "USER_OUTPUT"]
-    written = list(ep.call_spec.out_spec.children()[1].context)  # lift's: (outputs, {written buffer: new value})
-    if len(model.inputs) != len(user_in) or len(user_out) < len(written) or len(carry.names) > len(user_in):
+    from .state import lifted_ports
+
+    ports = lifted_ports(ep, carry.names)
+    if ports is None or len(model.inputs) != len(ports[2]):
         return None
-    first_state = len(user_in) - len(carry.names)
-    new_values = dict(zip(written, user_out[len(user_out) - len(written):]))
+    new_values, first_state = ports[1], len(ports[2]) - len(carry.names)
     initial = {name: carry.state.initial(name) for name in carry.names}
     pairs, inputs, results, variables = {}, set(), set(), {}
     for i, name in enumerate(carry.names):

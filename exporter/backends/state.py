@@ -98,6 +98,20 @@ def lift(ep: torch.export.ExportedProgram, names: list[str]) -> torch.export.Exp
         constants={k: v for k, v in ep.constants.items() if k not in names}, verifiers=ep.verifiers)
 
 
+def lifted_ports(ep: torch.export.ExportedProgram, names: list[str]) -> tuple[dict, dict, list, list] | None:
+    """Where lift put the state of ``ep`` (lifted with ``names``): (buffer -> the user input it comes in
+    as, written buffer -> the user output its new value leaves as, the user inputs' names, the user
+    outputs' names), or None where ``ep``'s inputs and outputs cannot hold them (not lift's layout)."""
+    user_in = [s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+    user_out = [s.arg.name for s in ep.graph_signature.output_specs if s.kind == OutputKind.USER_OUTPUT]
+    written = list(ep.call_spec.out_spec.children()[1].context)  # lift's: (outputs, {written buffer: new value})
+    if len(names) > len(user_in) or len(written) > len(user_out):
+        return None
+    fed = dict(zip(names, user_in[len(user_in) - len(names):]))
+    new = dict(zip(written, user_out[len(user_out) - len(written):]))
+    return fed, new, user_in, user_out
+
+
 def state_keyword(ep: torch.export.ExportedProgram) -> str:
     """The keyword the lifted ``ep`` takes its state by: ``state``, unless the program has an argument of
     that name."""
