@@ -3,10 +3,11 @@ model exported by transformers' own exporters (transformers.exporters), on ONNX 
 
 pt2b: the artifact's two methods lowered per backend and handed over on one state (`to_backend_methods`):
 onnx stateful (its default: the cache held by ONNX Runtime as its own values between calls) and onnx
-lifted (`stateful=False`: the cache passed through torch every call), openvino stateful (its default:
+lifted (`stateful=False`: the cache passed through torch every call) and onnx fused (`fusions="cpu"`:
+ONNX Runtime's own fused ops), openvino stateful (its default:
 the cache in the infer request's variables) and openvino lifted (`stateful=False`), these two with
 PERFORMANCE_HINT=LATENCY as transformers' OpenVINO runner compiles. transformers: `export_for_generation`
-with a static cache of the same length, its prefill and decode components run as its docs run them: an
+with a static cache of the same length (ONNX also with `ort_fusions="cpu"`), its prefill and decode components run as its docs run them: an
 onnxruntime InferenceSession fed the cache (its decode takes and returns it), an OpenVINO compiled model
 (its runner's settings) whose decode holds the cache in its own state, seeded from the prefill's outputs.
 Same weights (one model object), same prompt; each runtime's greedy tokens are compared with eager's
@@ -160,8 +161,11 @@ def transformers_exports(model, prompt: torch.Tensor, cache_len: int) -> dict:
     inputs = {"input_ids": prompt, "attention_mask": torch.ones_like(prompt)}
     with contextlib.redirect_stdout(io.StringIO()):
         onnx = OnnxExporter().export_for_generation(model, inputs, OnnxConfig(), generation_config=generation)
+        fused = OnnxExporter().export_for_generation(model, inputs, OnnxConfig(ort_fusions="cpu"),
+                                                     generation_config=generation)
         ov = OpenVINOExporter().export_for_generation(model, inputs, OpenVINOConfig(), generation_config=generation)
     return {"transformers onnx": TransformersOnnx(onnx, cache_len),
+            "transformers onnx fused": TransformersOnnx(fused, cache_len),
             "transformers openvino": TransformersOpenVINO(ov, cache_len)}
 
 
@@ -195,6 +199,7 @@ def bench(name: str, tokens: int, rounds: int) -> None:
         export_model({m: torch.export.export(w, a, k, strict=True) for m, (w, a, k) in methods.items()}, path)
         latency = {"config": {"PERFORMANCE_HINT": "LATENCY"}}  # (transformers' OpenVINO runner's CPU setting)
         runtimes = {"pt2b onnx": Pt2b(path, "onnx"), "pt2b onnx lifted": Pt2b(path, "onnx", stateful=False),
+                    "pt2b onnx fused": Pt2b(path, "onnx", fusions="cpu"),
                     "pt2b openvino": Pt2b(path, "openvino", **latency),
                     "pt2b openvino lifted": Pt2b(path, "openvino", stateful=False, **latency)}
         runtimes.update(transformers_exports(model, prompt, cache_len))
@@ -211,10 +216,10 @@ def bench(name: str, tokens: int, rounds: int) -> None:
     print(f"\n{name} (cache {cache_len}, {steps} decode steps x {rounds} rounds)")
     for r, v in ms.items():
         print(f"  {r:24s} {v:8.3f} ms/token   greedy tokens equal to eager's: first {right[r]}/{len(want)}")
-    for backend in ("onnx", "openvino"):
-        theirs = ms[f"transformers {backend}"]
+    for theirs in (r for r in ms if r.startswith("transformers ")):
+        backend = theirs.split()[1]
         for r in (r for r in ms if r.startswith(f"pt2b {backend}")):
-            print(f"  {r} / transformers {backend}: {ms[r] / theirs:.2f}x")
+            print(f"  {r} / {theirs}: {ms[r] / ms[theirs]:.2f}x")
 
 
 def main() -> None:

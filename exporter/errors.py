@@ -130,6 +130,12 @@ class MissingKernelError(Pt2bError, NotImplementedError):
     that have one. A NotImplementedError too, as torch's dispatcher raises for it."""
 
 
+class LibraryTableWarning(UserWarning):
+    """A library's private table or function that a backend's hand-off uses where it is installed
+    (transformers' ONNX Runtime fusions) failed on this program or this version of the library: the
+    hand-off goes on without it, as it does where the library is missing, and says what it did instead."""
+
+
 class UnknownOpsWarning(UserWarning):
     """A backend's supported_ops list names ops the running torch does not have (TorchScript-only
     overloads such as aten::add.int, ops of another torch release): they are left out of the lowering
@@ -153,6 +159,7 @@ __all__ = [
     "OpsetError",
     "BackendUnavailableError",
     "BackendHandOffError",
+    "LibraryTableWarning",
     "BackendRunError",
     "BackendResultError",
     "BackendStateError",

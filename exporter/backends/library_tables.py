@@ -84,3 +84,22 @@ def _extension_names(module, count: int) -> list[str] | None:
     if len(names) > count:
         return None
     return [n if n.startswith("<") else normalize_text(n) for n in names]
+
+
+# transformers' ONNX Runtime fusions: (module, function) taking (an onnx_ir Model, a provider) and fusing in place
+ORT_FUSIONS = ("transformers.exporters.onnxruntime_fusions", "fuse_for_onnxruntime")
+
+
+def transformers_ort_fusions():
+    """transformers' fusions of an ONNX graph into ONNX Runtime's own ops (rotary embeddings,
+    GroupQueryAttention over a cache, skip norms; onnxscript's fusions run among them), as a function
+    ``fuse(model, provider)``; None where transformers is missing, fails to import or has no such
+    function (the ONNX hand-off then fuses with onnxscript's alone)."""
+    module_name, attr = ORT_FUSIONS
+    try:
+        module = importlib.import_module(module_name)
+    # a transformers that is missing or broken leaves the fusions to onnxscript's own
+    except Exception:  # noqa: BLE001
+        return None
+    fuse = getattr(module, attr, None)
+    return fuse if callable(fuse) else None

@@ -4,7 +4,9 @@ declares that this torch lacks (reported, not fatal), plus the ops transformers'
 table converts where transformers is installed (library_tables); no decompositions of its own
 (torch.onnx decomposes with torch's table what torchlib lacks, as pt2b does); the hand-off is
 ``torch.onnx.export(program)`` with that table, an ``ONNXProgram``; onnxruntime runs it, holding a
-lifted program's state between calls as its own values (``stateful``, the default).
+lifted program's state between calls as its own values (``stateful``, the default). ``fusions`` (an
+option, off by default) fuses the graph into ONNX Runtime's own ops for a provider: transformers' fusions
+where it is installed, onnxscript's otherwise; the hand-off check compares the fused model's outputs.
 
 pip install pt2b[onnx]  (onnx, onnxscript, onnxruntime)
 """
@@ -12,10 +14,12 @@ pip install pt2b[onnx]  (onnx, onnxscript, onnxruntime)
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 
-from . import Backend, calling, library_tables, quiet_logger, retraceable
+from ..errors import BackendHandOffError, LibraryTableWarning
+from . import Backend, attention, calling, library_tables, quiet_logger, retraceable
 from .._torch.pytree import pytree
 
 
@@ -59,21 +63,65 @@ def _supported_ops(library: library_tables.LibraryTable) -> tuple[str, ...]:
 
 def hand_off(ep, *, opset_version: int | None = None, optimize: bool = True,
              custom_translation_table: dict | None = None, library: library_tables.LibraryTable | None = None,
-             stateful: bool = True, carry=None):
+             stateful: bool = True, fusions: str | None = None, carry=None):
     """``torch.onnx.export`` of ``ep`` with ``library``'s translation table (transformers', where it is
     installed) and ``custom_translation_table`` over it: an ``ONNXProgram`` (``.model_proto``,
     ``.save(path)``), the program torch.onnx translated (after its own decompositions, a no-op on
     pt2b's lowering), and the Session that runs it. ``carry`` (a lifted program's state.Carry) with
     ``stateful``: ONNX Runtime holds the state between calls (Held); ``stateful=False`` passes it in
-    and out of torch at every call."""
+    and out of torch at every call. ``fusions`` (one of FUSION_PROVIDERS): the model fused into ONNX
+    Runtime's own ops for that provider (_fuse)."""
+    if fusions is not None and fusions not in FUSION_PROVIDERS:
+        raise BackendHandOffError(f"onnx: fusions={fusions!r} names no ONNX Runtime provider pt2b fuses for; "
+                                  f"pass one of {', '.join(FUSION_PROVIDERS)}, or leave fusions out")
+    if fusions is not None and not optimize:
+        raise BackendHandOffError("onnx: fusions need torch.onnx's optimized graph (they match its forms); "
+                                  "drop optimize=False or leave fusions out")
     options = {"opset_version": opset_version} if opset_version is not None else {}
     table = {**(library.entries if library else {}), **(custom_translation_table or {})}
     if table:
         options["custom_translation_table"] = table
-    with quiet_logger("torch.onnx"):
-        onnx_program = torch.onnx.export(ep, (), dynamo=True, optimize=optimize, verbose=False, **options)
+
+    if fusions is not None:  # (torchlib's boolean attention is a form ONNX Runtime's fusions do not match)
+        ep = attention.additive_masks(ep)
+
+    def exported():
+        with quiet_logger("torch.onnx"):
+            return torch.onnx.export(ep, (), dynamo=True, optimize=optimize, verbose=False, **options)
+
+    onnx_program = exported()
+    if fusions is not None:
+        onnx_program = _fuse(onnx_program, fusions, exported)
     program = onnx_program.exported_program
     return onnx_program, program, Session(onnx_program, program, carry if stateful else None)
+
+
+# the providers transformers' fusions take; onnxscript's fusions are the same for every one
+FUSION_PROVIDERS = ("cpu", "cuda", "webgpu", "dml")
+
+
+def _fuse(onnx_program, provider: str, exported):
+    """``onnx_program`` with its model fused for ``provider``: by transformers' fusions where installed,
+    which know more forms (rotary embeddings over a cache, GroupQueryAttention); where they fail (their
+    names are private: another transformers may not match this one), on a fresh export by onnxscript's
+    ``optimize_for_ort``, with a LibraryTableWarning. A failure of onnxscript's own is the hand-off's."""
+    from onnxscript.rewriter.ort_fusions import optimize_for_ort
+
+    fuse = library_tables.transformers_ort_fusions()
+    if fuse is not None:
+        try:
+            with quiet_logger("transformers"):
+                fuse(onnx_program.model, provider)
+            return onnx_program
+        # transformers' fusions edit the model in place: a failure leaves it half fused, so it is made again
+        except Exception as e:  # noqa: BLE001
+            warnings.warn(LibraryTableWarning(
+                f"onnx: transformers' ONNX Runtime fusions failed on this program ({type(e).__name__}: {e}); "
+                "fused with onnxscript's optimize_for_ort instead"), stacklevel=3)
+            onnx_program = exported()
+    with quiet_logger("onnxscript"):
+        optimize_for_ort(onnx_program.model)
+    return onnx_program
 
 
 class Session:

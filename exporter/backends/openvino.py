@@ -19,7 +19,7 @@ import functools
 
 import torch
 
-from . import Backend, calling, library_tables
+from . import Backend, attention, calling, library_tables
 from .._torch.pytree import pytree
 from ..errors import BackendRunError
 from ..ops import op_name
@@ -61,6 +61,7 @@ def hand_off(ep, *, device: str = "CPU", config: dict | None = None,
     from openvino.frontend.pytorch.fx_decoder import TorchFXPythonDecoder
 
     ep = ep.run_decompositions(_table())  # what convert_model's from_exported_program does first
+    ep = attention.additive_masks(ep)
     gm = ep.module()
     if library:
         _as_builtins(gm, library)
