@@ -9,7 +9,9 @@ the cache in the infer request's variables) and openvino lifted (`stateful=False
 PERFORMANCE_HINT=LATENCY as transformers' OpenVINO runner compiles. transformers: `export_for_generation`
 with a static cache of the same length (ONNX also with `ort_fusions="cpu"`), its prefill and decode components run as its docs run them: an
 onnxruntime InferenceSession fed the cache (its decode takes and returns it), an OpenVINO compiled model
-(its runner's settings) whose decode holds the cache in its own state, seeded from the prefill's outputs.
+(its runner's settings: the CPU's own inference precision, bfloat16 where it has it; and again in float32,
+as pt2b's hand-off compiles) whose decode holds the cache in its own state, seeded from the prefill's
+outputs.
 Same weights (one model object), same prompt; each runtime's greedy tokens are compared with eager's
 (how many agree before the first that differs).
 
@@ -125,8 +127,8 @@ class TransformersOpenVINO:
     """transformers.exporters' OpenVINO export, compiled by its runner: the decode model holds the cache
     in its state variables, seeded from the prefill model's cache outputs."""
 
-    def __init__(self, exported, cache_len: int):
-        exported.to("cpu")
+    def __init__(self, exported, cache_len: int, config: dict | None = None):
+        exported.to("cpu", config=config)
         self.prefill_model = exported.runners["prefill"].compiled_model
         self.request = exported.runners["decode"].request
         self.cache_len = cache_len
@@ -164,9 +166,13 @@ def transformers_exports(model, prompt: torch.Tensor, cache_len: int) -> dict:
         fused = OnnxExporter().export_for_generation(model, inputs, OnnxConfig(ort_fusions="cpu"),
                                                      generation_config=generation)
         ov = OpenVINOExporter().export_for_generation(model, inputs, OpenVINOConfig(), generation_config=generation)
+        ov_f32 = OpenVINOExporter().export_for_generation(model, inputs, OpenVINOConfig(), generation_config=generation)
+    # its runner compiles in the CPU's own inference precision (bfloat16 where the CPU has it); pt2b's
+    # hand-off compiles in float32, the program's: both are run, the second compiled as pt2b's is
     return {"transformers onnx": TransformersOnnx(onnx, cache_len),
             "transformers onnx fused": TransformersOnnx(fused, cache_len),
-            "transformers openvino": TransformersOpenVINO(ov, cache_len)}
+            "transformers openvino": TransformersOpenVINO(ov, cache_len),
+            "transformers openvino f32": TransformersOpenVINO(ov_f32, cache_len, {"INFERENCE_PRECISION_HINT": "f32"})}
 
 
 def greedy(runtime, prompt: torch.Tensor, steps: int) -> tuple[list[int], list[float]]:

@@ -28,10 +28,18 @@ def sdpa_with_additive_mask(query, key, value, attn_mask=None, dropout_p=0.0, is
     return torch.where(unattended, torch.zeros((), dtype=out.dtype), out)
 
 
-def additive_masks(ep):
-    """``ep`` with each attention under a boolean mask given an additive one (sdpa_with_additive_mask; a
-    new program), or ``ep`` if it has none."""
-    sdpa = torch.ops.aten.scaled_dot_product_attention.default
-    masks = [n.args[3] if len(n.args) > 3 else n.kwargs.get("attn_mask") for n in ep.graph.nodes if n.target is sdpa]
-    boolean = [m for m in masks if isinstance(m, torch.fx.Node) and m.meta["val"].dtype == torch.bool]
-    return ep.run_decompositions({sdpa: sdpa_with_additive_mask}) if boolean else ep
+SDPA = torch.ops.aten.scaled_dot_product_attention.default
+
+
+def boolean_masks(ep) -> bool:
+    """Whether an attention of ``ep`` takes a boolean mask."""
+    masks = [n.args[3] if len(n.args) > 3 else n.kwargs.get("attn_mask") for n in ep.graph.nodes if n.target is SDPA]
+    return any(isinstance(m, torch.fx.Node) and m.meta["val"].dtype == torch.bool for m in masks)
+
+
+def additive_masks(ep, table: dict | None = None):
+    """``ep`` with each attention under a boolean mask given an additive one (sdpa_with_additive_mask) and
+    the other rewrites of ``table`` (op -> a function of its arguments) applied, in one retrace (a new
+    program); ``ep`` if there is nothing to rewrite."""
+    table = {**(table or {}), **({SDPA: sdpa_with_additive_mask} if boolean_masks(ep) else {})}
+    return ep.run_decompositions(table) if table else ep

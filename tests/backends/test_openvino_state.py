@@ -92,3 +92,21 @@ def test_stateful_false_and_frozen_state_keep_their_forms(llama):
     assert frozen.state is None and frozen.plan.request is None and len(frozen.native.inputs) == 2
     with pytest.raises(BackendHandOffError, match="takes no option 'carry'"):
         backends.to_backend(lowered.methods["decode"], carry=None)
+
+
+def _runtime_layers(compiled) -> set[str]:
+    return {op.get_rt_info()["layerType"].astype(str) for op in compiled.native.get_runtime_model().get_ops()}
+
+
+def test_the_rotary_embedding_reaches_openvino_in_the_form_its_cpu_plugin_fuses(llama, monkeypatch):
+    """``neg`` handed over as a product with -1: OpenVINO's CPU plugin then fuses each layer's rotary
+    embedding into its own RoPE; from ``neg`` as its converter makes it, it does not. The tokens stay
+    eager's either way."""
+    from exporter.backends import openvino
+
+    case, lowered = llama
+    fused = backends.to_backend_methods(lowered)
+    assert "RoPE" in _runtime_layers(fused["decode"])
+    assert case.generate(_call(fused)) == case.eager_tokens()
+    monkeypatch.setattr(openvino, "_NEG_AS_PRODUCT", {})
+    assert "RoPE" not in _runtime_layers(backends.to_backend_methods(lowered)["decode"])
