@@ -63,7 +63,20 @@ def test_without_the_additive_mask_openvinos_nan_is_caught_by_the_hand_off_check
     from exporter.backends import attention
 
     lowered, _ = padded
-    monkeypatch.setattr(attention, "additive_masks", lambda ep: ep)
+    monkeypatch.setattr(attention, "additive_masks", lambda ep, table=None: ep)
     with pytest.raises(BackendResultError, match="output has NaN or infinite values where the lowered program's "
                                                  "does not"):
         backends.to_backend(lowered)
+
+
+def test_a_program_torch_cannot_retrace_is_handed_over_as_it_is(padded, monkeypatch):
+    """The rewrite is for the backend's sake: where torch's retrace fails, the program goes as it is (and the
+    hand-off check judges what the backend makes of it)."""
+    from exporter.backends import attention
+
+    _, inputs = padded
+    ep = torch.export.export(Attention(), inputs)
+    assert attention.boolean_masks(ep)
+    monkeypatch.setattr(type(ep), "run_decompositions", lambda self, table: (_ for _ in ()).throw(
+        RuntimeError("cannot retrace")))
+    assert attention.additive_masks(ep) is ep
