@@ -54,10 +54,28 @@ def empty_permuted(size, physical_layout, *, dtype=None, layout=None, device=Non
     return torch.empty(physical, dtype=dtype, layout=layout, device=device, pin_memory=pin_memory).permute(back)
 
 
+def masked_scatter(x: torch.Tensor, mask: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    """aten::masked_scatter: ``x`` and ``mask`` broadcast together, each position the mask selects takes
+    the next element of ``source`` in row-major order, the others keep ``x``'s. The same here as a
+    gather: a selected position's rank among the selected (a cumulative sum) indexes the flattened
+    source, and a where keeps the rest. Where the source holds fewer elements than the mask selects the
+    kernel raises and the gather reads out of range; every valid call gives the kernel's values. A
+    non-bool mask (which the kernel refuses): NotImplemented."""
+    if mask.dtype != torch.bool:
+        return NotImplemented
+    xb, mb = torch.broadcast_tensors(x, mask)
+    selected = mb.reshape(-1)
+    rank = torch.cumsum(selected.to(torch.int64), 0) - 1
+    # one element more, so that an empty source under a mask selecting nothing still has an index 0
+    flat = torch.cat([source.reshape(-1), source.new_zeros(1)])
+    return torch.where(selected, flat[rank.clamp(min=0)], xb.reshape(-1)).reshape(xb.shape)
+
+
 # op name -> pt2b's decomposition; a library's op applies only where the library is loaded
 WRITTEN = {
     "aten::histc.default": histc,
     "aten::empty_permuted.default": empty_permuted,
+    "aten::masked_scatter.default": masked_scatter,
     "transformers::grouped_mm_fallback.default": grouped_mm_fallback,
 }
 

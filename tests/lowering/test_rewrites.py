@@ -13,7 +13,7 @@ from torch import nn
 from exporter import export_model, load_for_backend
 from exporter.lowering.opset_check import INFRASTRUCTURE
 from exporter.lowering.presets import load as load_preset
-from exporter.lowering.rewrites import empty_permuted, grouped_mm_fallback, histc
+from exporter.lowering.rewrites import empty_permuted, grouped_mm_fallback, histc, masked_scatter
 from exporter.lowering.tables import closure_decompositions
 
 CORE = sorted(load_preset("core").opset)
@@ -70,10 +70,28 @@ def test_grouped_mm_fallback_equals_transformers_kernel_for_any_offsets():
         torch.testing.assert_close(grouped_mm_fallback(x, w, offs), op(x, w, offs), rtol=1e-6, atol=1e-6)
 
 
+def test_masked_scatter_equals_the_kernel_for_any_mask_and_broadcast():
+    rng = random.Random(2)
+    shapes = [((4, 5), (4, 5)), ((4, 5), (5,)), ((2, 1, 3), (1, 4, 1)), ((6,), (1,)), ((0, 3), (0, 3)), ((), ())]
+    for case in range(120):
+        x_shape, mask_shape = shapes[case % len(shapes)]
+        dtype = rng.choice([torch.float32, torch.int64, torch.bool, torch.bfloat16])
+        x = torch.randn(x_shape).to(dtype)
+        mask = torch.rand(mask_shape) < rng.choice([0.0, 0.3, 0.7, 1.0])
+        out_numel = torch.broadcast_shapes(x_shape, mask_shape).numel() if x_shape or mask_shape else 1
+        source = torch.randn(out_numel + rng.randint(0, 3)).to(dtype).reshape(-1)
+        if case % 2:
+            source = source[: int(torch.broadcast_to(mask, torch.broadcast_shapes(x_shape, mask_shape)).sum())]
+        got, want = masked_scatter(x, mask, source), torch.masked_scatter(x, mask, source)
+        assert got.dtype == want.dtype and torch.equal(got, want), (x_shape, mask_shape, dtype)
+    assert masked_scatter(torch.zeros(3), torch.ones(3), torch.ones(3)) is NotImplemented
+
+
 def test_the_rewrites_apply_only_where_the_list_lacks_the_op():
     table = closure_decompositions()
     assert table[torch.ops.aten.histc.default] is histc
     assert table[torch.ops.aten.empty_permuted.default] is empty_permuted
+    assert table[torch.ops.aten.masked_scatter.default] is masked_scatter
 
 
 class Experts(nn.Module):
@@ -129,3 +147,25 @@ def test_a_backend_that_decomposes_with_its_own_table_gets_the_rewrites_it_lacks
     compiled = to_backend(lowered)
     x = torch.randn(6, 8)
     torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+class ImageTokens(nn.Module):
+    """Image features scattered into the text embeddings at the image tokens' positions, as transformers'
+    vision-language models do (masked_scatter)."""
+
+    def forward(self, embeds, ids, features):
+        mask = (ids == 7).unsqueeze(-1).expand_as(embeds)
+        return embeds.masked_scatter(mask, features) * 2
+
+
+def test_masked_scatter_lowers_for_a_list_that_lacks_it_and_runs_as_eager(tmp_path):
+    without = [op for op in CORE if op != "aten::masked_scatter.default"]
+    ids = torch.tensor([[1, 7, 7, 3, 7], [7, 2, 2, 2, 5]])
+    embeds, features = torch.randn(2, 5, 4), torch.randn(4, 4)
+    export_model(ImageTokens(), (embeds, ids, features), tmp_path / "m.pt2b")
+    lowered = load_for_backend(tmp_path / "m.pt2b", supported_ops=without, cache=False)
+    assert "aten::masked_scatter.default" not in lowered.ops()
+    assert not set(lowered.ops()) - set(without) - INFRASTRUCTURE
+    assert lowered.validation.status == "passed"
+    ids2 = torch.tensor([[7, 7, 1, 1, 1], [3, 7, 2, 7, 5]])
+    assert torch.equal(lowered(embeds, ids2, features), ImageTokens()(embeds, ids2, features))
