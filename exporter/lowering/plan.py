@@ -17,7 +17,7 @@ from ..mutation import functional_variant
 from ..ops import OpMatcher, op_name, resolve_op
 from .._torch.custom_kernels import composite_kernel
 from . import presets as _presets
-from . import tables
+from . import rewrites, tables
 
 ATEN_LIKE = {"aten", "prims"}
 
@@ -275,6 +275,8 @@ def _for_op_list(supported_ops, backend, extra: dict, user: dict, kept) -> _Reso
     if backend is not None:  # what the backend decomposes itself, as it does it
         available.update(backend.decompositions())
     table = {op: fn for op, fn in available.items() if op not in sup_m and not kept(op)}
+    # pt2b's routes for ops whose torch route ends outside any backend's list, where this one takes them
+    table.update(rewrites.preferred_routes(lambda op: op in sup_m or kept(op)))
     table.update(extra)
     table.update(user)
     falls_back = backend is not None and backend.falls_back_to_aten  # (an op without a decomposition runs as it is)

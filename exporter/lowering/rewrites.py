@@ -80,6 +80,37 @@ WRITTEN = {
 }
 
 
+def amax_by_max_dim(x: torch.Tensor, dim=(), keepdim: bool = False) -> torch.Tensor:
+    """aten::amax as one aten::max.dim per reduced dim, the largest dim first (so the dims left keep their
+    indices): the same values, NaN propagated as amax does. A 0-d input: NotImplemented."""
+    if x.dim() == 0:
+        return NotImplemented
+    dims = sorted({d % x.dim() for d in dim} if len(dim) else range(x.dim()), reverse=True)
+    for d in dims:
+        x = torch.ops.aten.max.dim(x, d, keepdim)[0]
+    return x
+
+
+# op name -> (pt2b's route, the ops it ends in): preferred to torch's own decomposition where a backend's
+# list lacks the op and takes every op the route ends in. torch's route for these ends in prims that no
+# backend lists (amax: prims::amax), so without it the op is refused where the backend could run it.
+PREFERRED = {
+    "aten::amax.default": (amax_by_max_dim, ("aten::max.dim",)),
+}
+
+
+def preferred_routes(accepted) -> dict:
+    """The ops of PREFERRED that ``accepted`` (op -> whether the backend takes it as it is) refuses while
+    taking every op their route ends in -> pt2b's route for them."""
+    out = {}
+    for name, (fn, needs) in PREFERRED.items():
+        op = resolve_op(name)
+        ends = [resolve_op(n) for n in needs]
+        if op is not None and not accepted(op) and all(e is not None and accepted(e) for e in ends):
+            out[op] = fn
+    return out
+
+
 def written_decompositions() -> dict:
     """The ops of WRITTEN this process has registered -> their decompositions (resolved on each call:
     a library's ops register when it is imported)."""

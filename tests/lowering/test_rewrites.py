@@ -13,7 +13,8 @@ from torch import nn
 from exporter import export_model, load_for_backend
 from exporter.lowering.opset_check import INFRASTRUCTURE
 from exporter.lowering.presets import load as load_preset
-from exporter.lowering.rewrites import empty_permuted, grouped_mm_fallback, histc, masked_scatter
+from exporter.errors import OpsetError
+from exporter.lowering.rewrites import amax_by_max_dim, empty_permuted, grouped_mm_fallback, histc, masked_scatter
 from exporter.lowering.tables import closure_decompositions
 
 CORE = sorted(load_preset("core").opset)
@@ -169,3 +170,40 @@ def test_masked_scatter_lowers_for_a_list_that_lacks_it_and_runs_as_eager(tmp_pa
     assert lowered.validation.status == "passed"
     ids2 = torch.tensor([[7, 7, 1, 1, 1], [3, 7, 2, 7, 5]])
     assert torch.equal(lowered(embeds, ids2, features), ImageTokens()(embeds, ids2, features))
+
+
+def test_amax_by_max_dim_equals_amax_nan_and_every_dim_choice_included():
+    rng = random.Random(3)
+    for case in range(100):
+        shape = [rng.randint(1, 4) for _ in range(rng.randint(1, 4))]
+        x = torch.randn(shape)
+        if case % 3 == 0:
+            x.view(-1)[rng.randrange(x.numel())] = float("nan")
+        dims = rng.sample(range(-len(shape), len(shape)), rng.randint(0, len(shape)))
+        dims = [d for i, d in enumerate(dims) if d % len(shape) not in {e % len(shape) for e in dims[:i]}]
+        keep = rng.random() < 0.5
+        got, want = amax_by_max_dim(x, dims, keep), torch.amax(x, dims, keep)
+        assert got.shape == want.shape and torch.equal(got.nan_to_num(7.5), want.nan_to_num(7.5)), (shape, dims, keep)
+    assert amax_by_max_dim(torch.tensor(3.0)) is NotImplemented
+
+
+class Router(nn.Module):
+    def forward(self, x):
+        return x - torch.amax(x, dim=-1, keepdim=True) + torch.amax(x, dim=(0, 2))[None, :, None]
+
+
+def test_amax_takes_pt2bs_route_where_the_list_has_max_dim_but_not_amax(tmp_path):
+    """torch's route for amax ends in prims::amax, which no backend lists: for a list without amax (TVM's)
+    that names max.dim, pt2b's route lowers it; a list naming amax keeps it whole."""
+    without = [op for op in CORE if op != "aten::amax.default"]
+    x = torch.randn(3, 4, 5)
+    export_model(Router(), (x,), tmp_path / "m.pt2b")
+    lowered = load_for_backend(tmp_path / "m.pt2b", supported_ops=without, cache=False)
+    assert "aten::max.dim" in lowered.ops() and not set(lowered.ops()) - set(without) - INFRASTRUCTURE
+    assert lowered.validation.status == "passed"
+    y = torch.randn(3, 4, 5)
+    assert torch.equal(lowered(y), Router()(y))
+    assert "aten::amax.default" in load_for_backend(tmp_path / "m.pt2b", supported_ops=CORE, cache=False).ops()
+    # without max.dim either, pt2b's route does not apply: torch's ends in prims::amax, refused
+    with pytest.raises(OpsetError, match=r"prims::amax.default \(2 call sites\): no decomposition reaches"):
+        load_for_backend(tmp_path / "m.pt2b", supported_ops=[o for o in without if o != "aten::max.dim"], cache=False)
