@@ -148,13 +148,28 @@ def _dynamic(split: torch.fx.GraphModule, name: str) -> tuple:
     return tuple(shapes)
 
 
-def _flops(fn, args) -> int:
+def _flops(fn, args) -> int | None:
+    """The FLOPs torch's counter counts in a run of ``fn`` on ``args``; None where the run fails under the
+    counter: a dispatch mode sends some composite ops (attention) down their decomposed path, whose
+    outputs may have other strides than the kernel the program was traced on, and a view traced on
+    those strides then refuses them."""
     from torch.utils.flop_counter import FlopCounterMode
 
     counter = FlopCounterMode(display=False)
-    with counter, torch.no_grad():
-        fn(*args)
+    try:
+        with counter, torch.no_grad():
+            fn(*args)
+    # any failure of the counted run: the FLOPs are then estimated from the graph (_graph_flops)
+    except Exception:  # noqa: BLE001
+        return None
     return counter.get_total_flops()
+
+
+def _graph_flops(gm) -> int:
+    """The FLOPs of one run of ``gm`` from its graph at the sizes it was traced with (torch's formulas)."""
+    from ..lowering.run_cost import program_work
+
+    return int(sum(program_work(gm).flops.values()))
 
 
 def split_for(backend, ep, supported: Callable, hand_off: Callable, options: dict,
@@ -183,6 +198,9 @@ def split_for(backend, ep, supported: Callable, hand_off: Callable, options: dic
     inputs = binding.bind(flat_inputs(ep, args, kwargs))
     whole = torch.fx.GraphModule(ep.graph_module, ep.graph_module.graph.__deepcopy__())
     nodes, total_flops = len(_op_nodes(whole)), _flops(whole, inputs)
+    counted = total_flops is not None  # else every share's FLOPs come from the graphs, the whole's and the parts'
+    if not counted:
+        total_flops = _graph_flops(whole)
     excluded: set[str] = set()  # op nodes the reference runs because a part holding them came out wrong
     cuts: list[str] = []  # those excluded to cut a wrong part in two, not found wrong themselves
     handed: dict[tuple, tuple] = {}  # a part's nodes -> (its Compiled, its program) or (None, why, the cut)
@@ -210,7 +228,8 @@ def split_for(backend, ep, supported: Callable, hand_off: Callable, options: dic
     for name, part in list(split.named_children()):
         if isinstance(part, _Handed):
             backend_nodes += len(_op_nodes(part.part))
-            backend_flops += _flops(part.part, recorded[name])
+            flops = _flops(part.part, recorded[name]) if counted else None
+            backend_flops += flops if flops is not None else _graph_flops(part.part)
     on_reference: dict[str, int] = {}
     for part in (split, *(p for p in split.children() if not isinstance(p, _Handed))):
         for node in _op_nodes(part):

@@ -215,3 +215,21 @@ def test_the_split_hands_over_a_counted_number_of_parts(tmp_path, monkeypatch):
     assert compiled.share.backend_nodes == 0 and "already tried 1 parts" in compiled.share.describe()
     x = torch.randn(3, 4)
     torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_the_share_is_counted_from_the_graphs_where_the_counted_run_fails(segmented, monkeypatch):
+    """Under torch's FLOP counter (a dispatch mode) some composite ops take their decomposed path, whose
+    output strides a view traced on the kernel's may refuse (transformers' gemma3n on TVM): the run under
+    the counter fails, and the share's FLOPs then come from the graphs, the whole's and the parts'."""
+    from exporter.backends import partition
+
+    path, model = segmented
+    lowered = load_for_backend(path, backend="onnx", cache=False)
+    counted = backends.to_backend(lowered, fallback="reference").share
+    monkeypatch.setattr(partition, "_flops", lambda fn, args: None)
+    compiled = backends.to_backend(lowered, fallback="reference")
+    share = compiled.share
+    whole = backends.exported_program(lowered).graph_module
+    assert share.flops == partition._graph_flops(whole) == counted.flops > 0  # (the formulas are torch's)
+    assert share.backend_flops == counted.backend_flops and share.backend_nodes == counted.backend_nodes
+    _assert_runs_as_eager(compiled, model)
