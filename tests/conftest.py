@@ -55,8 +55,8 @@ def cache_dir(tmp_path, monkeypatch):
 
 
 class TorchStateLeft(UserWarning):
-    """A test left torch's tracing state set: a dispatch mode pushed, make_fx's current tracer, dynamo's
-    frame callback (named in the warning summary)."""
+    """A test left torch's tracing state set: a dispatch, pre-dispatch or torch-function mode pushed,
+    make_fx's current tracer, dynamo's frame callback (named in the warning summary)."""
 
 
 @pytest.fixture(autouse=True)
@@ -73,6 +73,12 @@ def tracing_state_clear(request):
     left = []
     while torch._C._len_torch_dispatch_stack() > 0:
         left.append(f"dispatch mode {type(_pop_mode()).__name__}")
+    # export's pre-dispatch trace keeps modes of its own, and torch-function modes sit on a stack of theirs:
+    # one left there reroutes a later trace's higher-order ops (a cond taken for an eager call compiles)
+    while torch._ops._len_torch_dispatch_stack_pre_dispatch() > 0:
+        left.append(f"pre-dispatch mode {type(torch._ops._pop_mode_from_pre_dispatch()).__name__}")
+    while torch._C._len_torch_function_stack() > 0:
+        left.append(f"torch-function mode {type(torch._C._pop_torch_function_stack()).__name__}")
     if getattr(proxy_tensor, "_CURRENT_MAKE_FX_TRACER", None) is not None:
         left.append("make_fx's current tracer")
         proxy_tensor._CURRENT_MAKE_FX_TRACER = None
