@@ -14,6 +14,7 @@ fails too it is the backend's (owner:B in the record).
   .venv/bin/python -m tools.backend_matrix --backends onnx,openvino --out bench/records/backends@2.13.json.gz
   .venv/bin/python -m tools.backend_matrix --out bench/records/backends@2.13.json.gz --summary-only
   .venv/bin/python -m tools.backend_matrix --out ... --resume --redo   # again: pt2b's failures, timeouts
+  .venv/bin/python -m tools.backend_matrix --out ... --resume --again a,b   # again: the cases named
 """
 
 from __future__ import annotations
@@ -253,6 +254,15 @@ def redo(rec: dict, backends) -> bool:
         "timeout" in str(st.get("error", "")) for st in rec["stages"].values())
 
 
+def run_again(resume: dict, backends, redo_failed: bool, named) -> set[str]:
+    """The recorded cases a resumed sweep runs again: ``named`` (after a fix for them landed), and with
+    ``redo_failed`` those ``redo`` picks. A name with no record is run anyway, as a new case."""
+    again = {n.strip() for n in named if n.strip() and n.strip() in resume}
+    if redo_failed:
+        again |= {n for n, r in resume.items() if redo(r, backends)}
+    return again
+
+
 def summarize(records: list[dict], backends, file=sys.stdout) -> dict:
     """Per backend: cases run through pt2b and close to eager, of those torch.export captures; the
     failures grouped by owner and error."""
@@ -372,6 +382,9 @@ def main(argv=None):
     ap.add_argument("--redo", action="store_true",
                     help="with --resume: run again the cases some backend failed on as pt2b's, not at all ('?'), "
                          "or by the timeout (a sweep resumed on newer code, or after a pause)")
+    ap.add_argument("--again", default="", metavar="CASES",
+                    help="with --resume: comma-separated cases to run again whatever their records say (a fix "
+                         "for them landed)")
     ap.add_argument("--summary-only", action="store_true")
     ap.add_argument("--markdown", action="store_true", help="print docs/results/backends.md of --out and exit")
     ap.add_argument("--also", nargs="*", default=[], metavar="FILE",
@@ -406,9 +419,8 @@ def main(argv=None):
     if args.resume and os.path.exists(args.out):
         with rm._open_json(args.out) as f:
             resume = {r["name"]: r for r in json.load(f)["records"]}
-        if args.redo:
-            again = {n for n, r in resume.items() if redo(r, backends)}
-            resume = {n: r for n, r in resume.items() if n not in again}
+        again = run_again(resume, backends, args.redo, args.again.split(","))
+        resume = {n: r for n, r in resume.items() if n not in again}
     log_dir = args.out + ".logs"
     os.makedirs(log_dir, exist_ok=True)
     rm.STAGE_ORDER[:] = _stages(backends)

@@ -71,3 +71,13 @@ def test_a_case_run_with_fallback_counts_beside_those_run_whole():
     assert (counts["ok"], counts["with_fallback"], counts["backend_fails"], counts["captured"]) == (1, 1, 2, 3)
     page = bm.markdown({"records": [whole, split, failed], "meta": {"backends": ["onnx"]}})
     assert "| onnx | 1 | 1 | 3 | 0 | 2 | 0 |" in page
+
+
+def test_a_resumed_sweep_runs_again_the_cases_named_and_with_redo_those_redo_picks():
+    ok = {"build": "ok", "capture": "ok"}
+    resume = {"a": _rec(ok, {"onnx": None, "openvino": None}), "b": _rec(ok, {"onnx": None, "openvino": "pt2b"}),
+              "c": _rec(ok, {"onnx": "backend", "openvino": None})}
+    assert bm.run_again(resume, BACKENDS, False, [""]) == set()
+    assert bm.run_again(resume, BACKENDS, False, ["c", " a", "unknown"]) == {"a", "c"}
+    assert bm.run_again(resume, BACKENDS, True, [""]) == {"b"}
+    assert bm.run_again(resume, BACKENDS, True, ["c"]) == {"b", "c"}
