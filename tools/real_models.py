@@ -579,10 +579,14 @@ def routed_cases(names, stop_after, backends, places, ray) -> tuple[list, dict]:
 
 def merge_record(have: dict, rec: dict) -> dict:
     """Two records of one model (its stages on different backends, run in different cases or files) as
-    one: the stages and owners of both (``have``'s where both ran one), both code versions."""
+    one: the stages, owners and fallback shares of both (``have``'s where both ran one), both code
+    versions."""
     out = {**have, "stages": dict(have["stages"]), "owner": dict(have.get("owner", {}))}
     out["stages"].update({k: v for k, v in rec.get("stages", {}).items() if k not in out["stages"]})
     out["owner"].update(rec.get("owner", {}))
+    fallback = {**rec.get("fallback", {}), **have.get("fallback", {})}  # (per backend: what ran split)
+    if fallback:
+        out["fallback"] = fallback
     out["pt2b"] = ", ".join(sorted({*str(have.get("pt2b") or "").split(", "), str(rec.get("pt2b") or "")} - {""}))
     return out
 

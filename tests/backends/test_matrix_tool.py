@@ -81,3 +81,21 @@ def test_a_resumed_sweep_runs_again_the_cases_named_and_with_redo_those_redo_pic
     assert bm.run_again(resume, BACKENDS, False, ["c", " a", "unknown"]) == {"a", "c"}
     assert bm.run_again(resume, BACKENDS, True, [""]) == {"b"}
     assert bm.run_again(resume, BACKENDS, True, ["c"]) == {"b", "c"}
+
+
+def test_merged_record_files_keep_each_backends_fallback_share(tmp_path):
+    import gzip
+    import json
+
+    ok = {"build": "ok", "capture": "ok"}
+    first = {**_rec({**ok, "lower:onnx": "ok"}, {"onnx": "backend"}), "fallback": {"onnx": {"nodes": 0.9}}}
+    second = {**_rec({**ok, "lower:tvm": "ok"}, {"tvm": "backend"}), "fallback": {"tvm": {"nodes": 0.5}}}
+    paths = []
+    for i, (rec, backend) in enumerate(((first, "onnx"), (second, "tvm"))):
+        paths.append(str(tmp_path / f"{i}.json.gz"))
+        with gzip.open(paths[-1], "wt") as f:
+            json.dump({"meta": {"backends": [backend], "cases": 1}, "records": [rec]}, f)
+    merged = bm.merged(paths)
+    assert merged["records"][0]["fallback"] == {"onnx": {"nodes": 0.9}, "tvm": {"nodes": 0.5}}
+    counts = bm.summarize(merged["records"], ["onnx", "tvm"], file=__import__("io").StringIO())
+    assert counts["onnx"]["with_fallback"] == counts["tvm"]["with_fallback"] == 1
