@@ -323,7 +323,9 @@ def markdown(data: dict) -> str:
     for b in backends:
         c = counts[b]
         ok = f"{c['ok']} (converted: no run here)" if b in skipped else c["ok"]
-        lines.append(f"| {b} | {ok} | {c['with_fallback']} | {c['captured']} | {c['pt2b_fails']} | "
+        # a sweep made before the matrix tried fallback has no fallback stage: not tried, rather than none
+        tried = any(f"fallback:{b}" in r["stages"] for r in records)
+        lines.append(f"| {b} | {ok} | {c['with_fallback'] if tried else 'not tried'} | {c['captured']} | {c['pt2b_fails']} | "
                      f"{c['backend_fails']} | {c['torch_fails']} |")
     built = counts[backends[0]]["built"] if backends else 0
     lines += ["", f"{built} cases built offline; {built - counts[backends[0]]['captured_by_torch']} of them torch.export "

@@ -71,6 +71,10 @@ def test_a_case_run_with_fallback_counts_beside_those_run_whole():
     assert (counts["ok"], counts["with_fallback"], counts["backend_fails"], counts["captured"]) == (1, 1, 2, 3)
     page = bm.markdown({"records": [whole, split, failed], "meta": {"backends": ["onnx"]}})
     assert "| onnx | 1 | 1 | 3 | 0 | 2 | 0 |" in page
+    # a sweep from before the matrix tried fallback says so, rather than counting none
+    old = bm.markdown({"records": [whole, _rec({**ok, "handoff:onnx": "fail"}, {"onnx": "backend"})],
+                       "meta": {"backends": ["onnx"]}})
+    assert "| onnx | 1 | not tried | 2 | 0 | 1 | 0 |" in old
 
 
 def test_a_resumed_sweep_runs_again_the_cases_named_and_with_redo_those_redo_picks():
