@@ -109,6 +109,7 @@ def _make_stateful(model, ep, carry, names: list[str]) -> _Held | None:
     outputs: the CPU plugin keeps variables in the types it computes in and refuses i64 ones. None where
     nothing is held (the ports do not line up with the program's inputs and outputs: the lifted form)."""
     import numpy as np
+    import openvino
     import openvino.opset14 as ops
     from openvino._offline_transformations import apply_make_stateful_transformation
 
@@ -125,6 +126,9 @@ def _make_stateful(model, ep, carry, names: list[str]) -> _Held | None:
         if out is None or names.count(out) != 1 or not initial[name].is_floating_point():
             continue
         model.inputs[first_state + i].get_tensor().set_names({f"state.{name}"})
+        # a buffer's shape is fixed: a variable of static shape is one the CPU plugin updates in place
+        # (it converts with every input dynamic, and copies a dynamic variable's update whole each call)
+        model.inputs[first_state + i].get_node().set_partial_shape(openvino.PartialShape(list(initial[name].shape)))
         model.outputs[names.index(out)].get_tensor().set_names({f"state_out.{name}"})
         pairs[f"state.{name}"] = f"state_out.{name}"
         inputs.add(first_state + i)
@@ -132,6 +136,7 @@ def _make_stateful(model, ep, carry, names: list[str]) -> _Held | None:
         variables[name] = f"state.{name}state_out.{name}"  # (the transformation names a variable so)
     if not pairs:
         return None
+    model.validate_nodes_and_infer_types()
     apply_make_stateful_transformation(model, pairs)
     by_id = {v: n for n, v in variables.items()}
     for op in model.get_ops():  # each variable starts from the program's value (a saved model's reset)

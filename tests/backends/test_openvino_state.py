@@ -110,3 +110,17 @@ def test_the_rotary_embedding_reaches_openvino_in_the_form_its_cpu_plugin_fuses(
     assert case.generate(_call(fused)) == case.eager_tokens()
     monkeypatch.setattr(openvino, "_NEG_AS_PRODUCT", {})
     assert "RoPE" not in _runtime_layers(backends.to_backend_methods(lowered)["decode"])
+
+
+def test_each_variable_has_its_buffers_static_shape(llama):
+    """The converter makes every input dynamic; a variable is a buffer, whose shape is fixed, and a static
+    variable is one OpenVINO's CPU plugin updates where it is."""
+    import openvino
+
+    case, lowered = llama
+    decode = backends.to_backend_methods(lowered)["decode"]
+    shapes = {v.get_info().variable_id: v.get_info().data_shape for v in decode.plan.model.get_variables()}
+    state = decode.state
+    assert len(shapes) == 4
+    for name in ("key_cache_0", "value_cache_0", "key_cache_1", "value_cache_1"):
+        assert shapes[f"state.{name}state_out.{name}"] == openvino.PartialShape(list(state[name].shape)), name
