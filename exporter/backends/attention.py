@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+SDPA = torch.ops.aten.scaled_dot_product_attention.default
+
 
 def sdpa_with_additive_mask(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
                              enable_gqa=False):
@@ -22,13 +24,9 @@ def sdpa_with_additive_mask(query, key, value, attn_mask=None, dropout_p=0.0, is
     if attn_mask is None or attn_mask.dtype != torch.bool or not query.is_floating_point():
         return NotImplemented
     bias = (~attn_mask).to(query.dtype) * torch.finfo(query.dtype).min
-    out = torch.ops.aten.scaled_dot_product_attention.default(query, key, value, bias, dropout_p, is_causal,
-                                                               scale=scale, enable_gqa=enable_gqa)
+    out = SDPA(query, key, value, bias, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
     unattended = attn_mask.to(query.dtype).sum(dim=-1, keepdim=True) < 1
     return torch.where(unattended, torch.zeros((), dtype=out.dtype), out)
-
-
-SDPA = torch.ops.aten.scaled_dot_product_attention.default
 
 
 def boolean_masks(ep) -> bool:
@@ -37,16 +35,22 @@ def boolean_masks(ep) -> bool:
     return any(isinstance(m, torch.fx.Node) and m.meta["val"].dtype == torch.bool for m in masks)
 
 
-def additive_masks(ep, table: dict | None = None):
+def additive_masks(ep, table: dict | None = None, base: dict | None = None):
     """``ep`` with each attention under a boolean mask given an additive one (sdpa_with_additive_mask) and
-    the other rewrites of ``table`` (op -> a function of its arguments) applied, in one retrace (a new
-    program); ``ep`` if there is nothing to rewrite or torch cannot retrace it."""
-    table = {**(table or {}), **({SDPA: sdpa_with_additive_mask} if boolean_masks(ep) else {})}
-    if not table:
-        return ep
-    try:
-        return ep.run_decompositions(table)
-    # the rewrites let a backend's fusions match or route around its defects: a program torch cannot
-    # retrace is handed over as it is, and the hand-off check still compares what the backend makes of it
-    except Exception:  # noqa: BLE001
-        return ep
+    the rewrites of ``table`` (op -> a function of its arguments) whose ops it calls applied, in the same
+    retrace as the decompositions of ``base`` (the hand-off's own table, if it retraces anyway): a new
+    program. Where there is nothing to rewrite, or torch cannot retrace it with the rewrites, ``ep``
+    decomposed with ``base`` alone (``ep`` itself without one)."""
+    called = {n.target for n in ep.graph.nodes}
+    rewrites = {op: fn for op, fn in (table or {}).items() if op in called}
+    if boolean_masks(ep):
+        rewrites[SDPA] = sdpa_with_additive_mask
+    if rewrites:
+        try:
+            return ep.run_decompositions({**(base or {}), **rewrites})
+        # the rewrites let a backend's fusions match or route around its defects: a program torch cannot
+        # retrace with them is handed over without them, and the hand-off check still compares what the
+        # backend makes of it
+        except Exception:  # noqa: BLE001
+            pass
+    return ep.run_decompositions(base) if base is not None else ep

@@ -51,9 +51,6 @@ def _table() -> dict:
     return {op: fn for op, fn in torch_default_table().items() if op not in _not_decomposed()}
 
 
-_NEG = torch.ops.aten.neg.default
-
-
 def _neg_as_product(x):
     """``-x`` as ``x * -1``, the same values: the form from which OpenVINO's CPU plugin fuses a rotary
     embedding's ``rotate_half`` (its RoPE). Its converter turns ``neg`` into a product with a constant it
@@ -62,7 +59,7 @@ def _neg_as_product(x):
     return torch.ops.aten.mul.Tensor(x, -1)
 
 
-_NEG_AS_PRODUCT = {_NEG: _neg_as_product}
+_NEG_AS_PRODUCT = {torch.ops.aten.neg.default: _neg_as_product}
 
 
 def hand_off(ep, *, device: str = "CPU", config: dict | None = None,
@@ -74,8 +71,8 @@ def hand_off(ep, *, device: str = "CPU", config: dict | None = None,
     import openvino
     from openvino.frontend.pytorch.fx_decoder import TorchFXPythonDecoder
 
-    ep = ep.run_decompositions(_table())  # what convert_model's from_exported_program does first
-    ep = attention.additive_masks(ep, _NEG_AS_PRODUCT if any(n.target is _NEG for n in ep.graph.nodes) else None)
+    # what convert_model's from_exported_program does first, with pt2b's rewrites in the same retrace
+    ep = attention.additive_masks(ep, _NEG_AS_PRODUCT, base=_table())
     gm = ep.module()
     if library:
         _as_builtins(gm, library)

@@ -152,6 +152,7 @@ def test_without_the_additive_mask_transformers_fusions_find_no_grouped_query_at
     from exporter.backends import attention
 
     _, _, lowered = llama
-    monkeypatch.setattr(attention, "additive_masks", lambda ep, table=None: ep)
+    monkeypatch.setattr(attention, "additive_masks",
+                        lambda ep, table=None, base=None: ep if base is None else ep.run_decompositions(base))
     fused = backends.to_backend(lowered.methods["decode"], fusions="cpu")
     assert "GroupQueryAttention" not in _fused_ops(fused)
