@@ -540,14 +540,17 @@ def value_free(op, fn, full: dict, calls: list, decomposed: Decomposed, mode=Non
     (a trace may run the Python kernel matmul has where eager runs C++); or no call has a tensor
     argument (arange). A derived input
     can find nothing wrong there that the stored one does not (a trace cannot branch on values). False
-    where this cannot be told, for an op that writes in place, and for any that computes values anew.
+    where this cannot be told, and for any op that computes values anew; an op that writes in place is
+    value-free only as _writes_kept_variant tells.
     ``mode``: the FakeTensorMode to run in (one for all the ops of a program: the weights made fake once)."""
     from .._torch.dispatch import FakeTensorMode, TorchDispatchMode, enable_python_dispatcher
     from ..mutation import is_mutating
 
     if not any(isinstance(v, torch.Tensor) for call in calls for v in pytree.tree_leaves(call)):
         return True  # (arange, ones: the derived input gives these calls the arguments the stored one did)
-    if is_mutating(op) or not (eagers_own(op, fn) or not torch._C._dispatch_has_kernel_for_dispatch_key(
+    if is_mutating(op):
+        return _writes_kept_variant(op, fn, full, calls, decomposed, mode)
+    if not (eagers_own(op, fn) or not torch._C._dispatch_has_kernel_for_dispatch_key(
             op.name(), "CompositeImplicitAutograd")):
         return False
     bad, seen = [], []
@@ -588,6 +591,53 @@ def value_free(op, fn, full: dict, calls: list, decomposed: Decomposed, mode=Non
         except Exception:  # noqa: BLE001 -- not known: checked as any other
             return False
         if bad or key is None or seen != plain:
+            return False
+        seen.clear()
+    return True
+
+
+def _writes_kept_variant(op, fn, full: dict, calls: list, decomposed: Decomposed, mode=None) -> bool:
+    """Whether the in-place ``op``'s lowered form (``fn``) is its functional variant, which the lowering
+    keeps (eager's own kernel computes it), copied into the argument op writes, on the shapes of ``calls``
+    (fake tensors): a variant's result of that argument's shape and dtype, and no other call (torch's
+    register_inplace entries, relu_ or leaky_relu_). Right whatever the values: the kernel is eager's, the
+    copy moves its result as it is."""
+    from .._torch.dispatch import FakeTensorMode, TorchDispatchMode
+    from ..mutation import functional_variant
+
+    variant = functional_variant(op)
+    if variant is None or variant in full:
+        return False
+    seen: list = []
+
+    class Calls(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace != "prim":  # (prim.device and its kind read metadata, never values)
+                seen.append((func, args))
+            return func(*args, **(kwargs or {}))
+
+    done = set()
+    for args, kwargs in calls:
+        key = decomposed.key(fn, args, kwargs)
+        if key is None:
+            return False
+        if key in done:
+            continue
+        done.add(key)
+        try:
+            mode = mode or FakeTensorMode()
+            with LOCK, mode:
+                fake = pytree.tree_map_only(torch.Tensor, mode.from_tensor, (args, kwargs))
+                with Calls():
+                    fn(*fake[0], **fake[1])
+        except Exception:  # noqa: BLE001 -- not known: checked as any other
+            return False
+        written = fake[0][0] if fake[0] else None
+        if len(seen) != 2 or seen[0][0] is not variant or seen[1][0] is not torch.ops.aten.copy_.default:
+            return False
+        target, value = seen[1][1][:2]
+        if target is not written or not isinstance(value, torch.Tensor) or \
+                value.shape != written.shape or value.dtype != written.dtype:
             return False
         seen.clear()
     return True

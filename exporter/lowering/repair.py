@@ -10,8 +10,8 @@ from ..errors import OpsetError
 from ..mutation import functional_variant
 from ..ops import op_name
 from .lower import Lowering, lower
-from .validate import (SourceRuns, Validation, applied_decompositions, bounds_for, right_where_they_run,
-                       rounding_explains, validate, where_defined)
+from .validate import (SourceRuns, Validation, amplification_explains, applied_decompositions, bounds_for,
+                       right_where_they_run, rounding_explains, validate, where_defined)
 
 __all__ = ["validated"]
 
@@ -47,7 +47,7 @@ def validated(lowering: Lowering, source_ep, budget: float | None = None) -> Low
     if not culprits and len(local) == len(applied):  # each right where it runs: rounding amplified, if they
         # are what differs: the lowered outputs as near a widened run as the unlowered ones are, else the
         # lowering that keeps them all validates on the input that failed
-        if not rounding_explains(source_ep, failure) and \
+        if not rounding_explains(source_ep, failure) and not amplification_explains(source_ep, failure, local) and \
                 not _validates_keeping(plan, source_ep, applied, SourceRuns(source_ep, [failed_on], [wanted])):
             raise unexplained
         worst = sorted((rel, op_name(op)) for op, rel in local.items() if rel > 0)[::-1][:3]

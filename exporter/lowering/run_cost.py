@@ -15,7 +15,7 @@ from .._torch.pytree import pytree
 from .._torch.dispatch import HigherOrderOperator, OpOverload
 from ..graph_walk import attr_of, subgraph_of
 
-__all__ = ["Rates", "Work", "estimated_run_seconds", "program_work", "rates"]
+__all__ = ["FRESH_BYTES", "Rates", "Work", "estimated_run_seconds", "program_work", "rates"]
 
 # the placeholders a run reads from the program's own state, once per run
 _STATE_KINDS = ("PARAMETER", "BUFFER", "CONSTANT_TENSOR")
@@ -33,6 +33,19 @@ class Rates:
     # each weight it reads, far below the copy rate)
     weight_bytes_per_s: dict = dataclasses.field(default_factory=dict)
     measure: bool = False  # (rates()) a dtype's rates are measured when first asked for
+    # bytes per second an op writes into a new output of FRESH_BYTES or more: memory that size is mapped
+    # for each output and returned when it is freed (the C allocator's rule), so every page is faulted in
+    # anew, several times slower than a copy into memory already mapped; measured when first asked for
+    fresh_bytes_per_s: list = dataclasses.field(default_factory=list)
+
+    def fresh_rate(self) -> float:
+        """Bytes per second an op writes into a new output of FRESH_BYTES or more."""
+        if not self.fresh_bytes_per_s:
+            rate = self.bytes_per_s
+            if self.measure:
+                rate = min(rate, max(_fresh_rate(time.perf_counter() + _CALIBRATION_S / 3), _FLOOR["fresh"]))
+            self.fresh_bytes_per_s.append(rate)
+        return self.fresh_bytes_per_s[0]
 
     def flops_rate(self, dtype: torch.dtype) -> float:
         """FLOPs per second for ``dtype``; a dtype not measured runs at float32's rate."""
@@ -66,10 +79,13 @@ class Work:
     # the names of the call nodes that do FLOPs, and of those left out (what a check computing values
     # from the program's inputs stays clear of: op_checks)
     heavy: frozenset = frozenset()
+    fresh_bytes: int = 0  # bytes written into outputs of FRESH_BYTES or more (not in ``bytes``)
 
     def seconds(self, rates: Rates) -> float:
-        """The run's time at ``rates``: each dtype's FLOPs at its rate plus the bytes at the copy rate."""
+        """The run's time at ``rates``: each dtype's FLOPs at its rate plus the bytes at the copy rate (at
+        the fresh-memory rate for large outputs)."""
         return (sum(f / rates.flops_rate(d) for d, f in self.flops.items()) + self.bytes / rates.bytes_per_s
+                + (self.fresh_bytes / rates.fresh_rate() if self.fresh_bytes else 0.0)
                 + sum(b / rates.weight_rate(d) for d, b in self.state_bytes.items()))
 
 
@@ -92,7 +108,7 @@ def program_work(program, sizes=None) -> Work:
     walk = _Walk({str(k): int(v) for k, v in (sizes or {}).items()})
     walk.graph(gm, state)
     return Work({d: f for d, f in walk.flops.items() if f}, walk.bytes, walk.unknown,
-                state_bytes=dict(walk.state_bytes), heavy=frozenset(walk.heavy))
+                state_bytes=dict(walk.state_bytes), heavy=frozenset(walk.heavy), fresh_bytes=walk.fresh_bytes)
 
 
 def estimated_run_seconds(program, sizes=None) -> float:
@@ -105,6 +121,7 @@ class _Walk:
         self.sizes = sizes
         self.flops: dict = defaultdict(int)
         self.bytes = 0
+        self.fresh_bytes = 0
         self.unknown = 0
         self.heavy: set = set()
         self.state_bytes: dict = defaultdict(int)
@@ -144,14 +161,18 @@ class _Walk:
                 raise _Unknown(node.name)
             return
         val = node.meta["val"]
-        written = 0
         outputs = val if len(schema.returns) > 1 and isinstance(val, (tuple, list)) else (val,)
         for ret, out in zip(schema.returns, outputs):
-            # a view returns an input's memory; an in-place op writes it
-            if ret.alias_info is None or ret.alias_info.is_write:
-                written += self.nbytes(out)
+            # a view returns an input's memory; an in-place op writes it (into memory mapped already)
+            if ret.alias_info is None:
+                written = self.nbytes(out)
+                if written >= FRESH_BYTES and isinstance(out, torch.Tensor):
+                    self.fresh_bytes += written
+                else:
+                    self.bytes += written
+            elif ret.alias_info.is_write:
+                self.bytes += self.nbytes(out)
         flops, dtype = self.node_flops(node, val)
-        self.bytes += written
         if flops:
             self.flops[dtype] += int(flops)
             self.heavy.add(node.name)
@@ -260,7 +281,10 @@ _MEASURED = (torch.float32, torch.bfloat16, torch.float16)
 # slower than these floors (a float32 matmul, a half-precision one without a fast kernel, a copy, a
 # product's weight reads) is not one pt2b lowers on
 _FLOOR = {("flops", torch.float32): 5e9, ("flops", torch.bfloat16): 2e8, ("flops", torch.float16): 2e8,
-          "copy": 2e9, "weights": 2e8}
+          "copy": 2e9, "weights": 2e8, "fresh": 5e8}
+# an output this large is mapped anew for each op that makes it, and its pages faulted in as they are
+# written: glibc's malloc maps any block above its mmap threshold, which grows to at most 32 MiB
+FRESH_BYTES = 32 << 20
 # the whole calibration's time: each measurement stops at its share, after at least one timed run (on a
 # busy CPU a parallel op waits for a time slice, and more runs would only repeat that wait)
 _CALIBRATION_S = 0.03
@@ -320,6 +344,13 @@ def _matmul_rate(dtype: torch.dtype, deadline: float) -> float:
     else:
         n = 64
     return 2 * n ** 3 / seconds
+
+
+def _fresh_rate(deadline: float) -> float:
+    # bytes per second of an elementwise op writing a new output of 40 MiB (above FRESH_BYTES): the
+    # allocation, its page faults and the write, as a program's large outputs cost them
+    source = torch.ones(10 << 20, dtype=torch.float32)
+    return source.nbytes / _best_of(2, lambda: source.neg(), deadline, least=2)
 
 
 def _copy_rate(deadline: float) -> float:

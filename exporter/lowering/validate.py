@@ -76,7 +76,7 @@ class Validation:
             return text + (f"; {self.why}" if self.why else "")
         how = {"ops": " (the derived one op by op)",
                "eager": " (no derived input needed: each decomposition applied runs the kernels eager runs for its "
-                        "op, or lays out a view as they do)"
+                        "op, lays out a view as they do, or writes back what eager's kernel computes)"
                }.get(self.derived, "")
         text = (f"validation {self.status} on {self.inputs} input set(s){how} against the unlowered program: "
                 f"{word.get(self.verdict, self.verdict)}, largest relative difference {self.max_rel:.3g} (wrong beyond {self.bound:.3g}), "
@@ -218,10 +218,10 @@ RECORD_LIMIT = 256 << 20
 TRACE_ESTIMATE = 0.025
 BUDGET = 1.0
 
-# What validating on the programs costs, in runs of the unlowered program as run_cost estimates it: both
-# programs on the stored inputs and, where a decomposition needs it, on a derived input (a lowered
-# program runs about as long; where it runs longer, its decompositions are slower in eager than the op)
-PROGRAM_RUNS = 4
+# What validating on the programs costs, in runs of each program as run_cost estimates them: both
+# programs on the stored inputs and, where a decomposition needs it, on a derived input (the lowered
+# program priced on its own: a decomposed attention writes its score matrices where the op does not)
+PROGRAM_RUNS = 2
 # Runs estimated to cost less than this are made whatever the lowering cost (an estimate this small is
 # mostly per-call overhead the count of FLOPs and bytes leaves out)
 RUNS_ALWAYS = 0.02
@@ -334,6 +334,37 @@ class _Runner:
             out = Recorder(self.ep.graph_module).run(*self._flat(args, kwargs))
         return self._user(out), {op: c for op, c in calls.items() if c}
 
+    def perturbed(self, inputs, scales: dict, seed: int = 0) -> list | None:
+        """The user outputs on ``inputs`` with each float result of a call to an op of ``scales`` (op ->
+        relative size) moved by that size times a seeded uniform draw in [-1, 1] per element, relative to
+        magnitudes above 1 and absolute below (amplification_explains); an op writing in place moves what
+        it writes. None for a program run through ep.module()."""
+        from ..mutation import is_mutating
+
+        if self.module is not None:
+            return None
+        gen = torch.Generator().manual_seed(seed)
+
+        def moved(v, scale, in_place):
+            if not isinstance(v, torch.Tensor) or not v.is_floating_point() or v.numel() == 0:
+                return v
+            draw = torch.rand(v.shape, generator=gen, dtype=torch.float32).mul_(2).sub_(1)
+            step = (draw * v.detach().float().abs().clamp_min(1.0) * scale).to(v.dtype)
+            return v.add_(step) if in_place else v + step
+
+        class Perturbed(torch.fx.Interpreter):
+            def call_function(self, target, args, kwargs):
+                out = super().call_function(target, args, kwargs)
+                if target in scales:
+                    in_place = is_mutating(target)
+                    out = pytree.tree_map(lambda v: moved(v, scales[target], in_place), out)
+                return out
+
+        args, kwargs = copy.deepcopy(inputs)
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            return self._user(Perturbed(self.ep.graph_module).run(*self._flat(args, kwargs)))
+
     def _user(self, out) -> list:
         out = out if isinstance(out, (list, tuple)) else [out]
         return [out[i] for i in self.user_outputs]  # the leaves, as tree_leaves gives (None included)
@@ -413,6 +444,41 @@ def rounding_explains(source_ep, failure: "Validation") -> bool:
             return False
     return True
 
+
+
+def amplification_explains(source_ep, failure: "Validation", local: dict, seed: int = 0) -> bool:
+    """Whether the unlowered program itself moves its outputs as far as the lowering did when each call of
+    a decomposed op is given a difference of the size its decomposition makes (``local``: op -> the largest
+    relative difference found where it runs; those above 0 are given it): one run of the unlowered program
+    on the inputs it failed on, each such call's float result moved by that relative difference times a
+    seeded draw in [-1, 1] per element (relative to magnitudes above 1, absolute below, as differences
+    are measured). Where the lowered outputs are within twice that run's distance, on every float output
+    that differs, the program amplifies rounding-sized differences this far: the lowering's difference is
+    theirs, not a wrong lowering. One run, where the lowering that keeps every decomposition costs a
+    lowering and a run; False where the run cannot be made, no decomposition differs, or an output is
+    farther."""
+    from . import verdicts
+
+    inputs, want = failure.failed_on
+    got = getattr(failure, "failed_got", None)
+    scales = {op: rel for op, rel in local.items() if rel is not None and rel > 0}
+    if got is None or not scales or len(got) != len(want):
+        return False
+    try:
+        moved = _Runner(source_ep).perturbed(inputs, scales, seed)
+    except Exception:  # noqa: BLE001 -- not run: nothing told
+        return False
+    if moved is None or len(moved) != len(want):
+        return False
+    differs = False
+    for a, b, c in zip(got, want, moved):
+        if not isinstance(b, torch.Tensor) or not b.is_floating_point() or torch.equal(a, b):
+            continue
+        differs = True
+        ours, theirs = verdicts.relative_difference(a, b), verdicts.relative_difference(c, b)
+        if not (theirs > 0 and ours <= 2 * theirs):
+            return False
+    return differs
 
 def _output_bound(want, bounds: dict) -> float:
     """The bound of the outputs' float dtype (the widest bound where they mix): what describe() names."""
@@ -601,7 +667,7 @@ def validate(source_ep, lowered_ep, table: dict, runs: SourceRuns | None = None,
 def _by_ops(source_ep, lowered_ep, applied: list, table: dict, bounds: dict, budget: float, inputs
             ) -> Validation | None:
     """The Validation of checking each decomposition applied call by call (op_checks.check_calls), where the
-    programs' runs (PROGRAM_RUNS of the unlowered one on ``inputs``, as run_cost estimates it) cost more
+    programs' runs (PROGRAM_RUNS of each on ``inputs``, as run_cost estimates them) cost more
     than ``budget`` and the checks' traces (TRACE_ESTIMATE per distinct call) less; None where the runs fit,
     or the checks cannot speak for them: no decomposition applied, a program that draws random values
     or writes its state or inputs back (what functionalization does there is the programs' to show),
@@ -619,6 +685,8 @@ def _by_ops(source_ep, lowered_ep, applied: list, table: dict, bounds: dict, bud
         sizes = input_sizes(source_ep, inputs)
         work = run_cost.program_work(source_ep, sizes)
         runs = PROGRAM_RUNS * work.seconds(run_cost.rates())
+        if sizes is not None and runs <= max(budget, RUNS_ALWAYS):  # (the lowered one only where it may tell)
+            runs += PROGRAM_RUNS * run_cost.program_work(lowered_ep, sizes).seconds(run_cost.rates())
     except Exception:  # noqa: BLE001 -- not estimated: the programs run
         return None
     if sizes is None or runs <= max(budget, RUNS_ALWAYS):
@@ -732,10 +800,14 @@ def _derived_at_ops(runs: SourceRuns, applied: list, table: dict, bounds: dict, 
     keys = {decomposed.key(full[op], *call) for op in needed for call in recorded[op]}
     if len(keys) * TRACE_ESTIMATE > budget - (time.perf_counter() - t0):
         return None
-    out, deadline = {}, budget
+    out, deadline, done = {}, budget, set()
     for op in needed:
         fn = full[op]
         for args, kwargs in recorded[op]:
+            key = decomposed.key(fn, args, kwargs)
+            if key is not None and key in done:  # (one call per signature: repeated layers share one check)
+                continue
+            done.add(key)
             spent = time.perf_counter() - t0
             if spent > deadline:  # past the estimate: finish where what is left costs less than the programs
                 done = len(decomposed.traced)

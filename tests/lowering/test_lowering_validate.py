@@ -424,13 +424,51 @@ def test_an_op_called_only_in_a_subgraph_is_checked_on_the_whole_programs(tmp_pa
 
 def test_the_failure_on_the_stored_inputs_reuses_their_recording(tmp_path, monkeypatch):
     """The amplified-rounding program: one recording run (the one that gave the outputs), the lowered
-    program's run, and the run of the lowering that keeps the decomposed ops: three in all."""
+    program's run, and one run of the unlowered program with silu's rounding-sized difference given to
+    each of its calls (amplification_explains), which moves the outputs as far: no second lowering."""
     torch.manual_seed(0)
     export_model(_Amplifies(), (torch.randn(4096),), tmp_path / "m.pt2b")
     runs = _runs_counted(monkeypatch)
+    perturbed = V._Runner.perturbed
+    monkeypatch.setattr(V._Runner, "perturbed", lambda self, *a, **k: runs.append("perturbed") or perturbed(self, *a, **k))
+    monkeypatch.setattr(R, "_validates_keeping", lambda *a: pytest.fail("lowered again"))
     v = load_for_backend(tmp_path / "m.pt2b", "core", cache=False).validation
     assert v.status == "passed" and list(v.amplified) == ["aten::silu.default"]
-    assert runs == ["record", "run", "run"]
+    assert runs == ["record", "run", "perturbed"]
+
+
+class _Logistic(torch.nn.Module):
+    """The logistic map at r = 3.99 (chaotic: a difference doubles about every step), through silu(x) /
+    sigmoid(x), which is x up to an ulp of silu's rounding: forty steps turn that ulp into the whole range."""
+
+    def forward(self, x):
+        for _ in range(40):
+            y = torch.nn.functional.silu(x) / torch.sigmoid(x)
+            x = 3.99 * y * (1 - y)
+        return x
+
+
+def test_a_chaotic_program_is_judged_by_its_own_amplification_of_rounding(tmp_path, monkeypatch):
+    """core's silu (x * sigmoid(x)) is right on every value it receives, yet after forty chaotic steps the
+    outputs differ by about 1: the unlowered program moves as far when silu's calls are given differences
+    of that size, so the lowering passes as amplified rounding, with no second lowering. A lowered output
+    moved further than the program moves itself is not explained."""
+    x = torch.rand(64, generator=torch.Generator().manual_seed(0)) * 0.8 + 0.1
+    export_model(_Logistic(), (x,), tmp_path / "m.pt2b")
+    monkeypatch.setattr(R, "_validates_keeping", lambda *a: pytest.fail("lowered again"))
+    lowered = load_for_backend(tmp_path / "m.pt2b", "core", cache=False)
+    v = lowered.validation
+    assert (v.status, v.verdict) == ("passed", "lossy") and v.max_rel > 0.1, v.describe()
+    assert list(v.amplified) == ["aten::silu.default"] and 0 < v.amplified["aten::silu.default"] < 1e-6
+    source = load(tmp_path / "m.pt2b").exported_program()
+    want = _Logistic()(x)
+    failure = V.Validation("failed")
+    local = {aten.silu.default: v.amplified["aten::silu.default"]}
+    failure.failed_on, failure.failed_got = (((x,), {}), [want]), [lowered(x)]
+    assert V.amplification_explains(source, failure, local)
+    failure.failed_got = [want + 100.0]  # farther than any rounding of silu takes the program
+    assert not V.amplification_explains(source, failure, local)
+    assert not V.amplification_explains(source, failure, {aten.silu.default: 0.0})  # no difference to give
 
 
 def test_the_recording_keeps_at_most_its_limit(tmp_path, monkeypatch):
@@ -504,6 +542,19 @@ def test_no_derived_input_where_each_lowered_form_is_right_whatever_the_values(t
         in v.describe()
 
 
+def test_an_in_place_activation_lowered_as_its_kept_kernel_needs_no_derived_input(tmp_path, monkeypatch):
+    """leaky_relu_ (nn.LeakyReLU(inplace=True), as timm's darknets have it) is lowered as leaky_relu, which
+    core keeps, copied into what it writes: right whatever the values, so no derived input, the two runs
+    on the stored inputs only; its result is the eager module's."""
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.LeakyReLU(0.1, inplace=True), torch.nn.Linear(8, 3))
+    model, args, path = _artifact(tmp_path, model.eval())
+    runs = _runs_counted(monkeypatch)
+    lp = load_for_backend(path, "core", cache=False)
+    v = lp.validation
+    assert (v.status, v.inputs, v.derived, runs) == ("passed", 1, "eager", ["record", "run"]), v.describe()
+    assert "or writes back what eager's kernel computes" in v.describe()
+    torch.testing.assert_close(lp(*args), model(*args), rtol=0, atol=0)
+
 def _call(x, *rest):
     return [((x, *rest), {})]
 
@@ -511,8 +562,8 @@ def _call(x, *rest):
 def test_what_is_right_whatever_the_values_is_told_on_fake_tensors():
     """_value_free: eager's own composite kernels (linear, conv2d), views laid out as eager lays them out
     (transpose as permute), calls without tensors (arange): yes. A decomposition that computes values
-    (silu), one given by the user for a composite op, a view laid out otherwise, an op writing in
-    place: no."""
+    (silu), one given by the user for a composite op, a view laid out otherwise: no. An op writing in
+    place: yes where its lowered form is its functional variant's own kernel copied into what it writes."""
     from exporter.lowering.decompose import shared_trace_table
 
     table = plan_lowering("core").table
@@ -532,7 +583,15 @@ def test_what_is_right_whatever_the_values_is_told_on_fake_tensors():
     # (composite, yet with a CPU kernel of its own, which eager runs instead)
     assert not op_checks.eagers_own(aten.native_channel_shuffle.default, table[aten.native_channel_shuffle.default])
     assert op_checks.eagers_own(aten.linear.default, table[aten.linear.default])
-    assert not op_checks.value_free(aten.add_.Tensor, table.get(aten.add_.Tensor), full, _call(x, x), op_checks.Decomposed(full))
+    # an op writing in place: its kept functional variant's kernel, copied into what it writes: yes;
+    # a variant the table decomposes (silu, masked_fill), or an entry that computes otherwise: no
+    assert free(aten.leaky_relu_.default, _call(x.clone(), 0.1))
+    assert free(aten.hardtanh_.default, _call(x.clone(), -0.5, 0.5))
+    assert not free(aten.silu_.default, _call(x.clone()))
+    assert not free(aten.masked_fill_.Scalar, _call(x.clone(), x > 0, 2.0))  # (masked_fill is decomposed)
+    scaled = dict(table)
+    scaled[aten.leaky_relu_.default] = lambda x, s=0.01: x.copy_(aten.leaky_relu.default(x, s) * 1)
+    assert not free(aten.leaky_relu_.default, _call(x.clone(), 0.1), scaled, shared_trace_table(scaled))
     mine = dict(table)
     mine[aten.linear.default] = lambda x, w, b=None: x @ w.t() + (0 if b is None else b)  # right, yet not eager's
     assert not free(aten.linear.default, _call(x, w), mine, shared_trace_table(mine))

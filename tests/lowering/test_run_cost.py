@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch.export import Dim
 from torch.utils.flop_counter import FlopCounterMode
 
-from exporter.lowering.run_cost import Rates, Work, estimated_run_seconds, program_work, rates
+from exporter.lowering.run_cost import FRESH_BYTES, Rates, Work, estimated_run_seconds, program_work, rates
 
 
 def _eager_flops(fn, *args) -> int:
@@ -79,6 +79,22 @@ def test_an_in_place_op_writes_its_bytes():
     assert torch.ops.aten.relu_.default in {n.target for n in ep.graph.nodes}
     assert program_work(ep).bytes == 2 * x.nbytes
 
+
+
+def test_a_large_output_counts_at_the_fresh_memory_rate():
+    """An output of FRESH_BYTES or more is mapped anew for each op that makes it: its bytes are counted
+    apart and priced at the fresh-memory rate (measured once, when first asked for, never above the
+    copy rate); a smaller one at the copy rate."""
+    small, large = torch.randn(4, 6), torch.empty(FRESH_BYTES // 4 + 8, device="meta")
+    ep = torch.export.export(_Call(lambda t: t + 1), (large,))
+    work = program_work(ep)
+    assert (work.fresh_bytes, work.bytes) == (large.nbytes, 0)
+    assert program_work(torch.export.export(_Call(lambda t: t + 1), (small,))).fresh_bytes == 0
+    fixed = Rates({torch.float32: 1e9}, 4e9, fresh_bytes_per_s=[1e9])
+    assert work.seconds(fixed) == pytest.approx(large.nbytes / 1e9)
+    measured = rates()
+    assert 0 < measured.fresh_rate() <= measured.bytes_per_s
+    assert measured.fresh_rate() == measured.fresh_rate() and len(measured.fresh_bytes_per_s) == 1
 
 class _TwoReads(torch.nn.Module):
     def __init__(self):

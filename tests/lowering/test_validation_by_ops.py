@@ -164,6 +164,30 @@ def test_the_runs_are_kept_where_they_cost_less_than_the_lowering(tmp_path, runs
     assert (v.status, v.scope) == ("passed", "program") and runs["runs"] >= 2
 
 
+
+class _Attention(torch.nn.Module):
+    def forward(self, q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
+def test_a_lowered_program_that_writes_far_more_is_priced_on_its_own(tmp_path, runs, monkeypatch):
+    """Core decomposes sdpa into score matrices (here 3000 x 3000 float32, 36 MB each) that the op never
+    writes: the unlowered program's runs fit the lowering's time at these rates, the lowered program's
+    large outputs (at the fresh-memory rate) do not, so the calls are checked instead of running both."""
+    f32 = torch.float32
+    monkeypatch.setattr(run_cost, "_RATES", run_cost.Rates({f32: 1e11}, 1e10, {f32: 1e10}, fresh_bytes_per_s=[1e7]))
+    args = tuple(torch.randn(1, 1, 3000, 8, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    path = tmp_path / "m.pt2b"
+    export_model(_Attention(), args, path)
+    source = load(path).exported_program()
+    sizes = op_checks.input_sizes(source, (args, {}))
+    assert V.PROGRAM_RUNS * run_cost.program_work(source, sizes).seconds(run_cost.rates()) < V.RUNS_ALWAYS
+    lp = load_for_backend(path, "core", cache=False)
+    assert V.PROGRAM_RUNS * run_cost.program_work(lp.exported_program(), sizes).seconds(run_cost.rates()) > 1.0
+    v = lp.validation
+    assert (v.status, v.scope, v.calls, runs["runs"]) == ("passed", "ops", 1, 0), v.describe()
+    torch.testing.assert_close(lp(*args), _Attention()(*args))
+
 class _Autocast(torch.nn.Module):
     def __init__(self):
         super().__init__()
