@@ -683,13 +683,19 @@ def _by_ops(source_ep, lowered_ep, applied: list, table: dict, bounds: dict, bud
         return None
     try:
         sizes = input_sizes(source_ep, inputs)
+        if sizes is None:
+            return None
+        # the lowered program first: its calls are core ops that torch's formulas price directly (the
+        # unlowered one's composite ops are priced by running their decompositions on meta tensors), and
+        # it does at least the unlowered one's work, so where twice its runs fit, both programs' do
+        lowered = PROGRAM_RUNS * run_cost.program_work(lowered_ep, sizes).seconds(run_cost.rates())
+        if 2 * lowered <= max(budget, RUNS_ALWAYS):
+            return None
         work = run_cost.program_work(source_ep, sizes)
-        runs = PROGRAM_RUNS * work.seconds(run_cost.rates())
-        if sizes is not None and runs <= max(budget, RUNS_ALWAYS):  # (the lowered one only where it may tell)
-            runs += PROGRAM_RUNS * run_cost.program_work(lowered_ep, sizes).seconds(run_cost.rates())
+        runs = lowered + PROGRAM_RUNS * work.seconds(run_cost.rates())
     except Exception:  # noqa: BLE001 -- not estimated: the programs run
         return None
-    if sizes is None or runs <= max(budget, RUNS_ALWAYS):
+    if runs <= max(budget, RUNS_ALWAYS):
         return None
     # (and what every lowering decomposes whatever the table says, which the programs' runs would check)
     forced = {op: fn for op, fn in forced_decompositions().items() if op not in table}
@@ -750,10 +756,13 @@ def right_where_they_run(source_ep, ops, table: dict, bounds: dict, inputs, reco
     """op -> the largest relative difference of its decomposition (``table[op]``, lowered further with
     ``table``) from op itself on the values op receives when the program runs on ``inputs`` (its first
     calls, ``recorded`` where they are known already), or None where it is wrong on one (the
-    decomposition is wrong where it runs). Ops not recorded (called in a subgraph only, or a program
+    decomposition is wrong where it runs); 0 without running those whose lowered form is right whatever
+    the values (value_free: eager's own kernels compute op's result bit for bit). Ops not recorded (called in a subgraph only, or a program
     run through ep.module()) are left out."""
+    from .._torch.dispatch import FakeTensorMode
+
     full = shared_trace_table(table)  # each entry as the lowering applies it
-    out, decomposed = {}, Decomposed(full)
+    out, decomposed, mode = {}, Decomposed(full), FakeTensorMode()
     if recorded is None:
         try:
             _, recorded = _Runner(source_ep).record(inputs, ops)
@@ -761,6 +770,9 @@ def right_where_they_run(source_ep, ops, table: dict, bounds: dict, inputs, reco
             return out
     for op, calls in recorded.items():
         if op not in ops:
+            continue
+        if op in table and value_free(op, table[op], full, calls, decomposed, mode):  # (eager's own kernels: bit for bit op's)
+            out[op] = 0.0
             continue
         for args, kwargs in calls:
             checked = check_call(op, full[op], decomposed, args, kwargs, bounds)
