@@ -812,14 +812,14 @@ def _derived_at_ops(runs: SourceRuns, applied: list, table: dict, bounds: dict, 
     keys = {decomposed.key(full[op], *call) for op in needed for call in recorded[op]}
     if len(keys) * TRACE_ESTIMATE > budget - (time.perf_counter() - t0):
         return None
-    out, deadline, done = {}, budget, set()
+    out, deadline, checked_keys = {}, budget, set()
     for op in needed:
         fn = full[op]
         for args, kwargs in recorded[op]:
             key = decomposed.key(fn, args, kwargs)
-            if key is not None and key in done:  # (one call per signature: repeated layers share one check)
+            if key is not None and key in checked_keys:  # (one call per signature: repeated layers share one check)
                 continue
-            done.add(key)
+            checked_keys.add(key)
             spent = time.perf_counter() - t0
             if spent > deadline:  # past the estimate: finish where what is left costs less than the programs
                 done = len(decomposed.traced)

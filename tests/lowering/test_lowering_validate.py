@@ -555,6 +555,31 @@ def test_an_in_place_activation_lowered_as_its_kept_kernel_needs_no_derived_inpu
     assert "or writes back what eager's kernel computes" in v.describe()
     torch.testing.assert_close(lp(*args), model(*args), rtol=0, atol=0)
 
+
+class _FiveSilus(torch.nn.Module):
+    def forward(self, x):
+        return [torch.nn.functional.silu(x[:n]) for n in (1, 2, 3, 4, 5)]  # five call signatures
+
+
+def test_a_derived_check_past_its_estimate_finishes_where_the_rest_costs_less(tmp_path, monkeypatch):
+    """The op-by-op check of the derived input, past its deadline at the fourth of five signatures (a
+    clock that moves 0.25 s per reading, budget 1 s): what is left costs less than the budget, so it goes
+    on, once, and checks every signature."""
+    import types
+
+    _, _, path = _artifact(tmp_path, _FiveSilus(), (torch.randn(5, 6),))
+    source = load(path).exported_program()
+    table = plan_lowering("core").table
+    applied = V.applied_decompositions(source, table)
+    assert applied == [aten.silu.default]
+    runs = V.SourceRuns(source, record=applied)
+    assert runs.result(0)[0] == "ok" and len(runs.recorded[aten.silu.default]) == 5
+    clock = iter(range(1000))
+    monkeypatch.setattr(V, "time", types.SimpleNamespace(perf_counter=lambda: 0.25 * next(clock)))
+    local, needed = V._derived_at_ops(runs, applied, table, V.bounds_for(applied, source), budget=1.0)
+    assert needed == [aten.silu.default] and local[aten.silu.default][0] is not None
+    assert next(clock) == 7  # (a reading per signature: the deadline passed at the fourth, 1.25 s in)
+
 def _call(x, *rest):
     return [((x, *rest), {})]
 
