@@ -570,30 +570,35 @@ def value_free(op, fn, full: dict, calls: list, decomposed: Decomposed, mode=Non
                         bad.append(func)
             return out
 
+    try:
+        for key, fake in _faked_signatures(fn, calls, decomposed, mode or FakeTensorMode()):
+            with Views():
+                op(*fake[0], **fake[1])
+            plain, seen[:] = list(seen), []
+            # a trace may run the Python kernels some composite ops have (matmul's) where eager runs
+            # C++: the same calls either way, or not known (the decompositions' own calls included:
+            # the second run checks the layouts again so that its calls compare with the first's)
+            with enable_python_dispatcher(), Views():
+                op(*fake[0], **fake[1])
+            if bad or key is None or seen != plain:
+                return False
+            seen.clear()
+    except Exception:  # noqa: BLE001 -- not known: checked as any other
+        return False
+    return True
+
+
+def _faked_signatures(fn, calls: list, decomposed: Decomposed, mode):
+    """(key, (args, kwargs) with every tensor made fake in ``mode``) of the first call of each signature of
+    ``calls`` (as decomposed.key tells them apart; each call without a key), yielded inside ``mode``."""
     done = set()
     for args, kwargs in calls:
         key = decomposed.key(fn, args, kwargs)
         if key is not None and key in done:
             continue
         done.add(key)
-        try:
-            mode = mode or FakeTensorMode()
-            with LOCK, mode:
-                fake = pytree.tree_map_only(torch.Tensor, mode.from_tensor, (args, kwargs))
-                with Views():
-                    op(*fake[0], **fake[1])
-                plain, seen[:] = list(seen), []
-                # a trace may run the Python kernels some composite ops have (matmul's) where eager runs
-                # C++: the same calls either way, or not known (the decompositions' own calls included:
-                # the second run checks the layouts again so that its calls compare with the first's)
-                with enable_python_dispatcher(), Views():
-                    op(*fake[0], **fake[1])
-        except Exception:  # noqa: BLE001 -- not known: checked as any other
-            return False
-        if bad or key is None or seen != plain:
-            return False
-        seen.clear()
-    return True
+        with LOCK, mode:
+            yield key, pytree.tree_map_only(torch.Tensor, mode.from_tensor, (args, kwargs))
 
 
 def _writes_kept_variant(op, fn, full: dict, calls: list, decomposed: Decomposed, mode=None) -> bool:
@@ -616,28 +621,20 @@ def _writes_kept_variant(op, fn, full: dict, calls: list, decomposed: Decomposed
                 seen.append((func, args))
             return func(*args, **(kwargs or {}))
 
-    done = set()
-    for args, kwargs in calls:
-        key = decomposed.key(fn, args, kwargs)
-        if key is None:
-            return False
-        if key in done:
-            continue
-        done.add(key)
-        try:
-            mode = mode or FakeTensorMode()
-            with LOCK, mode:
-                fake = pytree.tree_map_only(torch.Tensor, mode.from_tensor, (args, kwargs))
-                with Calls():
-                    fn(*fake[0], **fake[1])
-        except Exception:  # noqa: BLE001 -- not known: checked as any other
-            return False
-        written = fake[0][0] if fake[0] else None
-        if len(seen) != 2 or seen[0][0] is not variant or seen[1][0] is not torch.ops.aten.copy_.default:
-            return False
-        target, value = seen[1][1][:2]
-        if target is not written or not isinstance(value, torch.Tensor) or \
-                value.shape != written.shape or value.dtype != written.dtype:
-            return False
-        seen.clear()
+    try:
+        for key, fake in _faked_signatures(fn, calls, decomposed, mode or FakeTensorMode()):
+            if key is None:
+                return False
+            with Calls():
+                fn(*fake[0], **fake[1])
+            written = fake[0][0] if fake[0] else None
+            if len(seen) != 2 or seen[0][0] is not variant or seen[1][0] is not torch.ops.aten.copy_.default:
+                return False
+            target, value = seen[1][1][:2]
+            if target is not written or not isinstance(value, torch.Tensor) or \
+                    value.shape != written.shape or value.dtype != written.dtype:
+                return False
+            seen.clear()
+    except Exception:  # noqa: BLE001 -- not known: checked as any other
+        return False
     return True
