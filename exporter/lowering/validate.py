@@ -328,10 +328,7 @@ class _Runner:
                         calls[target].append(pytree.tree_map(keep, (args, kwargs)))
                 return super().call_function(target, args, kwargs)
 
-        args, kwargs = copy.deepcopy(inputs)
-        torch.manual_seed(seed)
-        with torch.no_grad():
-            out = Recorder(self.ep.graph_module).run(*self._flat(args, kwargs))
+        out = self._interpreted(Recorder, inputs, seed)
         return self._user(out), {op: c for op, c in calls.items() if c}
 
     def perturbed(self, inputs, scales: dict, seed: int = 0) -> list | None:
@@ -360,10 +357,15 @@ class _Runner:
                     out = pytree.tree_map(lambda v: moved(v, scales[target], in_place), out)
                 return out
 
+        return self._user(self._interpreted(Perturbed, inputs, seed))
+
+    def _interpreted(self, interpreter, inputs, seed: int):
+        """The graph's outputs on (a copy of) ``inputs``, run node by node by ``interpreter`` (a
+        torch.fx.Interpreter class), seeded, without grad."""
         args, kwargs = copy.deepcopy(inputs)
         torch.manual_seed(seed)
         with torch.no_grad():
-            return self._user(Perturbed(self.ep.graph_module).run(*self._flat(args, kwargs)))
+            return interpreter(self.ep.graph_module).run(*self._flat(args, kwargs))
 
     def _user(self, out) -> list:
         out = out if isinstance(out, (list, tuple)) else [out]
@@ -445,7 +447,6 @@ def rounding_explains(source_ep, failure: "Validation") -> bool:
     return True
 
 
-
 def amplification_explains(source_ep, failure: "Validation", local: dict, seed: int = 0) -> bool:
     """Whether the unlowered program itself moves its outputs as far as the lowering did when each call of
     a decomposed op is given a difference of the size its decomposition makes (``local``: op -> the largest
@@ -479,6 +480,7 @@ def amplification_explains(source_ep, failure: "Validation", local: dict, seed: 
         if not (theirs > 0 and ours <= 2 * theirs):
             return False
     return differs
+
 
 def _output_bound(want, bounds: dict) -> float:
     """The bound of the outputs' float dtype (the widest bound where they mix): what describe() names."""
@@ -757,8 +759,8 @@ def right_where_they_run(source_ep, ops, table: dict, bounds: dict, inputs, reco
     ``table``) from op itself on the values op receives when the program runs on ``inputs`` (its first
     calls, ``recorded`` where they are known already), or None where it is wrong on one (the
     decomposition is wrong where it runs); 0 without running those whose lowered form is right whatever
-    the values (value_free: eager's own kernels compute op's result bit for bit). Ops not recorded (called in a subgraph only, or a program
-    run through ep.module()) are left out."""
+    the values (value_free: eager's own kernels compute op's result bit for bit). Ops not recorded
+    (called in a subgraph only, or a program run through ep.module()) are left out."""
     from .._torch.dispatch import FakeTensorMode
 
     full = shared_trace_table(table)  # each entry as the lowering applies it
