@@ -170,6 +170,21 @@ def test_rates_are_measured_once():
     assert first.flops_per_s == before  # (once)
 
 
+
+def test_a_matmul_rate_read_near_its_floor_is_read_once_more(monkeypatch):
+    """A busy moment reads a rate near the floor: it is read again and the faster reading kept; a plausible
+    first reading is kept as it is, without a second."""
+    import exporter.lowering.run_cost as rc
+
+    readings = iter([1e9, 1.5e11, 9e10])
+    calls = []
+    monkeypatch.setattr(rc, "_matmul_rate", lambda dtype, deadline: calls.append(dtype) or next(readings))
+    monkeypatch.setattr(rc, "_weight_rate", lambda dtype, deadline: 1e10)
+    slow_first = Rates({}, 2e10, {}, measure=True)
+    assert slow_first.flops_rate(torch.float32) == 1.5e11 and len(calls) == 2
+    plausible = Rates({}, 2e10, {}, measure=True)
+    assert plausible.flops_rate(torch.float32) == 9e10 and len(calls) == 3
+
 def test_estimated_run_seconds_is_the_work_at_the_rates():
     ep = torch.export.export(torch.nn.Linear(64, 32), (torch.randn(8, 64),))
     assert estimated_run_seconds(ep) == pytest.approx(program_work(ep).seconds(rates()))
