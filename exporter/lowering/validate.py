@@ -438,13 +438,20 @@ def rounding_explains(source_ep, failure: "Validation") -> bool:
     exact = widened_run(source_ep, inputs)
     if exact is None or len(exact) != len(want) or len(got) != len(want):
         return False
-    for a, b, c in zip(got, want, exact):
-        if not isinstance(b, torch.Tensor) or not b.is_floating_point() or torch.equal(a, b):
-            continue
-        ours, theirs = verdicts.relative_difference(a, c), verdicts.relative_difference(b, c)
-        if not (theirs > 0 and ours <= 2 * theirs):
-            return False
-    return True
+    rel = verdicts.relative_difference
+    return all(_within_twice(rel(a, c), rel(b, c)) for a, b, c in _differing_floats(got, want, exact))
+
+
+def _differing_floats(got: list, want: list, other: list) -> list:
+    """(lowered, unlowered, ``other``'s) output of each float output where the lowered and unlowered differ."""
+    return [(a, b, c) for a, b, c in zip(got, want, other)
+            if isinstance(b, torch.Tensor) and b.is_floating_point() and not torch.equal(a, b)]
+
+
+def _within_twice(ours: float, theirs: float) -> bool:
+    """Whether the lowered program's distance is at most twice the unlowered one's, which is above 0: the
+    rounding both make (rounding_explains, amplification_explains)."""
+    return theirs > 0 and ours <= 2 * theirs
 
 
 def amplification_explains(source_ep, failure: "Validation", local: dict, seed: int = 0) -> bool:
@@ -471,15 +478,8 @@ def amplification_explains(source_ep, failure: "Validation", local: dict, seed: 
         return False
     if moved is None or len(moved) != len(want):
         return False
-    differs = False
-    for a, b, c in zip(got, want, moved):
-        if not isinstance(b, torch.Tensor) or not b.is_floating_point() or torch.equal(a, b):
-            continue
-        differs = True
-        ours, theirs = verdicts.relative_difference(a, b), verdicts.relative_difference(c, b)
-        if not (theirs > 0 and ours <= 2 * theirs):
-            return False
-    return differs
+    differing, rel = _differing_floats(got, want, moved), verdicts.relative_difference
+    return bool(differing) and all(_within_twice(rel(a, b), rel(c, b)) for a, b, c in differing)
 
 
 def _output_bound(want, bounds: dict) -> float:
@@ -773,8 +773,8 @@ def right_where_they_run(source_ep, ops, table: dict, bounds: dict, inputs, reco
     for op, calls in recorded.items():
         if op not in ops:
             continue
-        if op in table and value_free(op, table[op], full, calls, decomposed, mode):  # (eager's own kernels: bit for bit op's)
-            out[op] = 0.0
+        if op in table and value_free(op, table[op], full, calls, decomposed, mode):
+            out[op] = 0.0  # (eager's own kernels: op's result bit for bit)
             continue
         for args, kwargs in calls:
             checked = check_call(op, full[op], decomposed, args, kwargs, bounds)
