@@ -153,12 +153,13 @@ def without_unused_weights(ep: torch.export.ExportedProgram) -> tuple[torch.expo
     dropped = {s.arg.name for s in drop}
     for node in [n for n in graph.nodes if n.op == "placeholder" and n.name in dropped]:
         graph.erase_node(node)
-    root = torch.fx.GraphModule(ep.graph_module, graph)
-    root.meta.update(ep.graph_module.meta)
     signature = ExportGraphSignature([s for s in ep.graph_signature.input_specs if s not in drop],
                                      list(ep.graph_signature.output_specs))
+    # ExportedProgram makes its graph module from the original's attributes and meta (one code
+    # generation, deferred inside deferred_codegen.deferred(), where a GraphModule made here would make
+    # another at once)
     pruned = torch.export.ExportedProgram(
-        root=root, graph=root.graph, graph_signature=signature,
+        root=ep.graph_module, graph=graph, graph_signature=signature,
         state_dict={k: v for k, v in ep.state_dict.items() if k not in targets},
         range_constraints=ep.range_constraints, module_call_graph=ep.module_call_graph,
         example_inputs=ep.example_inputs,

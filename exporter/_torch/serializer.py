@@ -3,6 +3,10 @@
 Importing it imports torch._dynamo: modules import it where they serialize or deserialize, never at
 ``import exporter`` (tests/repo/test_import_graph.py)."""
 
+import contextlib
+import logging
+
+import torch
 import torch._export.serde.serialize as _serialize
 from torch._export.serde.serialize import (
     SCHEMA_VERSION,
@@ -24,7 +28,32 @@ SYM_OPS = _serialize._SYM_OPS  # the Python functions torch's deserializer accep
 int_to_sympy_int = _serialize._int_to_sympy_int
 bytes_to_dataclass = _serialize._bytes_to_dataclass  # json.loads, then the schema's dataclasses (nothing resolved)
 
+
+
+@contextlib.contextmanager
+def unprinted(gm: torch.fx.GraphModule):
+    """Inside, ``gm`` and its graph submodules answer print_readable with "" where torch's serializer
+    logger drops debug lines: its serialize_graph formats a whole graph's code as the argument of a
+    log.debug call, evaluated whether or not the line is logged (a code generation per graph per save).
+    The method is shadowed on each instance and the shadow removed on the way out."""
+    if _serialize.log.isEnabledFor(logging.DEBUG):
+        yield
+        return
+    shadowed = [m for m in gm.modules() if isinstance(m, torch.fx.GraphModule) and "print_readable" not in vars(m)]
+    for m in shadowed:
+        vars(m)["print_readable"] = _unprinted
+    try:
+        yield
+    finally:
+        for m in shadowed:
+            vars(m).pop("print_readable", None)
+
+
+def _unprinted(*args, **kwargs) -> str:
+    return ""
+
+
 __all__ = ["SCHEMA_VERSION", "ST_DELIMITER", "SERIALIZE_TO_TORCH_DTYPE", "SERIALIZE_TO_TORCH_LAYOUT",
            "SERIALIZE_TO_TORCH_MEMORY_FORMAT", "SYM_OPS", "bytes_to_dataclass", "ExportedProgramDeserializer",
            "ExportedProgramSerializer", "GraphModuleDeserializer", "GraphModuleSerializer", "SerializeError",
-           "deserialize_device", "int_to_sympy_int", "load_verifier", "serialize_range_constraints"]
+           "deserialize_device", "int_to_sympy_int", "load_verifier", "serialize_range_constraints", "unprinted"]

@@ -12,6 +12,7 @@ import numpy as np
 from ..._torch.serde import Union as _Union
 from ...layout import fbs
 from ..mapping import schema_map
+from .builder import Builder
 
 _FLAGS = {"bool": N.BoolFlags, "byte": N.Int8Flags, "int8": N.Int8Flags, "ubyte": N.Uint8Flags,
           "uint8": N.Uint8Flags, "short": N.Int16Flags, "int16": N.Int16Flags, "ushort": N.Uint16Flags,
@@ -39,99 +40,163 @@ def _plan(cls):
 
 
 def _vector_of_offsets(builder, offsets: list) -> int:
+    if isinstance(builder, Builder):
+        return builder.offsets(offsets)
     builder.StartVector(4, len(offsets), 4)
     for off in reversed(offsets):
         builder.PrependUOffsetTRelative(off)
     return builder.EndVector()
 
 
-def _child(builder, f, desc: tuple, value) -> int:
-    """The offset of a non-scalar field's value, created in the builder."""
+def _maker(f, desc: tuple):
+    """make(builder, value) -> the offset of a non-scalar field's value, created in the builder: chosen
+    once per field from its wire kind and descriptor."""
     if f.kind == "string":
-        return builder.CreateString(value)
-    if f.kind == "table":
-        return pack(builder, value)
+        return lambda builder, value: builder.CreateString(value)
+    if f.kind == "table":  # (through the module's name, each call: a wrapper set on it sees every table)
+        return lambda builder, value: pack(builder, value)
     # vectors
     kind = desc[0]
     if f.elem == "scalar":
-        elem = schema_map.strip_opt(desc[1])
-        items = [schema_map.enc_scalar(elem, v) for v in value]
-        return builder.CreateNumpyVector(np.array(items, dtype=schema_map.wire_dtype(f.type)))
+        encode = _scalar_encoder(schema_map.strip_opt(desc[1]))
+        dtype = schema_map.wire_dtype(f.type)
+        return lambda builder, value: builder.CreateNumpyVector(np.array([encode(v) for v in value], dtype=dtype))
     if f.elem == "string":
-        return _vector_of_offsets(builder, [builder.CreateString(v) for v in value])
+        return lambda builder, value: _vector_of_offsets(builder, [builder.CreateString(v) for v in value])
     if kind == "list":
-        return _vector_of_offsets(builder, [pack(builder, v) for v in value])
+        return lambda builder, value: _vector_of_offsets(builder, [pack(builder, v) for v in value])
     if kind == "listlist":  # [XList { items }]
-        return _vector_of_offsets(builder, [_list_table(builder, desc, items) for items in value])
+        (item_f,) = fbs.layout().tables[desc[2]]
+        items = _maker(item_f, ("list", desc[1]))
+
+        def list_table(builder, value) -> int:
+            return _table(builder, 1, [(0, None, items(builder, value))])
+
+        return lambda builder, value: _vector_of_offsets(builder, [list_table(builder, v) for v in value])
     if kind == "dict":  # [XEntry { key, value }]
-        return _vector_of_offsets(builder, [_entry(builder, desc, k, v) for k, v in value.items()])
+        entry = _entry_packer(desc)
+        return lambda builder, value: _vector_of_offsets(builder, [entry(builder, k, v) for k, v in value.items()])
     raise AssertionError((f, kind))
 
 
-def _list_table(builder, desc: tuple, items) -> int:
-    """One XList { items } table of a list[list[X]] field (desc: ("listlist", elem, "XList"))."""
-    (f,) = fbs.layout().tables[desc[2]]
-    off = _child(builder, f, ("list", desc[1]), items)
-    builder.StartObject(1)
-    builder.PrependUOffsetTRelativeSlot(0, off, 0)
-    return builder.EndObject()
-
-
-def _entry(builder, desc: tuple, key: str, value) -> int:
-    """One XEntry { key, value } table of a dict[str, X] field (desc: ("dict", value, "XEntry"))."""
+def _entry_packer(desc: tuple):
+    """pack(builder, key, value) of one XEntry { key, value } table of a dict[str, X] field (desc: ("dict",
+    value, "XEntry"))."""
     value_desc = schema_map.strip_opt(desc[1])
     key_f, value_f = fbs.layout().tables[desc[2]]
-    key_off = builder.CreateString(key)
-    value_off = None if value is None or value_f.kind == "scalar" else _child(builder, value_f, value_desc, value)
-    builder.StartObject(2)
-    builder.PrependUOffsetTRelativeSlot(0, key_off, 0)
     if value_f.kind == "scalar":
-        if value is not None:
-            _prepend_slot(builder, value_f, 1, schema_map.enc_scalar(value_desc, value), 0)
-    elif value_off is not None:
-        builder.PrependUOffsetTRelativeSlot(1, value_off, 0)
+        encode, flags = _scalar_encoder(value_desc), _FLAGS[value_f.type]
+
+        def scalar_entry(builder, key: str, value) -> int:
+            slots = [(0, None, builder.CreateString(key))]
+            if value is not None and (value := encode(value)) != 0:
+                slots.append((1, flags, value))
+            return _table(builder, 2, slots)
+
+        return scalar_entry
+    make = _maker(value_f, value_desc)
+
+    def entry(builder, key: str, value) -> int:
+        key_off = builder.CreateString(key)
+        if value is None:
+            return _table(builder, 2, [(0, None, key_off)])
+        value_off = make(builder, value)
+        return _table(builder, 2, [(0, None, key_off), (1, None, value_off)])
+
+    return entry
+
+
+def _scalar_encoder(desc: tuple):
+    """encode(value) -> a scalar as it goes on the wire (schema_map.enc_scalar), chosen once per field."""
+    kind = desc[0]
+    if kind == "int":
+        return lambda value: schema_map.enc_scalar(desc, value)  # (the int64 range check)
+    if kind == "float":
+        return float
+    if kind == "bool":
+        return bool
+    return lambda value: schema_map.enc_scalar(desc, value)
+
+
+def _table(builder, nfields: int, slots: list) -> int:
+    """One table: ``slots`` ((slot, flags, scalar) or (slot, None, offset), defaults left out) prepended
+    in order; in one call where the builder is the writer's (builder.Builder.table)."""
+    if isinstance(builder, Builder):
+        return builder.table(nfields, slots)
+    builder.StartObject(nfields)
+    for slot, flags, value in slots:
+        if flags is None:
+            builder.PrependUOffsetTRelativeSlot(slot, value, 0)
+        else:
+            builder.Prepend(flags, value)
+            builder.Slot(slot)
     return builder.EndObject()
 
 
-def _prepend_slot(builder, f, slot: int, value, default) -> None:
-    if value != default:
-        builder.Prepend(_FLAGS[f.type], value)
-        builder.Slot(slot)
+@functools.cache
+def _packer(cls):
+    """pack for one schema dataclass: its fields' encoders and makers chosen once (_plan), then per object
+    the children created in field order, the table begun, and its slots written in field order (the
+    order flatc's generated Pack writes them in)."""
+    nfields, plan = _plan(cls)
+    fields = []  # (name, slot, flags or None for a child, encoder or maker, default) in field order
+    tag = None
+    for f, name, desc, default in plan:
+        if name == "<tag>":
+            tag = (f.slot, _FLAGS[f.type], default)
+        elif name is not None and f.kind == "scalar":
+            fields.append((name, f.slot, _FLAGS[f.type], _scalar_encoder(desc), default))
+        elif name is not None:
+            fields.append((name, f.slot, None, _maker(f, desc), default))
+    if issubclass(cls, _Union):
+        tag_values = schema_map.tags(cls)[0]
+        order = [name for _, name, _, _ in plan]
+        # each member with whether the tag's slot comes after it in field order
+        members = {field[0]: (field, order.index("<tag>") > order.index(field[0])) for field in fields}
+
+        def pack_union(builder, obj) -> int:
+            state = obj.__dict__  # plain reads: _Union's __getattribute__ and tag __eq__ are Python code
+            active = str.__str__(state["_type"])
+            (name, slot, flags, code, default), tag_after = members[active]
+            value = state[active]
+            slots = []
+            if value is not None:
+                if flags is None:
+                    slots.append((slot, None, code(builder, value)))
+                elif (value := code(value)) != default:
+                    slots.append((slot, flags, value))
+            if tag_values[active] != tag[2]:
+                slots.insert(len(slots) if tag_after else 0, (tag[0], tag[1], tag_values[active]))
+            return _table(builder, nfields, slots)
+
+        return pack_union
+    children = [(name, code) for name, _, flags, code, _ in fields if flags is None]
+
+    def pack_table(builder, obj) -> int:
+        state = obj.__dict__
+        offsets = {}
+        for name, make in children:
+            value = state[name]
+            if value is not None:
+                offsets[name] = make(builder, value)
+        slots = []
+        for name, slot, flags, code, default in fields:
+            if flags is None:
+                off = offsets.get(name)
+                if off is not None:
+                    slots.append((slot, None, off))
+            else:
+                value = state[name]
+                if value is not None and (value := code(value)) != default:
+                    slots.append((slot, flags, value))
+        return _table(builder, nfields, slots)
+
+    return pack_table
 
 
 def pack(builder, obj) -> int:
     """Pack the torch schema dataclass ``obj`` as its table; returns the table's offset."""
-    cls = type(obj)
-    nfields, plan = _plan(cls)
-    state = obj.__dict__  # plain reads: _Union's __getattribute__ and tag __eq__ are Python code
-    union = isinstance(obj, _Union)
-    if union:
-        active = str.__str__(state["_type"])
-        tag = schema_map.tags(cls)[0][active]
-    values = []
-    for f, name, desc, default in plan:
-        if name is None:
-            values.append(None)
-            continue
-        if name == "<tag>":
-            values.append(tag)
-            continue
-        value = (state[active] if name == active else None) if union else state[name]
-        if value is None:
-            values.append(None)
-        elif f.kind == "scalar":
-            values.append(schema_map.enc_scalar(desc, value))
-        else:
-            values.append(_child(builder, f, desc, value))
-    builder.StartObject(nfields)
-    for (f, name, desc, default), value in zip(plan, values):
-        if value is None:
-            continue
-        if f.kind == "scalar":
-            _prepend_slot(builder, f, f.slot, value, default)
-        else:
-            builder.PrependUOffsetTRelativeSlot(f.slot, value, 0)
-    return builder.EndObject()
+    return _packer(type(obj))(builder, obj)
 
 
 class Packed:

@@ -9,7 +9,6 @@ import threading
 import typing
 import zlib
 
-import flatbuffers
 import msgpack
 import numpy as np
 import torch
@@ -31,6 +30,7 @@ from ...layout.container import ALIGNMENT, FILE_IDENTIFIER, HEADER_SIZE, Header,
 from ..mapping import module_stacks, return_types
 from ..read import untrusted
 from . import direct, encode_schema, serde_repairs, subclasses, weights
+from .builder import Builder
 
 MAX_METADATA_BYTES = 16 << 20
 _SCALAR_LEAVES = (bool, int, float, str, type(None))
@@ -104,11 +104,12 @@ def _serialize_program(ep) -> S.ExportedProgram:
     """What ExportedProgramSerializer().serialize(ep).exported_program holds, built from the same
     torch pieces, without its self-test: serialize() canonicalizes a deep copy of the result only to
     check that a canonical form exists and throws it away, a large share of a save."""
-    from ..._torch.serializer import SCHEMA_VERSION, GraphModuleSerializer, serialize_range_constraints
+    from ..._torch.serializer import SCHEMA_VERSION, GraphModuleSerializer, serialize_range_constraints, unprinted
 
     ep.validate()
     gm_serializer = GraphModuleSerializer(ep.graph_signature, ep.module_call_graph)
-    graph_module = gm_serializer.serialize(ep.graph_module)
+    with unprinted(ep.graph_module):
+        graph_module = gm_serializer.serialize(ep.graph_module)
     if gm_serializer.custom_objs:
         name = next(iter(gm_serializer.custom_objs))
         raise UnsupportedValueError(f"the program holds the script object {name!r} (torchbind); .pt2b stores only "
@@ -381,7 +382,7 @@ def _write_artifact(methods: list[MethodSource], path, *, metadata, provenance, 
             try:
                 parts = [_method_parts(m, escape, target_torch, provenance, st) for m, st in zip(methods, stored)]
                 prog = _program(methods, parts, records, meta_bytes, provenance, used)
-                builder = flatbuffers.Builder(1 << 16)
+                builder = Builder(1 << 16)
                 for table in [prog] + list(prog.methods or []):  # the graphs, while the weights go out
                     _pack_text(lambda: table.exportedProgram.pack_early(builder))
                 written.result()
