@@ -88,14 +88,7 @@ def _build(builder, plan, identifier: bool, fast: bool) -> bytes:
             if fast and whole:
                 offsets.append(builder.table(nfields, slots))
                 continue
-            builder.StartObject(nfields)
-            for slot, flags, value in slots:
-                if flags is None:
-                    builder.PrependUOffsetTRelativeSlot(slot, value, 0)
-                else:
-                    builder.Prepend(flags, value)
-                    builder.Slot(slot)
-            offsets.append(builder.EndObject())
+            offsets.append(encode_schema.table_by_calls(builder, nfields, slots))
     builder.Finish(offsets[-1], file_identifier=FILE_IDENTIFIER if identifier else None)
     return bytes(builder.Output())
 

@@ -153,31 +153,25 @@ class Builder(flatbuffers.Builder):
         vtable = [0] * numfields
         widest = self.minalign
         for slot, flags, value in slots:
+            width = 4 if flags is None else flags.bytewidth
+            pad = (head - end) & (width - 1)
+            if pad:
+                buf[head - pad:head] = bytes(pad)
+                head -= pad
             if flags is None:
-                pad = (head - end) & 3
-                if pad:
-                    buf[head - pad:head] = bytes(pad)
-                    head -= pad
                 offset = end - head
                 if not value <= offset:
                     self.head = head
                     raise OffsetArithmeticError("flatbuffers: Offset arithmetic error.")
-                head -= 4
-                _U32(buf, head, offset - value + 4)
-                width = 4
+                _U32(buf, head - 4, offset - value + 4)
             else:
-                width = flags.bytewidth
-                pad = (head - end) & (width - 1)
-                if pad:
-                    buf[head - pad:head] = bytes(pad)
-                    head -= pad
                 try:
                     flags.packer_type.pack_into(buf, head - width, value)
                 except struct.error:
                     self.head = head
                     N.enforce_number(value, flags)
                     raise
-                head -= width
+            head -= width
             if width > widest:
                 widest = width
             vtable[slot] = end - head

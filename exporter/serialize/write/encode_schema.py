@@ -123,6 +123,11 @@ def _table(builder, nfields: int, slots: list) -> int:
     in order; in one call where the builder is the writer's (builder.Builder.table)."""
     if isinstance(builder, Builder):
         return builder.table(nfields, slots)
+    return table_by_calls(builder, nfields, slots)
+
+
+def table_by_calls(builder, nfields: int, slots: list) -> int:
+    """_table through the library Builder's own calls (StartObject, Prepend and Slot, EndObject)."""
     builder.StartObject(nfields)
     for slot, flags, value in slots:
         if flags is None:
