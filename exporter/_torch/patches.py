@@ -30,7 +30,8 @@ class Patch:
     - ``per-trace``: a class attribute is replaced for the duration of one functionalizing trace and
       restored after it (``swapped``; process-wide while it is replaced);
     - ``per-instance``: attributes set on one instance pt2b made and owns (a deserializer, the trace's
-      functionalization mode); nothing else sees them;
+      functionalization mode), where nothing else sees them; or on the caller's object for one step of a
+      call, removed before the call goes on;
     - ``registration``: an entry added to a torch registry (a higher-order op's rules for pt2b's own mode
       class; serialized names of torch's pytree nodes), once a process;
     - ``copied body``: a torch function whose body pt2b runs as its own copy (to skip a step), to compare
@@ -53,6 +54,12 @@ PATCHES: tuple[Patch, ...] = (
           "exporter/_torch/deferred_codegen.py::_installed",
           "inside deferred(), the graph modules a lowering's traces make are _LazyGraphModules too, unless "
           "torch's own switch forbids it; torch's own choice elsewhere"),
+    Patch("torch._higher_order_ops.utils:_hop_compile_and_call", "process",
+          "exporter/_torch/eager_hops.py::eager",
+          "inside eager() (pt2b's eager decomposition mode), this thread's eager cond, map and while_loop call "
+          "their op directly, which dispatches to the mode's rule: torch's dynamo compile of the call, under a "
+          "dispatch mode it does not know, fails or leaves dynamo's caches so that later exports of control "
+          "flow fail; torch's own elsewhere"),
     Patch("torch.fx.experimental.symbolic_shapes:_free_unbacked_symbols_with_path", "process",
           "exporter/serialize/read/deserialize.py::_reading",
           "while pt2b's deserializer runs in this thread, a walk with nothing pending returns {} at once "
@@ -79,6 +86,13 @@ PATCHES: tuple[Patch, ...] = (
           "the fake mode of the program read back allows fallback kernels, as torch.export's tracing did, "
           "so that a program read back can be retraced where the exported one can",
           ("allow_fallback_kernels",)),
+    Patch("torch.fx.graph_module:GraphModule", "per-instance",
+          "exporter/_torch/serializer.py::unprinted",
+          "while torch's serializer reads a program being saved, its graph modules answer print_readable "
+          "with '' (torch formats the whole graph's code as the argument of a debug log call whether or not "
+          "it is logged); the shadows are removed before the save goes on, and none is set while that logger "
+          "logs at DEBUG",
+          ("print_readable",)),
     Patch("torch._subclasses.functional_tensor:FunctionalTensorMode", "per-instance",
           "exporter/functionalize.py::_AboveFunctionalization._decompose_in_functionalization",
           "the trace's own functionalization mode object is told to decompose the CIA ops the table runs as "

@@ -6,10 +6,12 @@ decomposed on the fly, recursively, so that only supported ops reach the kernels
 from __future__ import annotations
 
 import collections
+import contextlib
 
 import torch
 from torch.overrides import TorchFunctionMode
 
+from .._torch import eager_hops
 from .._torch.dispatch import TorchDispatchMode
 from ..mutation import functional_variant
 from ..ops import op_name
@@ -101,8 +103,9 @@ class _NoFastPaths(TorchFunctionMode):
 
 
 class EagerContext:
-    """``with eager_decompositions(...) as mode``: enters _NoFastPaths and the dispatch mode (in that
-    order), leaves both (also on exceptions); re-enterable; yields the EagerDecompositions."""
+    """``with eager_decompositions(...) as mode``: enters eager_hops.eager, _NoFastPaths and the dispatch
+    mode (in that order), leaves all three (also on exceptions); re-enterable; yields the
+    EagerDecompositions."""
 
     def __init__(self, mode: EagerDecompositions):
         self.mode = mode
@@ -110,22 +113,16 @@ class EagerContext:
 
     def __enter__(self) -> EagerDecompositions:
         """Enter the mode; returns it, to read its counters after the block."""
-        guard = _NoFastPaths()
-        guard.__enter__()
-        try:
-            self.mode.__enter__()
-        except BaseException:
-            guard.__exit__(None, None, None)
-            raise
-        self._stack.append(guard)
+        guards = contextlib.ExitStack()
+        with guards:
+            guards.enter_context(eager_hops.eager())  # control flow runs its rule below, not through dynamo
+            guards.enter_context(_NoFastPaths())
+            guards.enter_context(self.mode)
+            self._stack.append(guards.pop_all())
         return self.mode
 
     def __exit__(self, *exc):
-        guard = self._stack.pop()
-        try:
-            self.mode.__exit__(*exc)
-        finally:
-            guard.__exit__(*exc)
+        self._stack.pop().__exit__(*exc)
         return False
 
 

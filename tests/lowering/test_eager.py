@@ -163,3 +163,37 @@ def test_mixed_devices_cpu_scalar_tensors_beside_meta_tensors():
         got = f(xc, wc)
     for a, b in zip(got, f(xc, wc)):
         torch.testing.assert_close(a, b)
+
+
+_CONTROL_FLOW_THEN_EXPORT = """
+import copy, torch
+from exporter import eager_decompositions
+from tools.corpus.zoo import make_case
+for name in ("cond", "map", "while_loop"):
+    case = make_case(name)
+    with torch.no_grad():
+        expected = copy.deepcopy(case.model)(*copy.deepcopy(case.args))
+        with eager_decompositions("core") as mode:
+            out = case.model(*case.args)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    assert sum(mode.decomposed.values()) > 0, name  # the branches' ops went through the mode
+for name in ("cond", "map", "while_loop"):
+    case = make_case(name)
+    torch.export.export(case.model, case.args, strict=False)
+print("ok")
+"""
+
+
+def test_control_flow_runs_in_eager_mode_alone_and_later_exports_still_capture_it():
+    """With only pt2b's mode on the stack, an eager cond, map and while_loop run their branches through
+    the mode (torch would compile each call with dynamo, which fails under the mode or leaves its caches
+    so that every later export of control flow in the process fails: exporter/_torch/eager_hops.py), and
+    the same process exports the three models afterwards. In a fresh process: the damage was process
+    state."""
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", _CONTROL_FLOW_THEN_EXPORT], capture_output=True, text=True,
+                         timeout=600, cwd=root)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]

@@ -48,11 +48,11 @@ class Builder(flatbuffers.Builder):
     def Prep(self, size, additionalBytes):  # noqa: N802,N803 (the library's names)
         self._room(size, additionalBytes)
 
-    def CreateString(self, s, encoding="utf-8", errors="strict"):  # noqa: N802
+    def CreateString(self, s, encoding="utf-8", errors=None):  # noqa: N802 (errors: None is str.encode's default)
         if self.nested:
             raise IsNestedError()
         if isinstance(s, str):
-            x = s.encode(encoding, errors)
+            x = s.encode(encoding) if errors is None else s.encode(encoding, errors)
         elif isinstance(s, (bytes, bytearray)):
             x = s
         else:
