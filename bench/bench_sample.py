@@ -113,9 +113,9 @@ def summarize_profile(prof: cProfile.Profile, total: float) -> dict:
     return {"seconds": total, "parts": parts, "top": [(name, ct) for ct, name in top[1:11]]}
 
 
-def measure(name: str, repeat: int, profile: bool, tmp: str) -> dict:
+def measure(name: str, repeat: int, profile: bool, tmp: str, save_only: bool = False) -> dict:
     """One candidate built, captured and measured (seconds, pt2b first, anchor second); dropped with the
-    reason where it cannot be built or captured."""
+    reason where it cannot be built or captured. ``save_only``: the save alone."""
     import torch
 
     from bench.bench_pt2b import interleaved
@@ -144,6 +144,9 @@ def measure(name: str, repeat: int, profile: bool, tmp: str) -> dict:
                                          repeat)
     rec["bytes"] = os.path.getsize(pt2b)
     del ep
+    if save_only:
+        rec["ratios"] = {k: o / a for k, (o, a) in rec["seconds"].items() if a}
+        return rec
     try:
         torch.export.load(pt2).run_decompositions()
     except Exception as e:  # noqa: BLE001 -- torch's own lowering fails: nothing to compare with
@@ -188,13 +191,15 @@ def measure(name: str, repeat: int, profile: bool, tmp: str) -> dict:
 # The sample (the parent process)
 # ------------------------------------------------------------------------------------------------
 
-def run_one(name: str, repeat: int, profile: bool, timeout: float) -> dict:
+def run_one(name: str, repeat: int, profile: bool, timeout: float, save_only: bool = False) -> dict:
     """``measure(name)`` in a fresh interpreter, killed past ``timeout`` seconds (then dropped)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rec.json")
         cmd = [sys.executable, os.path.abspath(__file__), "--one", name, "--repeat", str(repeat), "--record", out]
         if not profile:
             cmd.append("--no-profile")
+        if save_only:
+            cmd.append("--save-only")
         env = {**os.environ, "PT2B_CACHE": "0", "TMPDIR": tmp}
         t = time.perf_counter()
         try:
@@ -225,7 +230,7 @@ def sample(args) -> list[dict]:
     records = []
 
     def one(name, repeat=args.repeat, timeout=args.timeout):
-        rec = done.get(name) or _progress(run_one(name, repeat, not args.no_profile, timeout))
+        rec = done.get(name) or _progress(run_one(name, repeat, not args.no_profile, timeout, args.save_only))
         records.append(rec)
         if args.out:  # written after each model: a run cut short keeps what it measured
             _write(args, records, {})
@@ -328,6 +333,7 @@ def main(argv=None) -> int:
     ap.add_argument("--resume", action="store_true", help="reuse the records --out holds already, by name")
     ap.add_argument("--report", action="store_true", help="print the report of the records --out holds; run nothing")
     ap.add_argument("--no-profile", action="store_true", help="skip the profiled validation run")
+    ap.add_argument("--save-only", action="store_true", help="measure the save alone (its column of the report)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--record", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -335,7 +341,7 @@ def main(argv=None) -> int:
         ap.error("--n and --decoders must be >= 0, --repeat >= 1 and --timeout > 0")
     if args.one:
         with tempfile.TemporaryDirectory() as tmp:
-            rec = measure(args.one, args.repeat, not args.no_profile, tmp)
+            rec = measure(args.one, args.repeat, not args.no_profile, tmp, args.save_only)
         with open(args.record, "w") as f:
             json.dump(rec, f)
         return 0
