@@ -103,8 +103,10 @@ def test_fuzz_campaign_results_are_the_local_pool_s(cluster, tmp_path):
 def test_a_task_whose_worker_hangs_is_cancelled_and_run_again(cluster, tmp_path):
     path = str(tmp_path / "r.jsonl")
     try:
+        # the limit leaves the second attempt's process room to start on a busy machine (a limit is counted
+        # in wall time); the first attempt hangs until limit + grace
         got = sweep.run([sweep.Case("frozen", C + "freeze_worker", (str(tmp_path),))], path, ray="auto",
-                        limits=sweep.Limits(timeout=2.0, grace=3.0))
+                        limits=sweep.Limits(timeout=10.0, grace=3.0))
         assert got["frozen"]["outcome"] == "ok" and got["frozen"]["result"] == {"again": True}
         assert got["frozen"]["attempts"] == 2  # the hung task cancelled after its limit and grace, run again
     finally:  # the Ray worker the case stopped
