@@ -19,7 +19,6 @@ from flatbuffers.builder import IsNestedError, IsNotNestedError, OffsetArithmeti
 
 _U32 = struct.Struct("<I").pack_into
 _I32 = struct.Struct("<i").pack_into
-_U16 = struct.Struct("<H").pack_into
 
 
 class Builder(flatbuffers.Builder):
@@ -30,20 +29,22 @@ class Builder(flatbuffers.Builder):
         written, the buffer grown as needed; returns the new head."""
         if size > self.minalign:
             self.minalign = size
-        head = self.head
-        buf_len = len(self.Bytes)
-        pad = (-(buf_len - head + additional)) & (size - 1)
-        needed = pad + size + additional
-        while head < needed:
-            old = buf_len
-            self.GrowByteBuffer()
-            buf_len = len(self.Bytes)
-            head += buf_len - old
+        pad = (-(len(self.Bytes) - self.head + additional)) & (size - 1)
+        head = self._grown(pad + size + additional)
         if pad:
             self.Bytes[head - pad:head] = bytes(pad)
             head -= pad
         self.head = head
         return head
+
+    def _grown(self, needed: int) -> int:
+        """The head once the buffer has at least ``needed`` free bytes before it (grown as the library
+        grows it: doubled, the written bytes kept at the end)."""
+        while self.head < needed:
+            size = len(self.Bytes)
+            self.GrowByteBuffer()
+            self.head += len(self.Bytes) - size
+        return self.head
 
     def Prep(self, size, additionalBytes):  # noqa: N802,N803 (the library's names)
         self._room(size, additionalBytes)
@@ -141,14 +142,9 @@ class Builder(flatbuffers.Builder):
         if self.nested:
             raise IsNestedError()
         # room for every slot at its widest with its padding, then the object's vtable offset
-        need = 16 * len(slots) + 8
-        while self.head < need:
-            size = len(self.Bytes)
-            self.GrowByteBuffer()
-            self.head += len(self.Bytes) - size
+        head = self._grown(16 * len(slots) + 8)
         buf = self.Bytes
         end = len(buf)
-        head = self.head
         object_end = end - head
         vtable = [0] * numfields
         widest = self.minalign

@@ -108,14 +108,8 @@ def _entry_packer(desc: tuple):
 
 def _scalar_encoder(desc: tuple):
     """encode(value) -> a scalar as it goes on the wire (schema_map.enc_scalar), chosen once per field."""
-    kind = desc[0]
-    if kind == "int":
-        return lambda value: schema_map.enc_scalar(desc, value)  # (the int64 range check)
-    if kind == "float":
-        return float
-    if kind == "bool":
-        return bool
-    return lambda value: schema_map.enc_scalar(desc, value)
+    plain = {"float": float, "bool": bool}.get(desc[0])  # (ints: enc_scalar's int64 range check)
+    return plain or (lambda value: schema_map.enc_scalar(desc, value))
 
 
 def _table(builder, nfields: int, slots: list) -> int:
