@@ -78,7 +78,7 @@ def _importable(ep) -> torch.export.ExportedProgram:
     buffer given to it as a persistent one, its value in the state_dict: the import looks every buffer up
     in the state_dict only, where torch keeps a non-persistent one among the constants (a Llama's rotary
     ``inv_freq``: "Could not find state mapping for buffer"); its views ``_flattened_views``; its bool
-    operators ``_bitwise``."""
+    operators ``_bitwise``; its casts to complex ``_complex_casts``."""
     from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec
 
     sig = ep.graph_signature
@@ -90,6 +90,7 @@ def _importable(ep) -> torch.export.ExportedProgram:
             node.name = old.name
     _flattened_views(gm)
     _bitwise(gm)
+    _complex_casts(gm)
     constants = {k: v for k, v in ep.constants.items() if k not in loose}
     return torch.export.ExportedProgram(
         root=gm, graph=gm.graph, graph_signature=ExportGraphSignature(specs, list(sig.output_specs)),
@@ -128,6 +129,36 @@ def _bitwise(gm) -> None:
         name, _, overload = op_name(node.target).removeprefix("aten::").partition(".")
         if name in ("__and__", "__or__", "__xor__"):
             node.target = registered_overload("aten", "bitwise_" + name.strip("_"), overload) or node.target
+    gm.recompile()
+
+
+_REAL_PART = {torch.complex64: torch.float32, torch.complex128: torch.float64}
+
+
+def _complex_casts(gm) -> None:
+    """Each cast of a real tensor to a complex dtype (``_to_copy(x, dtype=torch.complex64)``, what
+    ``fft`` of a real input lowers to) made ``aten.complex`` of the value cast to the real dtype and a
+    zero imaginary part, in place: the same values. torch-mlir's conversion of the cast aborts the whole
+    process ("LLVM ERROR: unhandled type or value for getConstantWithGivenDtypeAndValue"), which no
+    error handling can catch, where it converts ``complex``."""
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not torch.ops.aten._to_copy.default:
+            continue
+        val, dtype = node.args[0].meta.get("val"), node.kwargs.get("dtype")
+        if dtype not in _REAL_PART or set(node.kwargs) != {"dtype"} or not isinstance(val, torch.Tensor) \
+                or val.is_complex():
+            continue
+        with gm.graph.inserting_before(node):
+            real = gm.graph.call_function(torch.ops.aten._to_copy.default, node.args, {"dtype": _REAL_PART[dtype]})
+            imag = gm.graph.call_function(torch.ops.aten.zeros_like.default, (real,))
+            both = gm.graph.call_function(torch.ops.aten.complex.default, (real, imag))
+        real.meta["val"] = imag.meta["val"] = val.to(_REAL_PART[dtype])
+        both.meta["val"] = node.meta.get("val")
+        for new in (real, imag, both):
+            new.meta["stack_trace"] = node.meta.get("stack_trace")
+        node.replace_all_uses_with(both)
+        gm.graph.erase_node(node)
+        both.name = node.name  # (the signature may name it as an output)
     gm.recompile()
 
 

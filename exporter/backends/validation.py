@@ -9,7 +9,7 @@ import torch
 
 from .._torch.pytree import pytree
 from ..errors import BackendResultError
-from ..lowering.verdicts import relative_difference
+from ..lowering.verdicts import real_parts, relative_difference
 
 __all__ = ["HandOffValidation", "reference_outputs", "validated_hand_off"]
 
@@ -115,9 +115,12 @@ def validated_hand_off(compiled, ep, bounds: dict) -> HandOffValidation:
             what = f"{tuple(g.shape)} {g.dtype}" if isinstance(g, torch.Tensor) else type(g).__name__
             raise BackendResultError(f"{key}: {name} is {what} where the lowered program gives {tuple(w.shape)} "
                                      f"{w.dtype}; to_backend(..., validate=False) hands it over unchecked.")
+        dtype = w.dtype
+        if w.is_complex():  # (compared as its real and imaginary parts, within their dtype's bound)
+            w, g = real_parts(w), real_parts(g)
         if not w.is_floating_point():
             if not torch.equal(g, w):
-                raise BackendResultError(f"{key}: {name} ({w.dtype}) differs from the lowered program's on the "
+                raise BackendResultError(f"{key}: {name} ({dtype}) differs from the lowered program's on the "
                                          f"stored example inputs; to_backend(..., validate=False) hands it over "
                                          f"unchecked.")
             continue
@@ -139,7 +142,7 @@ def validated_hand_off(compiled, ep, bounds: dict) -> HandOffValidation:
                 f"it over unchecked.")
         if rel > bound:
             raise BackendResultError(
-                f"{key}: {name} ({w.dtype}) differs from the lowered program's by {rel:.3g} (relative), beyond "
+                f"{key}: {name} ({dtype}) differs from the lowered program's by {rel:.3g} (relative), beyond "
                 f"{bound:.3g}, on the stored example inputs: the backend computes something else. Report it to "
                 f"the backend; to_backend(..., validate=False) hands it over unchecked.")
     return HandOffValidation("passed", worst, widest or bounds[torch.float32], len(wanted), state=len(got_state))

@@ -46,9 +46,8 @@ def compare(got, ref, ref64, ulps: bool = True) -> dict:
         if not isinstance(a, torch.Tensor) or a.shape != b.shape or a.dtype != b.dtype:
             return {"verdict": "wrong", "why": f"returns {getattr(a, 'dtype', type(a).__name__)}"
                                                 f"{list(getattr(a, 'shape', []))} instead of {b.dtype}{list(b.shape)}"}
-        if b.is_complex():  # compare real and imaginary parts
-            wide = torch.complex64 if b.dtype == torch.complex32 else b.dtype
-            a, b = torch.view_as_real(a.to(wide).resolve_conj()), torch.view_as_real(b.to(wide).resolve_conj())
+        if b.is_complex():
+            a, b = real_parts(a), real_parts(b)
             c = torch.view_as_real(c.to(torch.complex128)) if isinstance(c, torch.Tensor) and c.is_complex() else None
         if torch.equal(a, b):
             continue
@@ -92,6 +91,12 @@ def compare(got, ref, ref64, ulps: bool = True) -> dict:
         if worse(entry, worst):
             worst = entry
     return worst
+
+
+def real_parts(x: torch.Tensor) -> torch.Tensor:
+    """A complex tensor's real and imaginary parts (``view_as_real``, complex32 widened to complex64,
+    which has one): complex outputs are compared part by part, within their parts' dtype's bound."""
+    return torch.view_as_real((x.to(torch.complex64) if x.dtype == torch.complex32 else x).resolve_conj())
 
 
 def relative_difference(got: torch.Tensor, want: torch.Tensor) -> float:

@@ -334,3 +334,31 @@ class _OutputsOnly:
 
     def call(self, run, args, kwargs):
         return run(args, kwargs)[0]
+
+
+class _Spectrum(torch.nn.Module):
+    def forward(self, x):
+        return torch.fft.fft(x) * 3
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_a_complex_output_is_checked_within_its_parts_bound(dtype):
+    """A complex output is compared as its real and imaginary parts, within their dtype's bound: a backend's
+    rounding passes where a bitwise comparison refused it, a wrong imaginary part is still caught."""
+    from exporter.backends import Backend, Compiled, validation
+    from exporter.errors import BackendResultError
+    from exporter.lowering.verdicts import WRONG_REL
+
+    x = torch.randn(4, 16, dtype=torch.float64 if dtype == torch.complex128 else torch.float32)
+    ep = torch.export.export(_Spectrum(), (x,))
+    ulp = torch.finfo(x.dtype).eps
+
+    def backend(nudge):
+        run = lambda native, program, args, kwargs: program.module()(*args, **kwargs) * nudge  # noqa: E731
+        return Backend("nudged", "1", (), "", dict, lambda ep: (None, ep), run)
+
+    rounded = validation.validated_hand_off(Compiled(backend(1 + 4 * ulp), None, ep), ep, WRONG_REL)
+    assert rounded.status == "passed" and 0 < rounded.max_rel < WRONG_REL[x.dtype]
+    with pytest.raises(BackendResultError, match=rf"nudged@1: output \({dtype}\) differs from the lowered program's "
+                                                 r"by [0-9.e-]+ \(relative\), beyond"):
+        validation.validated_hand_off(Compiled(backend(complex(1, 0.01)), None, ep), ep, WRONG_REL)

@@ -218,6 +218,51 @@ def test_the_program_s_writes_into_its_inputs_reach_the_caller(tmp_path):
     input_writes_reach_the_caller("torch_mlir", tmp_path)
 
 
+_SPECTRAL = """
+import json, sys, torch
+from exporter import backends, export_model, load_for_backend
+
+class Cast(torch.nn.Module):
+    def forward(self, x):
+        return torch.ops.aten._to_copy.default(x * 2, dtype=torch.complex64)
+
+class Spectral(torch.nn.Module):  # FNet's mixing: the real part of a 2-D FFT between two linears
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.b(torch.fft.fftn(self.a(x), dim=(1, 2)).real)
+
+torch.manual_seed(0)
+x = torch.randn(2, 5, 8)
+cast = backends.to_backend("torch_mlir", torch.export.export(Cast(), (x,)))
+model = Spectral().eval()
+export_model(model, (x,), sys.argv[1])
+lowered = load_for_backend(sys.argv[1], backend="torch_mlir", fallback="reference", cache=False)
+split = backends.to_backend(lowered, fallback="reference")
+with torch.no_grad():
+    print(json.dumps({"cast": torch.equal(cast(x), Cast()(x)), "on_reference": split.share.on_reference,
+                      "nodes": [split.share.backend_nodes, split.share.nodes], "checked": split.validation.status,
+                      "diff": (split(x) - model(x)).abs().max().item()}))
+"""
+
+
+def test_a_cast_to_complex_is_routed_around_and_fnet_s_mixing_runs_split(tmp_path):
+    """torch-mlir aborts the process on a cast of a real tensor to complex (what ``fft`` of a real input
+    lowers to): the hand-off makes it ``aten.complex`` of the value and zeros, which it converts. FNet's
+    mixing then runs split with the reference taking the FFT alone (torch-mlir converts no ``_fft_c2c``),
+    its complex part outputs checked within their float bound (run in a child: the abort ends it)."""
+    import json
+
+    run = subprocess.run([sys.executable, "-c", _SPECTRAL, str(tmp_path / "fnet.pt2b")], capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["cast"] and got["checked"] == "passed" and got["diff"] < 1e-4
+    assert got["on_reference"] == {"aten::_fft_c2c.default": 1} and got["nodes"][0] == got["nodes"][1] - 1
+
+
 def test_what_torch_mlir_does_not_lower_is_a_typed_error(artifacts):
     """An op of the dialect that the conversion to linalg does not handle (the LSTM's), and another
     output type, which pt2b hands over but does not run."""
