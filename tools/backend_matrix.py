@@ -34,6 +34,10 @@ DEFAULT_BACKENDS = ("onnx", "openvino")
 # backends compute in float32 with their own kernels (fused, reordered): results agree with eager to
 # float32 rounding accumulated over a model, not to the reference runtime's 1e-4
 TOLERANCE = 1e-3
+# the hand-off options every user of a backend passes: LiteRT's converter takes static shapes only, so its
+# users convert at fixed sizes (litert-torch converts at its sample inputs' sizes); the matrix then checks
+# the compiled model at the stored example inputs' sizes, the ones it takes
+HANDOFF_OPTIONS = {"litert": {"specialize": True}}
 
 
 def _stages(backends) -> list[str]:
@@ -137,7 +141,7 @@ def run_case(name: str, backends, conn, workdir: str) -> None:
     for b in backends:
         ok, lp = stage(f"lower:{b}", lambda: exporter.load_for_backend(path, backend=b, cache=False))
         if ok:
-            ok, compiled = stage(f"handoff:{b}", lambda: registry.to_backend(b, lp))
+            ok, compiled = stage(f"handoff:{b}", lambda: registry.to_backend(b, lp, **HANDOFF_OPTIONS.get(b, {})))
         if ok and not compiled.backend.runs_here:  # (Core ML off macOS) converted and its model checked: no run here
             rec["stages"][f"run:{b}"] = {"status": "skipped", "why": f"{b} does not run on this system"}
             rec["owner"][b] = None
@@ -154,8 +158,8 @@ def run_case(name: str, backends, conn, workdir: str) -> None:
             def with_fallback():
                 fb_lp = lp if lowered.get("status") == "ok" else exporter.load_for_backend(
                     path, backend=b, cache=False, fallback="reference")
-                return fallback_share(registry.to_backend(b, fb_lp, fallback="reference"), runs, matches,
-                                      left=fb_lp.outside_opset)
+                return fallback_share(registry.to_backend(b, fb_lp, fallback="reference", **HANDOFF_OPTIONS.get(b, {})),
+                                      runs, matches, left=fb_lp.outside_opset)
 
             fb_ok, share = stage(f"fallback:{b}", with_fallback)
             if fb_ok:
@@ -164,9 +168,11 @@ def run_case(name: str, backends, conn, workdir: str) -> None:
             rec["owner"][b] = "torch"  # torch.export's own ep.module() differs from eager the same way
             rec["stages"][f"match:{b}"]["torch"] = torch_differs[0][: rm.MSG_CHARS]
             continue
-        direct_ok, _ = stage(f"direct:{b}", lambda: matches(runs(registry.to_backend(b, ep))))
+        options = HANDOFF_OPTIONS.get(b, {})
+        direct_ok, _ = stage(f"direct:{b}", lambda: matches(runs(registry.to_backend(b, ep, **options))))
         if direct_ok:  # pt2b's program is read back from a file: so is torch's, through its own save/load
-            read_ok, _ = stage(f"direct_read_back:{b}", lambda: matches(runs(registry.to_backend(b, read_back()))))
+            read_ok, _ = stage(f"direct_read_back:{b}",
+                               lambda: matches(runs(registry.to_backend(b, read_back(), **options))))
             rec["owner"][b] = "pt2b" if read_ok else "torch"
         else:
             rec["owner"][b] = "backend"
@@ -314,7 +320,10 @@ def markdown(data: dict) -> str:
              "was refused for ops no decomposition brings to the backend's list is first lowered again with "
              "`load_for_backend(..., fallback=\"reference\")`, those ops left to the reference): \"more with "
              "fallback\" counts those that then run close to eager, split between the backend and the reference.",
-             "",
+             "", *([f"Hand-off options every user of a backend passes, used in every hand-off to it here: "
+                    + "; ".join(f"{b}: " + ", ".join(f"`{k}={v!r}`" for k, v in o.items())
+                                for b, o in HANDOFF_OPTIONS.items() if b in backends) + ".", ""]
+                   if any(b in backends for b in HANDOFF_OPTIONS) else []),
              "| backend | run close to eager | more with fallback | of captured | pt2b's failures | the backend's "
              "failures | torch's |",
              "|---|---|---|---|---|---|---|"]

@@ -527,7 +527,8 @@ def sweep(names, *, workers: int, timeout: float, stop_after, out_path: str, log
 
     journal = (out_path[:-3] if out_path.endswith(".gz") else out_path) + ".jsonl"
     got = runner.iterate(cases, journal, workers=workers, ray=ray, resume=not fresh, log_dir=log_dir,
-                         limits=runner.Limits(timeout=timeout, memory_gb=MEMORY_LIMIT_GB), redo=lambda r: r["id"] in (redo or ()))
+                         limits=runner.Limits(timeout=timeout, memory_gb=MEMORY_LIMIT_GB),
+                         redo=lambda r: model_of.get(r["id"]) in (redo or ()))  # (a routed case's id: "model@backend")
     for i, (rec, new) in enumerate(got):
         name = model_of[rec["id"]]
         part = _from_runner(rec, stop_after, runner.log_path(log_dir, rec["id"]))

@@ -103,3 +103,13 @@ def test_merged_record_files_keep_each_backends_fallback_share(tmp_path):
     assert merged["records"][0]["fallback"] == {"onnx": {"nodes": 0.9}, "tvm": {"nodes": 0.5}}
     counts = bm.summarize(merged["records"], ["onnx", "tvm"], file=__import__("io").StringIO())
     assert counts["onnx"]["with_fallback"] == counts["tvm"]["with_fallback"] == 1
+
+
+def test_the_page_names_the_hand_off_options_its_sweeps_passed():
+    """A backend every user hands options to (LiteRT's static sizes) is swept with them, and the page says
+    so; a page without that backend names none."""
+    ok = {"build": "ok", "capture": "ok", "write": "ok"}
+    assert bm.HANDOFF_OPTIONS["litert"] == {"specialize": True}
+    page = bm.markdown({"records": [_rec(ok, {"litert": None})], "meta": {"backends": ["litert"]}})
+    assert "used in every hand-off to it here: litert: `specialize=True`." in page
+    assert "Hand-off options" not in bm.markdown({"records": [_rec(ok, {"onnx": None})], "meta": {"backends": ["onnx"]}})

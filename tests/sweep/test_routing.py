@@ -43,3 +43,20 @@ def test_a_models_records_from_two_cases_are_one():
     assert got["stages"] == {"build": {"status": "ok"}, "lower:onnx": {"status": "ok"}, "lower:executorch": {"status": "ok"}}
     assert got["owner"] == {"onnx": "pt2b", "executorch": "backend"} and got["pt2b"] == "v1, v2"
     assert here["stages"] == {"build": {"status": "ok"}, "lower:onnx": {"status": "ok"}}  # (neither changed)
+
+
+def test_a_case_named_to_run_again_runs_again_in_the_backends_venv_too(tmp_path, monkeypatch):
+    """--again names models; a model's case in another venv has the id "model@backend", and runs again too."""
+    from exporter import sweep
+
+    seen = {}
+
+    def iterate(cases, journal, *, redo, **kw):
+        seen.update({c.id: redo({"id": c.id}) for c in cases})
+        return iter(())
+
+    monkeypatch.setattr(sweep, "iterate", iterate)
+    real_models.sweep(["m1", "m2"], workers=1, timeout=1.0, stop_after=None, out_path=str(tmp_path / "out.json"),
+                      log_dir=str(tmp_path), progress=False, backends=["onnx", "executorch"], redo={"m1"},
+                      places={"executorch": "/venvs/et/bin/python"})
+    assert seen == {"m1": True, "m1@executorch": True, "m2": False, "m2@executorch": False}
