@@ -284,17 +284,30 @@ def summarize(records: list[dict], backends, file=sys.stdout) -> dict:
             who = owner(r, b)
             if who is not None:
                 groups[(who, failure_key(r, b))].append(r["name"])
-        # the cases that failed whole but run close to eager split with the reference (fallback="reference")
-        with_fallback = [r for r in ran if owner(r, b) is not None and b in r.get("fallback", {})]
+        # the cases that failed whole but run close to eager split with the reference (fallback="reference"),
+        # the backend running most of the model; those where the reference runs most are counted apart
+        split = [r for r in ran if owner(r, b) is not None and b in r.get("fallback", {})]
+        with_fallback = [r for r in split if backend_share(r["fallback"][b]) >= MOSTLY]
         out[b] = {"built": len(built), "captured_by_torch": len(captured), "captured": len(ran), "ok": owners[None], "pt2b_fails": owners["pt2b"],
                   "backend_fails": owners["backend"], "torch_fails": owners["torch"], "groups": dict(groups),
-                  "with_fallback": len(with_fallback)}
+                  "with_fallback": len(with_fallback), "mostly_reference": len(split) - len(with_fallback)}
         print(f"{b}: {owners[None]} of {len(ran)} captured cases run through pt2b close to eager, "
-              f"{len(with_fallback)} more with fallback ({owners['pt2b']} pt2b's failures, {owners['backend']} the "
-              f"backend's, {owners['torch']} torch's)", file=file)
+              f"{len(with_fallback)} more with fallback, {len(split) - len(with_fallback)} more with the reference "
+              f"running most ({owners['pt2b']} pt2b's failures, {owners['backend']} the backend's, "
+              f"{owners['torch']} torch's)", file=file)
         for (who, key), names in sorted(groups.items(), key=lambda kv: -len(kv[1]))[:12]:
             print(f"   {len(names):4d}  [{who}] {key[:160]}", file=file)
     return out
+
+
+# a case run split counts as run with fallback where the backend runs at least this share of its FLOPs
+# (of its op nodes where the FLOPs were not counted): below it the model runs mostly on the reference
+MOSTLY = 0.5
+
+
+def backend_share(fallback: dict) -> float:
+    """The share of a split case's FLOPs the backend runs (its op nodes' where the record has no FLOPs)."""
+    return fallback.get("flops", fallback.get("nodes", 0.0))
 
 
 def markdown(data: dict) -> str:
@@ -319,14 +332,16 @@ def markdown(data: dict) -> str:
              "A failing case is tried once more with `to_backend(..., fallback=\"reference\")` (one whose lowering "
              "was refused for ops no decomposition brings to the backend's list is first lowered again with "
              "`load_for_backend(..., fallback=\"reference\")`, those ops left to the reference): \"more with "
-             "fallback\" counts those that then run close to eager, split between the backend and the reference.",
+             "fallback\" counts those that then run close to eager, split between the backend and the reference, the "
+             f"backend running at least {MOSTLY:.0%} of the FLOPs; \"the reference runs most\" those that run close "
+             "to eager with the backend running less (counted among the failures too).",
              "", *([f"Hand-off options every user of a backend passes, used in every hand-off to it here: "
                     + "; ".join(f"{b}: " + ", ".join(f"`{k}={v!r}`" for k, v in o.items())
                                 for b, o in HANDOFF_OPTIONS.items() if b in backends) + ".", ""]
                    if any(b in backends for b in HANDOFF_OPTIONS) else []),
-             "| backend | run close to eager | more with fallback | of captured | pt2b's failures | the backend's "
-             "failures | torch's |",
-             "|---|---|---|---|---|---|---|"]
+             "| backend | run close to eager | more with fallback | the reference runs most | of captured | pt2b's "
+             "failures | the backend's failures | torch's |",
+             "|---|---|---|---|---|---|---|---|"]
     # backends that do not run on the machine of the sweep (Core ML off macOS): their cases converted, not run
     skipped = {b for r in records for b in backends if r["stages"].get(f"run:{b}", {}).get("status") == "skipped"}
     for b in backends:
@@ -334,7 +349,8 @@ def markdown(data: dict) -> str:
         ok = f"{c['ok']} (converted: no run here)" if b in skipped else c["ok"]
         # a sweep made before the matrix tried fallback has no fallback stage: not tried, rather than none
         tried = any(f"fallback:{b}" in r["stages"] for r in records)
-        lines.append(f"| {b} | {ok} | {c['with_fallback'] if tried else 'not tried'} | {c['captured']} | {c['pt2b_fails']} | "
+        fallback = (c["with_fallback"], c["mostly_reference"]) if tried else ("not tried", "not tried")
+        lines.append(f"| {b} | {ok} | {fallback[0]} | {fallback[1]} | {c['captured']} | {c['pt2b_fails']} | "
                      f"{c['backend_fails']} | {c['torch_fails']} |")
     built = counts[backends[0]]["built"] if backends else 0
     lines += ["", f"{built} cases built offline; {built - counts[backends[0]]['captured_by_torch']} of them torch.export "

@@ -59,7 +59,8 @@ def test_a_backends_reason_is_grouped_without_machine_paths_or_addresses():
 
 
 def test_a_case_run_with_fallback_counts_beside_those_run_whole():
-    """The matrix's three counts per backend: run whole, run split with the reference, failed."""
+    """The matrix's counts per backend: run whole, run split with the backend running most of the FLOPs, run
+    split with the reference running most, failed."""
     import io
 
     ok = {"build": "ok", "capture": "ok", "write": "ok"}
@@ -67,14 +68,19 @@ def test_a_case_run_with_fallback_counts_beside_those_run_whole():
     split = _rec({**ok, "handoff:onnx": "fail", "fallback:onnx": "ok"}, {"onnx": "backend"})
     split["fallback"] = {"onnx": {"nodes": 0.99, "flops": 1.0, "on_reference": {"aten::topk.default": 1}}}
     failed = _rec({**ok, "handoff:onnx": "fail", "fallback:onnx": "fail"}, {"onnx": "backend"})
-    counts = bm.summarize([whole, split, failed], ["onnx"], file=io.StringIO())["onnx"]
-    assert (counts["ok"], counts["with_fallback"], counts["backend_fails"], counts["captured"]) == (1, 1, 2, 3)
-    page = bm.markdown({"records": [whole, split, failed], "meta": {"backends": ["onnx"]}})
-    assert "| onnx | 1 | 1 | 3 | 0 | 2 | 0 |" in page
+    # run close to eager split, but with the backend running under half the FLOPs: the reference runs most
+    mostly = _rec({**ok, "handoff:onnx": "fail", "fallback:onnx": "ok"}, {"onnx": "backend"})
+    mostly["fallback"] = {"onnx": {"nodes": 0.9, "flops": 0.3, "on_reference": {"aten::bmm.default": 4}}}
+    records = [whole, split, failed, mostly]
+    counts = bm.summarize(records, ["onnx"], file=io.StringIO())["onnx"]
+    assert (counts["ok"], counts["with_fallback"], counts["mostly_reference"], counts["backend_fails"],
+            counts["captured"]) == (1, 1, 1, 3, 4)
+    page = bm.markdown({"records": records, "meta": {"backends": ["onnx"]}})
+    assert "| onnx | 1 | 1 | 1 | 4 | 0 | 3 | 0 |" in page
     # a sweep from before the matrix tried fallback says so, rather than counting none
     old = bm.markdown({"records": [whole, _rec({**ok, "handoff:onnx": "fail"}, {"onnx": "backend"})],
                        "meta": {"backends": ["onnx"]}})
-    assert "| onnx | 1 | not tried | 2 | 0 | 1 | 0 |" in old
+    assert "| onnx | 1 | not tried | not tried | 2 | 0 | 1 | 0 |" in old
 
 
 def test_a_resumed_sweep_runs_again_the_cases_named_and_with_redo_those_redo_picks():
