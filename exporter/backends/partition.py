@@ -15,6 +15,7 @@ from ..lifted import Binding, Unbindable
 from ..lowering.opset_check import is_infrastructure
 from ..ops import op_name
 from .._torch.pytree import pytree
+from .part_sizes import sizes_from_tensors
 
 __all__ = ["Partitioned", "Share", "split_for"]
 
@@ -255,6 +256,7 @@ def _split_once(ep, inputs: list, listed: _Listed, handed: dict, hand_off: Calla
 
     gm = torch.fx.GraphModule(ep.graph_module, ep.graph_module.graph.__deepcopy__())
     split = CapabilityBasedPartitioner(gm, listed, allows_single_node_partition=True).partition_and_fuse()
+    sizes_from_tensors(split)  # (a part takes tensors only, where its sizes can be read from them)
     recorded = _part_inputs(split, inputs)
     for name, part in list(split.named_children()):
         if name not in recorded:

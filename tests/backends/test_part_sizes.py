@@ -1,0 +1,114 @@
+"""A program split for fallback="reference" hands the backend parts that take tensors only: a size a part
+uses is computed inside it from the tensor it is a size of (exporter/backends/part_sizes.py), so a backend
+whose compiled programs take tensors only (torch-mlir, TVM, Core ML) takes those parts, at any size."""
+
+from __future__ import annotations
+
+import torch
+from torch.export import Dim
+
+from exporter import backends
+from exporter.backends import Backend
+from exporter.backends.part_sizes import sizes_from_tensors
+from exporter.errors import BackendHandOffError
+
+
+class Sorted(torch.nn.Module):
+    """A sort (which the backend lacks) between two runs of ops; the second views by the input's sizes."""
+
+    def forward(self, x):
+        t = x * 2
+        u = torch.sort(t, -1).values
+        return (u + 1).view(t.shape[0] * t.shape[1], 1)
+
+
+class ReadBack(torch.nn.Module):
+    """A size read from a tensor's values (``item``): no tensor's size, so it stays a number."""
+
+    def forward(self, x, n):
+        k = n.sum().item()
+        torch._check(k >= 1)
+        torch._check(k <= x.shape[0])
+        return torch.sort(x, 0).values[:k] + 1
+
+
+def _program(model, *args, dynamic_shapes=None):
+    return torch.export.export(model, args, dynamic_shapes=dynamic_shapes)
+
+
+LISTED = ("aten::mul.Tensor", "aten::add.Tensor", "aten::view.default", "aten::slice.Tensor")
+
+
+def _tensors_only(ep):
+    """A backend's hand-off that takes programs of tensor inputs only, as torch-mlir's, TVM's, Core ML's,
+    and of the ops it lists."""
+    from exporter.ops import op_name
+
+    unknown = {op_name(n.target) for n in ep.graph.nodes if n.op == "call_function"
+               and isinstance(n.target, torch._ops.OpOverload) and n.target._schema.name != "aten::sym_size"
+               and op_name(n.target) not in LISTED}
+    if unknown:
+        raise BackendHandOffError(f"converts no {sorted(unknown)}")
+    numbers = [n.name for n in ep.graph.nodes if n.op == "placeholder" and not isinstance(n.meta.get("val"), torch.Tensor)]
+    if numbers:
+        raise BackendHandOffError(f"takes tensors only, not {numbers}")
+    return ep.module(), ep
+
+
+def _backend(monkeypatch):
+    fake = Backend("tensors_only", "1", LISTED, "", dict, _tensors_only, lambda native, program, args, kwargs: native(*args, **kwargs))
+    monkeypatch.setitem(backends._CACHE, "onnx", fake)
+
+
+def test_a_part_computes_the_sizes_it_uses_from_the_tensors_it_takes():
+    ep = _program(Sorted(), torch.randn(4, 3), dynamic_shapes=({0: Dim("a"), 1: Dim("b")},))
+    from exporter.backends.partition import _Listed
+    from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+
+    gm = torch.fx.GraphModule(ep.graph_module, ep.graph_module.graph.__deepcopy__())
+    listed = _Listed(lambda op: "sort" not in str(op), set())
+    split = CapabilityBasedPartitioner(gm, listed, allows_single_node_partition=True).partition_and_fuse()
+    takes = lambda: {n.target: [type(a.meta["val"]).__name__ for a in n.args]  # noqa: E731
+                     for n in split.graph.nodes if n.op == "call_module"}
+    assert "SymInt" in sum(takes().values(), [])  # (the partitioner hands the product of sizes over)
+    sizes_from_tensors(split)
+    assert set(sum(takes().values(), [])) == {"FakeTensor"}
+    for shape in ((4, 3), (7, 5)):
+        x = torch.randn(shape)
+        assert torch.equal(split(x)[0], Sorted()(x))
+
+
+def test_a_backend_taking_tensors_only_runs_every_part_it_lists(monkeypatch):
+    _backend(monkeypatch)
+    ep = _program(Sorted(), torch.randn(4, 3), dynamic_shapes=({0: Dim("a"), 1: Dim("b")},))
+    compiled = backends.to_backend("onnx", ep, fallback="reference")
+    share = compiled.share
+    assert share.on_reference == {"aten::sort.default": 1} and share.refused == ()
+    assert share.backend_nodes == share.nodes - 1
+    for shape in ((4, 3), (6, 8)):
+        x = torch.randn(shape)
+        assert torch.equal(compiled(x), Sorted()(x))
+
+
+def test_a_size_read_from_values_stays_a_number_and_its_part_runs_on_the_reference(monkeypatch):
+    _backend(monkeypatch)
+    ep = _program(ReadBack(), torch.randn(6, 3), torch.tensor([1, 2]), dynamic_shapes=({0: Dim("a")}, None))
+    compiled = backends.to_backend("onnx", ep, fallback="reference")
+    left = {op: why for _, op, why in compiled.share.wrong}
+    assert "takes tensors only" in left["aten::slice.Tensor"]  # (it slices by the number read)
+    x, n = torch.randn(5, 3), torch.tensor([2, 2])
+    assert torch.equal(compiled(x, n), ReadBack()(x, n))
+
+
+def test_without_the_sizes_moved_the_backend_refuses_the_part_that_views(monkeypatch):
+    """The part after the sort takes the product of sizes as a number, which the backend refuses: the
+    reference runs the view too (what the split left before part_sizes)."""
+    from exporter.backends import partition
+
+    _backend(monkeypatch)
+    monkeypatch.setattr(partition, "sizes_from_tensors", lambda split: None)
+    ep = _program(Sorted(), torch.randn(4, 3), dynamic_shapes=({0: Dim("a"), 1: Dim("b")},))
+    share = backends.to_backend("onnx", ep, fallback="reference").share
+    assert share.on_reference == {"aten::sort.default": 1, "aten::view.default": 1}
+    assert [(op, why.split(", not")[0]) for _, op, why in share.wrong] == [
+        ("aten::view.default", "refused: takes tensors only")]
