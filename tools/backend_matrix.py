@@ -335,7 +335,7 @@ def markdown(data: dict) -> str:
              "fallback\" counts those that then run close to eager, split between the backend and the reference, the "
              f"backend running at least {MOSTLY:.0%} of the FLOPs; \"the reference runs most\" those that run close "
              "to eager with the backend running less (counted among the failures too).",
-             "", *([f"Hand-off options every user of a backend passes, used in every hand-off to it here: "
+             "", *(["Hand-off options every user of a backend passes, used in every hand-off to it here: "
                     + "; ".join(f"{b}: " + ", ".join(f"`{k}={v!r}`" for k, v in o.items())
                                 for b, o in HANDOFF_OPTIONS.items() if b in backends) + ".", ""]
                    if any(b in backends for b in HANDOFF_OPTIONS) else []),
