@@ -16,6 +16,7 @@ from ..lowering.opset_check import is_infrastructure
 from ..ops import op_name
 from .._torch.pytree import pytree
 from .part_sizes import sizes_from_tensors
+from .probe import first_wrong
 
 __all__ = ["Partitioned", "Share", "split_for"]
 
@@ -279,6 +280,10 @@ def _split_once(ep, inputs: list, listed: _Listed, handed: dict, hand_off: Calla
                            if isinstance(e, BackendResultError) else
                            f"cannot run: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[-1]}")
                     cut = (ops[len(ops) // 2].name, len(ops) == 1, why) if ops else None  # (none: it stays whole)
+                    if isinstance(e, BackendResultError) and len(ops) > 1 and len(handed) < MAX_PARTS:
+                        first = first_wrong(part, recorded[name], _dynamic(split, name), hand_off, options)
+                        handed[("probe", *key)] = (None, "the part's values, each compared", None)
+                        cut = (first, False, why) if first is not None else cut
                     handed[key] = (None, why, cut)
         compiled, _, cut = handed[key]
         if cut is not None:  # (found wrong now, or before in the same split: a trial holding it fails alike)

@@ -217,6 +217,45 @@ def test_the_split_hands_over_a_counted_number_of_parts(tmp_path, monkeypatch):
     torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
 
 
+def _softmax_kernel_wrong(real, calls):
+    """The backend ``real`` with a wrong softmax kernel (its values 1.5 times torch's), every hand-off
+    counted in ``calls``: what follows the softmax is computed from the wrong values, what precedes it is right."""
+    def hand_off(ep, **o):
+        calls.append(1)
+        return real.hand_off(ep, **o)
+
+    def run(native, program, args, kwargs, **extra):
+        gm = program.module()
+        for node in [n for n in gm.graph.nodes if n.target is torch.ops.aten.softmax.int]:
+            with gm.graph.inserting_after(node):
+                scaled = gm.graph.call_function(torch.ops.aten.mul.Tensor, (node, 1.5))
+            node.replace_all_uses_with(scaled)
+            scaled.args = (node, 1.5)
+        gm.recompile()
+        with torch.no_grad():
+            return gm(*args, **kwargs)
+
+    return dataclasses.replace(real, hand_off=hand_off, run=run)
+
+
+def test_the_node_a_backend_computes_wrong_is_found_in_one_probe(tmp_path, monkeypatch):
+    """A part computed wrong is handed over once more returning every value it computes: the first value
+    beyond its bound names the softmax, with no cutting in halves. Five hand-offs: the whole program, the
+    one part, its probe, and the two parts around the softmax."""
+    torch.manual_seed(0)
+    layers = [m for _ in range(6) for m in (nn.Linear(8, 8), nn.GELU())]
+    model = nn.Sequential(*layers, nn.Softmax(-1), nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 2)).eval()
+    export_model(model, (torch.randn(3, 8),), tmp_path / "deep.pt2b")
+    lowered = load_for_backend(tmp_path / "deep.pt2b", backend="onnx", cache=False)
+    calls: list = []
+    monkeypatch.setitem(backends._CACHE, "onnx", _softmax_kernel_wrong(backends.get("onnx"), calls))
+    compiled = backends.to_backend(lowered, fallback="reference")
+    assert compiled.share.on_reference == {"aten::softmax.int": 1} and len(calls) == 5
+    assert [op for _, op, _ in compiled.share.wrong] == ["aten::softmax.int"]
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+
+
 def test_the_share_is_counted_from_the_graphs_where_the_counted_run_fails(segmented, monkeypatch):
     """Under torch's FLOP counter (a dispatch mode) some composite ops take their decomposed path, whose
     output strides a view traced on the kernel's may refuse (transformers' gemma3n on TVM): the run under
