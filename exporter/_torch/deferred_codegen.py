@@ -6,7 +6,6 @@ docs/lowering.md#programs-made-on-the-way-generate-no-code."""
 from __future__ import annotations
 
 import contextlib
-import threading
 import warnings
 
 import torch
@@ -15,7 +14,7 @@ from . import compat, patches
 
 __all__ = ["compiled", "deferred"]
 
-_STATE = threading.local()
+_SWITCH = patches.ThreadSwitch()
 _MAKE = "torch.export.exported_program:_create_graph_module_for_export"
 _PICK = "torch.fx._lazy_graph_module:_get_graph_module_cls"
 
@@ -38,7 +37,7 @@ def _deferring_make(make):
     lazy = _lazy_class()
 
     def create(root, graph, _torch_make=make):
-        if getattr(_STATE, "depth", 0):
+        if _SWITCH.active:
             return lazy(root, graph)
         return _torch_make(root, graph)
 
@@ -51,7 +50,7 @@ def _deferring_pick(pick):
     lazy = _lazy_class()
 
     def graph_module_cls(_torch_pick=pick):
-        if getattr(_STATE, "depth", 0) and not compat.lazy_graph_modules_forbidden():
+        if _SWITCH.active and not compat.lazy_graph_modules_forbidden():
             return lazy
         return _torch_pick()
 
@@ -72,11 +71,8 @@ def deferred():
     if not _installed():
         yield
         return
-    _STATE.depth = getattr(_STATE, "depth", 0) + 1
-    try:
+    with _SWITCH.on():
         yield
-    finally:
-        _STATE.depth -= 1
 
 
 def compiled(ep):

@@ -10,13 +10,12 @@ the op dispatches to the mode's rule, as an eager call did before torch compiled
 from __future__ import annotations
 
 import contextlib
-import threading
 
 from . import patches
 
 __all__ = ["eager"]
 
-_STATE = threading.local()
+_SWITCH = patches.ThreadSwitch()
 _CALL = "torch._higher_order_ops.utils:_hop_compile_and_call"
 
 
@@ -24,7 +23,7 @@ def _calling_directly(call):
     """torch's _hop_compile_and_call, which calls ``fn`` itself in a thread inside ``eager()``."""
 
     def hop_compile_and_call(fn, args, kwargs=None, *rest, _torch_call=call, **more):
-        if getattr(_STATE, "depth", 0):
+        if _SWITCH.active:
             return fn(*args, **(kwargs or {}))
         return _torch_call(fn, args, kwargs, *rest, **more)
 
@@ -37,8 +36,5 @@ def eager():
     them through _hop_compile_and_call; elsewhere nothing changes). The wrapper is installed once, for the
     process, and calls torch's own outside ``eager()`` and in every other thread."""
     patches.wrap_once(_CALL, _calling_directly)
-    _STATE.depth = getattr(_STATE, "depth", 0) + 1
-    try:
+    with _SWITCH.on():
         yield
-    finally:
-        _STATE.depth -= 1

@@ -165,6 +165,27 @@ def wrap_once(symbol: str, make: Callable[[Callable], Callable]) -> bool:
     return True
 
 
+class ThreadSwitch:
+    """A switch a process-wide wrapper reads: on in a thread while that thread is inside ``on()`` (nested
+    uses keep it on until the outermost exits), off in every other thread, so that the wrapper calls
+    torch's own function there."""
+
+    def __init__(self):
+        self._state = threading.local()
+
+    @property
+    def active(self) -> bool:
+        return getattr(self._state, "depth", 0) > 0
+
+    @contextmanager
+    def on(self) -> Iterator[None]:
+        self._state.depth = getattr(self._state, "depth", 0) + 1
+        try:
+            yield
+        finally:
+            self._state.depth -= 1
+
+
 @contextmanager
 def swapped(symbol: str, make: Callable[[Callable], Callable]) -> Iterator[bool]:
     """Within, the declared per-trace ``symbol`` is ``make(torch's)``; restored on exit. Yields False
