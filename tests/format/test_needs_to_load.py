@@ -16,11 +16,10 @@ import pytest
 import torch
 
 from exporter import cli, export_model, load
-from exporter._torch.pytree import pytree
 from exporter.errors import MissingPytreeTypeError, OpsetError
 from exporter.serialize.read import pytree_types
 from runtime_ref import Runtime
-from tests.support.helpers import tiny_bert_artifact
+from tests.support.helpers import file_naming_pytree_type, tiny_bert_artifact
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DRIFT = ROOT / "tests" / "golden" / "drift"
@@ -47,33 +46,12 @@ def test_a_transformers_output_file_loads_without_import_where_transformers_is_i
                                   "True"]
 
 
-def _file_naming(tmp_path, monkeypatch, type_name):
-    """A file whose output is a dataclass registered as ``type_name``, then forgotten by pytree (as in a
-    process that never imported its library)."""
-    import dataclasses
-
-    @dataclasses.dataclass
-    class Out:
-        a: torch.Tensor
-
-    pytree.register_dataclass(Out, serialized_type_name=type_name)
-
-    class M(torch.nn.Module):
-        def forward(self, x):
-            return Out(x + 1)
-
-    path = tmp_path / "o.pt2b"
-    export_model(M(), (torch.randn(2),), path)
-    monkeypatch.delitem(pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE, type_name)
-    return path
-
-
 def test_a_type_of_any_other_module_is_never_imported(tmp_path, monkeypatch):
     """A module the file names, on the path and registering the type when imported, stays unimported: a
     file never chooses the code pt2b runs."""
     (tmp_path / "needs_probe_lib.py").write_text("IMPORTED = True\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    path = _file_naming(tmp_path, monkeypatch, "needs_probe_lib.Out")
+    path = file_naming_pytree_type(tmp_path, monkeypatch, "needs_probe_lib.Out")
     with pytest.raises(MissingPytreeTypeError, match=r"o\.pt2b: the program's inputs or outputs use the Python type "
                                                      r"'needs_probe_lib\.Out', which no imported module registers "
                                                      r"with torch's pytree: import the library that defines it first"):
@@ -83,7 +61,7 @@ def test_a_type_of_any_other_module_is_never_imported(tmp_path, monkeypatch):
 
 def test_verify_refuses_a_file_whose_type_this_process_lacks(tmp_path, monkeypatch, capsys):
     """`pt2b verify` called such a file OK, and its first call failed."""
-    path = _file_naming(tmp_path, monkeypatch, "needs_probe_other.Out")
+    path = file_naming_pytree_type(tmp_path, monkeypatch, "needs_probe_other.Out")
     assert cli.main(["verify", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"pt2b: artifact error (MissingPytreeTypeError): {path}: the program's inputs or outputs use the "

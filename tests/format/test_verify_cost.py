@@ -4,7 +4,6 @@ program); the read-back builds the program as load() does, generating no Python 
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import pathlib
 import subprocess
@@ -16,9 +15,8 @@ import torch
 
 from exporter import cli, export_model, load
 from exporter._torch.deferred_codegen import is_deferred
-from exporter._torch.pytree import pytree
 from exporter.serialize.read import pytree_types, reader
-from tests.support.helpers import tiny_bert_artifact
+from tests.support.helpers import file_naming_pytree_type, tiny_bert_artifact
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -45,20 +43,7 @@ def test_a_transformers_type_its_release_does_not_define_is_refused_by_verify(tm
     """Found without importing: the module's source defines no such class, so a load would fail."""
     pytest.importorskip("transformers")
     name = "transformers.modeling_outputs.NoSuchModelOutput"
-
-    @dataclasses.dataclass
-    class Out:
-        a: torch.Tensor
-
-    pytree.register_dataclass(Out, serialized_type_name=name)
-
-    class M(torch.nn.Module):
-        def forward(self, x):
-            return Out(x + 1)
-
-    path = tmp_path / "o.pt2b"
-    export_model(M(), (torch.randn(2),), path)
-    monkeypatch.delitem(pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE, name)
+    path = file_naming_pytree_type(tmp_path, monkeypatch, name)
     assert pytree_types.unfindable({name}) == [name]
     assert cli.main(["verify", str(path)]) == 2
     err = capsys.readouterr().err

@@ -381,3 +381,26 @@ def force_engine(name: str, monkeypatch) -> None:
         monkeypatch.setattr(engines, "lower_with_reuse", lambda ep, decompose: None)
     if name == "whole program":
         monkeypatch.setattr(local, "lower_locally", lambda *a, **k: None)
+
+
+def file_naming_pytree_type(tmp_path, monkeypatch, type_name: str):
+    """A file whose output is a dataclass registered with torch's pytree as ``type_name``, then forgotten by
+    pytree (as in a process that never imported its library): its path."""
+    import dataclasses
+
+    from exporter import export_model
+
+    @dataclasses.dataclass
+    class Out:
+        a: torch.Tensor
+
+    pytree.register_dataclass(Out, serialized_type_name=type_name)
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return Out(x + 1)
+
+    path = tmp_path / "o.pt2b"
+    export_model(M(), (torch.randn(2),), path)
+    monkeypatch.delitem(pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE, type_name)
+    return path
