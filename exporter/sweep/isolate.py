@@ -20,9 +20,10 @@ LOG_CHARS = 300
 _VERSION: dict = {}
 
 
-def code_version() -> dict:
-    """pt2b's version, and where it runs from a git checkout, that checkout's `git describe`."""
-    if not _VERSION:
+def code_version(now: bool = False) -> dict:
+    """pt2b's version, and where it runs from a git checkout, that checkout's `git describe`: as it stood
+    at this process's first call, or (``now``) as it stands now."""
+    if not _VERSION or now:
         from ..version import __version__
 
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -33,6 +34,8 @@ def code_version() -> dict:
                                      text=True, timeout=30).stdout.strip() or None
             except (OSError, subprocess.SubprocessError):
                 git = None
+        if now and _VERSION:
+            return dict(pt2b=__version__, git=git)
         _VERSION.update(pt2b=__version__, git=git)
     return dict(_VERSION)
 

@@ -22,17 +22,22 @@ class LocalPool:
         self.fork = hasattr(os, "fork") if fork is None else fork
         self.running: dict[str, tuple[Case, Running]] = {}
         self.ready: list[tuple[Case, dict]] = []
+        self.versions: dict[str, dict] = {}  # case id -> the code_version it runs
 
     def submit(self, case: Case, limits: Limits, log_path: str) -> None:
-        got = launch(case.spec(limits.memory_bytes), limits.timeout, log_path, self.fork and not case.interpreter)
+        # a forked case runs the code this process imported; where the checkout changed since, the case
+        # starts a fresh python instead (a fork would run old and new modules mixed), and says so
+        started, now = code_version(), code_version(now=True)
+        fork = self.fork and not case.interpreter and now == started
+        got = launch(case.spec(limits.memory_bytes), limits.timeout, log_path, fork)
+        self.versions[case.id] = started if fork else now
         if isinstance(got, dict):
-            self.ready.append((case, self._stamp(got)))
+            self.ready.append((case, self._stamp(case, got)))
         else:
             self.running[case.id] = (case, got)
 
-    @staticmethod
-    def _stamp(outcome: dict) -> dict:
-        return dict(outcome, **code_version(), host=socket.gethostname())
+    def _stamp(self, case: Case, outcome: dict) -> dict:
+        return dict(outcome, **self.versions.pop(case.id, code_version()), host=socket.gethostname())
 
     def wait(self, timeout: float = 1.0) -> list[tuple[Case, dict]]:
         """The cases that finished, waiting up to ``timeout`` seconds for one."""
@@ -43,7 +48,7 @@ class LocalPool:
             out = running.poll()
             if out is not None:
                 del self.running[cid]
-                self.ready.append((case, self._stamp(out)))
+                self.ready.append((case, self._stamp(case, out)))
         ready, self.ready = self.ready, []
         return ready
 

@@ -129,3 +129,23 @@ def test_bad_cases_are_refused_before_the_sweep(tmp_path):
     (tmp_path / "other.jsonl").write_text("[1, 2]\n{}\n")
     with pytest.raises(SweepError, match="line 1, is not a sweep record"):
         sweep.run([sweep.Case("a", C + "square", (1,))], str(tmp_path / "other.jsonl"))
+
+
+def test_a_case_started_after_the_checkout_changed_runs_the_new_code_and_says_so(tmp_path, monkeypatch):
+    """A forked case runs the modules the sweep imported: once the checkout changed, a case starts a fresh
+    python instead (a fork would run old and new modules mixed), and its record names the new commit."""
+    versions = iter(["a", "b"])  # the checkout as each case starts
+    forked = {}
+    real_launch = local.launch
+
+    def launch(spec, timeout, log_path, fork):
+        forked[log_path.rsplit("/", 1)[-1]] = fork
+        return real_launch(spec, timeout, log_path, fork)
+
+    monkeypatch.setattr(local, "code_version", lambda now=False: {"pt2b": "v", "git": next(versions) if now else "a"})
+    monkeypatch.setattr(local, "launch", launch)
+    cases = [sweep.Case("before", C + "square", (2,)), sweep.Case("after", C + "square", (3,))]
+    got = sweep.run(cases, str(tmp_path / "r.jsonl"), workers=1)
+    assert forked == {"before.log": True, "after.log": False}
+    assert (got["before"]["git"], got["after"]["git"]) == ("a", "b")
+    assert got["after"]["result"] == {"x": 3, "square": 9}
