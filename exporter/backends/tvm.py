@@ -85,9 +85,24 @@ def _additive_mask(node, importer, own):
     return emit(relax.op.multiply(_replacing(importer, node, own, {source: additive}), attended))
 
 
-# TVM's conversions that compute wrong on what torch programs hold, and what the hand-off does first
+def _sorted_topk(node, importer, own):
+    """``aten::topk`` with ``sorted=False`` (transformers' mixture-of-experts routers pick their experts so),
+    which TVM's conversion refuses ("Currently supports only sorted output for topk operator"): converted
+    sorted, one of the orders ``sorted=False`` allows (what reads the k values in an order of its own is
+    caught by the hand-off check)."""
+    args = tuple(node.args)
+    if len(args) < 5 or args[4]:
+        return own(node)
+    node.args = (*args[:4], True)
+    try:
+        return own(node)
+    finally:
+        node.args = args
+
+
+# TVM's conversions that compute wrong on, or refuse, what torch programs hold, and what the hand-off does first
 _BEFORE = {"cumsum.default": _input_in_recorded_dtype, "cumprod.default": _input_in_recorded_dtype,
-           "scaled_dot_product_attention.default": _additive_mask}
+           "scaled_dot_product_attention.default": _additive_mask, "topk.default": _sorted_topk}
 
 
 def _conversions() -> dict:

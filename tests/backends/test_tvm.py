@@ -90,6 +90,32 @@ def test_bool_cumsum_and_new_ones_take_torchs_dtypes(tmp_path):
         torch.testing.assert_close(g, w, rtol=0, atol=0)
 
 
+class Router(torch.nn.Module):
+    """A mixture-of-experts router as transformers writes one: the top two experts, unsorted, weigh their outputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = torch.nn.Linear(8, 6)
+        self.experts = torch.nn.Parameter(torch.randn(6, 8, 8))
+
+    def forward(self, x):
+        weights, chosen = torch.topk(self.gate(x).softmax(-1), 2, dim=-1, sorted=False)
+        return (weights.unsqueeze(-1) * torch.einsum("nd,nkde->nke", x, self.experts[chosen])).sum(1)
+
+
+def test_an_unsorted_topk_is_converted_sorted(tmp_path):
+    """TVM's conversion refuses ``topk(sorted=False)``; the hand-off converts it sorted, an order it allows,
+    and the router runs close to eager at another size."""
+    torch.manual_seed(0)
+    model, x = Router().eval(), torch.randn(5, 8)
+    ep = torch.export.export(model, (x,), dynamic_shapes=({0: torch.export.Dim("n")},))
+    with pytest.raises(BackendHandOffError, match="Currently supports only sorted output for topk operator"):
+        backends.to_backend("tvm", ep, custom_convert_map={"topk.default": _own_conversion("topk.default")})
+    compiled = backends.to_backend("tvm", ep)
+    other = torch.randn(9, 8)
+    torch.testing.assert_close(compiled(other), model(other), rtol=1e-5, atol=1e-5)
+
+
 class NoGrad(torch.nn.Module):
     def forward(self, x):
         with torch.no_grad():
