@@ -137,7 +137,10 @@ def test_unbacked_sizes_lower_bit_for_bit_as_torchs(tmp_path, name):
     theirs = ep.run_decompositions().module()
     for args in [example, *others]:
         assert _same(lowered(*args), theirs(*args)), args
-        assert _same(lowered(*args), module(*args)), args
+        # eager's kernel for a linear of a non-contiguous input is the CPU's choice: the decomposed program's
+        # matmul may round otherwise than it in the last bits (it does on some CPUs), so eager is compared
+        # within float32 rounding
+        torch.testing.assert_close(lowered(*args), module(*args), rtol=1e-6, atol=1e-6)
 
 
 # ---- runtime assertions ----
