@@ -125,12 +125,14 @@ class NoGrad(torch.nn.Module):
 
 def test_a_grad_mode_region_is_handed_over(tmp_path):
     """pt2b keeps a no_grad region's markers (torch._C._set_grad_enabled calls), which TVM's map does not
-    name: they change no value, and the hand-off converts them to nothing."""
+    name: they change no value, and the hand-off converts them to nothing (TVM's sin rounds otherwise than
+    torch's on some values: within float32 rounding)."""
+    torch.manual_seed(0)
     x = torch.randn(3, 4)
     export_model(NoGrad(), (x,), tmp_path / "g.pt2b")
     lowered = load_for_backend(tmp_path / "g.pt2b", backend="tvm", cache=False)
     assert any(getattr(n.target, "__name__", "") == "_set_grad_enabled" for n in lowered.exported_program().graph.nodes)
-    torch.testing.assert_close(backends.to_backend(lowered)(x), NoGrad()(x), rtol=0, atol=0)
+    torch.testing.assert_close(backends.to_backend(lowered)(x), NoGrad()(x), rtol=1e-6, atol=1e-6)
 
 
 def test_a_small_llama_runs_close_to_eager_at_another_batch_and_length(tmp_path):
