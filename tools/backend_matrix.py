@@ -139,9 +139,10 @@ def run_case(name: str, backends, conn, workdir: str) -> None:
             return compiled(*a, **k)
 
     for b in backends:
+        options = HANDOFF_OPTIONS.get(b, {})
         ok, lp = stage(f"lower:{b}", lambda: exporter.load_for_backend(path, backend=b, cache=False))
         if ok:
-            ok, compiled = stage(f"handoff:{b}", lambda: registry.to_backend(b, lp, **HANDOFF_OPTIONS.get(b, {})))
+            ok, compiled = stage(f"handoff:{b}", lambda: registry.to_backend(b, lp, **options))
         if ok and not compiled.backend.runs_here:  # (Core ML off macOS) converted and its model checked: no run here
             rec["stages"][f"run:{b}"] = {"status": "skipped", "why": f"{b} does not run on this system"}
             rec["owner"][b] = None
@@ -158,8 +159,8 @@ def run_case(name: str, backends, conn, workdir: str) -> None:
             def with_fallback():
                 fb_lp = lp if lowered.get("status") == "ok" else exporter.load_for_backend(
                     path, backend=b, cache=False, fallback="reference")
-                return fallback_share(registry.to_backend(b, fb_lp, fallback="reference", **HANDOFF_OPTIONS.get(b, {})),
-                                      runs, matches, left=fb_lp.outside_opset)
+                return fallback_share(registry.to_backend(b, fb_lp, fallback="reference", **options), runs, matches,
+                                      left=fb_lp.outside_opset)
 
             fb_ok, share = stage(f"fallback:{b}", with_fallback)
             if fb_ok:
@@ -168,7 +169,6 @@ def run_case(name: str, backends, conn, workdir: str) -> None:
             rec["owner"][b] = "torch"  # torch.export's own ep.module() differs from eager the same way
             rec["stages"][f"match:{b}"]["torch"] = torch_differs[0][: rm.MSG_CHARS]
             continue
-        options = HANDOFF_OPTIONS.get(b, {})
         direct_ok, _ = stage(f"direct:{b}", lambda: matches(runs(registry.to_backend(b, ep, **options))))
         if direct_ok:  # pt2b's program is read back from a file: so is torch's, through its own save/load
             read_ok, _ = stage(f"direct_read_back:{b}",

@@ -11,7 +11,7 @@ import operator
 import torch
 import torch.fx
 
-__all__ = ["sizes_from_tensors"]
+__all__ = ["number_type", "sizes_from_tensors"]
 
 # ATen's size queries: a number from a tensor's metadata, never from its values
 _SIZE_QUERIES = frozenset({torch.ops.aten.sym_size.int, torch.ops.aten.sym_numel.default,
@@ -22,9 +22,17 @@ class _Unresolved(Exception):
     """A number that is not an expression of tensors' sizes (a value read from a tensor, a number input)."""
 
 
+def number_type(node):
+    """int, float or bool where ``node`` (a graph node, or its value) is a size or a number, else None."""
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else node
+    for kind, sym in ((bool, torch.SymBool), (int, torch.SymInt), (float, torch.SymFloat)):
+        if isinstance(val, (kind, sym)):
+            return kind
+    return None
+
+
 def _is_number(node) -> bool:
-    return isinstance(node, torch.fx.Node) and isinstance(
-        node.meta.get("val"), (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool))
+    return isinstance(node, torch.fx.Node) and number_type(node) is not None
 
 
 def _arithmetic(node: torch.fx.Node) -> bool:
@@ -92,15 +100,13 @@ class _Emitter:
             return self.outer(arg) if isinstance(arg, torch.fx.Node) else arg
         if isinstance(node.meta.get("val"), torch.Tensor):  # one of that part's results: taken from its call
             outs = other.graph.output_node().args[0]
-            outs = outs if isinstance(outs, (tuple, list)) else [outs]
-            for i, out in enumerate(outs):
-                if out is node:
-                    taken = call if len(outs) == 1 and not isinstance(
-                        other.graph.output_node().args[0], (tuple, list)) else next(
-                        (u for u in call.users if u.target is operator.getitem and u.args[1] == i), None)
-                    if taken is not None:
-                        return self.tensor(taken)
-            raise _Unresolved(node.name)
+            if outs is node:  # (its only result, not in a tuple: the call's value)
+                return self.tensor(call)
+            taken = [u for u in call.users if u.target is operator.getitem and outs[u.args[1]] is node] \
+                if isinstance(outs, (tuple, list)) else []
+            if not taken:
+                raise _Unresolved(node.name)
+            return self.tensor(taken[0])
         if _arithmetic(node):
             return self._copy(("inner", call, node), node, lambda n: self._within(call, other, n))
         raise _Unresolved(node.name)

@@ -15,7 +15,7 @@ from ..lifted import Binding, Unbindable
 from ..lowering.opset_check import is_infrastructure
 from ..ops import op_name
 from .._torch.pytree import pytree
-from .part_sizes import sizes_from_tensors
+from .part_sizes import number_type, sizes_from_tensors
 from .probe import first_wrong
 
 __all__ = ["Partitioned", "Share", "split_for"]
@@ -81,7 +81,7 @@ class _Handed(torch.nn.Module):
         self.compiled, self.single, self.part = compiled, single, part  # (part: the nodes it runs)
         # a size the part returns comes back from a backend as a 0-dim tensor: the next part takes a number
         outs = part.graph.output_node().args[0]
-        self.numbers = [_number_type(o) for o in ([outs] if single else outs)]
+        self.numbers = [number_type(o) for o in ([outs] if single else outs)]
 
     def forward(self, *args):
         # a backend's runtime takes plain tensors (ExecuTorch's refuses a subclass): weights come bound as Parameters
@@ -90,15 +90,6 @@ class _Handed(torch.nn.Module):
         out = [kind(o.item()) if kind is not None and isinstance(o, torch.Tensor) else o
                for o, kind in zip(out, self.numbers)]
         return out[0] if self.single else tuple(out)
-
-
-def _number_type(node):
-    """int, float or bool where ``node`` (a part's output) is a size or a number, else None."""
-    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else node
-    for kind, sym in ((bool, torch.SymBool), (int, torch.SymInt), (float, torch.SymFloat)):
-        if isinstance(val, (kind, sym)):
-            return kind
-    return None
 
 
 class Partitioned:
@@ -281,7 +272,8 @@ def _split_once(ep, inputs: list, listed: _Listed, handed: dict, hand_off: Calla
                            f"cannot run: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[-1]}")
                     cut = (ops[len(ops) // 2].name, len(ops) == 1, why) if ops else None  # (none: it stays whole)
                     if isinstance(e, BackendResultError) and len(ops) > 1 and len(handed) < MAX_PARTS:
-                        first = first_wrong(part, recorded[name], _dynamic(split, name), hand_off, options)
+                        first = first_wrong(part, recorded[name], lambda module: _hand_part(
+                            split, name, module, recorded[name], hand_off, options))
                         handed[("probe", *key)] = (None, "the part's values, each compared", None)
                         cut = (first, False, why) if first is not None else cut
                     handed[key] = (None, why, cut)

@@ -9,11 +9,13 @@ import torch.fx
 __all__ = ["first_wrong"]
 
 
-def first_wrong(part: torch.fx.GraphModule, args: tuple, dynamic_shapes, hand_off, options: dict) -> str | None:
+def first_wrong(part: torch.fx.GraphModule, args: tuple, hand) -> str | None:
     """The name of the first op node of ``part`` (in its order) whose value the backend computes beyond
     its dtype's bound (lowering/verdicts.WRONG_REL) on ``args``; None where the probe cannot be traced,
     handed over or run, or finds every value right. The node found may only amplify an error from
-    before it (within the bound there): the split hands it back where the part is right without it."""
+    before it (within the bound there): the split hands it back where the part is right without it.
+    ``hand(module)``: the split's hand-off of a module taking the part's inputs, (its Compiled, its
+    program) or (None, why it was refused)."""
     from ..lowering.verdicts import WRONG_REL, relative_difference
 
     probe = torch.fx.GraphModule(part, part.graph.__deepcopy__())
@@ -25,10 +27,11 @@ def first_wrong(part: torch.fx.GraphModule, args: tuple, dynamic_shapes, hand_of
     probe.graph.eliminate_dead_code()
     probe.recompile()
     plain = tuple(a.detach() if isinstance(a, torch.nn.Parameter) else a for a in args)
-    # (whatever the trace, the backend or its run refuses: the split cuts the part in two instead)
+    # (what the trace or the backend refuses, or its run fails on: the split cuts the part in two instead)
+    compiled, program = hand(probe)
+    if compiled is None:
+        return None
     try:
-        program = torch.export.export(probe, args, dynamic_shapes=dynamic_shapes, strict=False)
-        compiled = hand_off(program, **options)
         with torch.no_grad():
             got, want = compiled(*plain), program.module()(*plain)
     except Exception:  # noqa: BLE001

@@ -18,7 +18,7 @@ HOMES = {
     r"\bstrict\b": {"exporter/api.py", "exporter/exporting.py", "exporter/capture.py", "exporter/cli/__init__.py",
                     "exporter/cli/export.py", "exporter/cli/lower.py", "exporter/errors.py", "exporter/request.py",
                     "exporter/serialize/write/serde_repairs.py", "exporter/hf.py",
-                    "exporter/backends/partition.py", "exporter/backends/probe.py"},  # (a part traced, non-strict)
+                    "exporter/backends/partition.py"},  # (a part traced with torch.export, non-strict)
     # a file's bytes against what it records (torch's and FlatBuffers' verifiers keep their names)
     r"\bverif(?!iers?\b)\w*": {"exporter/api.py", "exporter/loading.py", "exporter/cli/__init__.py",
                                "exporter/cli/verify.py", "exporter/cli/upgrade.py", "exporter/cli/progress.py",
