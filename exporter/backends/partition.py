@@ -198,8 +198,9 @@ def split_for(backend, ep, supported: Callable, hand_off: Callable, options: dic
     cuts: list[str] = []  # those excluded to cut a wrong part in two, not found wrong themselves
     handed: dict[tuple, tuple] = {}  # a part's nodes -> (its Compiled, its program) or (None, why, the cut)
     found: dict[str, str] = {}  # excluded node -> how the part it was cut from differed
+    once = lambda listed: _split_once(ep, inputs, listed, handed, hand_off, options, check)  # noqa: E731
     while True:
-        split, wrong = _split_once(ep, inputs, _Listed(supported, excluded), handed, hand_off, options, check)
+        split, wrong = once(_Listed(supported, excluded))
         if wrong is None:
             break
         name, alone, why = wrong
@@ -209,8 +210,9 @@ def split_for(backend, ep, supported: Callable, hand_off: Callable, options: dic
             cuts.append(name)
     for name in reversed(cuts):  # a cut the backend computes right goes back to it, where the parts stay right
         trial = excluded - {name}
-        tried, wrong = _split_once(ep, inputs, _Listed(supported, trial), handed, hand_off, options, check)
-        if wrong is None:
+        tried, wrong = once(_Listed(supported, trial))
+        # (a trial whose parts were not handed over, the hand-offs spent, is no better)
+        if wrong is None and _backend_nodes(tried) >= _backend_nodes(split):
             excluded, split = trial, tried
     refused = [(name, handed[_key(part)][1]) for name, part in split.named_children()
                if not isinstance(part, _Handed) and _key(part) in handed]
@@ -235,6 +237,10 @@ def split_for(backend, ep, supported: Callable, hand_off: Callable, options: dic
 def _key(part: torch.fx.GraphModule) -> tuple:
     """A part by the nodes it holds (the same nodes: the same part, handed over once)."""
     return tuple(n.name for n in part.graph.nodes if n.op == "call_function")
+
+
+def _backend_nodes(split: torch.fx.GraphModule) -> int:
+    return sum(len(_op_nodes(part.part)) for part in split.children() if isinstance(part, _Handed))
 
 
 def _split_once(ep, inputs: list, listed: _Listed, handed: dict, hand_off: Callable, options: dict,

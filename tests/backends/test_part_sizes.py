@@ -112,3 +112,67 @@ def test_without_the_sizes_moved_the_backend_refuses_the_part_that_views(monkeyp
     assert share.on_reference == {"aten::sort.default": 1, "aten::view.default": 1}
     assert [(op, why.split(", not")[0]) for _, op, why in share.wrong] == [
         ("aten::view.default", "refused: takes tensors only")]
+
+
+def _walks_in_order(refused, calls):
+    """A backend whose converter walks a program's nodes in order and stops at the first one of op
+    ``refused`` (which it lists: a converter failure, not a missing op), every hand-off counted in ``calls``."""
+    def hand_off(ep, **options):
+        calls.append(1)
+        if any(n.target is refused for n in ep.graph.nodes):
+            raise BackendHandOffError(f"no conversion for {refused}")
+        return ep.module(), ep
+
+    listed = ("aten::linear.default", "aten::gelu.default")
+    return Backend("in_order", "1", listed, "", dict, hand_off,
+                   lambda native, program, args, kwargs: native(*args, **kwargs))
+
+
+def test_every_node_a_converter_stops_at_is_cut_out_in_a_counted_number_of_hand_offs(monkeypatch):
+    """Eight GELUs the converter refuses although it lists them, between nine linears: a refused part is
+    cut at its middle op and its halves handed over again, so every GELU is found (at most 2 log2(17)
+    hand-offs each) and the nine linears go to the backend."""
+    import math
+
+    calls: list = []
+    monkeypatch.setitem(backends._CACHE, "onnx", _walks_in_order(torch.ops.aten.gelu.default, calls))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[m for _ in range(8) for m in (torch.nn.Linear(8, 8), torch.nn.GELU())],
+                                torch.nn.Linear(8, 2)).eval()
+    ep = _program(model, torch.randn(3, 8))
+    compiled = backends.to_backend("onnx", ep, fallback="reference")
+    share = compiled.share
+    assert share.on_reference == {"aten::gelu.default": 8} and share.backend_nodes == 9
+    assert {why for _, _, why in share.wrong} == {"refused: no conversion for aten.gelu.default"}
+    assert len(calls) <= 1 + 8 * 2 * math.ceil(math.log2(17))
+    x = torch.randn(3, 8)  # (a program of static shapes)
+    torch.testing.assert_close(compiled(x), model(x), rtol=1e-6, atol=1e-6)
+
+
+
+def test_a_cut_handed_back_after_the_hand_offs_are_spent_keeps_the_parts_taken(monkeypatch):
+    """A cut found right goes back to the backend where the parts stay right; once MAX_PARTS hand-offs are
+    spent, the parts a trial makes are not handed over (they would run on the reference), so the trial is
+    kept only where the backend runs no fewer nodes than before it."""
+    from exporter.backends import partition
+
+    def split(every_trial_kept: bool):
+        calls: list = []
+        with monkeypatch.context() as m:
+            m.setitem(backends._CACHE, "onnx", _walks_in_order(torch.ops.aten.gelu.default, calls))
+            m.setattr(partition, "MAX_PARTS", 8)
+            if every_trial_kept:
+                m.setattr(partition, "_backend_nodes", lambda split: 0)
+            compiled = backends.to_backend("onnx", ep, fallback="reference")
+        assert len(calls) == 1 + 8  # (the whole program, then the parts)
+        return compiled
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[m for _ in range(8) for m in (torch.nn.Linear(8, 8), torch.nn.GELU())],
+                                torch.nn.Linear(8, 2)).eval()
+    ep = _program(model, torch.randn(3, 8))
+    compiled = split(every_trial_kept=False)
+    assert compiled.share.on_reference["aten::gelu.default"] == 8
+    assert compiled.share.backend_nodes > split(every_trial_kept=True).share.backend_nodes > 0
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(compiled(x), model(x), rtol=1e-6, atol=1e-6)
