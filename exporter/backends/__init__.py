@@ -19,6 +19,7 @@ the model.
   library_tables.py  the conversion tables transformers' exporters keep for onnx and openvino, read from it
   validation.py the hand-off check: the backend's outputs against the program's own run
   partition.py  a program split between a backend and the reference (to_backend(..., fallback="reference"))
+  sym_ops.py    a choice by a bool read from a tensor (torch.sym_ite) as ATen ops, for backends taking ops only
 """
 
 from __future__ import annotations
@@ -346,12 +347,21 @@ def _handed(backend: Backend, ep, options: dict, carry=None) -> tuple:
     if unknown and not any(p.kind == p.VAR_KEYWORD for p in params.values()):
         raise BackendHandOffError(f"{backend.key}'s hand-off takes no option {', '.join(map(repr, unknown))}; it takes "
                                   f"{', '.join(takes) or 'none'} (docs/backends.md).")
+    from .._torch.tracing import get_shape_env
+
+    # a backend's trace that fails midway leaves the symbols it read from tensors pending in the program's
+    # shape environment, and the next trace of the program (a hand-off tried again) stops on them
+    env = get_shape_env(ep.graph_module)
+    pending = list(getattr(env, "pending_fresh_unbacked_symbols", None) or ())
     try:
         return backend.hand_off(ep, **options, **({"carry": carry} if carry is not None and "carry" in params else {}))
     except Pt2bError:
         raise
     except Exception as e:  # noqa: BLE001 (whatever the backend raises, typed and chained)
         raise BackendHandOffError(f"{backend.key} could not take the program: {first_line(e)}") from e
+    finally:
+        if isinstance(getattr(env, "pending_fresh_unbacked_symbols", None), list):
+            env.pending_fresh_unbacked_symbols[:] = pending
 
 
 def _split(backend: Backend, ep, lowered, options: dict, dim_names: dict, check) -> Compiled:

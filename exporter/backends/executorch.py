@@ -113,6 +113,9 @@ def hand_off(ep):
     from executorch.exir import ExecutorchBackendConfig, to_edge
     from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
 
+    from .sym_ops import ites_from_tensors
+
+    ep = ites_from_tensors(ep)  # (its verifier refuses torch.sym_ite, a Python function, in a graph)
     written = _written_buffers(ep)
     config = ExecutorchBackendConfig(passes=[InitializedMutableBufferPass(written)] if written else [])
     with quiet_logger("executorch"):

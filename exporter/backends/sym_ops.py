@@ -1,0 +1,51 @@
+"""Python functions on numbers in a program, given to a backend as ATen ops on tensors where it takes
+only ops: ``torch.sym_ite(b, x, y)`` of a bool read from a tensor (``t.item()``), which torch.export
+records for ``torch._check(t.item())`` and transformers' data-dependent checks, becomes
+``where(t, x, y).item()``: the same number, from ops the backend has (ExecuTorch's verifier refuses a
+Python function in a graph)."""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+__all__ = ["ites_from_tensors"]
+
+_READS = (torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default)
+
+
+def _ite_of_value(node: torch.fx.Node) -> bool:
+    """A sym_ite choosing between two literal numbers by a bool read from a tensor."""
+    if node.op != "call_function" or node.target is not torch.sym_ite or len(node.args) != 3:
+        return False
+    cond, a, b = node.args
+    return (isinstance(cond, torch.fx.Node) and cond.target in _READS and isinstance(a, (int, float))
+            and isinstance(b, (int, float)) and type(a) is type(b))
+
+
+def ites_from_tensors(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """``ep`` with each such sym_ite made ``where(t, x, y).item()``; ``ep`` itself where it has none
+    (it is never changed)."""
+    if not any(_ite_of_value(n) for n in ep.graph.nodes):
+        return ep
+    gm = torch.fx.GraphModule(ep.graph_module, ep.graph_module.graph.__deepcopy__())
+    for old, node in zip(ep.graph.nodes, gm.graph.nodes):
+        if node.name != old.name:  # (a copy renames what shadows a builtin; the signature names the originals)
+            node.name = old.name
+    graph = gm.graph
+    for node in [n for n in graph.nodes if _ite_of_value(n)]:
+        (read, a, b), t = node.args, node.args[0].args[0]
+        with graph.inserting_before(node):
+            chosen = graph.call_function(torch.ops.aten.where.Scalar, (t, a, b))
+            chosen.meta["val"] = torch.ops.aten.where.Scalar(t.meta["val"], a, b)
+            value = graph.call_function(torch.ops.aten._local_scalar_dense.default, (chosen,))
+            value.meta["val"] = node.meta["val"]
+        node.replace_all_uses_with(value)
+        graph.erase_node(node)
+        if not read.users:
+            graph.erase_node(read)
+    gm.recompile()
+    return torch.export.ExportedProgram(
+        root=gm, graph=graph, graph_signature=ep.graph_signature, state_dict=ep.state_dict,
+        range_constraints=ep.range_constraints, module_call_graph=ep.module_call_graph,
+        example_inputs=ep.example_inputs, constants=ep.constants, verifiers=ep.verifiers)
