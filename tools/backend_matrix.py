@@ -3,13 +3,13 @@ pt2b, lowered with each backend's own preset, handed to the backend and run ther
 one process per case (tools/real_models.py's sweep, on exporter.sweep).
 
 Stages per case: build, capture, eager, write; then per backend B: lower:B (load_for_backend(path, B)),
-handoff:B (backends.to_backend), run:B, match:B. Where one of them fails, fallback:B runs it split with
-the reference (to_backend(..., fallback="reference"): the share the backend runs; a case lower:B refused
-for ops no decomposition brings to B's list is lowered again with fallback="reference", those ops left
-to the reference), and direct:B hands torch.export's
+handoff:B (backends.to_backend), run:B, match:B. Where one of them fails, direct:B hands torch.export's
 own program to the backend (which decomposes it its own way) and runs it: where that works the failure
 is pt2b's (unless torch's own save/load round trip of the program fails there too: torch's), where it
-fails too it is the backend's (owner:B in the record).
+fails too it is the backend's (owner:B in the record). Then fallback:B runs it split with the reference
+(to_backend(..., fallback="reference"): the share the backend runs; a case lower:B refused for ops no
+decomposition brings to B's list is lowered again with fallback="reference", those ops left to the
+reference); a split that runs past the case's timeout leaves the owner known.
 
   .venv/bin/python -m tools.backend_matrix --backends onnx,openvino --out bench/records/backends@2.13.json.gz
   .venv/bin/python -m tools.backend_matrix --out bench/records/backends@2.13.json.gz --summary-only
@@ -42,8 +42,8 @@ HANDOFF_OPTIONS = {"litert": {"specialize": True}}
 
 def _stages(backends) -> list[str]:
     return ["build", "capture", "eager", "write"] + [f"{s}:{b}" for b in backends for s in
-                                                     ("lower", "handoff", "run", "match", "fallback", "direct",
-                                                      "direct_read_back")]
+                                                     ("lower", "handoff", "run", "match", "direct",
+                                                      "direct_read_back", "fallback")]
 
 
 def run_case(name: str, backends, conn, workdir: str) -> None:
@@ -154,6 +154,18 @@ def run_case(name: str, backends, conn, workdir: str) -> None:
         if ok:
             rec["owner"][b] = None
             continue
+        # whose failure it is first (a split may run until the case's timeout, the owner still known)
+        if rec["stages"].get(f"match:{b}", {}).get("status") == "fail" and torch_module_differs():
+            rec["owner"][b] = "torch"  # torch.export's own ep.module() differs from eager the same way
+            rec["stages"][f"match:{b}"]["torch"] = torch_differs[0][: rm.MSG_CHARS]
+            continue  # (no split runs closer to eager than the program itself)
+        direct_ok, _ = stage(f"direct:{b}", lambda: matches(runs(registry.to_backend(b, ep, **options))))
+        if direct_ok:  # pt2b's program is read back from a file: so is torch's, through its own save/load
+            read_ok, _ = stage(f"direct_read_back:{b}",
+                               lambda: matches(runs(registry.to_backend(b, read_back(), **options))))
+            rec["owner"][b] = "pt2b" if read_ok else "torch"
+        else:
+            rec["owner"][b] = "backend"
         lowered = rec["stages"].get(f"lower:{b}", {})
         if lowered.get("status") == "ok" or lowered_again_with_fallback(lowered):  # what pt2b routes around
             def with_fallback():
@@ -165,17 +177,6 @@ def run_case(name: str, backends, conn, workdir: str) -> None:
             fb_ok, share = stage(f"fallback:{b}", with_fallback)
             if fb_ok:
                 rec.setdefault("fallback", {})[b] = share
-        if rec["stages"].get(f"match:{b}", {}).get("status") == "fail" and torch_module_differs():
-            rec["owner"][b] = "torch"  # torch.export's own ep.module() differs from eager the same way
-            rec["stages"][f"match:{b}"]["torch"] = torch_differs[0][: rm.MSG_CHARS]
-            continue
-        direct_ok, _ = stage(f"direct:{b}", lambda: matches(runs(registry.to_backend(b, ep, **options))))
-        if direct_ok:  # pt2b's program is read back from a file: so is torch's, through its own save/load
-            read_ok, _ = stage(f"direct_read_back:{b}",
-                               lambda: matches(runs(registry.to_backend(b, read_back(), **options))))
-            rec["owner"][b] = "pt2b" if read_ok else "torch"
-        else:
-            rec["owner"][b] = "backend"
     conn.send(rec)
 
 
