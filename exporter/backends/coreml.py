@@ -133,7 +133,10 @@ def hand_off(ep, *, compute_precision=None, **convert_options):
     The model is loaded only where Core ML runs (macOS); everywhere its MIL program's inputs and outputs
     are checked against the program's (``check_model``). Returns the ``MLModel``, ``ep`` (the calling
     convention its run follows) and the model's (input names, output names) in the program's order."""
-    program = _without_aliases(_copy(ep))
+    from .sym_ops import ites_from_tensors
+
+    # (its frontend converts no torch.sym_ite: "Unsupported fx node sym_ite")
+    program = _without_aliases(_copy(ites_from_tensors(ep)))
     _refused_dtypes(program)
     with _quiet():
         import coremltools as ct

@@ -1,8 +1,9 @@
 """Python functions on numbers in a program, given to a backend as ATen ops on tensors where it takes
 only ops: ``torch.sym_ite(b, x, y)`` of a bool read from a tensor (``t.item()``), which torch.export
 records for ``torch._check(t.item())`` and transformers' data-dependent checks, becomes
-``where(t, x, y).item()``: the same number, from ops the backend has (ExecuTorch's verifier refuses a
-Python function in a graph)."""
+``where(t, x, y).item()`` (``t.to(int64).item()`` for 1 and 0): the same number, from ops the backend
+has. ExecuTorch's verifier refuses a Python function in a graph; TVM's importer and Core ML's frontend
+convert no sym_ite."""
 
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ def _ite_of_value(node: torch.fx.Node) -> bool:
 
 
 def ites_from_tensors(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
-    """``ep`` with each such sym_ite made ``where(t, x, y).item()``; ``ep`` itself where it has none
-    (it is never changed)."""
+    """``ep`` with each such sym_ite made ``where(t, x, y).item()`` (1 and 0: ``t.to(int64).item()``);
+    ``ep`` itself where it has none (it is never changed)."""
     if not any(_ite_of_value(n) for n in ep.graph.nodes):
         return ep
     gm = torch.fx.GraphModule(ep.graph_module, ep.graph_module.graph.__deepcopy__())
@@ -36,8 +37,11 @@ def ites_from_tensors(ep: torch.export.ExportedProgram) -> torch.export.Exported
     for node in [n for n in graph.nodes if _ite_of_value(n)]:
         (read, a, b), t = node.args, node.args[0].args[0]
         with graph.inserting_before(node):
-            chosen = graph.call_function(torch.ops.aten.where.Scalar, (t, a, b))
-            chosen.meta["val"] = torch.ops.aten.where.Scalar(t.meta["val"], a, b)
+            if (a, b) == (1, 0) and type(a) is int:  # (the bool as a number: a cast, which more converters take)
+                chosen = graph.call_function(torch.ops.aten._to_copy.default, (t,), {"dtype": torch.int64})
+            else:
+                chosen = graph.call_function(torch.ops.aten.where.Scalar, (t, a, b))
+            chosen.meta["val"] = chosen.target(t.meta["val"], *chosen.args[1:], **chosen.kwargs)
             value = graph.call_function(torch.ops.aten._local_scalar_dense.default, (chosen,))
             value.meta["val"] = node.meta["val"]
         node.replace_all_uses_with(value)

@@ -187,8 +187,12 @@ def hand_off(ep, *, target: str = TARGET, custom_convert_map: dict | None = None
     from tvm import relax
     from tvm.relax.frontend.torch import from_exported_program
 
+    from .sym_ops import ites_from_tensors
+
     entries = {**_conversions(), **(custom_convert_map or {})}
-    mod = from_exported_program(_every_dim_indexed(ep), run_ep_decomposition=False, custom_convert_map=entries)
+    # (its importer converts no torch.sym_ite: "Unsupported function types ['sym_ite']")
+    mod = from_exported_program(_every_dim_indexed(ites_from_tensors(ep)), run_ep_decomposition=False,
+                                custom_convert_map=entries)
     executable = tvm.compile(mod, target=target)
     return executable, ep, relax.VirtualMachine(executable, tvm.cpu())
 

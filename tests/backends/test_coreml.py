@@ -271,3 +271,10 @@ def test_a_bool_or_converts_as_logical_or(tmp_path, monkeypatch):
         backends.get("coreml"), decompositions=dict)})
     with pytest.raises(OpsetError, match=r"prims::bitwise_or.default"):
         load_for_backend(tmp_path / "or.pt2b", backend="coreml", cache=False)
+
+
+def test_a_check_of_a_value_read_from_a_tensor_converts(tmp_path, monkeypatch):
+    from tests.support.helpers import a_check_of_a_value_is_taken
+
+    compiled = a_check_of_a_value_is_taken("coreml", tmp_path, monkeypatch)
+    assert {op.op_type for op in compiled.native._mil_program.functions["main"].operations} >= {"mul", "add"}

@@ -140,30 +140,10 @@ def test_a_tiny_llama_generates_token_for_token_what_transformers_generates(tmp_
     generates_what_transformers_generates(("executorch",), tmp_path)
 
 
-class CheckedIds(torch.nn.Module):
-    """``torch._check`` of a bool read from a tensor: torch.export records ``sym_ite(ids_ok.item(), 1, 0)``
-    (a Python function), as it does for transformers' data-dependent checks (cohere2_vision and 28 more)."""
-
-    def forward(self, x, ids):
-        torch._check((ids >= 0).all().item())
-        return x * 2 + ids.sum()
-
 
 def test_a_check_of_a_value_read_from_a_tensor_runs_on_the_runtime(tmp_path, monkeypatch):
-    from exporter.backends import sym_ops
+    from tests.support.helpers import CheckedIds, a_check_of_a_value_is_taken
 
-    x, ids = torch.randn(3), torch.tensor([1, 2])
-    export_model(CheckedIds(), (x, ids), tmp_path / "checked.pt2b")
-    lowered = load_for_backend(tmp_path / "checked.pt2b", backend="executorch", cache=False)
-    assert any(n.target is torch.sym_ite for n in lowered.exported_program().graph.nodes)
-    with monkeypatch.context() as m:
-        m.setattr(sym_ops, "ites_from_tensors", lambda ep: ep)
-        with pytest.raises(BackendHandOffError, match="could not take the program"):
-            backends.to_backend(lowered)
-    # the same lowered program handed over again after that failure (which left the symbols its trace read
-    # from tensors pending in the program's shape environment, until the hand-off restores them)
-    compiled = backends.to_backend(lowered)
-    assert compiled.validation.status == "passed"
-    assert any(n.target is torch.sym_ite for n in lowered.exported_program().graph.nodes)  # (left as it was)
-    for x, ids in ((x, ids), (torch.ones(3), torch.tensor([4, 0]))):
+    compiled = a_check_of_a_value_is_taken("executorch", tmp_path, monkeypatch)
+    for x, ids in ((torch.randn(3), torch.tensor([1, 2])), (torch.ones(3), torch.tensor([4, 0]))):
         torch.testing.assert_close(compiled(x, ids), CheckedIds()(x, ids))

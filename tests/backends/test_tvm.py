@@ -266,3 +266,11 @@ def test_a_tiny_llama_generates_token_for_token_what_transformers_generates(tmp_
     from tests.support.helpers import generates_what_transformers_generates
 
     generates_what_transformers_generates(("tvm",), tmp_path)
+
+
+def test_a_check_of_a_value_read_from_a_tensor_runs_on_the_vm(tmp_path, monkeypatch):
+    from tests.support.helpers import CheckedIds, a_check_of_a_value_is_taken
+
+    compiled = a_check_of_a_value_is_taken("tvm", tmp_path, monkeypatch)
+    for x, ids in ((torch.randn(3), torch.tensor([1, 2])), (torch.ones(3), torch.tensor([4, 0]))):
+        torch.testing.assert_close(compiled(x, ids), CheckedIds()(x, ids))

@@ -404,3 +404,39 @@ def file_naming_pytree_type(tmp_path, monkeypatch, type_name: str):
     export_model(M(), (torch.randn(2),), path)
     monkeypatch.delitem(pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE, type_name)
     return path
+
+
+class CheckedIds(torch.nn.Module):
+    """``torch._check`` of a bool read from a tensor: torch.export records ``sym_ite(ids_ok.item(), 1, 0)``
+    (a Python function), as it does for transformers' data-dependent checks (cohere2_vision and 28 more)."""
+
+    def forward(self, x, ids):
+        torch._check((ids >= 0).all().item())
+        return x * 2 + ids.sum()
+
+
+def a_check_of_a_value_is_taken(backend: str, tmp_path, monkeypatch):
+    """The hand-off gives ``backend`` the program's sym_ite of a value read from a tensor as ATen ops
+    (exporter/backends/sym_ops.py), which it refuses without; the caller's program keeps its sym_ite.
+    Returns the Compiled (checked against the program at the hand-off)."""
+    from exporter import backends, export_model, load_for_backend
+    from exporter.backends import sym_ops
+    from exporter.errors import BackendHandOffError
+
+    import pytest
+
+    x, ids = torch.randn(3), torch.tensor([1, 2])
+    export_model(CheckedIds(), (x, ids), tmp_path / "checked.pt2b")
+    lowered = load_for_backend(tmp_path / "checked.pt2b", backend=backend, cache=False)
+    assert any(n.target is torch.sym_ite for n in lowered.exported_program().graph.nodes)
+    with monkeypatch.context() as m:
+        m.setattr(sym_ops, "ites_from_tensors", lambda ep: ep)
+        with pytest.raises(BackendHandOffError, match="could not take the program"):
+            backends.to_backend(lowered)
+    # the same lowered program handed over again after that failure (which left the symbols its trace read
+    # from tensors pending in the program's shape environment, until the hand-off restores them)
+    compiled = backends.to_backend(lowered)
+    # (checked against the program by a run, where the backend runs on this system)
+    assert compiled.validation.status == ("passed" if compiled.backend.runs_here else "skipped")
+    assert any(n.target is torch.sym_ite for n in lowered.exported_program().graph.nodes)  # (left as it was)
+    return compiled
