@@ -236,6 +236,7 @@ def to_backend(name: str | LoweredProgram, lowered: LoweredProgram | torch.expor
             f"outputs are plain tensors (its subclass weights are then lowered to their inner tensors).")
     # the caller's tensors a program writes, written by pt2b from the new values the backend returns
     program, write_back = lift_input_writes(ep)
+    unlifted = program
     program, carry = _lifted(backend, program, frozen_state, state)
     from ..lowering.plan import fallback_refusal
     from ..lowering.verdicts import WRONG_REL
@@ -248,8 +249,16 @@ def to_backend(name: str | LoweredProgram, lowered: LoweredProgram | torch.expor
     fallback = fallback if fallback is not None else lowered_with
     check = (lambda compiled, program: validated_hand_off(compiled, program, WRONG_REL)) if validate else None
     dim_names = dict(getattr(lowered, "dim_names", None) or {})
-    split = lambda: dataclasses.replace(_split(backend, program, lowered, options, dim_names, check),  # noqa: E731
-                                        carry=carry, write_back=write_back)
+    def split() -> Compiled:
+        split_program, split_carry = program, carry
+        if carry is None and backend.holds_state and not frozen_state:
+            # the parts a backend runs hold no state of their own: the split carries it, lifted to inputs and
+            # outputs, as for a backend that holds none
+            split_program, split_carry = _lifted(dataclasses.replace(backend, holds_state=False), unlifted,
+                                                 frozen_state, state)
+        return dataclasses.replace(_split(backend, split_program, lowered, options, dim_names, check),
+                                   carry=split_carry, write_back=write_back)
+
     if left:  # the lowering left ops the backend does not list to the reference: no whole hand-off to try
         compiled = split()
     else:

@@ -147,3 +147,35 @@ def test_a_check_of_a_value_read_from_a_tensor_runs_on_the_runtime(tmp_path, mon
     compiled = a_check_of_a_value_is_taken("executorch", tmp_path, monkeypatch)
     for x, ids in ((torch.randn(3), torch.tensor([1, 2])), (torch.ones(3), torch.tensor([4, 0]))):
         torch.testing.assert_close(compiled(x, ids), CheckedIds()(x, ids))
+
+
+class SortedCount(torch.nn.Module):
+    """A buffer the program writes, and a sort, for which ExecuTorch has no kernel: split, the reference
+    runs the sort."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("count", torch.arange(3.0) + 5)
+
+    def forward(self, x):
+        self.count.add_(x)
+        return torch.sort(self.count * x, descending=True).values + 1
+
+
+def test_a_split_carries_the_buffers_the_program_writes(tmp_path):
+    """The runtime holds a whole program's buffers itself; the parts of a split hold none, so the split
+    takes them lifted to inputs and outputs and carries them from call to call, as for a backend that holds
+    no state (it used to fail: the check loaded the split as one runtime program)."""
+    export_model(SortedCount(), (torch.ones(3),), tmp_path / "sorted.pt2b")
+    from exporter.errors import OpsetError
+
+    with pytest.raises(OpsetError, match="aten::sort"):
+        load_for_backend(tmp_path / "sorted.pt2b", backend="executorch", cache=False)
+    lowered = load_for_backend(tmp_path / "sorted.pt2b", backend="executorch", cache=False, fallback="reference")
+    compiled = backends.to_backend(lowered)
+    assert compiled.share is not None and compiled.share.on_reference == {"aten::sort.default": 1}
+    assert compiled.validation.status == "passed"
+    eager = SortedCount()
+    for step in range(3):
+        x = torch.tensor([1.0, -2.0, 3.0]) * (step + 1)
+        torch.testing.assert_close(compiled(x), eager(x), rtol=0, atol=0)
