@@ -408,7 +408,7 @@ def file_naming_pytree_type(tmp_path, monkeypatch, type_name: str):
 
 class CheckedIds(torch.nn.Module):
     """``torch._check`` of a bool read from a tensor: torch.export records ``sym_ite(ids_ok.item(), 1, 0)``
-    (a Python function), as it does for transformers' data-dependent checks (cohere2_vision and 28 more)."""
+    (a Python function), as it does for transformers' data-dependent checks (its vision-language models')."""
 
     def forward(self, x, ids):
         torch._check((ids >= 0).all().item())
