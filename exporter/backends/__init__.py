@@ -20,6 +20,7 @@ the model.
   validation.py the hand-off check: the backend's outputs against the program's own run
   partition.py  a program split between a backend and the reference (to_backend(..., fallback="reference"))
   sym_ops.py    a choice by a bool read from a tensor (torch.sym_ite) as ATen ops, for backends taking ops only
+  program_copy.py  a program's graph copied for a hand-off to rewrite, its nodes' names kept
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ import torch
 
 from . import Backend, calling, first_line, quiet_logger
 from ..errors import BackendHandOffError, BackendRunError
+from .program_copy import graph_copy
 
 RUNS_HERE = sys.platform == "darwin"  # Core ML's runtime ships with macOS only: elsewhere a model converts, no more
 
@@ -83,10 +84,7 @@ def _copy(ep):
     up by a node's name ("Torch var  not found in context"). The run puts them back from ``ep``."""
     from torch.export.graph_signature import ExportGraphSignature, InputKind
 
-    gm = torch.fx.GraphModule(ep.graph_module, ep.graph_module.graph.__deepcopy__())
-    for old, node in zip(ep.graph.nodes, gm.graph.nodes):
-        if node.name != old.name:  # (a copy renames what shadows a builtin; the signature names the originals)
-            node.name = old.name
+    gm = graph_copy(ep)
     sig = ep.graph_signature
     unread = {n.name for n in gm.graph.nodes if n.op == "placeholder" and not n.users
               and not isinstance(n.meta.get("val"), torch.Tensor)}

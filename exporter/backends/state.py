@@ -12,6 +12,7 @@ from torch.export.graph_signature import (ExportGraphSignature, InputKind, Input
 
 from .._torch.pytree import pytree
 from ..errors import BackendStateError
+from .program_copy import graph_copy
 
 __all__ = ["Carry", "State", "WriteBack", "buffer_value", "lift", "lift_input_writes", "state_keyword", "written_buffers"]
 
@@ -39,13 +40,8 @@ def lift(ep: torch.export.ExportedProgram, names: list[str]) -> torch.export.Exp
     missing = [n for n in names if n not in buffers]
     if missing or not set(written) <= set(names):
         raise ValueError(f"lift: {missing or sorted(set(written) - set(names))} are not buffers the names cover")
-    gm = torch.fx.GraphModule(ep.graph_module, ep.graph_module.graph.__deepcopy__())
+    gm = graph_copy(ep)
     graph = gm.graph
-    for old, node in zip(ep.graph.nodes, graph.nodes):
-        # a copy renames what shadows a builtin (torch.export's "input" comes back "input_1"); the
-        # signature names the program's own nodes
-        if node.name != old.name:
-            node.name = old.name
     placeholders = {n.name: n for n in graph.nodes if n.op == "placeholder"}
     moved = {buffers[n].arg.name for n in names}
     last = [n for n in graph.nodes if n.op == "placeholder"][-1]
@@ -246,10 +242,7 @@ def lift_input_writes(ep: torch.export.ExportedProgram) -> tuple:
         return ep, None
     user = [s.arg.name for s in sig.input_specs if s.kind == InputKind.USER_INPUT]
     flat_index = [user.index(s.target) for _, s in writes]
-    gm = torch.fx.GraphModule(ep.graph_module, ep.graph_module.graph.__deepcopy__())
-    for old, node in zip(ep.graph.nodes, gm.graph.nodes):
-        if node.name != old.name:  # (a copy renames what shadows a builtin; the signature names the originals)
-            node.name = old.name
+    gm = graph_copy(ep)
     output = gm.graph.output_node()
     values = list(output.args[0])
     at = {i for i, _ in writes}

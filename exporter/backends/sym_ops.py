@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.fx
 
+from .program_copy import graph_copy
+
 __all__ = ["ites_from_tensors"]
 
 _READS = (torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default)
@@ -29,10 +31,7 @@ def ites_from_tensors(ep: torch.export.ExportedProgram) -> torch.export.Exported
     ``ep`` itself where it has none (it is never changed)."""
     if not any(_ite_of_value(n) for n in ep.graph.nodes):
         return ep
-    gm = torch.fx.GraphModule(ep.graph_module, ep.graph_module.graph.__deepcopy__())
-    for old, node in zip(ep.graph.nodes, gm.graph.nodes):
-        if node.name != old.name:  # (a copy renames what shadows a builtin; the signature names the originals)
-            node.name = old.name
+    gm = graph_copy(ep)
     graph = gm.graph
     for node in [n for n in graph.nodes if _ite_of_value(n)]:
         (read, a, b), t = node.args, node.args[0].args[0]

@@ -15,6 +15,7 @@ import torch
 from . import Backend, calling, retraceable
 from ..errors import BackendHandOffError, BackendRunError
 from ..ops import op_name, registered_overload
+from .program_copy import graph_copy
 
 OUTPUT = "linalg-on-tensors"  # the output type the driver runs
 # The wheel's passes from linalg-on-tensors to LLVM, in the order torch-mlir's own reference backend
@@ -84,10 +85,7 @@ def _importable(ep) -> torch.export.ExportedProgram:
     sig = ep.graph_signature
     loose = {s.target for s in sig.input_specs if s.kind == InputKind.BUFFER and s.target not in ep.state_dict}
     specs = [InputSpec(s.kind, s.arg, s.target, True) if s.target in loose else s for s in sig.input_specs]
-    gm = torch.fx.GraphModule(ep.graph_module, ep.graph_module.graph.__deepcopy__())
-    for old, node in zip(ep.graph.nodes, gm.graph.nodes):
-        if node.name != old.name:  # (a copy renames what shadows a builtin; the signature names the originals)
-            node.name = old.name
+    gm = graph_copy(ep)
     _flattened_views(gm)
     _bitwise(gm)
     _complex_casts(gm)

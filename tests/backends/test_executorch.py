@@ -140,7 +140,6 @@ def test_a_tiny_llama_generates_token_for_token_what_transformers_generates(tmp_
     generates_what_transformers_generates(("executorch",), tmp_path)
 
 
-
 def test_a_check_of_a_value_read_from_a_tensor_runs_on_the_runtime(tmp_path, monkeypatch):
     from tests.support.helpers import CheckedIds, a_check_of_a_value_is_taken
 

@@ -149,7 +149,6 @@ def test_every_node_a_converter_stops_at_is_cut_out_in_a_counted_number_of_hand_
     torch.testing.assert_close(compiled(x), model(x), rtol=1e-6, atol=1e-6)
 
 
-
 def test_a_cut_handed_back_after_the_hand_offs_are_spent_keeps_the_parts_taken(monkeypatch):
     """A cut found right goes back to the backend where the parts stay right; once MAX_PARTS hand-offs are
     spent, the parts a trial makes are not handed over (they would run on the reference), so the trial is
