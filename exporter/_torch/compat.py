@@ -202,15 +202,22 @@ def with_guards_of(made, source):
 def as_aten_dialect(ep):
     """``ep`` (a functional program pt2b lowered) declaring the ATen dialect and its verifier, as
     torch's own run_decompositions output does (``ep.dialect == "ATEN"``): consumers that take a
-    lowered program (coremltools) refuse one that still says "TRAINING". Each input's and call node's
-    ``meta["tensor_meta"]`` is filled from its ``meta["val"]`` where missing (StableHLO exporters read
-    it). Returns ``ep``."""
-    from torch.fx.passes.shape_prop import _extract_tensor_metadata
-
+    lowered program (coremltools) refuse one that still says "TRAINING"; its tensor metadata filled
+    (``with_tensor_meta``). Returns ``ep``."""
     from .serializer import load_verifier
 
     ep._verifiers = [load_verifier("ATEN")]
-    for module in ep.graph_module.modules():
+    with_tensor_meta(ep.graph_module)
+    return ep
+
+
+def with_tensor_meta(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Each input's and call node's ``meta["tensor_meta"]`` in ``gm`` and its subgraphs filled from its
+    ``meta["val"]`` where missing, as torch's own passes leave them (StableHLO exporters and torch-mlir's
+    importer read it). Returns ``gm``."""
+    from torch.fx.passes.shape_prop import _extract_tensor_metadata
+
+    for module in gm.modules():
         if not isinstance(module, torch.fx.GraphModule):
             continue
         for node in module.graph.nodes:
@@ -218,4 +225,4 @@ def as_aten_dialect(ep):
             if node.op in ("placeholder", "call_function") and "tensor_meta" not in node.meta \
                     and isinstance(val, torch.Tensor):
                 node.meta["tensor_meta"] = _extract_tensor_metadata(val)
-    return ep
+    return gm

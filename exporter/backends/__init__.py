@@ -19,7 +19,8 @@ the model.
   library_tables.py  the conversion tables transformers' exporters keep for onnx and openvino, read from it
   validation.py the hand-off check: the backend's outputs against the program's own run
   partition.py  a program split between a backend and the reference (to_backend(..., fallback="reference"))
-  sym_ops.py    a choice by a bool read from a tensor (torch.sym_ite) as ATen ops, for backends taking ops only
+  sym_ops.py    a program's Python calls (a choice by a bool read from a tensor, grad mode) as ATen ops or
+                left out, for backends taking ops only
   program_copy.py  a program's graph copied for a hand-off to rewrite, its nodes' names kept
 """
 
@@ -91,6 +92,9 @@ class Backend:
     save: Callable[..., None] | None = None  # (Compiled, path): the backend's own file, read by its own runtime
     file_suffix: str = ""  # that file's usual suffix
     runs_here: bool = True  # False: its runtime is not on this system (Core ML off macOS): nothing runs it here
+    # True: its importer converts ops only, no Python call on numbers or grad mode in a graph; the hand-off
+    # gives it those calls as ops or leaves them out (sym_ops.py)
+    takes_ops_only: bool = False
 
     @property
     def key(self) -> str:
@@ -364,6 +368,10 @@ def _handed(backend: Backend, ep, options: dict, carry=None) -> tuple:
     env = get_shape_env(ep.graph_module)
     pending = list(getattr(env, "pending_fresh_unbacked_symbols", None) or ())
     try:
+        if backend.takes_ops_only:
+            from .sym_ops import ops_only
+
+            ep = ops_only(ep)
         return backend.hand_off(ep, **options, **({"carry": carry} if carry is not None and "carry" in params else {}))
     except Pt2bError:
         raise
@@ -381,8 +389,10 @@ def _split(backend: Backend, ep, lowered, options: dict, dim_names: dict, check)
     from .partition import split_for
 
     listed = getattr(lowered, "supported", None) or OpMatcher(backend.supported_ops)
+    # a backend that publishes no op list (IREE) is offered every op: its hand-offs find what it refuses
+    supported = (lambda op: op in listed) if backend.supported_ops else (lambda op: True)
     part = lambda part_ep, **o: Compiled(backend, *_handed(backend, part_ep, o))  # noqa: E731
-    partitioned = split_for(backend, ep, lambda op: op in listed, part, options, check)
+    partitioned = split_for(backend, ep, supported, part, options, check)
     run = lambda native, program, args, kwargs: native(*args, **kwargs)  # noqa: E731
     return Compiled(dataclasses.replace(backend, run=run, save=None), partitioned, ep, dim_names=dim_names,
                     share=partitioned.share)

@@ -131,10 +131,7 @@ def hand_off(ep, *, compute_precision=None, **convert_options):
     The model is loaded only where Core ML runs (macOS); everywhere its MIL program's inputs and outputs
     are checked against the program's (``check_model``). Returns the ``MLModel``, ``ep`` (the calling
     convention its run follows) and the model's (input names, output names) in the program's order."""
-    from .sym_ops import ites_from_tensors
-
-    # (its frontend converts no torch.sym_ite: "Unsupported fx node sym_ite")
-    program = _without_aliases(_copy(ites_from_tensors(ep)))
+    program = _without_aliases(_copy(ep))
     _refused_dtypes(program)
     with _quiet():
         import coremltools as ct
@@ -259,4 +256,5 @@ def backend() -> Backend:
                    "the converted model's inputs and outputs against the program's",
                    # the lifted program converts as any other; the buffers a program writes would become
                    # Core ML states, which it holds in float16 only
-                   holds_state=False, save=save, file_suffix=".mlpackage", runs_here=RUNS_HERE)
+                   holds_state=False, save=save, file_suffix=".mlpackage", runs_here=RUNS_HERE,
+                   takes_ops_only=True)

@@ -113,9 +113,6 @@ def hand_off(ep):
     from executorch.exir import ExecutorchBackendConfig, to_edge
     from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
 
-    from .sym_ops import ites_from_tensors
-
-    ep = ites_from_tensors(ep)  # (its verifier refuses torch.sym_ite, a Python function, in a graph)
     written = _written_buffers(ep)
     config = ExecutorchBackendConfig(passes=[InitializedMutableBufferPass(written)] if written else [])
     with quiet_logger("executorch"):
@@ -146,7 +143,7 @@ def backend() -> Backend:
                    dict, hand_off, run, "portable kernels, no delegate",
                    holds_state=True,  # the loaded Method keeps its mutable buffers between executions
                    load=load,
-                   save=save, file_suffix=".pte")
+                   save=save, file_suffix=".pte", takes_ops_only=True)
 
 
 def save(compiled, path: str) -> None:

@@ -46,7 +46,10 @@ def hand_off(ep, *, target_backends: tuple[str, ...] = (TARGET,)):
     and that module loaded by iree.runtime."""
     import iree.turbine.aot as aot
 
-    vmfb = bytes(aot.export(ep).compile(save_to=None, target_backends=target_backends).map_memory())
+    from .program_copy import program_copy
+
+    # (its importer rewrites the nodes it imports in place: it is given a copy, the caller's program kept)
+    vmfb = bytes(aot.export(program_copy(ep)).compile(save_to=None, target_backends=target_backends).map_memory())
     return vmfb, ep, load(vmfb)
 
 
@@ -74,7 +77,8 @@ def backend() -> Backend:
                    "torch.export's CompositeImplicitAutograd decompositions with iree-turbine's current_aot_decompositions() over them (IREE publishes no op list)", _table, hand_off, run,
                    f"target {TARGET}, runtime driver {DRIVER}", takes_what_its_table_leaves=True, save=save,
                    file_suffix=".vmfb",
-                   holds_state=True, load=load)  # turbine makes written buffers the module's mutable globals
+                   holds_state=True, load=load,  # turbine makes written buffers the module's mutable globals
+                   takes_ops_only=True)
 
 
 def save(compiled, path: str) -> None:

@@ -1,18 +1,25 @@
-"""Python functions on numbers in a program, given to a backend as ATen ops on tensors where it takes
-only ops: ``torch.sym_ite(b, x, y)`` of a bool read from a tensor (``t.item()``), which torch.export
-records for ``torch._check(t.item())`` and transformers' data-dependent checks, becomes
-``where(t, x, y).item()`` (``t.to(int64).item()`` for 1 and 0): the same number, from ops the backend
-has. ExecuTorch's verifier refuses a Python function in a graph; TVM's importer and Core ML's frontend
-convert no sym_ite."""
+"""A program given to a backend that converts only ops (``Backend.takes_ops_only``), its Python calls made
+ops or left out:
+
+- ``torch.sym_ite(b, x, y)`` of a bool read from a tensor (``t.item()``), which torch.export records for
+  ``torch._check(t.item())`` and transformers' data-dependent checks, becomes ``where(t, x, y).item()``
+  (``t.to(int64).item()`` for 1 and 0): the same number, from ops the backend has;
+- the flat grad-mode markers (``torch._C._set_grad_enabled``) of a ``no_grad`` region are left out: a
+  program run for inference computes the same values in either mode.
+
+ExecuTorch's verifier refuses a Python function in a graph; TVM's and iree-turbine's importers and Core
+ML's frontend convert neither call."""
 
 from __future__ import annotations
 
 import torch
 import torch.fx
 
-from .program_copy import graph_copy
+from .._torch.compat import with_tensor_meta
+from ..shared.regions import is_grad_marker
+from .program_copy import graph_copy, program_with
 
-__all__ = ["ites_from_tensors"]
+__all__ = ["ops_only"]
 
 _READS = (torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default)
 
@@ -26,13 +33,16 @@ def _ite_of_value(node: torch.fx.Node) -> bool:
             and isinstance(b, (int, float)) and type(a) is type(b))
 
 
-def ites_from_tensors(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
-    """``ep`` with each such sym_ite made ``where(t, x, y).item()`` (1 and 0: ``t.to(int64).item()``);
-    ``ep`` itself where it has none (it is never changed)."""
-    if not any(_ite_of_value(n) for n in ep.graph.nodes):
+def ops_only(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """``ep`` with each such sym_ite made ``where(t, x, y).item()`` (1 and 0: ``t.to(int64).item()``) and
+    its grad-mode markers left out; ``ep`` itself where it has neither (it is never changed)."""
+    if not any(_ite_of_value(n) or is_grad_marker(n.target) for n in ep.graph.nodes):
         return ep
     gm = graph_copy(ep)
     graph = gm.graph
+    for node in [n for n in graph.nodes if n.op == "call_function" and is_grad_marker(n.target)]:
+        if not node.users:
+            graph.erase_node(node)
     for node in [n for n in graph.nodes if _ite_of_value(n)]:
         (read, a, b), t = node.args, node.args[0].args[0]
         with graph.inserting_before(node):
@@ -47,8 +57,6 @@ def ites_from_tensors(ep: torch.export.ExportedProgram) -> torch.export.Exported
         graph.erase_node(node)
         if not read.users:
             graph.erase_node(read)
+    with_tensor_meta(gm)  # (torch-mlir's importer, IREE's, reads a tensor's dtype there)
     gm.recompile()
-    return torch.export.ExportedProgram(
-        root=gm, graph=graph, graph_signature=ep.graph_signature, state_dict=ep.state_dict,
-        range_constraints=ep.range_constraints, module_call_graph=ep.module_call_graph,
-        example_inputs=ep.example_inputs, constants=ep.constants, verifiers=ep.verifiers)
+    return program_with(ep, gm)

@@ -322,4 +322,4 @@ def backend() -> Backend:
                    "torch_mlir.dialects.torch's op classes (OPERATION_NAME torch.aten.*, torch.prims.*)", _table,
                    hand_off, run, f"{OUTPUT} through the reference-backend passes, MLIR's ExecutionEngine (CPU)",
                    # the frozen import binds buffers as constants: state comes lifted (state.py)
-                   holds_state=False, save=save, file_suffix=".mlir")
+                   holds_state=False, save=save, file_suffix=".mlir", takes_ops_only=True)

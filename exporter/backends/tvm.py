@@ -135,10 +135,7 @@ def _conversions() -> dict:
 
         return convert
 
-    # the grad-mode markers pt2b keeps (shared/regions.py), which TVM's map does not name: a program run
-    # for inference computes the same values in either mode
-    markers = {"_set_grad_enabled": lambda node, importer=None: None}
-    return {**markers, **{key: entry(key) for key in _convert_map_keys()}}
+    return {key: entry(key) for key in _convert_map_keys()}
 
 
 def _index_put_every_dim(x, indices, values, accumulate=False):
@@ -187,11 +184,8 @@ def hand_off(ep, *, target: str = TARGET, custom_convert_map: dict | None = None
     from tvm import relax
     from tvm.relax.frontend.torch import from_exported_program
 
-    from .sym_ops import ites_from_tensors
-
     entries = {**_conversions(), **(custom_convert_map or {})}
-    # (its importer converts no torch.sym_ite: "Unsupported function types ['sym_ite']")
-    mod = from_exported_program(_every_dim_indexed(ites_from_tensors(ep)), run_ep_decomposition=False,
+    mod = from_exported_program(_every_dim_indexed(ep), run_ep_decomposition=False,
                                 custom_convert_map=entries)
     executable = tvm.compile(mod, target=target)
     return executable, ep, relax.VirtualMachine(executable, tvm.cpu())
@@ -223,7 +217,7 @@ def backend() -> Backend:
                    "tvm.relax.frontend.torch's ExportedProgramImporter().create_convert_map() (its ATen keys)",
                    dict, hand_off, run, f"target {TARGET}, Relax VM on tvm.cpu()",
                    # the importer binds buffers as constants and drops their writes: state comes lifted
-                   holds_state=False, save=save, file_suffix=".so")
+                   holds_state=False, save=save, file_suffix=".so", takes_ops_only=True)
 
 
 def save(compiled, path: str) -> None:

@@ -13,7 +13,7 @@ from ..graph_walk import call_nodes
 
 __all__ = ["REGION_HOP_NAMES", "SERIALIZED_ENTER_AUTOCAST", "SERIALIZED_EXIT_AUTOCAST", "SERIALIZED_GRAD",
            "SERIALIZED_REGION_HOPS", "autocast_devices", "autocast_steps", "has_regions", "is_autocast_marker",
-           "is_region", "is_region_marker"]
+           "is_grad_marker", "is_region", "is_region_marker"]
 
 _SET_GRAD = torch._C._set_grad_enabled
 _MARKERS = (_SET_GRAD, enter_autocast, exit_autocast)
@@ -28,6 +28,11 @@ SERIALIZED_REGION_HOPS = frozenset(f"torch.ops.higher_order.{name}" for name in 
 def is_region_marker(target) -> bool:
     """A flat grad-mode or autocast marker (accepted whatever opset is chosen, like getitem)."""
     return any(target is m for m in _MARKERS)
+
+
+def is_grad_marker(target) -> bool:
+    """A flat call that sets grad mode (torch._C._set_grad_enabled), opening or closing a region."""
+    return target is _SET_GRAD
 
 
 def is_autocast_marker(target) -> bool:

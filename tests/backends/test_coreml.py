@@ -278,3 +278,11 @@ def test_a_check_of_a_value_read_from_a_tensor_converts(tmp_path, monkeypatch):
 
     compiled = a_check_of_a_value_is_taken("coreml", tmp_path, monkeypatch)
     assert {op.op_type for op in compiled.native._mil_program.functions["main"].operations} >= {"mul", "add"}
+
+
+def test_a_grad_mode_region_converts(tmp_path, monkeypatch):
+    """Core ML's frontend converts no torch._C._set_grad_enabled ("Unsupported fx node"): the hand-off
+    leaves a no_grad region's markers out (checked by a run where Core ML runs)."""
+    from tests.support.helpers import a_grad_mode_region_is_taken
+
+    a_grad_mode_region_is_taken("coreml", tmp_path, monkeypatch)

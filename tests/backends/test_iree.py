@@ -123,3 +123,51 @@ def test_a_tiny_llama_generates_token_for_token_what_transformers_generates(tmp_
     from tests.support.helpers import generates_what_transformers_generates
 
     generates_what_transformers_generates(("iree",), tmp_path)
+
+
+def test_a_check_of_a_value_read_from_a_tensor_runs_on_iree(tmp_path, monkeypatch):
+    """turbine's importer converts no torch.sym_ite ("Unimplemented call_function"): the hand-off gives it
+    the number as ATen ops (transformers' vision-language models' image-token checks)."""
+    from tests.support.helpers import CheckedIds, a_check_of_a_value_is_taken
+
+    compiled = a_check_of_a_value_is_taken("iree", tmp_path, monkeypatch)
+    for x, ids in ((torch.randn(3), torch.tensor([1, 2])), (torch.ones(3), torch.tensor([4, 0]))):
+        torch.testing.assert_close(compiled(x, ids), CheckedIds()(x, ids))
+
+
+def test_a_grad_mode_region_runs_on_iree(tmp_path, monkeypatch):
+    """turbine's importer converts no torch._C._set_grad_enabled (transformers' cpmant marks a region)."""
+    from tests.support.helpers import NoGrad, a_grad_mode_region_is_taken
+
+    x = torch.randn(3, 4)
+    compiled = a_grad_mode_region_is_taken("iree", tmp_path, monkeypatch)
+    torch.testing.assert_close(compiled(x), NoGrad()(x), rtol=1e-5, atol=1e-5)
+
+
+class Spectral(torch.nn.Module):
+    """Two linears around an FFT, which IREE's compiler cannot legalize (aten._fft_r2c)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.b(torch.fft.fft(self.a(x)).real)
+
+
+def test_a_split_offers_iree_every_op(tmp_path):
+    """IREE publishes no op list, so a split offers it every op and its hand-offs find what it refuses:
+    the FFT runs on the reference, the linears on IREE (an empty list once handed IREE nothing)."""
+    torch.manual_seed(0)
+    model, x = Spectral().eval(), torch.randn(2, 8)
+    export_model(model, (x,), tmp_path / "fft.pt2b")
+    lowered = load_for_backend(tmp_path / "fft.pt2b", backend="iree", cache=False)
+    with pytest.raises(BackendHandOffError, match="could not take the program"):
+        backends.to_backend(lowered)
+    compiled = backends.to_backend(lowered, fallback="reference")
+    ops = [n for n in lowered.exported_program().graph.nodes if isinstance(n.target, torch._ops.OpOverload)]
+    assert compiled.share.on_reference == {"aten::_fft_r2c.default": 1}
+    assert compiled.share.backend_nodes == len(ops) - 1
+    with torch.no_grad():
+        for inputs in (x, torch.randn(2, 8)):
+            torch.testing.assert_close(compiled(inputs), model(inputs), rtol=1e-5, atol=1e-5)

@@ -314,3 +314,13 @@ assert not any(m.startswith(("exporter", "torch.")) or m == "torch" for m in sys
                           capture_output=True, timeout=120)
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     torch.testing.assert_close(torch.from_numpy(np.load(tmp_path / "y.npy")), _eager(case, (x,)), **TOL)
+
+
+def test_a_grad_mode_region_runs(tmp_path, monkeypatch):
+    """torch-mlir's importer converts no torch._C._set_grad_enabled ("Unimplemented call_function"): the
+    hand-off leaves a no_grad region's markers out."""
+    from tests.support.helpers import NoGrad, a_grad_mode_region_is_taken
+
+    x = torch.randn(3, 4)
+    compiled = a_grad_mode_region_is_taken("torch_mlir", tmp_path, monkeypatch)
+    torch.testing.assert_close(compiled(x), NoGrad()(x), rtol=1e-5, atol=1e-5)

@@ -116,23 +116,16 @@ def test_an_unsorted_topk_is_converted_sorted(tmp_path):
     torch.testing.assert_close(compiled(other), model(other), rtol=1e-5, atol=1e-5)
 
 
-class NoGrad(torch.nn.Module):
-    def forward(self, x):
-        with torch.no_grad():
-            y = x.sin()
-        return y * 2 + x
+def test_a_grad_mode_region_is_handed_over(tmp_path, monkeypatch):
+    """pt2b keeps a no_grad region's markers, which TVM's map does not name: they change no value, and the
+    hand-off leaves them out (TVM's sin rounds otherwise than torch's on some values: within float32
+    rounding)."""
+    from tests.support.helpers import NoGrad, a_grad_mode_region_is_taken
 
-
-def test_a_grad_mode_region_is_handed_over(tmp_path):
-    """pt2b keeps a no_grad region's markers (torch._C._set_grad_enabled calls), which TVM's map does not
-    name: they change no value, and the hand-off converts them to nothing (TVM's sin rounds otherwise than
-    torch's on some values: within float32 rounding)."""
     torch.manual_seed(0)
     x = torch.randn(3, 4)
-    export_model(NoGrad(), (x,), tmp_path / "g.pt2b")
-    lowered = load_for_backend(tmp_path / "g.pt2b", backend="tvm", cache=False)
-    assert any(getattr(n.target, "__name__", "") == "_set_grad_enabled" for n in lowered.exported_program().graph.nodes)
-    torch.testing.assert_close(backends.to_backend(lowered)(x), NoGrad()(x), rtol=1e-6, atol=1e-6)
+    compiled = a_grad_mode_region_is_taken("tvm", tmp_path, monkeypatch)
+    torch.testing.assert_close(compiled(x), NoGrad()(x), rtol=1e-6, atol=1e-6)
 
 
 def test_a_small_llama_runs_close_to_eager_at_another_batch_and_length(tmp_path):

@@ -415,10 +415,44 @@ class CheckedIds(torch.nn.Module):
         return x * 2 + ids.sum()
 
 
+class NoGrad(torch.nn.Module):
+    """A no_grad region, whose grad-mode markers (torch._C._set_grad_enabled calls) pt2b keeps."""
+
+    def forward(self, x):
+        with torch.no_grad():
+            y = x.sin()
+        return y * 2 + x
+
+
+def a_grad_mode_region_is_taken(backend: str, tmp_path, monkeypatch):
+    """The hand-off leaves the lowered program's grad-mode markers out for ``backend`` (they change no
+    value; exporter/backends/sym_ops.py), which refuses them as Python calls; the caller's program keeps
+    them. Returns the Compiled (checked against the program at the hand-off)."""
+    from exporter import backends, export_model, load_for_backend
+    from exporter.backends import sym_ops
+    from exporter.errors import BackendHandOffError
+
+    import pytest
+
+    export_model(NoGrad(), (torch.randn(3, 4),), tmp_path / "no_grad.pt2b")
+    lowered = load_for_backend(tmp_path / "no_grad.pt2b", backend=backend, cache=False)
+    marked = lambda: sum(getattr(n.target, "__name__", "") == "_set_grad_enabled"  # noqa: E731
+                         for n in lowered.exported_program().graph.nodes)
+    assert marked() == 2
+    with monkeypatch.context() as m:
+        m.setattr(sym_ops, "ops_only", lambda ep: ep)
+        with pytest.raises(BackendHandOffError, match="could not take the program"):
+            backends.to_backend(lowered)
+    compiled = backends.to_backend(lowered)
+    assert compiled.validation.status == ("passed" if compiled.backend.runs_here else "skipped")
+    assert marked() == 2  # (left as it was)
+    return compiled
+
+
 def a_check_of_a_value_is_taken(backend: str, tmp_path, monkeypatch):
     """The hand-off gives ``backend`` the program's sym_ite of a value read from a tensor as ATen ops
-    (exporter/backends/sym_ops.py), which it refuses without; the caller's program keeps its sym_ite.
-    Returns the Compiled (checked against the program at the hand-off)."""
+    (exporter/backends/sym_ops.py), which it refuses without; the caller's program keeps its sym_ite and
+    every other node as it was. Returns the Compiled (checked against the program at the hand-off)."""
     from exporter import backends, export_model, load_for_backend
     from exporter.backends import sym_ops
     from exporter.errors import BackendHandOffError
@@ -429,8 +463,10 @@ def a_check_of_a_value_is_taken(backend: str, tmp_path, monkeypatch):
     export_model(CheckedIds(), (x, ids), tmp_path / "checked.pt2b")
     lowered = load_for_backend(tmp_path / "checked.pt2b", backend=backend, cache=False)
     assert any(n.target is torch.sym_ite for n in lowered.exported_program().graph.nodes)
+    calls = lambda: [(n.name, n.target, n.args) for n in lowered.exported_program().graph.nodes]  # noqa: E731
+    before = calls()
     with monkeypatch.context() as m:
-        m.setattr(sym_ops, "ites_from_tensors", lambda ep: ep)
+        m.setattr(sym_ops, "ops_only", lambda ep: ep)
         with pytest.raises(BackendHandOffError, match="could not take the program"):
             backends.to_backend(lowered)
     # the same lowered program handed over again after that failure (which left the symbols its trace read
@@ -438,5 +474,5 @@ def a_check_of_a_value_is_taken(backend: str, tmp_path, monkeypatch):
     compiled = backends.to_backend(lowered)
     # (checked against the program by a run, where the backend runs on this system)
     assert compiled.validation.status == ("passed" if compiled.backend.runs_here else "skipped")
-    assert any(n.target is torch.sym_ite for n in lowered.exported_program().graph.nodes)  # (left as it was)
+    assert calls() == before  # (left as it was, by a hand-off that failed too: an importer rewrote it once)
     return compiled

@@ -957,8 +957,22 @@ def _build_model(cls, cfg):
                                   retry=False) from None
         except Exception as e:
             raise CaseUnavailable(f"construct {cls.__name__}: {type(e).__name__}: {str(e)[:300]}") from None
-        return model.eval(), attn
+        return _without_zero_matrices(model).eval(), attn
     raise CaseUnavailable(f"construct {cls.__name__}: no attention implementation accepted: {errors}")
+
+
+def _without_zero_matrices(model):
+    """``model`` with each weight matrix its init left all zeros drawn instead (seeded, normal with
+    transformers' initializer_range of 0.02). A zero matrix makes every value after it degenerate: a
+    mixture of experts whose router gate is zero (afmoe's) ties every expert for every token, and which
+    of tied experts ``topk`` picks is unspecified (torch's and a backend's differ, both right), so no
+    backend could be compared with eager on it."""
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() >= 2 and param.is_floating_point() and not param.any():
+                param.copy_(torch.randn(param.shape, generator=gen, dtype=torch.float32).mul_(0.02))
+    return model
 
 
 def _sub(cfg, *names):
