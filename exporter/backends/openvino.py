@@ -76,6 +76,7 @@ def hand_off(ep, *, device: str = "CPU", config: dict | None = None,
     gm = ep.module()
     if library:
         _as_builtins(gm, library)
+        _scale_in_query(gm, library)
     extensions = {"extension": list(library.entries)} if library else {}
     model = openvino.convert_model(TorchFXPythonDecoder(gm, dynamic_shapes=True), **extensions)
     names, held = _result_names(gm), None
@@ -179,6 +180,37 @@ def _as_builtins(gm, library: library_tables.LibraryTable) -> None:
         for node in nodes:
             node.target = builtins[node.target]
         if nodes:
+            module.recompile()
+
+
+def _scale_in_query(gm, library: library_tables.LibraryTable) -> None:
+    """Each attention of ``gm`` (the module handed over) given a scale other than its default
+    ``head_dim ** -0.5`` takes it folded into the query instead, where the library's extension converts
+    the attention: transformers' conversion of ``scaled_dot_product_attention`` leaves the scale out
+    (OpenVINO then applies its default), and its own export folds the scale into the query before (its
+    patch of torch's function), which the graph handed over here has not had. ``softmax(q k^T s)`` is
+    ``softmax((q s sqrt(d)) k^T / sqrt(d))``: the same values to float rounding. A head size that is a
+    symbol is left as it is (the hand-off check compares what OpenVINO makes of it)."""
+    sdpa = torch.ops.aten.scaled_dot_product_attention.default
+    if "aten::scaled_dot_product_attention.default" not in library.ops:
+        return
+    for module in gm.modules():
+        if not isinstance(module, torch.fx.GraphModule):
+            continue
+        changed = False
+        for node in [n for n in module.graph.nodes if n.op == "call_function" and n.target is sdpa]:
+            scale, query = node.kwargs.get("scale"), node.args[0]
+            size = query.meta["val"].shape[-1] if "val" in query.meta else None
+            if scale is None or not isinstance(size, int) or not size:
+                continue
+            factor = scale * size ** 0.5
+            with module.graph.inserting_before(node):
+                scaled = module.graph.call_function(torch.ops.aten.mul.Tensor, (query, factor))
+            scaled.meta["val"] = query.meta["val"]
+            node.args = (scaled, *node.args[1:])
+            node.kwargs = {k: v for k, v in node.kwargs.items() if k != "scale"}
+            changed = True
+        if changed:
             module.recompile()
 
 

@@ -35,11 +35,20 @@ def histc(x: torch.Tensor, bins: int = 100, min=0, max=0) -> torch.Tensor:
     """aten::histc as its CPU kernel counts: an element in ``[min, max]`` (NaN in none; both bounds in the
     input's dtype) goes to bin ``(x - min) * bins / (max - min)`` computed in the input's dtype in that
     order and truncated, the top bound in the last bin (the kernel interpolates linearly, with no search
-    of the edges). ``min == max`` makes the kernel read the data's extremes: declined (NotImplemented)."""
-    if min == max or not x.is_floating_point():
+    of the edges). ``min == max`` makes the kernel read the data's extremes instead, a range of one value
+    widened by 1 each way (a mixture of experts of one expert counts with ``min=0, max=0``); where the
+    data holds NaN or an infinity the kernel raises and the counts here are meaningless. An integer
+    input (which the CPU kernel refuses): NotImplemented."""
+    if not x.is_floating_point():
         return NotImplemented
-    lo, hi = (torch.scalar_tensor(v, dtype=x.dtype, device=x.device) for v in (min, max))
     flat = x.reshape(-1, 1)
+    if min == max:  # (an empty input reads +inf and -inf here, and counts nothing either way)
+        lo = torch.cat([x.reshape(-1), x.new_full((1,), float("inf"))]).amin()
+        hi = torch.cat([x.reshape(-1), x.new_full((1,), -float("inf"))]).amax()
+        same = lo == hi
+        lo, hi = torch.where(same, lo - 1, lo), torch.where(same, hi + 1, hi)
+    else:
+        lo, hi = (torch.scalar_tensor(v, dtype=x.dtype, device=x.device) for v in (min, max))
     inside = (flat >= lo) & (flat <= hi)
     at = torch.clamp(((flat - lo) * bins / (hi - lo)).to(torch.int64), 0, bins - 1)
     hits = (at == torch.arange(bins, device=x.device)) & inside

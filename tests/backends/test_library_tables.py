@@ -222,3 +222,46 @@ def test_without_the_extensions_openvino_refuses_them(tmp_path, without_tables, 
                                                   rf"(No conversion rule found for operations|Conversion is failed "
                                                   rf"for): {re.escape(failing)}"):
         backends.to_backend(load_for_backend(path, backend="openvino", keep=keep, cache=False))
+
+
+class ScaledAttention(torch.nn.Module):
+    """Attention with a scale of its own (ESM scales its query before and passes 1.0; Gemma 2 its
+    query_pre_attn_scalar), under a boolean mask and under none."""
+
+    def __init__(self, scale: float, masked: bool):
+        super().__init__()
+        self.scale, self.masked = scale, masked
+
+    def forward(self, q, k, v, mask):
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask if self.masked else None, scale=self.scale)
+
+
+def _attention_inputs():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 8, 16) for _ in range(3))
+    mask = torch.rand(2, 1, 8, 8) > 0.3
+    mask[..., 0] = True
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("scale, masked", [(1.0, True), (0.5, False)])
+def test_an_attention_s_own_scale_runs_on_openvino(tmp_path, monkeypatch, scale, masked):
+    """transformers' OpenVINO conversion of the attention leaves its scale out (its export folds the scale
+    into the query first): the hand-off folds it there too. Without that, OpenVINO applies its default
+    1/sqrt(16) and the hand-off check finds the outputs 1.5-2.6 off."""
+    from exporter.backends import openvino as ov_backend
+    from exporter.errors import BackendResultError
+
+    m, args = ScaledAttention(scale, masked), _attention_inputs()
+    path = tmp_path / "attention.pt2b"
+    export_model(m, args, path)
+    lowered = load_for_backend(path, backend="openvino", cache=False)
+    with monkeypatch.context() as patched:
+        patched.setattr(ov_backend, "_scale_in_query", lambda gm, library: None)
+        with pytest.raises(BackendResultError, match="the backend computes something else"):
+            backends.to_backend(lowered)
+    compiled = backends.to_backend(lowered)
+    other = _attention_inputs()[:3] + (torch.rand(2, 1, 8, 8) > 0.5,)
+    for inputs in (args, other):
+        torch.testing.assert_close(compiled(*inputs), m(*inputs), **TOL)

@@ -46,8 +46,28 @@ def test_histc_counts_as_the_cpu_kernel_does():
     assert histc(torch.randn(5, 3).double(), 4, -1, 1).shape == (4,)
 
 
-def test_histc_declines_what_reads_the_data():
-    assert histc(torch.randn(8), 4, 0, 0) is NotImplemented  # min == max: the data's extremes
+def test_histc_with_no_range_counts_over_the_datas_extremes_as_the_kernel_does():
+    """min == max (0 and 0 where a mixture of experts has one expert): the kernel reads the data's
+    smallest and largest values, a range of one value widened by 1 each way."""
+    rng = random.Random(1)
+    for case in range(200):
+        bound = rng.choice([0, 0, 2.5, -1])
+        dtype = rng.choice([torch.float32, torch.float64])
+        kind = case % 4
+        if kind == 0:
+            x = torch.randn(rng.randint(1, 40)) * rng.choice([1, 1e3, 1e-3])
+        elif kind == 1:  # expert indices, as transformers counts them
+            x = torch.randint(0, rng.randint(1, 6), (rng.randint(1, 30),)).float()
+        elif kind == 2:  # one value: the widened range
+            x = torch.full((rng.randint(1, 9),), rng.choice([0.0, 3.0, -7.5]))
+        else:  # empty
+            x = torch.empty(0)
+        x, bins = x.to(dtype), rng.randint(1, 12)
+        got, want = histc(x, bins, bound, bound), torch.histc(x, bins, bound, bound)
+        assert torch.equal(got, want), (x, bins, bound, got, want)
+
+
+def test_histc_declines_an_integer_input():
     assert histc(torch.arange(8), 4, 0, 7) is NotImplemented  # (the CPU kernel takes floats only)
 
 
