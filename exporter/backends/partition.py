@@ -87,7 +87,9 @@ class _Handed(torch.nn.Module):
         # a backend's runtime takes plain tensors (ExecuTorch's refuses a subclass): weights come bound as Parameters
         out = self.compiled(*(a.detach() if isinstance(a, torch.nn.Parameter) else a for a in args))
         out = [out] if self.single else list(out)
-        out = [kind(o.item()) if kind is not None and isinstance(o, torch.Tensor) else o
+        # (a bool comes back as a 0-dim tensor or a plain 0 or 1 from some runtimes: it is made a bool again,
+        # which the next part's sym_ite requires)
+        out = [o if kind is None else kind(o.item() if isinstance(o, torch.Tensor) else o)
                for o, kind in zip(out, self.numbers)]
         return out[0] if self.single else tuple(out)
 

@@ -175,3 +175,30 @@ def test_a_cut_handed_back_after_the_hand_offs_are_spent_keeps_the_parts_taken(m
     assert compiled.share.backend_nodes > split(every_trial_kept=True).share.backend_nodes > 0
     x = torch.randn(3, 8)
     torch.testing.assert_close(compiled(x), model(x), rtol=1e-6, atol=1e-6)
+
+
+def test_a_bool_a_part_returns_as_a_number_reaches_the_next_part_as_a_bool(monkeypatch):
+    """A bool read from a tensor that a backend part returns, which its runtime gives back as 0 or 1 (IREE
+    does), is a bool again for the next part: its ``sym_ite`` takes bools only ("expected SymBool or bool")."""
+    from exporter.ops import op_name
+    from tests.support.helpers import CheckedIds
+
+    listed = ("aten::ge.Scalar", "aten::all.default", "aten::item.default")
+
+    def hand_off(ep):
+        if any(isinstance(n.target, torch._ops.OpOverload) and op_name(n.target) not in listed
+               and "assert" not in op_name(n.target) for n in ep.graph.nodes):
+            raise BackendHandOffError("converts only what it lists")
+        return ep.module(), ep
+
+    def run(native, program, args, kwargs):
+        out = native(*args, **kwargs)
+        as_ints = [int(o) if isinstance(o, bool) else o for o in (out if isinstance(out, (tuple, list)) else [out])]
+        return as_ints if isinstance(out, (tuple, list)) else as_ints[0]
+
+    monkeypatch.setitem(backends._CACHE, "onnx", Backend("ints", "1", listed, "", dict, hand_off, run))
+    ep = _program(CheckedIds(), torch.randn(3), torch.tensor([1, 2]))
+    compiled = backends.to_backend("onnx", ep, fallback="reference", validate=False)
+    assert compiled.share.on_reference == {"aten::add.Tensor": 1, "aten::mul.Tensor": 1, "aten::sum.default": 1}
+    for x, ids in ((torch.randn(3), torch.tensor([1, 2])), (torch.randn(3), torch.tensor([5, 0]))):
+        assert torch.equal(compiled(x, ids), CheckedIds()(x, ids))
