@@ -22,6 +22,7 @@ the model.
   sym_ops.py    a program's Python calls (a choice by a bool read from a tensor, grad mode) as ATen ops or
                 left out, for backends taking ops only
   program_copy.py  a program's graph copied for a hand-off to rewrite, its nodes' names kept
+  complex_views.py a view of a complex tensor as the same view of its real pairs (for ONNX)
 """
 
 from __future__ import annotations

@@ -82,6 +82,9 @@ def hand_off(ep, *, opset_version: int | None = None, optimize: bool = True,
     if table:
         options["custom_translation_table"] = table
 
+    from .complex_views import complex_views_as_real
+
+    ep = complex_views_as_real(ep)  # (torchlib translates no view of a complex tensor)
     if fusions is not None:  # (torchlib's boolean attention is a form ONNX Runtime's fusions do not match)
         ep = attention.additive_masks(ep)
 
