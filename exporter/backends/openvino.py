@@ -59,7 +59,25 @@ def _neg_as_product(x):
     return torch.ops.aten.mul.Tensor(x, -1)
 
 
-_NEG_AS_PRODUCT = {torch.ops.aten.neg.default: _neg_as_product}
+def _cat_without_legacy_empties(tensors, dim=0):
+    """``cat`` without its inputs of shape ``(0,)``, which torch skips beside tensors of more dims (a
+    legacy rule: flaubert's attention starts its cache as one) and OpenVINO's converter cannot take
+    ("Conversion is failed for: SequenceMark, aten.cat.default"): the same values. NotImplemented where
+    there is none, nothing else is left, or leaving them out would change the promoted dtype."""
+    def legacy_empty(t):
+        return t.dim() == 1 and isinstance(t.shape[0], int) and t.shape[0] == 0
+
+    kept = [t for t in tensors if not legacy_empty(t)]
+    if len(kept) == len(tensors) or not kept or any(t.dim() == 1 for t in kept):
+        return NotImplemented
+    promoted = functools.reduce(torch.promote_types, (t.dtype for t in tensors))
+    if functools.reduce(torch.promote_types, (t.dtype for t in kept)) != promoted:
+        return NotImplemented
+    return torch.ops.aten.cat.default(kept, dim)
+
+
+# the rewrites the hand-off makes in the retrace that applies OpenVINO's own table
+_REWRITES = {torch.ops.aten.neg.default: _neg_as_product, torch.ops.aten.cat.default: _cat_without_legacy_empties}
 
 
 def hand_off(ep, *, device: str = "CPU", config: dict | None = None,
@@ -72,7 +90,7 @@ def hand_off(ep, *, device: str = "CPU", config: dict | None = None,
     from openvino.frontend.pytorch.fx_decoder import TorchFXPythonDecoder
 
     # what convert_model's from_exported_program does first, with pt2b's rewrites in the same retrace
-    ep = attention.additive_masks(ep, _NEG_AS_PRODUCT, base=_table())
+    ep = attention.additive_masks(ep, _REWRITES, base=_table())
     gm = ep.module()
     if library:
         _as_builtins(gm, library)

@@ -265,3 +265,42 @@ def test_an_attention_s_own_scale_runs_on_openvino(tmp_path, monkeypatch, scale,
     other = _attention_inputs()[:3] + (torch.rand(2, 1, 8, 8) > 0.5,)
     for inputs in (args, other):
         torch.testing.assert_close(compiled(*inputs), m(*inputs), **TOL)
+
+
+class LegacyEmptyCache(torch.nn.Module):
+    """flaubert's attention: a cache that starts as a tensor of shape (0,), concatenated with the keys
+    (torch skips such a tensor beside ones of more dims)."""
+
+    def __init__(self):
+        super().__init__()
+        self.start = torch.empty(0)
+
+    def forward(self, k):
+        return torch.cat([self.start.clone(), k.permute(0, 2, 1, 3)], dim=-2) * 2
+
+
+def test_a_cat_with_a_legacy_empty_tensor_runs_on_openvino(tmp_path, monkeypatch):
+    """OpenVINO's converter refuses the cat ("SequenceMark"); the hand-off leaves the empty tensor out."""
+    from exporter.backends import openvino as ov_backend
+
+    m, k = LegacyEmptyCache(), torch.randn(2, 5, 4, 8)
+    path = tmp_path / "cat.pt2b"
+    export_model(m, (k,), path, dynamic_shapes=({1: torch.export.Dim("seq")},))
+    lowered = load_for_backend(path, backend="openvino", cache=False)
+    with monkeypatch.context() as patched:
+        patched.setitem(ov_backend._REWRITES, torch.ops.aten.cat.default, lambda *a, **kw: NotImplemented)
+        with pytest.raises(BackendHandOffError, match="SequenceMark, aten.cat.default"):
+            backends.to_backend(lowered)
+    compiled = backends.to_backend(lowered)
+    for seq in (5, 9):
+        x = torch.randn(2, seq, 4, 8)
+        assert torch.equal(compiled(x), m(x))
+
+
+def test_a_legacy_empty_tensor_that_decides_the_dtype_stays():
+    from exporter.backends.openvino import _cat_without_legacy_empties
+
+    wide = [torch.empty(0, dtype=torch.float64), torch.randn(2, 3)]
+    assert _cat_without_legacy_empties(wide, 0) is NotImplemented
+    same = [torch.empty(0), torch.randn(2, 3), torch.randn(1, 3)]
+    assert torch.equal(_cat_without_legacy_empties(same, 0), torch.cat(same, 0))

@@ -108,7 +108,7 @@ def test_the_rotary_embedding_reaches_openvino_in_the_form_its_cpu_plugin_fuses(
     fused = backends.to_backend_methods(lowered)
     assert "RoPE" in _runtime_layers(fused["decode"])
     assert case.generate(_call(fused)) == case.eager_tokens()
-    monkeypatch.setattr(openvino, "_NEG_AS_PRODUCT", {})
+    monkeypatch.setattr(openvino, "_REWRITES", {})
     assert "RoPE" not in _runtime_layers(backends.to_backend_methods(lowered)["decode"])
 
 
