@@ -80,8 +80,19 @@ def masked_scatter(x: torch.Tensor, mask: torch.Tensor, source: torch.Tensor) ->
     return torch.where(selected, flat[rank.clamp(min=0)], xb.reshape(-1)).reshape(xb.shape)
 
 
+def sort_by_topk(x: torch.Tensor, dim: int = -1, descending: bool = False) -> tuple:
+    """aten::sort as a topk of every element along ``dim``, sorted, the largest first where
+    ``descending`` (NaN counts as the largest in both, as in sort): the same values in the same order.
+    Where values tie, which of their indices comes first is unspecified for both ops (sort without
+    ``stable=True``) and may differ. A 0-d input: NotImplemented."""
+    if x.dim() == 0:
+        return NotImplemented
+    return torch.ops.aten.topk.default(x, x.shape[dim], dim, descending, True)
+
+
 # op name -> pt2b's decomposition; a library's op applies only where the library is loaded
 WRITTEN = {
+    "aten::sort.default": sort_by_topk,
     "aten::histc.default": histc,
     "aten::empty_permuted.default": empty_permuted,
     "aten::masked_scatter.default": masked_scatter,

@@ -148,9 +148,9 @@ def test_a_check_of_a_value_read_from_a_tensor_runs_on_the_runtime(tmp_path, mon
         torch.testing.assert_close(compiled(x, ids), CheckedIds()(x, ids))
 
 
-class SortedCount(torch.nn.Module):
-    """A buffer the program writes, and a sort, for which ExecuTorch has no kernel: split, the reference
-    runs the sort."""
+class RunningMaxCount(torch.nn.Module):
+    """A buffer the program writes, and a running maximum, for which ExecuTorch has no kernel: split, the
+    reference runs the cummax."""
 
     def __init__(self):
         super().__init__()
@@ -158,23 +158,48 @@ class SortedCount(torch.nn.Module):
 
     def forward(self, x):
         self.count.add_(x)
-        return torch.sort(self.count * x, descending=True).values + 1
+        return torch.cummax(self.count * x, 0).values + 1
 
 
 def test_a_split_carries_the_buffers_the_program_writes(tmp_path):
     """The runtime holds a whole program's buffers itself; the parts of a split hold none, so the split
     takes them lifted to inputs and outputs and carries them from call to call, as for a backend that holds
     no state (it used to fail: the check loaded the split as one runtime program)."""
-    export_model(SortedCount(), (torch.ones(3),), tmp_path / "sorted.pt2b")
+    export_model(RunningMaxCount(), (torch.ones(3),), tmp_path / "count.pt2b")
     from exporter.errors import OpsetError
 
-    with pytest.raises(OpsetError, match="aten::sort"):
-        load_for_backend(tmp_path / "sorted.pt2b", backend="executorch", cache=False)
-    lowered = load_for_backend(tmp_path / "sorted.pt2b", backend="executorch", cache=False, fallback="reference")
+    with pytest.raises(OpsetError, match="aten::cummax"):
+        load_for_backend(tmp_path / "count.pt2b", backend="executorch", cache=False)
+    lowered = load_for_backend(tmp_path / "count.pt2b", backend="executorch", cache=False, fallback="reference")
     compiled = backends.to_backend(lowered)
-    assert compiled.share is not None and compiled.share.on_reference == {"aten::sort.default": 1}
+    assert compiled.share is not None and compiled.share.on_reference == {"aten::cummax.default": 1}
     assert compiled.validation.status == "passed"
-    eager = SortedCount()
+    eager = RunningMaxCount()
     for step in range(3):
         x = torch.tensor([1.0, -2.0, 3.0]) * (step + 1)
         torch.testing.assert_close(compiled(x), eager(x), rtol=0, atol=0)
+
+
+class Router(torch.nn.Module):
+    """A mixture-of-experts router that sorts its experts' scores (transformers' ernie4_5_moe, jetmoe)."""
+
+    def forward(self, x):
+        scores, order = torch.sort(x.softmax(-1), dim=-1, descending=True)
+        return scores[..., :2] * 2, order[..., :2], torch.sort(x, dim=0).values
+
+
+def test_a_sort_runs_on_the_portable_kernels_as_a_topk(tmp_path):
+    """ExecuTorch has no sort kernel but a topk one: pt2b's rewrite (a topk of every element, sorted)
+    reaches it, and the router runs whole, its order and sorted values as eager's."""
+    torch.manual_seed(0)
+    export_model(Router(), (torch.randn(5, 8),), tmp_path / "router.pt2b",
+                 dynamic_shapes=({0: torch.export.Dim("tokens", max=16)},))
+    lowered = load_for_backend(tmp_path / "router.pt2b", backend="executorch", cache=False)
+    assert not any("sort" in str(n.target) for n in lowered.exported_program().graph.nodes)
+    compiled = backends.to_backend(lowered)
+    assert compiled.share is None and compiled.validation.status == "passed"
+    for tokens in (5, 3):
+        x = torch.randn(tokens, 8)
+        (scores, order, values), (want_scores, want_order, want_values) = compiled(x), Router()(x)
+        torch.testing.assert_close(scores, want_scores, rtol=1e-6, atol=1e-6)  # (its softmax rounds otherwise)
+        assert torch.equal(order, want_order) and torch.equal(values, want_values)

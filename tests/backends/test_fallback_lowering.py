@@ -161,29 +161,29 @@ def test_to_backend_refuses_an_unknown_fallback_as_before(cumulative):
         backends.to_backend(lowered, fallback="ref")
 
 
-class Sorted(nn.Module):
+class RunningMax(nn.Module):
     def __init__(self):
         super().__init__()
         self.lin = nn.Linear(8, 8)
 
     def forward(self, x):
-        values, indices = torch.sort(self.lin(x), dim=-1)
+        values, indices = torch.cummax(self.lin(x), dim=-1)
         return values.relu() * 2, indices
 
 
-def test_executorch_runs_a_model_with_sort_with_the_sort_on_the_reference(tmp_path):
-    """ExecuTorch's portable kernels have no sort, and nothing decomposes it: the lowering leaves it."""
+def test_executorch_runs_a_model_with_cummax_with_the_cummax_on_the_reference(tmp_path):
+    """ExecuTorch's portable kernels have no cummax, and nothing decomposes it: the lowering leaves it."""
     pytest.importorskip("executorch.extension.pybindings.portable_lib")
     torch.manual_seed(0)
-    model = Sorted().eval()
-    export_model(model, (torch.randn(3, 8),), tmp_path / "sorted.pt2b")
-    with pytest.raises(OpsetError, match=r"aten::sort.default \(1 call sites\): no decomposition reaches"):
-        load_for_backend(tmp_path / "sorted.pt2b", backend="executorch", cache=False)
-    lowered = load_for_backend(tmp_path / "sorted.pt2b", backend="executorch", cache=False, fallback="reference")
-    assert lowered.outside_opset == {"aten::sort.default": 1}
+    model = RunningMax().eval()
+    export_model(model, (torch.randn(3, 8),), tmp_path / "cummax.pt2b")
+    with pytest.raises(OpsetError, match=r"aten::cummax.default \(1 call sites\): no decomposition reaches"):
+        load_for_backend(tmp_path / "cummax.pt2b", backend="executorch", cache=False)
+    lowered = load_for_backend(tmp_path / "cummax.pt2b", backend="executorch", cache=False, fallback="reference")
+    assert lowered.outside_opset == {"aten::cummax.default": 1}
     compiled = backends.to_backend(lowered)
     share = compiled.share
-    assert share.on_reference == {"aten::sort.default": 1} and share.backend_nodes == share.nodes - 1
+    assert share.on_reference == {"aten::cummax.default": 1} and share.backend_nodes == share.nodes - 1
     assert compiled.validation.status == "passed"
     x = torch.randn(3, 8)
     (values, indices), (want_values, want_indices) = compiled(x), model(x)

@@ -14,7 +14,8 @@ from exporter import export_model, load_for_backend
 from exporter.lowering.opset_check import INFRASTRUCTURE
 from exporter.lowering.presets import load as load_preset
 from exporter.errors import OpsetError
-from exporter.lowering.rewrites import amax_by_max_dim, empty_permuted, grouped_mm_fallback, histc, masked_scatter
+from exporter.lowering.rewrites import (amax_by_max_dim, empty_permuted, grouped_mm_fallback, histc, masked_scatter,
+                                        sort_by_topk)
 from exporter.lowering.tables import closure_decompositions
 
 CORE = sorted(load_preset("core").opset)
@@ -227,3 +228,27 @@ def test_amax_takes_pt2bs_route_where_the_list_has_max_dim_but_not_amax(tmp_path
     # without max.dim either, pt2b's route does not apply: torch's ends in prims::amax, refused
     with pytest.raises(OpsetError, match=r"prims::amax.default \(2 call sites\): no decomposition reaches"):
         load_for_backend(tmp_path / "m.pt2b", supported_ops=[o for o in without if o != "aten::max.dim"], cache=False)
+
+
+def test_sort_by_topk_gives_sorts_values_and_order():
+    """The values bitwise and, where no two values tie, the indices too; where they tie (whose order
+    neither op specifies) the indices still gather the values."""
+    rng = random.Random(2)
+    for case in range(120):
+        shape = [rng.randint(1, 6) for _ in range(rng.randint(1, 3))]
+        dim, descending = rng.randrange(-len(shape), len(shape)), rng.random() < 0.5
+        x = torch.randn(shape, dtype=rng.choice([torch.float32, torch.float64]))
+        if case % 3 == 1:
+            x = x.flatten()
+            x[rng.randrange(x.numel())] = float("nan")
+            x = x.reshape(shape)
+        tied = case % 3 == 2
+        if tied:
+            x = torch.randint(0, 3, shape).to(x.dtype)
+        got, want = sort_by_topk(x, dim, descending), torch.sort(x, dim, descending)
+        assert torch.equal(got[0], want[0]) or torch.allclose(got[0], want[0], equal_nan=True), (x, dim)
+        if tied:
+            assert torch.equal(x.gather(dim, got[1]), want[0])
+        else:
+            assert torch.equal(got[1], want[1]), (x, dim, descending)
+    assert sort_by_topk(torch.tensor(3.0)) is NotImplemented
