@@ -14,6 +14,7 @@ from ..lazy import Lazy
 from ..util.process_state import preserved
 from .._torch.deferred_codegen import compiled, deferred
 from .engines import lower_program
+from .fold import fixed_values_folded
 from .opset_check import outside, route_lines, support_hint
 from .plan import LoweringPlan
 from .subclass_weights import unwrapped
@@ -51,6 +52,8 @@ def lower(source_ep, plan: LoweringPlan) -> Lowering:
     if lowered is not source_ep:  # (nothing to do leaves the program as it was captured)
         lowered = with_guards_of(lowered, source_ep)  # the relations its inputs must keep, checked at each call
         lowered = as_aten_dialect(lowered)  # what it is, as torch's run_decompositions output says it
+        if plan.closed_opset:  # (a refused op of constants computed now: fold.py)
+            lowered = fixed_values_folded(lowered, plan.accepts)
     # what the lowering's traces cached is not for the backend's own retrace (another config)
     drop_cached_dispatches(program_fake_mode(lowered.graph_module))
     compiled(lowered)

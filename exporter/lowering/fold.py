@@ -1,0 +1,80 @@
+"""A call outside a backend's op set whose value the program fixes (its inputs are constants of the
+program and literals, through deterministic ops only) computed once at lowering, by torch's own
+kernels, and given to the backend as the ``full`` of that value: the same value, from an op backends
+have. Gemma 3n's activation sparsity takes ``Normal(0, 1).icdf`` of a constant, an ``erf_inv`` that no
+decomposition reaches and ONNX and ExecuTorch lack. Only values one ``full`` makes (a 0-d tensor, or
+every element equal) are folded; a seeded random op (``randn``) is never folded: each run draws anew."""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+from ..graph_walk import op_nodes
+from .opset_check import is_infrastructure
+
+__all__ = ["fixed_values_folded"]
+
+
+def _deterministic(node: torch.fx.Node) -> bool:
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    return torch.Tag.nondeterministic_seeded not in target.tags and not target._schema.is_mutable
+
+
+def _value(node, constants: dict, memo: dict):
+    """The value of ``node`` where the program fixes it (a constant tensor input, literals, and
+    deterministic ops of those), else None."""
+    if not isinstance(node, torch.fx.Node):
+        return node
+    if node in memo:
+        return memo[node]
+    memo[node] = None  # (a cycle cannot happen in a graph; this marks a node being computed)
+    value = None
+    if node.op == "placeholder":
+        value = constants.get(node.name)
+    elif node.op == "call_function" and _deterministic(node):
+        args = [_value(a, constants, memo) if isinstance(a, torch.fx.Node) else a for a in node.args]
+        kwargs = {k: _value(v, constants, memo) if isinstance(v, torch.fx.Node) else v for k, v in node.kwargs.items()}
+        known = all(v is not None for v, a in zip(args, node.args) if isinstance(a, torch.fx.Node)) and all(
+            v is not None for k, v in kwargs.items() if isinstance(node.kwargs[k], torch.fx.Node))
+        if known and not any(isinstance(a, (list, tuple)) and any(isinstance(x, torch.fx.Node) for x in a)
+                             for a in node.args):
+            with torch.no_grad():
+                value = node.target(*args, **kwargs)
+    memo[node] = value
+    return value
+
+
+def fixed_values_folded(ep: torch.export.ExportedProgram, accepts) -> torch.export.ExportedProgram:
+    """``ep`` with each call of an op ``accepts(op)`` rejects, whose value the program fixes and one
+    ``full`` makes, replaced by that ``full`` (in place: ``ep`` is the lowering's own new program).
+    Returns ``ep``."""
+    gm = ep.graph_module
+    refused = [n for n in op_nodes(gm) if not is_infrastructure(n.target) and not accepts(n.target)]
+    if not refused:
+        return ep
+    by_name = {s.arg.name: s.target for s in ep.graph_signature.input_specs
+               if s.kind == torch.export.graph_signature.InputKind.CONSTANT_TENSOR}
+    constants = {name: ep.constants[target] for name, target in by_name.items() if target in ep.constants}
+    memo: dict = {}
+    changed = False
+    for node in refused:
+        value = _value(node, constants, memo)
+        if not isinstance(value, torch.Tensor) or value.is_complex() or value.numel() == 0:
+            continue
+        flat = value.reshape(-1)
+        if not bool((flat == flat[0]).all()) and not bool(flat.isnan().all()):
+            continue
+        with gm.graph.inserting_before(node):
+            made = gm.graph.call_function(torch.ops.aten.full.default, (list(value.shape), flat[0].item()),
+                                          {"dtype": value.dtype, "device": value.device})
+        made.meta.update({k: v for k, v in node.meta.items() if k in ("val", "tensor_meta", "stack_trace",
+                                                                         "nn_module_stack", "from_node")})
+        node.replace_all_uses_with(made)
+        changed = True
+    if changed:
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+    return ep
