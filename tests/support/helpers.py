@@ -424,47 +424,22 @@ class NoGrad(torch.nn.Module):
         return y * 2 + x
 
 
-def a_grad_mode_region_is_taken(backend: str, tmp_path, monkeypatch):
-    """The hand-off leaves the lowered program's grad-mode markers out for ``backend`` (they change no
-    value; exporter/backends/sym_ops.py), which refuses them as Python calls; the caller's program keeps
-    them. Returns the Compiled (checked against the program at the hand-off)."""
+def _taken_only_as_ops(backend: str, model, args, path, monkeypatch, holds) -> object:
+    """``model`` exported to ``path`` and lowered for ``backend``, whose program ``holds`` (a test of its
+    graph's nodes): refused without exporter/backends/sym_ops.py's rewrite, then handed over (checked by
+    a run where the backend runs on this system); the caller's program keeps every node as it was after
+    both hand-offs (an importer once rewrote it). Returns the Compiled."""
     from exporter import backends, export_model, load_for_backend
     from exporter.backends import sym_ops
     from exporter.errors import BackendHandOffError
 
     import pytest
 
-    export_model(NoGrad(), (torch.randn(3, 4),), tmp_path / "no_grad.pt2b")
-    lowered = load_for_backend(tmp_path / "no_grad.pt2b", backend=backend, cache=False)
-    marked = lambda: sum(getattr(n.target, "__name__", "") == "_set_grad_enabled"  # noqa: E731
-                         for n in lowered.exported_program().graph.nodes)
-    assert marked() == 2
-    with monkeypatch.context() as m:
-        m.setattr(sym_ops, "ops_only", lambda ep: ep)
-        with pytest.raises(BackendHandOffError, match="could not take the program"):
-            backends.to_backend(lowered)
-    compiled = backends.to_backend(lowered)
-    assert compiled.validation.status == ("passed" if compiled.backend.runs_here else "skipped")
-    assert marked() == 2  # (left as it was)
-    return compiled
-
-
-def a_check_of_a_value_is_taken(backend: str, tmp_path, monkeypatch):
-    """The hand-off gives ``backend`` the program's sym_ite of a value read from a tensor as ATen ops
-    (exporter/backends/sym_ops.py), which it refuses without; the caller's program keeps its sym_ite and
-    every other node as it was. Returns the Compiled (checked against the program at the hand-off)."""
-    from exporter import backends, export_model, load_for_backend
-    from exporter.backends import sym_ops
-    from exporter.errors import BackendHandOffError
-
-    import pytest
-
-    x, ids = torch.randn(3), torch.tensor([1, 2])
-    export_model(CheckedIds(), (x, ids), tmp_path / "checked.pt2b")
-    lowered = load_for_backend(tmp_path / "checked.pt2b", backend=backend, cache=False)
-    assert any(n.target is torch.sym_ite for n in lowered.exported_program().graph.nodes)
-    calls = lambda: [(n.name, n.target, n.args) for n in lowered.exported_program().graph.nodes]  # noqa: E731
-    before = calls()
+    export_model(model, args, path)
+    lowered = load_for_backend(path, backend=backend, cache=False)
+    nodes = lambda: list(lowered.exported_program().graph.nodes)  # noqa: E731
+    assert holds(nodes())
+    before = [(n.name, n.target, n.args) for n in nodes()]
     with monkeypatch.context() as m:
         m.setattr(sym_ops, "ops_only", lambda ep: ep)
         with pytest.raises(BackendHandOffError, match="could not take the program"):
@@ -472,7 +447,21 @@ def a_check_of_a_value_is_taken(backend: str, tmp_path, monkeypatch):
     # the same lowered program handed over again after that failure (which left the symbols its trace read
     # from tensors pending in the program's shape environment, until the hand-off restores them)
     compiled = backends.to_backend(lowered)
-    # (checked against the program by a run, where the backend runs on this system)
     assert compiled.validation.status == ("passed" if compiled.backend.runs_here else "skipped")
-    assert calls() == before  # (left as it was, by a hand-off that failed too: an importer rewrote it once)
+    assert [(n.name, n.target, n.args) for n in nodes()] == before
     return compiled
+
+
+def a_grad_mode_region_is_taken(backend: str, tmp_path, monkeypatch):
+    """The hand-off leaves the lowered program's grad-mode markers out for ``backend`` (they change no
+    value), which refuses them as Python calls; the caller's program keeps them."""
+    marked = lambda nodes: sum(getattr(n.target, "__name__", "") == "_set_grad_enabled" for n in nodes) == 2  # noqa: E731
+    return _taken_only_as_ops(backend, NoGrad(), (torch.randn(3, 4),), tmp_path / "no_grad.pt2b", monkeypatch, marked)
+
+
+def a_check_of_a_value_is_taken(backend: str, tmp_path, monkeypatch):
+    """The hand-off gives ``backend`` the program's sym_ite of a value read from a tensor as ATen ops,
+    which it refuses without; the caller's program keeps its sym_ite."""
+    ite = lambda nodes: any(n.target is torch.sym_ite for n in nodes)  # noqa: E731
+    return _taken_only_as_ops(backend, CheckedIds(), (torch.randn(3), torch.tensor([1, 2])),
+                              tmp_path / "checked.pt2b", monkeypatch, ite)
