@@ -22,7 +22,7 @@ def _dim(d: int, rank: int) -> int:
     return d % rank if rank else 0
 
 
-# op -> its arguments for the real pairs, from its own and the complex input's rank; None: left as it is
+# view op -> its arguments for the real pairs, from its own arguments and the complex input's rank
 _REAL_ARGS = {
     aten.unsqueeze.default: lambda a, r: (a[0], a[1] % (r + 1)),
     aten.view.default: lambda a, r: (a[0], [*a[1], 2]),

@@ -10,8 +10,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from ..graph_walk import op_nodes
-from .opset_check import is_infrastructure
+from .opset_check import refused_nodes
 
 __all__ = ["fixed_values_folded"]
 
@@ -26,25 +25,20 @@ def _deterministic(node: torch.fx.Node) -> bool:
 def _value(node, constants: dict, memo: dict):
     """The value of ``node`` where the program fixes it (a constant tensor input, literals, and
     deterministic ops of those), else None."""
-    if not isinstance(node, torch.fx.Node):
-        return node
-    if node in memo:
-        return memo[node]
-    memo[node] = None  # (a cycle cannot happen in a graph; this marks a node being computed)
-    value = None
-    if node.op == "placeholder":
-        value = constants.get(node.name)
-    elif node.op == "call_function" and _deterministic(node):
-        args = [_value(a, constants, memo) if isinstance(a, torch.fx.Node) else a for a in node.args]
-        kwargs = {k: _value(v, constants, memo) if isinstance(v, torch.fx.Node) else v for k, v in node.kwargs.items()}
-        known = all(v is not None for v, a in zip(args, node.args) if isinstance(a, torch.fx.Node)) and all(
-            v is not None for k, v in kwargs.items() if isinstance(node.kwargs[k], torch.fx.Node))
-        if known and not any(isinstance(a, (list, tuple)) and any(isinstance(x, torch.fx.Node) for x in a)
-                             for a in node.args):
-            with torch.no_grad():
-                value = node.target(*args, **kwargs)
-    memo[node] = value
-    return value
+    if node not in memo:
+        memo[node] = None
+        if node.op == "placeholder":
+            memo[node] = constants.get(node.name)
+        elif node.op == "call_function" and _deterministic(node) and not any(
+                isinstance(a, (list, tuple)) and any(isinstance(x, torch.fx.Node) for x in a) for a in node.args):
+            known = lambda a: _value(a, constants, memo) if isinstance(a, torch.fx.Node) else a  # noqa: E731
+            args = [known(a) for a in node.args]
+            kwargs = {k: known(v) for k, v in node.kwargs.items()}
+            given = [*node.args, *node.kwargs.values()]
+            if all(v is not None for v, a in zip([*args, *kwargs.values()], given) if isinstance(a, torch.fx.Node)):
+                with torch.no_grad():
+                    memo[node] = node.target(*args, **kwargs)
+    return memo[node]
 
 
 def fixed_values_folded(ep: torch.export.ExportedProgram, accepts) -> torch.export.ExportedProgram:
@@ -52,7 +46,7 @@ def fixed_values_folded(ep: torch.export.ExportedProgram, accepts) -> torch.expo
     ``full`` makes, replaced by that ``full`` (in place: ``ep`` is the lowering's own new program).
     Returns ``ep``."""
     gm = ep.graph_module
-    refused = [n for n in op_nodes(gm) if not is_infrastructure(n.target) and not accepts(n.target)]
+    refused = refused_nodes(gm, accepts)
     if not refused:
         return ep
     by_name = {s.arg.name: s.target for s in ep.graph_signature.input_specs

@@ -25,13 +25,17 @@ def is_infrastructure(op) -> bool:
             or op_name(op) in INFRASTRUCTURE)
 
 
+def refused_nodes(gm: torch.fx.GraphModule, accepts) -> list[torch.fx.Node]:
+    """The op nodes of ``gm`` whose op ``accepts(op)`` rejects (plumbing excluded)."""
+    return [node for node in op_nodes(gm) if not is_infrastructure(node.target) and not accepts(node.target)]
+
+
 def outside(gm: torch.fx.GraphModule, accepts) -> dict[str, int]:
     """op name -> number of call sites, for ops ``accepts(op)`` rejects (plumbing excluded)."""
     out: dict[str, int] = {}
-    for node in op_nodes(gm):
-        if not is_infrastructure(node.target) and not accepts(node.target):
-            name = op_name(node.target)
-            out[name] = out.get(name, 0) + 1
+    for node in refused_nodes(gm, accepts):
+        name = op_name(node.target)
+        out[name] = out.get(name, 0) + 1
     return dict(sorted(out.items()))
 
 
