@@ -1,15 +1,27 @@
 """The local executor: a pool of worker processes on this machine, one process per case, forked
-from the warm runner (a case naming an interpreter starts that python instead)."""
+from the warm runner (a case naming an interpreter, or a runner connected to Ray, starts a fresh python
+instead)."""
 
 from __future__ import annotations
 
 import os
 import select
 import socket
+import sys
 import time
 
 from .case import Case, Limits
 from .isolate import Running, code_version, launch
+
+
+def _holds_ray_driver() -> bool:
+    """Whether this process is connected to a Ray cluster: its gRPC threads and their locks are not
+    fork-safe (a forked child can die of SIGSEGV far from any Ray call), so its cases start a fresh python."""
+    ray = sys.modules.get("ray")
+    try:
+        return bool(ray is not None and ray.is_initialized())
+    except Exception:  # noqa: BLE001 -- (a partly imported or broken ray holds no driver)
+        return False
 
 
 class LocalPool:
@@ -28,7 +40,7 @@ class LocalPool:
         # a forked case runs the code this process imported; where the checkout changed since, the case
         # starts a fresh python instead (a fork would run old and new modules mixed), and says so
         started, now = code_version(), code_version(now=True)
-        fork = self.fork and not case.interpreter and now == started
+        fork = self.fork and not case.interpreter and now == started and not _holds_ray_driver()
         got = launch(case.spec(limits.memory_bytes), limits.timeout, log_path, fork)
         self.versions[case.id] = started if fork else now
         if isinstance(got, dict):

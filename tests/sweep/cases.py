@@ -10,6 +10,13 @@ def square(x: int) -> dict:
     return {"x": x, "square": x * x}
 
 
+def imported(module: str) -> bool:
+    """Whether this process has ``module`` imported: a forked case inherits the runner's modules."""
+    import sys
+
+    return module in sys.modules
+
+
 def fail(message: str) -> None:
     raise ValueError(message)
 

@@ -115,6 +115,12 @@ def test_a_case_named_by_interpreter_runs_there(tmp_path):
     assert got["crash"]["outcome"] == "crash" and "SIGSEGV" in got["crash"]["error"]
 
 
+def test_a_forked_case_has_the_runner_s_modules(tmp_path):
+    """The probe the Ray module's fresh-python test reads: a forked case sees what the runner imported."""
+    got = sweep.run([sweep.Case("p", C + "imported", ("_pytest",))], str(tmp_path / "j.jsonl"), workers=1)
+    assert got["p"]["outcome"] == "ok" and got["p"]["result"] is True
+
+
 def test_bad_cases_are_refused_before_the_sweep(tmp_path):
     with pytest.raises(SweepError, match="cannot be imported by name"):
         sweep.Case("a", lambda: 1)

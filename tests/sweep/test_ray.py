@@ -47,6 +47,14 @@ def test_ray_records_are_the_local_pool_s(cluster, tmp_path):
     assert {k: sweep.comparable(r) for k, r in on_ray.items()} == {k: sweep.comparable(r) for k, r in local.items()}
 
 
+def test_a_runner_connected_to_ray_starts_its_local_cases_fresh(cluster, tmp_path):
+    """gRPC's threads in a Ray driver are not fork-safe (a forked bert export died of SIGSEGV while
+    writing): the local pool of a runner connected to Ray starts a fresh python per case instead."""
+    case = [sweep.Case("ray-imported", C + "imported", ("ray",))]
+    got = sweep.run(case, str(tmp_path / "connected.jsonl"), workers=1, limits=sweep.Limits(timeout=120.0))
+    assert got["ray-imported"]["outcome"] == "ok" and got["ray-imported"]["result"] is False
+
+
 def test_a_node_killed_mid_sweep_loses_no_case(cluster, tmp_path):
     marks = tmp_path / "marks"
     marks.mkdir()
