@@ -96,10 +96,28 @@ def _leaves(out):
     return pytree.tree_flatten(out)[0]
 
 
+def _aligned(out, ref) -> tuple[list, list]:
+    """The leaves of ``out`` and ``ref``, paired: by key path where both hold the same paths in another
+    order (a ModelOutput rebuilt from its keys, as a program's module rebuilds it, orders them as its
+    fields, eager as the model set them), in flattening order otherwise."""
+    import torch.utils._pytree as pytree
+
+    lo, lr = _leaves(out), _leaves(ref)
+    try:
+        ko = [pytree.keystr(path) for path, _ in pytree.tree_flatten_with_path(out)[0]]
+        kr = [pytree.keystr(path) for path, _ in pytree.tree_flatten_with_path(ref)[0]]
+    except Exception:  # noqa: BLE001 -- (a class registered without keys: its leaves in order)
+        return lo, lr
+    if ko != kr and len(ko) == len(lo) and sorted(ko) == sorted(kr) and len(set(ko)) == len(ko):
+        at = {k: i for i, k in enumerate(ko)}
+        lo = [lo[at[k]] for k in kr]
+    return lo, lr
+
+
 def _compare_bitwise(a, b) -> str | None:
     import torch
 
-    la, lb = _leaves(a), _leaves(b)
+    la, lb = _aligned(a, b)
     if len(la) != len(lb):
         return f"output leaf count differs: {len(la)} vs {len(lb)}"
     for i, (x, y) in enumerate(zip(la, lb)):
@@ -119,7 +137,7 @@ def _compare_bitwise(a, b) -> str | None:
 def _compare_close(out, ref, rtol, atol) -> str | None:
     import torch
 
-    lo, lr = _leaves(out), _leaves(ref)
+    lo, lr = _aligned(out, ref)
     if len(lo) != len(lr):
         return f"output leaf count differs: {len(lo)} (runtime) vs {len(lr)} (eager)"
     for i, (x, y) in enumerate(zip(lo, lr)):

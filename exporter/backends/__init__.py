@@ -355,6 +355,11 @@ def _handed(backend: Backend, ep, options: dict, carry=None) -> tuple:
     hand-off that takes ``carry`` gets the state.Carry of a lifted program (to hold that state itself)."""
     import inspect
 
+    import torch
+
+    from . import calling
+    from .program_copy import handed_spec, program_returning
+
     params = inspect.signature(backend.hand_off).parameters
     takes = [n for n, p in params.items() if n != "carry" and (
         p.kind == p.KEYWORD_ONLY or (p.kind == p.POSITIONAL_OR_KEYWORD and n != "ep"))]
@@ -373,7 +378,17 @@ def _handed(backend: Backend, ep, options: dict, carry=None) -> tuple:
             from .sym_ops import ops_only
 
             ep = ops_only(ep)
-        return backend.hand_off(ep, **options, **({"carry": carry} if carry is not None and "carry" in params else {}))
+        # where the program's outputs do not flatten back to its structure (a class rebuilt from its keys
+        # reorders them), the backend gets them in plain containers, as a retrace would permute them, and
+        # the program it took gives them back in the program's own structure
+        spec = calling.out_spec(ep)
+        plain = handed_spec(spec)
+        handed = backend.hand_off(program_returning(ep, plain) if plain != spec else ep, **options,
+                                  **({"carry": carry} if carry is not None and "carry" in params else {}))
+        took = handed[1]
+        if plain != spec and isinstance(took, torch.export.ExportedProgram) and calling.out_spec(took) == plain:
+            handed = (handed[0], program_returning(took, spec, copy=False), *handed[2:])
+        return handed
     except Pt2bError:
         raise
     except Exception as e:  # noqa: BLE001 (whatever the backend raises, typed and chained)

@@ -20,6 +20,11 @@ def _spec(ep: torch.export.ExportedProgram, which: str):
     return getattr(ep.call_spec, which)
 
 
+def out_spec(ep: torch.export.ExportedProgram):
+    """The structure of the program's outputs (its ``out_spec``)."""
+    return _spec(ep, "out_spec")
+
+
 def flat_inputs(ep: torch.export.ExportedProgram, args: tuple, kwargs: dict) -> list:
     """The program's user inputs, in its order, from a call's (args, kwargs)."""
     try:

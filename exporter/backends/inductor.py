@@ -56,8 +56,14 @@ def hand_off(ep, *, package_path: str | None = None) -> tuple:
 
 def run(package: str, ep, args, kwargs, plan=None):
     """AOTInductor's runner (``plan``, loaded by hand_off) takes the model's arguments and returns its
-    outputs, structured."""
-    return plan(*args, **kwargs)
+    outputs in the structure of the program it compiled: plain containers where the program's own has a
+    class of its own (the hand-off's plain_spec), put back into that structure."""
+    from .._torch.pytree import pytree
+    from .calling import out_spec
+
+    out = plan(*args, **kwargs)
+    spec = out_spec(ep)
+    return out if pytree.tree_structure(out) == spec else pytree.tree_unflatten(pytree.tree_leaves(out), spec)
 
 
 @functools.cache  # read once a process: every load_for_backend(path, "inductor") plans with it

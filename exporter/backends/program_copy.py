@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-__all__ = ["graph_copy", "program_copy", "program_with"]
+from .._torch.pytree import pytree
+
+__all__ = ["graph_copy", "handed_spec", "plain_spec", "program_copy", "program_returning", "program_with"]
 
 
 def graph_copy(ep: torch.export.ExportedProgram) -> torch.fx.GraphModule:
@@ -31,3 +33,44 @@ def program_copy(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgr
     """``ep`` with its graph copied: for an importer that rewrites the nodes it is given in place
     (iree-turbine's canonicalizes ``_local_scalar_dense`` into ``aten.Int``)."""
     return program_with(ep, graph_copy(ep))
+
+
+def handed_spec(spec):
+    """The output structure a hand-off gives a backend for a program returning ``spec``: ``spec`` where
+    the values it structures flatten back to it, plain_spec(spec) where they do not."""
+    import torch
+
+    rebuilt = pytree.tree_unflatten([torch.empty(0) for _ in range(spec.num_leaves)], spec)
+    return spec if pytree.tree_structure(rebuilt) == spec else plain_spec(spec)
+
+
+def plain_spec(spec):
+    """``spec`` with every node of a class of its own (transformers' ModelOutput, a dataclass, a
+    namedtuple) a tuple of its children: the same leaves in the same order. A retrace flattens what the
+    program returns again, and a class whose flattening does not give back the order it was built from
+    permutes the outputs: a ModelOutput rebuilt from its keys orders them as its fields, not as the model
+    set them (torch's run_decompositions kept the out_spec and reordered the graph's outputs under it)."""
+    if spec.is_leaf():
+        return spec
+    children = [plain_spec(child) for child in spec.children()]
+    if spec.type is dict:
+        return pytree.treespec_dict(dict(zip(spec.context, children)))
+    if spec.type is list:
+        return pytree.TreeSpec(list, None, children)
+    return pytree.treespec_tuple(children)
+
+
+def program_returning(ep: torch.export.ExportedProgram, out_spec, copy: bool = True) -> torch.export.ExportedProgram:
+    """``ep`` returning its outputs in ``out_spec``'s structure (as many leaves, in the graph's order),
+    its graph copied unless ``copy`` is False (a program the caller does not hold)."""
+    import dataclasses
+
+    from torch.export.exported_program import ModuleCallEntry
+
+    calls = [ModuleCallEntry("", dataclasses.replace(entry.signature, out_spec=out_spec))
+             if entry.fqn == "" and entry.signature is not None else entry for entry in ep.module_call_graph]
+    gm = graph_copy(ep) if copy else ep.graph_module
+    return torch.export.ExportedProgram(
+        root=gm, graph=gm.graph, graph_signature=ep.graph_signature, state_dict=ep.state_dict,
+        range_constraints=ep.range_constraints, module_call_graph=calls,
+        example_inputs=ep.example_inputs, constants=ep.constants, verifiers=ep.verifiers)

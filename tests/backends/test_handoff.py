@@ -362,3 +362,34 @@ def test_a_complex_output_is_checked_within_its_parts_bound(dtype):
     with pytest.raises(BackendResultError, match=rf"nudged@1: output \({dtype}\) differs from the lowered program's "
                                                  r"by [0-9.e-]+ \(relative\), beyond"):
         validation.validated_hand_off(Compiled(backend(complex(1, 0.01)), None, ep), ep, WRONG_REL)
+
+
+@pytest.mark.parametrize("name", ["onnx", "openvino", "inductor"])
+def test_a_model_output_built_out_of_its_field_order_comes_back_as_built(name):
+    """torch's retrace (torch.onnx's run_decompositions, OpenVINO's table, AOTInductor's) rebuilds a
+    ModelOutput from its keys in its fields' order and reorders the graph's outputs under the program's
+    structure (AyaVision's image outputs): each key came back holding another key's value."""
+    from tests.support.helpers import an_output_class_comes_back_as_built
+
+    compiled = an_output_class_comes_back_as_built(name)
+    assert compiled.validation.status == "passed"
+
+
+def test_only_outputs_that_do_not_flatten_back_are_handed_in_plain_containers():
+    """handed_spec: a structure whose values flatten back to it (a ModelOutput set in its fields' order,
+    tuples, dicts) is handed as it is; one that does not becomes tuples of the same leaves in order."""
+    pytest.importorskip("transformers")
+    from exporter.backends.program_copy import handed_spec
+    from exporter._torch.pytree import pytree
+    from tests.support.helpers import model_output_built_out_of_field_order
+
+    model, args = model_output_built_out_of_field_order()
+    x = args[0]
+    built = model(x)
+    spec = pytree.tree_structure(built)
+    plain = handed_spec(spec)
+    assert plain != spec and plain.num_leaves == spec.num_leaves == 3
+    assert pytree.tree_leaves(pytree.tree_unflatten(pytree.tree_leaves(built), plain)) == pytree.tree_leaves(built)
+    in_order = type(built)(first=x, second=x * 2, third=x.sum(0))
+    for value in (in_order, (x, {"a": x, "b": [x, None]}), x):
+        assert handed_spec(pytree.tree_structure(value)) == pytree.tree_structure(value)

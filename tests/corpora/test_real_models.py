@@ -226,3 +226,21 @@ def test_a_routes_sweep_record_is_what_the_explorer_traces_and_ships(tmp_path):
 
     got = evaluate(build_data(routes=doc), Selection(preset="core"))["models"]
     assert got["transformers:bert"] == got["transformers:bert/again"] and got["transformers:bert"]["ops"]
+
+
+def test_a_model_output_rebuilt_in_its_fields_order_is_compared_key_by_key():
+    """A program's module rebuilds a ModelOutput in its fields' order, eager keeps the order the model
+    set its keys in: the sweep compares the values of each key, and still finds a wrong one."""
+    import torch
+
+    from tests.support.helpers import model_output_built_out_of_field_order
+
+    model, (x,) = model_output_built_out_of_field_order()
+    eager = model(x)
+    rebuilt = type(eager)(first=eager["first"], second=eager["second"], third=eager["third"])
+    assert [k for k in rebuilt.keys()] != [k for k in eager.keys()]
+    assert rm._compare_close(rebuilt, eager, 0, 0) is None and rm._compare_bitwise(rebuilt, eager) is None
+    wrong = type(eager)(first=eager["first"], second=eager["second"] + 1, third=eager["third"])
+    assert rm._compare_close(wrong, eager, 0, 0).startswith("leaf 2 (3, 4): ")
+    assert rm._compare_bitwise(wrong, eager) == "leaf 2: not bitwise equal (max abs diff 1)"
+    assert rm._compare_bitwise((x, x * 2), (x * 2, x)).startswith("leaf 0: not bitwise equal")
