@@ -231,8 +231,6 @@ def test_a_routes_sweep_record_is_what_the_explorer_traces_and_ships(tmp_path):
 def test_a_model_output_rebuilt_in_its_fields_order_is_compared_key_by_key():
     """A program's module rebuilds a ModelOutput in its fields' order, eager keeps the order the model
     set its keys in: the sweep compares the values of each key, and still finds a wrong one."""
-    import torch
-
     from tests.support.helpers import model_output_built_out_of_field_order
 
     model, (x,) = model_output_built_out_of_field_order()
