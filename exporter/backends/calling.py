@@ -38,6 +38,10 @@ def user_outputs(ep: torch.export.ExportedProgram, produced: dict, leaves: list 
     """The program's outputs in its own structure from ``produced`` (graph output name -> value, what
     the backend computed); the caller's input tensors that the program mutates are updated in place."""
     user_inputs = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    # a weight the program returns as it is comes out of a backend named as the module's attribute ("w"),
+    # the program naming it by its input ("p_w")
+    attribute = {s.arg.name: s.target for s in ep.graph_signature.input_specs
+                 if s.kind.name in ("PARAMETER", "BUFFER", "CONSTANT_TENSOR") and s.target is not None}
     out = []
     for spec in ep.graph_signature.output_specs:
         if spec.kind == OutputKind.USER_INPUT_MUTATION and leaves is not None and spec.arg.name in produced:
@@ -48,6 +52,8 @@ def user_outputs(ep: torch.export.ExportedProgram, produced: dict, leaves: list 
             out.append(spec.arg.value)
         elif spec.arg.name in produced:  # a tensor, SymInt or SymFloat the backend computed
             out.append(produced[spec.arg.name])
+        elif attribute.get(spec.arg.name) in produced:
+            out.append(produced[attribute[spec.arg.name]])
         else:
             raise BackendRunError(f"the backend did not return the program's output {spec.arg.name!r} (it returned "
                                   f"{', '.join(produced) or 'nothing'}).")

@@ -96,8 +96,8 @@ def hand_off(ep, *, device: str = "CPU", config: dict | None = None,
         _as_builtins(gm, library)
         _scale_in_query(gm, library)
     extensions = {"extension": list(library.entries)} if library else {}
-    model = openvino.convert_model(TorchFXPythonDecoder(gm, dynamic_shapes=True), **extensions)
     names, held = _result_names(gm), None
+    model = openvino.convert_model(TorchFXPythonDecoder(gm, dynamic_shapes=True), **extensions)
     if stateful and carry is not None:
         held = _make_stateful(model, ep, carry, names)
     settings = {"INFERENCE_PRECISION_HINT": "f32", **({"KV_CACHE_PRECISION": "f32"} if held else {}), **(config or {})}
@@ -248,12 +248,17 @@ class Converted:
 
 
 def _result_names(gm) -> list[str]:
-    """The graph outputs OpenVINO makes results of, in its order: the unlifted module's flat outputs that
-    are values (not None). That module may order them otherwise than the program's signature (torch's
-    unlifting of a transformers ModelOutput holding None does), so results are matched by name."""
+    """The graph outputs OpenVINO makes results of, in its order, by the names of the program's values:
+    the unlifted module's flat outputs that are values (not None), each once. OpenVINO's converter names
+    a result by its value and stops on a value returned twice (its check ``is_number(name)``): the output
+    node of ``gm`` is rewritten to return each value once, and the run gives every output of the program
+    that returns it the one result. Results are matched by name, the unlifted module's order aside."""
     out = next(n for n in gm.graph.nodes if n.op == "output")
-    return [v.name for v in pytree.tree_leaves(out.args[0], is_leaf=lambda v: v is None)
-            if isinstance(v, torch.fx.Node)]
+    values = [v for v in pytree.tree_leaves(out.args[0], is_leaf=lambda v: v is None) if isinstance(v, torch.fx.Node)]
+    once = list(dict.fromkeys(values))
+    if len(once) != len(values):
+        out.args = (tuple(once),)
+    return [v.target if v.op == "get_attr" else v.name for v in once]
 
 
 def run(compiled, ep, args, kwargs, plan=None):

@@ -393,3 +393,31 @@ def test_only_outputs_that_do_not_flatten_back_are_handed_in_plain_containers():
     in_order = type(built)(first=x, second=x * 2, third=x.sum(0))
     for value in (in_order, (x, {"a": x, "b": [x, None]}), x):
         assert handed_spec(pytree.tree_structure(value)) == pytree.tree_structure(value)
+
+
+class _TwiceAndWeight(torch.nn.Module):
+    """Returns one value twice (BLIP-2's, FLAVA's and BridgeTower's outputs share tensors) and a weight
+    as it is."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        y = x + self.w
+        return y, y * 2, y, self.w
+
+
+@pytest.mark.parametrize("name", ["onnx", "openvino", "inductor"])
+def test_a_value_returned_twice_and_a_weight_returned_as_it_is_come_back(name):
+    """OpenVINO's converter stopped on a value returned twice ("Check 'is_number(name)' failed"); ONNX
+    and OpenVINO named a returned weight by its attribute ('w'), which the run did not find among the
+    program's outputs ('p_w')."""
+    model, x = _TwiceAndWeight(), torch.randn(3, 4)
+    compiled = backends.to_backend(name, torch.export.export(model, (x,)))
+    assert compiled.validation.status == "passed"
+    x2 = torch.randn(3, 4)
+    got, want = compiled(x2), model(x2)
+    assert len(got) == 4
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
