@@ -76,8 +76,26 @@ def _cat_without_legacy_empties(tensors, dim=0):
     return torch.ops.aten.cat.default(kept, dim)
 
 
+def _pool_of_the_whole_input_as_mean(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+                                     divisor_override=None):
+    """``avg_pool2d`` whose one window covers the whole input (a kernel at least the input's height and
+    width, no padding: EfficientNet's pooler, ``AvgPool2d(hidden_dim, ceil_mode=True)``, over a smaller
+    feature map) as the mean over both dims: the same values, as torch clips the window to the input and
+    divides by what it covers. OpenVINO's CPU plugin refuses a kernel larger than its input ("Check
+    'cmp::le(kernel, dim.get_length())' failed"). NotImplemented unless the sizes are numbers the
+    program fixes."""
+    kernel = list(kernel_size) * (2 if len(kernel_size) == 1 else 1)
+    pads = [padding] * 2 if isinstance(padding, int) else list(padding) * (2 if len(padding) == 1 else 1)
+    height, width = x.shape[-2:]
+    if divisor_override is not None or any(p != 0 for p in pads) or not all(
+            isinstance(d, int) for d in (height, width, *kernel)) or kernel[0] < height or kernel[1] < width:
+        return NotImplemented
+    return torch.ops.aten.mean.dim(x, [-2, -1], True)
+
+
 # the rewrites the hand-off makes in the retrace that applies OpenVINO's own table
-_REWRITES = {torch.ops.aten.neg.default: _neg_as_product, torch.ops.aten.cat.default: _cat_without_legacy_empties}
+_REWRITES = {torch.ops.aten.neg.default: _neg_as_product, torch.ops.aten.cat.default: _cat_without_legacy_empties,
+             torch.ops.aten.avg_pool2d.default: _pool_of_the_whole_input_as_mean}
 
 
 def hand_off(ep, *, device: str = "CPU", config: dict | None = None,

@@ -421,3 +421,16 @@ def test_a_value_returned_twice_and_a_weight_returned_as_it_is_come_back(name):
     assert len(got) == 4
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w)
+
+
+@pytest.mark.parametrize("kernel", [16, (8, 16), 7])
+def test_a_pool_whose_window_covers_the_whole_input_runs_on_openvino(kernel):
+    """EfficientNet's pooler (AvgPool2d(hidden_dim, ceil_mode=True)) over a feature map smaller than its
+    kernel: OpenVINO's CPU plugin refuses the kernel ("Check 'cmp::le(kernel, dim.get_length())'"), and
+    the hand-off gives it the mean over the window torch clips to the input."""
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 3, 1), torch.nn.AvgPool2d(kernel, ceil_mode=True))
+    x = torch.randn(2, 3, 5, 7)
+    compiled = backends.to_backend("openvino", torch.export.export(model, (x,)))
+    assert compiled.validation.status == "passed"
+    x2 = torch.randn(2, 3, 5, 7)
+    torch.testing.assert_close(compiled(x2), model(x2))
