@@ -93,9 +93,22 @@ def _pool_of_the_whole_input_as_mean(x, kernel_size, stride=(), padding=0, ceil_
     return torch.ops.aten.mean.dim(x, [-2, -1], True)
 
 
+def _expand_of_nothing_as_full(x, size, implicit=False):
+    """``expand`` of a tensor with no elements (a dim of size 0: DINOv3's register tokens where the
+    config has none) as a ``full`` of the expanded shape, which has none either. OpenVINO's converter
+    dies of a division by zero (SIGFPE, the caller's process with it) on the broadcast of such a tensor.
+    NotImplemented where no dim is a known 0."""
+    if not any(isinstance(d, int) and d == 0 for d in x.shape):
+        return NotImplemented
+    lead = len(size) - x.dim()
+    shape = [x.shape[i - lead] if i >= lead and isinstance(s, int) and s == -1 else s for i, s in enumerate(size)]
+    return torch.ops.aten.full.default(shape, 0, dtype=x.dtype, device=x.device)
+
+
 # the rewrites the hand-off makes in the retrace that applies OpenVINO's own table
 _REWRITES = {torch.ops.aten.neg.default: _neg_as_product, torch.ops.aten.cat.default: _cat_without_legacy_empties,
-             torch.ops.aten.avg_pool2d.default: _pool_of_the_whole_input_as_mean}
+             torch.ops.aten.avg_pool2d.default: _pool_of_the_whole_input_as_mean,
+             torch.ops.aten.expand.default: _expand_of_nothing_as_full}
 
 
 def hand_off(ep, *, device: str = "CPU", config: dict | None = None,

@@ -434,3 +434,35 @@ def test_a_pool_whose_window_covers_the_whole_input_runs_on_openvino(kernel):
     assert compiled.validation.status == "passed"
     x2 = torch.randn(2, 3, 5, 7)
     torch.testing.assert_close(compiled(x2), model(x2))
+
+
+_EXPAND_OF_NOTHING = """
+import torch
+from exporter import backends
+
+class Tokens(torch.nn.Module):  # DINOv3's embeddings where the config has no register tokens
+    def __init__(self):
+        super().__init__()
+        self.cls_token = torch.nn.Parameter(torch.randn(1, 1, 8))
+        self.register_tokens = torch.nn.Parameter(torch.zeros(1, 0, 8))
+
+    def forward(self, x):
+        b = x.shape[0]
+        return torch.cat([self.cls_token.expand(b, -1, -1), self.register_tokens.expand(b, -1, -1), x], 1)
+
+model, x = Tokens(), torch.randn(2, 3, 8)
+compiled = backends.to_backend("openvino", torch.export.export(model, (x,)))  # (static: a dynamic batch converts)
+assert compiled.validation.status == "passed"
+x2 = torch.randn(2, 3, 8)
+torch.testing.assert_close(compiled(x2), model(x2))
+print("ran", tuple(compiled(x2).shape))
+"""
+
+
+def test_an_expand_of_a_tensor_with_no_elements_does_not_kill_the_process():
+    """OpenVINO's converter dies of SIGFPE (the caller's process with it) on the broadcast of a tensor with
+    a dim of size 0 (DINOv3 without register tokens); the hand-off gives it a ``full`` of the expanded
+    shape. In a process of its own: without the rewrite it is killed."""
+    done = subprocess.run([sys.executable, "-c", _EXPAND_OF_NOTHING], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "ran (2, 4, 8)"
