@@ -1,0 +1,81 @@
+"""A program's weights that share one tensor's memory, where the graph reads only one of them: the others
+left out of the program a backend is handed.
+
+A transformers static cache exported strict is lifted twice over the same tensors: the cache's own
+buffers (``key_cache_0``), which the graph never reads, and the attention's constants
+(``lifted_tensor_2``), which it reads and writes. A retrace (torch.onnx, OpenVINO's table, AOTInductor,
+to_edge) then meets a written input aliasing another input and stops ("expected compiled_fn to be
+GraphModule": AOTAutograd's runtime wrapper for aliased inputs has no export form), on torch.export's
+own program too. An input the graph never reads changes no value: without it there is nothing aliased."""
+
+from __future__ import annotations
+
+import torch
+from torch.export.graph_signature import ExportGraphSignature, InputKind, OutputKind
+
+from .program_copy import graph_copy
+
+__all__ = ["without_unread_aliases"]
+
+_WEIGHTS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
+
+
+def _memory(value: torch.Tensor) -> tuple:
+    storage = value.untyped_storage()
+    return storage.device.type, storage.data_ptr()
+
+
+def _written_in_graph(graph) -> list:
+    """The nodes an op of ``graph`` writes in place (a program as torch.export gives it, not functional)."""
+    out = []
+    for node in graph.nodes:
+        schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+        if schema is None or not schema.is_mutable:
+            continue
+        for i, argument in enumerate(schema.arguments):
+            value = node.args[i] if i < len(node.args) else node.kwargs.get(argument.name)
+            if argument.alias_info is not None and argument.alias_info.is_write and hasattr(value, "op"):
+                out.append(value)
+    return out
+
+
+def unread_aliases(ep: torch.export.ExportedProgram) -> list[str]:
+    """The weights (their placeholders' names) the graph does not read whose memory a weight the program
+    writes shares."""
+    values = {**ep.state_dict, **ep.constants}
+    read = {n.name for n in ep.graph.nodes if n.op == "placeholder" and n.users}
+    written = {s.target for s in ep.graph_signature.output_specs
+               if s.kind in (OutputKind.BUFFER_MUTATION, OutputKind.PARAMETER_MUTATION)}
+    target = {s.arg.name: s.target for s in ep.graph_signature.input_specs if s.kind in _WEIGHTS}
+    written |= {target[a.name] for a in _written_in_graph(ep.graph) if a.name in target}
+    groups: dict[tuple, list] = {}
+    for spec in ep.graph_signature.input_specs:
+        value = values.get(spec.target) if spec.kind in _WEIGHTS else None
+        if isinstance(value, torch.Tensor) and value.untyped_storage().nbytes() > 0:
+            groups.setdefault(_memory(value), []).append(spec)
+    unread = []
+    for specs in groups.values():
+        if len(specs) < 2 or not any(s.target in written for s in specs):  # (tied weights, only read, stay)
+            continue
+        unread += [s.arg.name for s in specs if s.arg.name not in read and s.target not in written]
+    return unread
+
+
+def without_unread_aliases(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """``ep`` without the weights of unread_aliases (a new program; ``ep`` itself where there are none)."""
+    unread = set(unread_aliases(ep))
+    if not unread:
+        return ep
+    gm = graph_copy(ep)
+    for node in list(gm.graph.nodes):
+        if node.op == "placeholder" and node.name in unread:
+            gm.graph.erase_node(node)
+    gm.recompile()
+    sig = ep.graph_signature
+    kept = [s for s in sig.input_specs if s.arg.name not in unread]
+    gone = {s.target for s in sig.input_specs if s.arg.name in unread} - {s.target for s in kept}
+    return torch.export.ExportedProgram(
+        root=gm, graph=gm.graph, graph_signature=ExportGraphSignature(kept, list(sig.output_specs)),
+        state_dict={k: v for k, v in ep.state_dict.items() if k not in gone}, range_constraints=ep.range_constraints,
+        module_call_graph=ep.module_call_graph, example_inputs=ep.example_inputs,
+        constants={k: v for k, v in ep.constants.items() if k not in gone}, verifiers=ep.verifiers)
