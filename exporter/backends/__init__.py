@@ -228,10 +228,8 @@ def to_backend(name: str | LoweredProgram, lowered: LoweredProgram | torch.expor
     elif getattr(lowered, "backend", None) not in (None, name):
         raise BackendHandOffError(f"the program was lowered to {lowered.backend}'s own op list, not {name}'s: hand "
                                   f"it to {lowered.backend}, or lower it with backend={name!r}.")
-    import torch
-
     from ..tensor_subclasses import is_subclass
-    from .aliases import without_unread_aliases
+    from .aliases import functional, without_unread_aliases
     from .state import lift_input_writes
 
     backend = get(name)
@@ -246,9 +244,7 @@ def to_backend(name: str | LoweredProgram, lowered: LoweredProgram | torch.expor
     # the weights the graph never reads that alias one it writes left out (aliases.py: retraces stop on them);
     # a program as torch.export gives it writes in its graph, where the signature names no write: made
     # functional by torch, its writes in the signature, so that the state it writes is carried
-    ep = without_unread_aliases(ep)
-    if any(isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable for n in ep.graph.nodes):
-        ep = ep.run_decompositions({})
+    ep = functional(without_unread_aliases(ep))
     # the caller's tensors a program writes, written by pt2b from the new values the backend returns
     program, write_back = lift_input_writes(ep)
     unlifted = program

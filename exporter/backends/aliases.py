@@ -1,5 +1,5 @@
-"""A program's weights that share one tensor's memory, where the graph reads only one of them: the others
-left out of the program a backend is handed.
+"""What a program needs before any hand-off: its writes in its signature (``functional``), and no weight
+the graph never reads sharing memory with one it writes (``without_unread_aliases``).
 
 A transformers static cache exported strict is lifted twice over the same tensors: the cache's own
 buffers (``key_cache_0``), which the graph never reads, and the attention's constants
@@ -15,7 +15,7 @@ from torch.export.graph_signature import ExportGraphSignature, InputKind, Output
 
 from .program_copy import graph_copy
 
-__all__ = ["without_unread_aliases"]
+__all__ = ["functional", "unread_aliases", "without_unread_aliases", "written_in_graph"]
 
 _WEIGHTS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
 
@@ -25,7 +25,7 @@ def _memory(value: torch.Tensor) -> tuple:
     return storage.device.type, storage.data_ptr()
 
 
-def _written_in_graph(graph) -> list:
+def written_in_graph(graph) -> list:
     """The nodes an op of ``graph`` writes in place (a program as torch.export gives it, not functional)."""
     out = []
     for node in graph.nodes:
@@ -47,7 +47,7 @@ def unread_aliases(ep: torch.export.ExportedProgram) -> list[str]:
     written = {s.target for s in ep.graph_signature.output_specs
                if s.kind in (OutputKind.BUFFER_MUTATION, OutputKind.PARAMETER_MUTATION)}
     target = {s.arg.name: s.target for s in ep.graph_signature.input_specs if s.kind in _WEIGHTS}
-    written |= {target[a.name] for a in _written_in_graph(ep.graph) if a.name in target}
+    written |= {target[a.name] for a in written_in_graph(ep.graph) if a.name in target}
     groups: dict[tuple, list] = {}
     for spec in ep.graph_signature.input_specs:
         value = values.get(spec.target) if spec.kind in _WEIGHTS else None
@@ -79,3 +79,26 @@ def without_unread_aliases(ep: torch.export.ExportedProgram) -> torch.export.Exp
         state_dict={k: v for k, v in ep.state_dict.items() if k not in gone}, range_constraints=ep.range_constraints,
         module_call_graph=ep.module_call_graph, example_inputs=ep.example_inputs,
         constants={k: v for k, v in ep.constants.items() if k not in gone}, verifiers=ep.verifiers)
+
+
+def functional(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """``ep`` with its writes in its signature: a program as torch.export gives it writes in its graph
+    (``index_copy_`` into a cache) and names no write, and is made functional by torch's
+    ``run_decompositions({})``, which decomposes nothing; ``ep`` itself where no op writes in place. A
+    program whose writes reach its inputs or weights and that torch cannot make functional is a
+    BackendStateError: handed over as it is, its state would be frozen."""
+    from ..errors import BackendStateError
+
+    if not any(getattr(n.target, "_schema", None) is not None and n.target._schema.is_mutable
+               for n in ep.graph.nodes if n.op == "call_function"):
+        return ep
+    try:
+        return ep.run_decompositions({})
+    except Exception as e:  # noqa: BLE001 -- (torch's retrace fails in many ways; which writes matter is below)
+        written = sorted({n.name for n in written_in_graph(ep.graph) if n.op == "placeholder"})
+        if not written:  # (writes into the graph's own temporaries change no state)
+            return ep
+        raise BackendStateError(
+            f"the program writes {', '.join(written[:6])} in its graph and torch could not make it functional "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); lower it first "
+            f"(export_model, then load_for_backend(path, backend=NAME)), which records its writes.") from e

@@ -9,7 +9,8 @@ import torch
 from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, TensorArgument
 
 from exporter import backends
-from exporter.backends.aliases import unread_aliases, without_unread_aliases
+from exporter.backends.aliases import functional, unread_aliases, without_unread_aliases
+from exporter.errors import BackendStateError
 
 
 class WrittenCache(torch.nn.Module):
@@ -78,3 +79,16 @@ def test_a_cache_with_an_unread_alias_is_handed_over_and_carried(name, aliased):
     for pos in (0, 2, 3):  # the cache written call after call, as the model writes its own
         args = (torch.randn(1, 8), torch.tensor([pos]))
         torch.testing.assert_close(compiled(*args), eager(*args))
+
+
+def test_a_program_torch_cannot_make_functional_is_refused_not_frozen():
+    """Where torch's retrace fails on a program that writes its own weights in its graph, handing it over
+    as it is would freeze that state: a BackendStateError naming the write and what to do."""
+    with pytest.raises(BackendStateError, match=r"the program writes b_keys in its graph and torch could not make "
+                                                r"it functional \(AssertionError: .*\); lower it first"):
+        functional(_aliased())
+    program = torch.export.export(WrittenCache(), (torch.randn(1, 8), torch.tensor([1])))
+    made = functional(program)
+    assert [s.target for s in made.graph_signature.output_specs if s.kind.name == "BUFFER_MUTATION"] == ["keys"]
+    still = torch.export.export(torch.nn.Linear(2, 2), (torch.randn(1, 2),))
+    assert functional(still) is still
