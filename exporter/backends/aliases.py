@@ -1,9 +1,9 @@
 """What a program needs before any hand-off: its writes in its signature (``functional``), and no weight
 the graph never reads sharing memory with one it writes (``without_unread_aliases``).
 
-A transformers static cache exported strict is lifted twice over the same tensors: the cache's own
-buffers (``key_cache_0``), which the graph never reads, and the attention's constants
-(``lifted_tensor_2``), which it reads and writes. A retrace (torch.onnx, OpenVINO's table, AOTInductor,
+A transformers static cache, which transformers exports through TorchDynamo, is lifted twice over the
+same tensors: the cache's own buffers (``key_cache_0``), which the graph never reads, and the
+attention's constants (``lifted_tensor_2``), which it reads and writes. A retrace (torch.onnx, OpenVINO's table, AOTInductor,
 to_edge) then meets a written input aliasing another input and stops ("expected compiled_fn to be
 GraphModule": AOTAutograd's runtime wrapper for aliased inputs has no export form), on torch.export's
 own program too. An input the graph never reads changes no value: without it there is nothing aliased."""
