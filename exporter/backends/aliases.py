@@ -3,10 +3,10 @@ the graph never reads sharing memory with one it writes (``without_unread_aliase
 
 A transformers static cache, which transformers exports through TorchDynamo, is lifted twice over the
 same tensors: the cache's own buffers (``key_cache_0``), which the graph never reads, and the
-attention's constants (``lifted_tensor_2``), which it reads and writes. A retrace (torch.onnx, OpenVINO's table, AOTInductor,
-to_edge) then meets a written input aliasing another input and stops ("expected compiled_fn to be
-GraphModule": AOTAutograd's runtime wrapper for aliased inputs has no export form), on torch.export's
-own program too. An input the graph never reads changes no value: without it there is nothing aliased."""
+attention's constants (``lifted_tensor_2``), which it reads and writes. A retrace (torch.onnx,
+OpenVINO's table, AOTInductor, to_edge) then meets a written input aliasing another input and stops
+("expected compiled_fn to be GraphModule": AOTAutograd's runtime wrapper for aliased inputs has no
+export form), on torch.export's own program too. An input the graph never reads changes no value: without it there is nothing aliased."""
 
 from __future__ import annotations
 
@@ -25,12 +25,18 @@ def _memory(value: torch.Tensor) -> tuple:
     return storage.device.type, storage.data_ptr()
 
 
+def _writing_schema(node):
+    """The schema of the op ``node`` calls where that op writes in place, else None."""
+    schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+    return schema if schema is not None and schema.is_mutable else None
+
+
 def written_in_graph(graph) -> list:
     """The nodes an op of ``graph`` writes in place (a program as torch.export gives it, not functional)."""
     out = []
     for node in graph.nodes:
-        schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
-        if schema is None or not schema.is_mutable:
+        schema = _writing_schema(node)
+        if schema is None:
             continue
         for i, argument in enumerate(schema.arguments):
             value = node.args[i] if i < len(node.args) else node.kwargs.get(argument.name)
@@ -89,8 +95,7 @@ def functional(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram
     BackendStateError: handed over as it is, its state would be frozen."""
     from ..errors import BackendStateError
 
-    if not any(getattr(n.target, "_schema", None) is not None and n.target._schema.is_mutable
-               for n in ep.graph.nodes if n.op == "call_function"):
+    if not any(_writing_schema(n) is not None for n in ep.graph.nodes):
         return ep
     try:
         return ep.run_decompositions({})
