@@ -138,6 +138,7 @@ def run_case(name: str, backends, conn, workdir: str) -> None:
         with torch.no_grad():
             return compiled(*a, **k)
 
+    splits = []  # (backend, its options, the program lowered for it or None): the splits to run
     for b in backends:
         options = HANDOFF_OPTIONS.get(b, {})
         ok, lp = stage(f"lower:{b}", lambda: exporter.load_for_backend(path, backend=b, cache=False))
@@ -168,15 +169,19 @@ def run_case(name: str, backends, conn, workdir: str) -> None:
             rec["owner"][b] = "backend"
         lowered = rec["stages"].get(f"lower:{b}", {})
         if lowered.get("status") == "ok" or lowered_again_with_fallback(lowered):  # what pt2b routes around
-            def with_fallback():
-                fb_lp = lp if lowered.get("status") == "ok" else exporter.load_for_backend(
-                    path, backend=b, cache=False, fallback="reference")
-                return fallback_share(registry.to_backend(b, fb_lp, fallback="reference", **options), runs, matches,
-                                      left=fb_lp.outside_opset)
+            splits.append((b, options, lp if lowered.get("status") == "ok" else None))
+    # The splits run after every backend's whole hand-off: a split may run until the case's timeout,
+    # and what the other backends did is known by then.
+    for b, options, lp in splits:
+        def with_fallback():
+            fb_lp = lp if lp is not None else exporter.load_for_backend(path, backend=b, cache=False,
+                                                                        fallback="reference")
+            return fallback_share(registry.to_backend(b, fb_lp, fallback="reference", **options), runs, matches,
+                                  left=fb_lp.outside_opset)
 
-            fb_ok, share = stage(f"fallback:{b}", with_fallback)
-            if fb_ok:
-                rec.setdefault("fallback", {})[b] = share
+        fb_ok, share = stage(f"fallback:{b}", with_fallback)
+        if fb_ok:
+            rec.setdefault("fallback", {})[b] = share
     conn.send(rec)
 
 

@@ -119,3 +119,51 @@ def test_the_page_names_the_hand_off_options_its_sweeps_passed():
     page = bm.markdown({"records": [_rec(ok, {"litert": None})], "meta": {"backends": ["litert"]}})
     assert "used in every hand-off to it here: litert: `specialize=True`." in page
     assert "Hand-off options" not in bm.markdown({"records": [_rec(ok, {"onnx": None})], "meta": {"backends": ["onnx"]}})
+
+
+def test_splits_run_after_every_backend_s_whole_hand_off(tmp_path, monkeypatch):
+    """A split may run until the case's timeout: every backend's whole hand-off is recorded before the
+    first split starts, so a split that never ends loses no other backend's result."""
+    import copy
+
+    import torch
+
+    from exporter import backends as registry
+    from exporter.errors import BackendHandOffError
+    from tools.corpus import programs, transformers_zoo
+
+    model = torch.nn.Linear(3, 2)
+    case = transformers_zoo.RealCase(name="tiny", model_type="tiny", task="base", model=model,
+                                     args=(torch.randn(2, 3),), kwargs={}, dynamic_shapes=None)
+    monkeypatch.setattr(transformers_zoo, "make_case", lambda name: case)
+    monkeypatch.setattr(programs, "capture_real", lambda c, _: torch.export.export(c.model, c.args))
+    handed = []
+
+    class Compiled:  # what the matrix reads of a backend's compiled program
+        backend = type("Backend", (), {"runs_here": True})
+        share = None
+
+        def __init__(self, module):
+            self.module = module
+
+        def __call__(self, *args, **kwargs):
+            return self.module(*args, **kwargs)
+
+    def to_backend(name, program, fallback=None, **options):
+        handed.append((name, fallback))
+        if name == "onnx" and fallback is None:
+            raise BackendHandOffError("onnx refuses it whole")
+        return Compiled(program.module())
+
+    monkeypatch.setattr(registry, "to_backend", to_backend)
+    sent = []
+
+    class Conn:
+        def send(self, rec):
+            sent.append(copy.deepcopy(rec))
+
+    bm.run_case("tiny", ["onnx", "openvino"], Conn(), str(tmp_path))
+    stages = list(sent[-1]["stages"])
+    assert stages.index("match:openvino") < stages.index("fallback:onnx"), stages
+    assert handed[-1] == ("onnx", "reference")
+    assert sent[-1]["owner"] == {"onnx": "backend", "openvino": None}
