@@ -90,12 +90,56 @@ def sort_by_topk(x: torch.Tensor, dim: int = -1, descending: bool = False) -> tu
     return torch.ops.aten.topk.default(x, x.shape[dim], dim, descending, True)
 
 
+def _cumulative_extreme(x: torch.Tensor, dim: int, largest: bool) -> tuple:
+    """aten::cummax (``largest``) or aten::cummin as their CPU kernels give them, without a loop: each
+    position's value is the extreme of the elements up to it along ``dim``, its index the last of those
+    elements holding that value (a tie takes the later index, as the kernels' ``>=`` / ``<=`` do), and
+    once a NaN is seen the value is NaN and the index the last NaN's. Computed over every (position,
+    earlier element) pair: an ``n x n`` mask along ``dim``, so n times the input's memory. A 0-d, bool or
+    complex input: NotImplemented."""
+    if x.dim() == 0 or x.dtype == torch.bool or x.is_complex():
+        return NotImplemented
+    xt = x.movedim(dim, -1)
+    n = xt.shape[-1]
+    if x.is_floating_point():
+        outside = float("-inf") if largest else float("inf")
+    else:
+        info = torch.iinfo(x.dtype)
+        outside = info.min if largest else info.max
+    # one column more, outside every position's elements, so that a reduction over an empty ``dim``
+    # reduces something (with no branch on a size that may be symbolic)
+    at = torch.arange(n + 1, device=x.device)
+    upto = (at[None, :] <= at[:n, None]) & (at[None, :] < n)  # position i (rows) x element j (columns): j <= i
+    padded = torch.cat([xt, xt.new_full((*xt.shape[:-1], 1), outside)], -1)
+    pairs = padded.unsqueeze(-2).expand(*xt.shape[:-1], n, n + 1)
+    masked = torch.where(upto, pairs, torch.scalar_tensor(outside, dtype=x.dtype, device=x.device))
+    values = masked.amax(-1) if largest else masked.amin(-1)  # (amax and amin propagate NaN, as the kernels do)
+    value = values.unsqueeze(-1)
+    holds = pairs == value
+    if x.is_floating_point():
+        holds = holds | (torch.isnan(pairs) & torch.isnan(value))
+    indices = torch.where(upto & holds, at, -1).amax(-1)
+    return values.movedim(-1, dim), indices.movedim(-1, dim)
+
+
+def cummax(x: torch.Tensor, dim: int) -> tuple:
+    """aten::cummax: see _cumulative_extreme."""
+    return _cumulative_extreme(x, dim, largest=True)
+
+
+def cummin(x: torch.Tensor, dim: int) -> tuple:
+    """aten::cummin: see _cumulative_extreme."""
+    return _cumulative_extreme(x, dim, largest=False)
+
+
 # op name -> pt2b's decomposition; a library's op applies only where the library is loaded
 WRITTEN = {
     "aten::sort.default": sort_by_topk,
     "aten::histc.default": histc,
     "aten::empty_permuted.default": empty_permuted,
     "aten::masked_scatter.default": masked_scatter,
+    "aten::cummax.default": cummax,
+    "aten::cummin.default": cummin,
     "transformers::grouped_mm_fallback.default": grouped_mm_fallback,
 }
 

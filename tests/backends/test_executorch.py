@@ -148,9 +148,9 @@ def test_a_check_of_a_value_read_from_a_tensor_runs_on_the_runtime(tmp_path, mon
         torch.testing.assert_close(compiled(x, ids), CheckedIds()(x, ids))
 
 
-class RunningMaxCount(torch.nn.Module):
-    """A buffer the program writes, and a running maximum, for which ExecuTorch has no kernel: split, the
-    reference runs the cummax."""
+class ModeCount(torch.nn.Module):
+    """A buffer the program writes, and a most frequent value, for which ExecuTorch has no kernel: split, the
+    reference runs the mode."""
 
     def __init__(self):
         super().__init__()
@@ -158,23 +158,23 @@ class RunningMaxCount(torch.nn.Module):
 
     def forward(self, x):
         self.count.add_(x)
-        return torch.cummax(self.count * x, 0).values + 1
+        return torch.mode(self.count * x, 0, keepdim=True).values + 1
 
 
 def test_a_split_carries_the_buffers_the_program_writes(tmp_path):
     """The runtime holds a whole program's buffers itself; the parts of a split hold none, so the split
     takes them lifted to inputs and outputs and carries them from call to call, as for a backend that holds
     no state (it used to fail: the check loaded the split as one runtime program)."""
-    export_model(RunningMaxCount(), (torch.ones(3),), tmp_path / "count.pt2b")
+    export_model(ModeCount(), (torch.ones(3),), tmp_path / "count.pt2b")
     from exporter.errors import OpsetError
 
-    with pytest.raises(OpsetError, match="aten::cummax"):
+    with pytest.raises(OpsetError, match="aten::mode"):
         load_for_backend(tmp_path / "count.pt2b", backend="executorch", cache=False)
     lowered = load_for_backend(tmp_path / "count.pt2b", backend="executorch", cache=False, fallback="reference")
     compiled = backends.to_backend(lowered)
-    assert compiled.share is not None and compiled.share.on_reference == {"aten::cummax.default": 1}
+    assert compiled.share is not None and compiled.share.on_reference == {"aten::mode.default": 1}
     assert compiled.validation.status == "passed"
-    eager = RunningMaxCount()
+    eager = ModeCount()
     for step in range(3):
         x = torch.tensor([1.0, -2.0, 3.0]) * (step + 1)
         torch.testing.assert_close(compiled(x), eager(x), rtol=0, atol=0)

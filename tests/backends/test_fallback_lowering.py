@@ -15,8 +15,8 @@ from exporter import backends, export_model, load_for_backend
 from exporter._torch.pytree import pytree
 from exporter.errors import BackendHandOffError, LoweringError, OpsetError
 
-# what onnx's list lacks and no decomposition reaches: cummax itself, and the prim erfinv decomposes to
-LEFT = {"aten::cummax.default": 1, "prims::erf_inv.default": 1}
+# what onnx's list lacks and no decomposition reaches: mode itself, and the prim erfinv decomposes to
+LEFT = {"aten::mode.default": 1, "prims::erf_inv.default": 1}
 
 
 class Cumulative(nn.Module):
@@ -25,7 +25,7 @@ class Cumulative(nn.Module):
         self.lin = nn.Linear(4, 4)
 
     def forward(self, x):
-        values, _ = torch.cummax(self.lin(x), dim=1)
+        values, _ = torch.mode(self.lin(x), dim=1, keepdim=True)
         return values.relu() + torch.special.erfinv(torch.tanh(x) * 0.5)
 
 
@@ -60,7 +60,7 @@ def test_without_fallback_the_opset_error_names_the_ops_and_the_fallback(cumulat
         load_for_backend(path, backend="onnx", cache=False)
     msg = str(e.value)
     assert "2 op(s) cannot reach the accepted op set" in msg
-    assert "aten::cummax.default (1 call sites)" in msg and "prims::erf_inv.default (1 call sites)" in msg
+    assert "aten::mode.default (1 call sites)" in msg and "prims::erf_inv.default (1 call sites)" in msg
     assert "The installed onnx converts none of them (its list is read from the package" in msg
     assert "Add them to supported_ops" not in msg  # (a backend's list is not the user's to extend)
     assert msg.endswith("or keep them; or lower with fallback='reference' to leave them to the reference runtime "
@@ -77,7 +77,7 @@ def test_a_fallback_lowering_leaves_the_ops_and_the_backend_runs_the_rest(cumula
     assert all(op in LEFT or op in lowered.supported for op in lowered.ops())
     report = lowered.report()
     assert "outside the declared opset (2), left for the reference (fallback='reference'):" in report
-    assert lowered.explain("aten::cummax").endswith(
+    assert lowered.explain("aten::mode").endswith(
         "no decomposition exists for it; left for the reference: to_backend(..., fallback='reference') runs it there")
     # the lowering's fallback is to_backend's default; the runtime takes plain tensors only, as ExecuTorch's
     monkeypatch.setitem(backends._CACHE, "onnx", _plain_tensors_only(backends.get("onnx")))
@@ -97,13 +97,13 @@ def test_the_cache_keys_a_fallback_lowering_apart(tmp_path, cache_dir):
     export_model(nn.Sequential(nn.Linear(4, 4), nn.ReLU()).eval(), (torch.randn(3, 4),), tmp_path / "mlp.pt2b")
     export_model(Cumulative().eval(), (torch.randn(3, 4),), tmp_path / "cum.pt2b")
     listed = ["aten::linear.default", "aten::relu.default", "aten::add.Tensor", "aten::mul.Tensor",
-              "aten::tanh.default"]  # (a backend's own list: cummax and erf_inv not in it)
+              "aten::tanh.default"]  # (a backend's own list: mode and erf_inv not in it)
     plain = load_for_backend(tmp_path / "mlp.pt2b", supported_ops=listed)
     with_fallback = load_for_backend(tmp_path / "mlp.pt2b", supported_ops=listed, fallback="reference")
     assert plain.fingerprint != with_fallback.fingerprint
     assert not with_fallback.from_cache and with_fallback.fallback == "reference" and plain.fallback is None
     assert load_for_backend(tmp_path / "mlp.pt2b", supported_ops=listed).from_cache
-    left = {"aten::cummax.default": 1, "prims::erf_inv.default": 1}
+    left = {"aten::mode.default": 1, "prims::erf_inv.default": 1}
     first = load_for_backend(tmp_path / "cum.pt2b", supported_ops=listed, fallback="reference")
     again = load_for_backend(tmp_path / "cum.pt2b", supported_ops=listed, fallback="reference")
     assert (first.from_cache, again.from_cache) == (False, True)
@@ -131,7 +131,7 @@ def test_pt2b_lower_and_run_take_fallback(cumulative, capsys, tmp_path):
     assert "or lower with fallback='reference'" in capsys.readouterr().err
     assert cli.main(["lower", str(path), "--backend", "onnx", "--fallback", "reference", "--no-cache"]) == 0
     out = capsys.readouterr().out
-    assert "left for the reference (fallback='reference'):" in out and "aten::cummax.default" in out
+    assert "left for the reference (fallback='reference'):" in out and "aten::mode.default" in out
     assert cli.main(["lower", str(path), "--to", "onnx", "-o", str(tmp_path / "m.onnx"), "--fallback",
                      "reference", "--no-cache"]) != 0
     assert "cannot hold a program split with the reference: drop --fallback" in capsys.readouterr().err
@@ -139,14 +139,14 @@ def test_pt2b_lower_and_run_take_fallback(cumulative, capsys, tmp_path):
     assert cli.main(["run", str(path), "--backend", "onnx", "--fallback", "reference", "--no-cache"]) == 0
     out = capsys.readouterr().out
     assert "hand-off validation passed" in out
-    assert "the reference runs aten::cummax.default x1, prims::erf_inv.default x1" in out
+    assert "the reference runs aten::mode.default x1, prims::erf_inv.default x1" in out
 
 
 def test_the_matrix_lowers_again_with_fallback_only_where_ops_cannot_reach_the_list():
     from tools import backend_matrix as bm
 
     refused = {"status": "fail", "error_type": "OpsetError",
-               "error": "lowering with onnx@x: 1 op(s) cannot reach the accepted op set:\n  aten::cummax.default"}
+               "error": "lowering with onnx@x: 1 op(s) cannot reach the accepted op set:\n  aten::mode.default"}
     assert bm.lowered_again_with_fallback(refused)
     assert not bm.lowered_again_with_fallback({"status": "ok"})
     assert not bm.lowered_again_with_fallback(dict(refused, error_type="LoweringError"))
@@ -161,29 +161,29 @@ def test_to_backend_refuses_an_unknown_fallback_as_before(cumulative):
         backends.to_backend(lowered, fallback="ref")
 
 
-class RunningMax(nn.Module):
+class MostFrequent(nn.Module):
     def __init__(self):
         super().__init__()
         self.lin = nn.Linear(8, 8)
 
     def forward(self, x):
-        values, indices = torch.cummax(self.lin(x), dim=-1)
+        values, indices = torch.mode(self.lin(x), dim=-1)
         return values.relu() * 2, indices
 
 
-def test_executorch_runs_a_model_with_cummax_with_the_cummax_on_the_reference(tmp_path):
-    """ExecuTorch's portable kernels have no cummax, and nothing decomposes it: the lowering leaves it."""
+def test_executorch_runs_a_model_with_mode_with_the_mode_on_the_reference(tmp_path):
+    """ExecuTorch's portable kernels have no mode, and nothing decomposes it: the lowering leaves it."""
     pytest.importorskip("executorch.extension.pybindings.portable_lib")
     torch.manual_seed(0)
-    model = RunningMax().eval()
-    export_model(model, (torch.randn(3, 8),), tmp_path / "cummax.pt2b")
-    with pytest.raises(OpsetError, match=r"aten::cummax.default \(1 call sites\): no decomposition reaches"):
-        load_for_backend(tmp_path / "cummax.pt2b", backend="executorch", cache=False)
-    lowered = load_for_backend(tmp_path / "cummax.pt2b", backend="executorch", cache=False, fallback="reference")
-    assert lowered.outside_opset == {"aten::cummax.default": 1}
+    model = MostFrequent().eval()
+    export_model(model, (torch.randn(3, 8),), tmp_path / "mode.pt2b")
+    with pytest.raises(OpsetError, match=r"aten::mode.default \(1 call sites\): no decomposition reaches"):
+        load_for_backend(tmp_path / "mode.pt2b", backend="executorch", cache=False)
+    lowered = load_for_backend(tmp_path / "mode.pt2b", backend="executorch", cache=False, fallback="reference")
+    assert lowered.outside_opset == {"aten::mode.default": 1}
     compiled = backends.to_backend(lowered)
     share = compiled.share
-    assert share.on_reference == {"aten::cummax.default": 1} and share.backend_nodes == share.nodes - 1
+    assert share.on_reference == {"aten::mode.default": 1} and share.backend_nodes == share.nodes - 1
     assert compiled.validation.status == "passed"
     x = torch.randn(3, 8)
     (values, indices), (want_values, want_indices) = compiled(x), model(x)

@@ -14,8 +14,8 @@ from exporter import export_model, load_for_backend
 from exporter.lowering.opset_check import INFRASTRUCTURE
 from exporter.lowering.presets import load as load_preset
 from exporter.errors import OpsetError
-from exporter.lowering.rewrites import (amax_by_max_dim, empty_permuted, grouped_mm_fallback, histc, masked_scatter,
-                                        sort_by_topk)
+from exporter.lowering.rewrites import (amax_by_max_dim, cummax, cummin, empty_permuted, grouped_mm_fallback, histc,
+                                        masked_scatter, sort_by_topk)
 from exporter.lowering.tables import closure_decompositions
 
 CORE = sorted(load_preset("core").opset)
@@ -114,6 +114,7 @@ def test_the_rewrites_apply_only_where_the_list_lacks_the_op():
     assert table[torch.ops.aten.histc.default] is histc
     assert table[torch.ops.aten.empty_permuted.default] is empty_permuted
     assert table[torch.ops.aten.masked_scatter.default] is masked_scatter
+    assert table[torch.ops.aten.cummax.default] is cummax and table[torch.ops.aten.cummin.default] is cummin
 
 
 class Experts(nn.Module):
@@ -252,3 +253,50 @@ def test_sort_by_topk_gives_sorts_values_and_order():
         else:
             assert torch.equal(got[1], want[1]), (x, dim, descending)
     assert sort_by_topk(torch.tensor(3.0)) is NotImplemented
+
+
+def test_cummax_and_cummin_equal_the_kernels_ties_nan_infinities_and_empty_dims_included():
+    """The same values and indices as the CPU kernels: a tie takes the later index, a NaN carries on with
+    the last NaN's index, integer extremes and infinities stay, and a dim of size 0 gives empty results."""
+    rng = random.Random(5)
+    for case in range(300):
+        shape = [rng.randint(0, 5) for _ in range(rng.randint(1, 3))]
+        dim = rng.randrange(len(shape)) - (len(shape) if case % 2 else 0)
+        dtype = rng.choice([torch.float32, torch.float64, torch.float16, torch.int64, torch.int32, torch.uint8])
+        x = torch.randint(0 if dtype == torch.uint8 else -3, 3, shape).to(dtype)  # (few values: many ties)
+        if x.numel() and dtype.is_floating_point:
+            for value, p in ((float("nan"), 0.15), (float("inf"), 0.1), (-float("inf"), 0.1)):
+                x[torch.rand(shape) < p] = value
+        elif x.numel():
+            x.view(-1)[0], x.view(-1)[-1] = torch.iinfo(dtype).min, torch.iinfo(dtype).max
+        for ours, kernel in ((cummax, torch.cummax), (cummin, torch.cummin)):
+            (values, indices), want = ours(x, dim), kernel(x, dim)
+            assert torch.equal(indices, want.indices), (x, dim, indices, want.indices)
+            assert values.dtype == want.values.dtype and torch.allclose(values, want.values, equal_nan=True)
+    assert cummax(torch.tensor(2.0), 0) is NotImplemented and cummin(torch.tensor([True]), 0) is NotImplemented
+
+
+class TextMasks(nn.Module):
+    """Running extremes along the text, as Grounding DINO builds its text masks from them."""
+
+    def forward(self, scores, ids):
+        highest, at = torch.cummax(scores, dim=1)
+        lowest, _ = torch.cummin(ids, dim=-1)
+        return highest * 2, at, lowest + 1
+
+
+def test_cummax_and_cummin_lower_for_a_list_that_lacks_them_and_run_as_eager(tmp_path):
+    from torch.export import Dim
+
+    without = [op for op in CORE if op not in ("aten::cummax.default", "aten::cummin.default")]
+    scores, ids = torch.randn(2, 6), torch.randint(0, 4, (2, 6))
+    text = Dim("text", min=2, max=64)
+    export_model(TextMasks(), (scores, ids), tmp_path / "m.pt2b", dynamic_shapes=({1: text}, {1: text}))
+    lowered = load_for_backend(tmp_path / "m.pt2b", supported_ops=without, cache=False)
+    assert not {"aten::cummax.default", "aten::cummin.default"} & set(lowered.ops())
+    assert not set(lowered.ops()) - set(without) - INFRASTRUCTURE
+    assert lowered.validation.status == "passed"
+    for n in (6, 11, 2):  # other lengths than the example's, with ties
+        scores, ids = torch.randint(-2, 2, (2, n)).float(), torch.randint(0, 4, (2, n))
+        for got, want in zip(lowered(scores, ids), TextMasks()(scores, ids)):
+            assert torch.equal(got, want)
