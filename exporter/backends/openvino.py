@@ -20,6 +20,7 @@ import functools
 import torch
 
 from . import Backend, attention, calling, library_tables
+from .complex_pairs import complex_as_real_pairs
 from .._torch.pytree import pytree
 from ..errors import BackendRunError
 from ..ops import op_name
@@ -121,7 +122,7 @@ def hand_off(ep, *, device: str = "CPU", config: dict | None = None,
     from openvino.frontend.pytorch.fx_decoder import TorchFXPythonDecoder
 
     # what convert_model's from_exported_program does first, with pt2b's rewrites in the same retrace
-    ep = attention.additive_masks(ep, _REWRITES, base=_table())
+    ep = attention.additive_masks(complex_as_real_pairs(ep), _REWRITES, base=_table())
     gm = ep.module()
     if library:
         _as_builtins(gm, library)
