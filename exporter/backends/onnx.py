@@ -85,6 +85,7 @@ def hand_off(ep, *, opset_version: int | None = None, optimize: bool = True,
     from .complex_views import complex_views_as_real
 
     ep = complex_views_as_real(ep)  # (torchlib translates no view of a complex tensor)
+    ep = _histc_over_the_data(ep)
     if fusions is not None:  # (torchlib's boolean attention is a form ONNX Runtime's fusions do not match)
         ep = attention.additive_masks(ep)
 
@@ -97,6 +98,30 @@ def hand_off(ep, *, opset_version: int | None = None, optimize: bool = True,
         onnx_program = _fuse(onnx_program, fusions, exported)
     program = onnx_program.exported_program
     return onnx_program, program, Session(onnx_program, program, carry if stateful else None)
+
+
+def _histc_of_no_range(x, bins: int = 100, min=0, max=0):
+    # torchlib translates histc over a range only ("aten_histc with min == max ... is not supported"),
+    # where the kernel counts over the data's extremes (a mixture of experts of one expert counts its
+    # routes with min=max=0): pt2b's exact rewrite there, torchlib's translation for any other range
+    if min != max:
+        return NotImplemented
+    from ..lowering.rewrites import histc
+
+    return histc(x, bins, min, max)
+
+
+def _histc_over_the_data(ep):
+    """``ep`` with each ``histc`` that counts over the data's extremes (min == max) rewritten (pt2b's
+    exact rewrite), torchlib having no translation of that form; ``ep`` itself where it calls none."""
+    if not any(n.target is torch.ops.aten.histc.default and _no_range(n) for n in ep.graph.nodes):
+        return ep
+    return ep.run_decompositions({torch.ops.aten.histc.default: _histc_of_no_range})
+
+
+def _no_range(node) -> bool:
+    given = dict(zip(("bins", "min", "max"), node.args[1:]), **node.kwargs)
+    return given.get("min", 0) == given.get("max", 0)
 
 
 # the providers transformers' fusions take; onnxscript's fusions are the same for every one

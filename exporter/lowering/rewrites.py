@@ -43,8 +43,9 @@ def histc(x: torch.Tensor, bins: int = 100, min=0, max=0) -> torch.Tensor:
         return NotImplemented
     flat = x.reshape(-1, 1)
     if min == max:  # (an empty input reads +inf and -inf here, and counts nothing either way)
-        lo = torch.cat([x.reshape(-1), x.new_full((1,), float("inf"))]).amin()
-        hi = torch.cat([x.reshape(-1), x.new_full((1,), -float("inf"))]).amax()
+        # (reduced over dim 0 of the flat data, not over no dims: torchlib translates amin only with a dim)
+        lo = torch.cat([x.reshape(-1), x.new_full((1,), float("inf"))]).amin(0)
+        hi = torch.cat([x.reshape(-1), x.new_full((1,), -float("inf"))]).amax(0)
         same = lo == hi
         lo, hi = torch.where(same, lo - 1, lo), torch.where(same, hi + 1, hi)
     else:

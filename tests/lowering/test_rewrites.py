@@ -300,3 +300,37 @@ def test_cummax_and_cummin_lower_for_a_list_that_lacks_them_and_run_as_eager(tmp
         scores, ids = torch.randint(-2, 2, (2, n)).float(), torch.randint(0, 4, (2, n))
         for got, want in zip(lowered(scores, ids), TextMasks()(scores, ids)):
             assert torch.equal(got, want)
+
+
+class OneExpertCounts(nn.Module):
+    """Rows counted per expert as transformers' mixture-of-experts layers count them, with one expert:
+    histc with min == max == 0, where the kernel counts over the data's extremes."""
+
+    def forward(self, x):
+        chosen = x.argmax(-1, keepdim=True) * 0
+        return torch.histc(chosen.float(), bins=1, min=0, max=0) * 2, torch.histc(x, bins=4, min=-1, max=1)
+
+
+def test_a_histc_over_the_data_s_extremes_runs_on_onnx(tmp_path, monkeypatch):
+    """torchlib translates histc over a range only: where min == max the ONNX hand-off gives it pt2b's
+    rewrite, and keeps torchlib's translation for a range."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    from exporter.backends import onnx as onnx_backend
+    from exporter.backends import to_backend
+    from exporter.errors import BackendHandOffError
+
+    export_model(OneExpertCounts(), (torch.randn(6, 3),), tmp_path / "m.pt2b")
+    lowered = load_for_backend(tmp_path / "m.pt2b", backend="onnx", cache=False)
+    assert lowered.ops().get("aten::histc.default") == 2  # (onnx's list has histc: the lowering keeps it)
+    with monkeypatch.context() as m:
+        m.setattr(onnx_backend, "_histc_over_the_data", lambda ep: ep)
+        with pytest.raises(BackendHandOffError, match="min == max"):
+            to_backend("onnx", lowered)
+    compiled = to_backend("onnx", lowered)
+    histcs = [n for n in compiled.program.graph.nodes if n.target is torch.ops.aten.histc.default]
+    assert [n.args[2:4] for n in histcs] == [(-1, 1)]  # (the one over a range is torchlib's)
+    for _ in range(2):  # (other values than the example's)
+        x = torch.randn(6, 3)
+        for got, want in zip(compiled(x), OneExpertCounts()(x)):
+            assert torch.equal(got, want)
