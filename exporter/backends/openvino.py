@@ -106,10 +106,21 @@ def _expand_of_nothing_as_full(x, size, implicit=False):
     return torch.ops.aten.full.default(shape, 0, dtype=x.dtype, device=x.device)
 
 
+def _unfold_along_a_dim_counted_from_the_front(x, dimension, size, step):
+    """``unfold`` along a dim counted from the end (``x.unfold(-1, ...)``: inkling2's local windows) as
+    the same ``unfold`` along that dim counted from the front, which OpenVINO's converter takes where it
+    fails on the other ("Conversion is failed for: aten.unfold.default"). NotImplemented where it is
+    counted from the front already."""
+    if dimension >= 0:
+        return NotImplemented
+    return torch.ops.aten.unfold.default(x, dimension % max(x.dim(), 1), size, step)
+
+
 # the rewrites the hand-off makes in the retrace that applies OpenVINO's own table
 _REWRITES = {torch.ops.aten.neg.default: _neg_as_product, torch.ops.aten.cat.default: _cat_without_legacy_empties,
              torch.ops.aten.avg_pool2d.default: _pool_of_the_whole_input_as_mean,
-             torch.ops.aten.expand.default: _expand_of_nothing_as_full}
+             torch.ops.aten.expand.default: _expand_of_nothing_as_full,
+             torch.ops.aten.unfold.default: _unfold_along_a_dim_counted_from_the_front}
 
 
 def hand_off(ep, *, device: str = "CPU", config: dict | None = None,

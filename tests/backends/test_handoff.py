@@ -436,6 +436,34 @@ def test_a_pool_whose_window_covers_the_whole_input_runs_on_openvino(kernel):
     torch.testing.assert_close(compiled(x2), model(x2))
 
 
+class _Windows(torch.nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x):
+        return x.unfold(self.dim, 3, 2) * 2
+
+
+@pytest.mark.parametrize("dim", [-1, -2, 1])
+def test_windows_along_a_dim_counted_from_the_end_run_on_openvino(dim, monkeypatch):
+    """inkling2's local windows, x.unfold(-1, ...): OpenVINO's converter fails on an unfold along a dim
+    counted from the end ("Conversion is failed for: aten.unfold.default") and takes the same dim counted
+    from the front."""
+    from exporter.backends import openvino
+
+    model, x = _Windows(dim), torch.randn(2, 7, 9)
+    if dim < 0:
+        with monkeypatch.context() as m:
+            m.delitem(openvino._REWRITES, torch.ops.aten.unfold.default)
+            with pytest.raises(BackendHandOffError, match="aten.unfold"):
+                backends.to_backend("openvino", torch.export.export(model, (x,)))
+    compiled = backends.to_backend("openvino", torch.export.export(model, (x,)))
+    assert compiled.validation.status == "passed"
+    x2 = torch.randn(2, 7, 9)
+    assert torch.equal(compiled(x2), model(x2))
+
+
 _EXPAND_OF_NOTHING = """
 import torch
 from exporter import backends
