@@ -11,7 +11,7 @@ from .._torch.pytree import pytree
 from ..errors import BackendResultError
 from ..lowering.verdicts import real_parts, relative_difference
 
-__all__ = ["HandOffValidation", "reference_outputs", "validated_hand_off"]
+__all__ = ["HandOffValidation", "reference_outputs", "tied_picks", "validated_hand_off"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,8 +141,90 @@ def validated_hand_off(compiled, ep, bounds: dict) -> HandOffValidation:
                 f"where writes reach the caller (runtime_ref, inductor); to_backend(..., validate=False) hands "
                 f"it over unchecked.")
         if rel > bound:
+            ties = tied_picks(ep, *fresh())
+            if ties:
+                raise BackendResultError(
+                    f"{key}: {name} ({dtype}) differs from the lowered program's by {rel:.3g} (relative), beyond "
+                    f"{bound:.3g}, on the stored example inputs, where the program's {ties} picks among equal "
+                    f"values: which of equal values comes first is unspecified, and a backend may pick others, so "
+                    f"what is computed from the pick may differ with neither wrong. Check with inputs and weights "
+                    f"that hold no such ties (weights as trained, not constant); to_backend(..., validate=False) "
+                    f"hands it over unchecked.")
             raise BackendResultError(
                 f"{key}: {name} ({dtype}) differs from the lowered program's by {rel:.3g} (relative), beyond "
                 f"{bound:.3g}, on the stored example inputs: the backend computes something else. Report it to "
                 f"the backend; to_backend(..., validate=False) hands it over unchecked.")
     return HandOffValidation("passed", worst, widest or bounds[torch.float32], len(wanted), state=len(got_state))
+
+
+_aten = torch.ops.aten
+
+
+def _top_ties(x, k, dim=-1, largest=True, sorted=True):
+    """Whether topk's pick is ambiguous: two of the k + 1 first values in its order are equal."""
+    n = x.shape[dim] if x.dim() else 1
+    if k == 0 or n < 2:
+        return False
+    first = x.sort(dim=dim, descending=largest).values.narrow(dim % max(x.dim(), 1), 0, min(k + 1, n))
+    return bool((first.diff(dim=dim) == 0).any())
+
+
+def _extreme_ties(x, dim=None, keepdim=False, largest=True):
+    """Whether an arg-extreme's index is ambiguous: the extreme is held twice along ``dim``."""
+    if x.numel() < 2:
+        return False
+    if dim is None:
+        x, dim = x.reshape(-1), 0
+    extreme = x.amax(dim, keepdim=True) if largest else x.amin(dim, keepdim=True)
+    return bool(((x == extreme).sum(dim) > 1).any())
+
+
+def _sort_ties(x, dim=-1, descending=False, stable=None):
+    """Whether a sort's order of indices is ambiguous: not stable, and two values equal."""
+    if stable or x.numel() < 2 or x.dim() == 0:
+        return False
+    return bool((x.sort(dim=dim).values.diff(dim=dim) == 0).any())
+
+
+# ops whose output picks among values (indices, or values by index) -> whether the inputs make the pick
+# ambiguous (ties), read from the op's own arguments
+_PICKS = {
+    _aten.topk.default: lambda x, k, dim=-1, largest=True, sorted=True: _top_ties(x, k, dim, largest),
+    _aten.sort.default: lambda x, dim=-1, descending=False: _sort_ties(x, dim),
+    _aten.sort.stable: lambda x, *, stable=None, dim=-1, descending=False: _sort_ties(x, dim, stable=stable),
+    _aten.argsort.default: lambda x, dim=-1, descending=False: _sort_ties(x, dim),
+    _aten.argmax.default: lambda x, dim=None, keepdim=False: _extreme_ties(x, dim),
+    _aten.argmin.default: lambda x, dim=None, keepdim=False: _extreme_ties(x, dim, largest=False),
+    _aten.max.dim: lambda x, dim, keepdim=False: _extreme_ties(x, dim),
+    _aten.min.dim: lambda x, dim, keepdim=False: _extreme_ties(x, dim, largest=False),
+}
+
+
+def tied_picks(ep, args: tuple, kwargs: dict) -> str:
+    """The ops of ``ep`` that pick among equal values in its run on ``args``/``kwargs`` (topk at a tie of
+    its k-th value, an argmax of a maximum held twice, a sort that is not stable over equal values), as
+    "topk (2 calls), argmax": where they are, which of the equal values comes first is unspecified, and a
+    backend may order them otherwise than torch. "" where there is none. Run only when a backend's output
+    differs (one more run of the program, on the reference)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from ..ops import op_name
+
+    found = {}
+
+    class Picks(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            check = _PICKS.get(func)
+            if check is not None and isinstance(args[0], torch.Tensor) and not args[0].is_complex():
+                if check(*args, **kwargs):
+                    name = op_name(func).split("::")[-1].split(".")[0]
+                    found[name] = found.get(name, 0) + 1
+            return func(*args, **kwargs)
+
+    try:
+        with Picks():
+            _reference(ep, args, kwargs)
+    except Exception:  # noqa: BLE001 -- a diagnosis of a failure already found: none rather than another error
+        return ""
+    return ", ".join(f"{op} ({n} calls)" if n > 1 else op for op, n in found.items())

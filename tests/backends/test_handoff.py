@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from exporter import backends, export_model, load_for_backend
-from exporter.errors import BackendHandOffError, BackendRunError, OpsetError
+from exporter.errors import BackendHandOffError, BackendResultError, BackendRunError, OpsetError
 from exporter.ops import op_name
 
 pytest.importorskip("onnxruntime")
@@ -494,3 +494,48 @@ def test_an_expand_of_a_tensor_with_no_elements_does_not_kill_the_process():
     done = subprocess.run([sys.executable, "-c", _EXPAND_OF_NOTHING], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "ran (2, 4, 8)"
+
+
+class _PickByScore(torch.nn.Module):
+    """Rows picked by their scores' topk and gathered, as DETR-style detectors pick their queries."""
+
+    def __init__(self, constant_scores: bool):
+        super().__init__()
+        self.constant_scores = constant_scores
+
+    def forward(self, x):
+        scores = (x * 0 if self.constant_scores else x).sum(-1)  # (constant weights score every row alike)
+        picked = scores.topk(5, dim=-1).indices
+        return torch.gather(x, 1, picked[..., None].expand(-1, -1, x.shape[-1])) * 2
+
+
+def test_a_result_that_differs_where_the_program_picks_among_equal_values_says_so():
+    """D-FINE's and DEIMv2's query selection with random weights scores every anchor alike: which of
+    equal values topk puts first is unspecified, and ONNX Runtime picks others than torch. The hand-off
+    check still refuses the result, and says that the pick was among ties, not that the backend computes
+    something else."""
+    pytest.importorskip("onnxruntime")
+    x = torch.randn(2, 20, 4)
+    with pytest.raises(BackendResultError, match=r"the program's topk picks among equal values: which of equal "
+                                                 r"values comes first is unspecified"):
+        backends.to_backend("onnx", torch.export.export(_PickByScore(True), (x,)))
+    compiled = backends.to_backend("onnx", torch.export.export(_PickByScore(False), (x,)))  # (no ties: no doubt)
+    assert compiled.validation.status == "passed"
+    x2 = torch.randn(2, 20, 4)
+    assert torch.equal(compiled(x2), _PickByScore(False)(x2))
+
+
+def test_tied_picks_names_the_ops_whose_pick_ties_decide():
+    from exporter.backends.validation import tied_picks
+
+    class Picks(torch.nn.Module):
+        def forward(self, x, stable: bool):
+            return (x.argmax(-1), torch.sort(x, dim=-1, stable=stable).indices, x.topk(2, dim=-1).indices,
+                    x.max(dim=0).indices)
+
+    tied = torch.tensor([[1.0, 3.0, 3.0, 0.0], [1.0, 5.0, 4.0, 6.0]])  # (a tie along each dim)
+    ep = torch.export.export(Picks(), (tied, False))
+    assert tied_picks(ep, (tied, False), {}) == "argmax, sort, topk, max"
+    assert tied_picks(torch.export.export(Picks(), (tied, True)), (tied, True), {}) == "argmax, topk, max"
+    distinct = torch.tensor([[1.0, 3.0, 2.0, 0.0], [2.0, 6.0, 4.0, 5.0]])
+    assert tied_picks(ep, (distinct, False), {}) == ""
