@@ -287,7 +287,16 @@ def to_backend(name: str | LoweredProgram, lowered: LoweredProgram | torch.expor
     except BackendResultError:
         if fallback is None or compiled.share is not None:
             raise
-    # the backend computes the whole program wrong: split, each part checked, the wrong ones cut down
+    except Pt2bError:
+        raise
+    # a runtime that builds its session on the first run refuses a program there (ONNX Runtime's shape
+    # inference): the hand-off's run is where the backend could not take it
+    except Exception as e:  # noqa: BLE001 (whatever the backend raises, typed and chained)
+        if fallback is None or compiled.share is not None:
+            raise BackendHandOffError(f"{backend.key} took the program but could not run it on the stored example "
+                                      f"inputs: {first_line(e)}") from e
+    # the backend computes the whole program wrong or cannot run it: split, each part checked, the wrong
+    # ones cut down
     compiled = split()
     return dataclasses.replace(compiled, validation=check(compiled, ep))
 

@@ -85,7 +85,7 @@ def hand_off(ep, *, opset_version: int | None = None, optimize: bool = True,
     from .complex_views import complex_views_as_real
 
     ep = complex_views_as_real(ep)  # (torchlib translates no view of a complex tensor)
-    ep = _histc_over_the_data(ep)
+    ep = _for_torchlib(ep)
     if fusions is not None:  # (torchlib's boolean attention is a form ONNX Runtime's fusions do not match)
         ep = attention.additive_masks(ep)
 
@@ -111,17 +111,62 @@ def _histc_of_no_range(x, bins: int = 100, min=0, max=0):
     return histc(x, bins, min, max)
 
 
-def _histc_over_the_data(ep):
-    """``ep`` with each ``histc`` that counts over the data's extremes (min == max) rewritten (pt2b's
-    exact rewrite), torchlib having no translation of that form; ``ep`` itself where it calls none."""
-    if not any(n.target is torch.ops.aten.histc.default and _no_range(n) for n in ep.graph.nodes):
-        return ep
-    return ep.run_decompositions({torch.ops.aten.histc.default: _histc_of_no_range})
-
-
 def _no_range(node) -> bool:
     given = dict(zip(("bins", "min", "max"), node.args[1:]), **node.kwargs)
     return given.get("min", 0) == given.get("max", 0)
+
+
+def _squeezed_dims(x, dims) -> list:
+    """The dims of ``dims`` (one or a list, counted from either end) a squeeze of ``x`` removes: those
+    of size 1. None where a size is a symbol (the squeeze is left as it is)."""
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    sizes = [x.shape[d] for d in dims] if x.dim() else []
+    if not all(isinstance(s, int) for s in sizes):
+        return None
+    return [d % x.dim() for d, s in zip(dims, sizes) if s == 1]
+
+
+def _squeeze_of_ones_only(x, dims):
+    # torchlib's squeeze.dim removes the dim it names whatever its size, which ONNX Runtime then refuses
+    # ("Dimension of input 2 must be 1 instead of 6": parakeet's joint network squeezes a dim of 6),
+    # where torch removes it only if its size is 1: the squeeze of the dims of size 1 alone, a view of
+    # the same shape where there is none
+    ones = _squeezed_dims(x, dims)
+    if ones is None or (x.dim() == 0 or len(ones) == len([dims] if isinstance(dims, int) else dims)):
+        return NotImplemented
+    if not ones:
+        return torch.ops.aten.view.default(x, list(x.shape))
+    return torch.ops.aten.squeeze.dims(x, ones)
+
+
+def _keeps_a_dim(node) -> bool:
+    x = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+    if not isinstance(x, torch.Tensor) or x.dim() == 0:
+        return False
+    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    ones = _squeezed_dims(x, dims)
+    return ones is not None and len(ones) < len([dims] if isinstance(dims, int) else dims)
+
+
+# op -> (a rewrite torchlib's translation needs on some calls of it, which calls)
+_FOR_TORCHLIB = {
+    torch.ops.aten.histc.default: (_histc_of_no_range, _no_range),
+    torch.ops.aten.squeeze.dim: (_squeeze_of_ones_only, _keeps_a_dim),
+    torch.ops.aten.squeeze.dims: (_squeeze_of_ones_only, _keeps_a_dim),
+}
+
+
+def _for_torchlib(ep):
+    """``ep`` with the calls torchlib translates otherwise than torch computes them rewritten
+    (_FOR_TORCHLIB: a histc over the data's extremes, pt2b's exact rewrite; a squeeze naming a dim whose
+    size is not 1, which torch leaves and torchlib removes), in one retrace; ``ep`` itself where there
+    is none."""
+    table = {}
+    for node in ep.graph.nodes:
+        rewrite = _FOR_TORCHLIB.get(node.target)
+        if rewrite is not None and rewrite[1](node):
+            table[node.target] = rewrite[0]
+    return ep.run_decompositions(table) if table else ep
 
 
 # the providers transformers' fusions take; onnxscript's fusions are the same for every one

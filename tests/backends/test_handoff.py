@@ -539,3 +539,35 @@ def test_tied_picks_names_the_ops_whose_pick_ties_decide():
     assert tied_picks(torch.export.export(Picks(), (tied, True)), (tied, True), {}) == "argmax, topk, max"
     distinct = torch.tensor([[1.0, 3.0, 2.0, 0.0], [2.0, 6.0, 4.0, 5.0]])
     assert tied_picks(ep, (distinct, False), {}) == ""
+
+
+class _SqueezeMaybe(torch.nn.Module):
+    """parakeet's joint network squeezes a dim whose size is not 1, which torch leaves as it is."""
+
+    def forward(self, x):
+        return x.squeeze(2) * 2, x.squeeze((1, 3)) + 1, x[:, :, :1].squeeze(2)
+
+
+def test_a_squeeze_of_a_dim_whose_size_is_not_1_runs_on_onnx(monkeypatch):
+    """torchlib removes the dim a squeeze names whatever its size, and ONNX Runtime refuses the model
+    ("Dimension of input 2 must be 1 instead of 6"): the hand-off gives it the squeeze of the dims of
+    size 1 only, or a view of the same shape."""
+    pytest.importorskip("onnxruntime")
+    from exporter.backends import onnx as onnx_backend
+
+    model, x = _SqueezeMaybe(), torch.randn(2, 1, 6, 1)
+    ep = torch.export.export(model, (x,))
+    with monkeypatch.context() as m:
+        m.setattr(onnx_backend, "_for_torchlib", lambda ep: ep)
+        # (ONNX Runtime refuses the model when it builds its session, on the hand-off's first run)
+        with pytest.raises(BackendHandOffError, match=r"took the program but could not run it on the stored "
+                                                      r"example inputs: .*must be 1 instead of 6"):
+            backends.to_backend("onnx", ep)
+        # with the fallback, a run the backend cannot make is split as a wrong result is
+        split = backends.to_backend("onnx", ep, fallback="reference")
+        assert split.share.on_reference == {"aten::squeeze.dim": 1, "aten::squeeze.dims": 1}
+    compiled = backends.to_backend("onnx", ep)
+    assert compiled.validation.status == "passed"
+    x2 = torch.randn(2, 1, 6, 1)
+    for got, want in zip(compiled(x2), model(x2)):
+        assert got.shape == want.shape and torch.equal(got, want)

@@ -324,7 +324,7 @@ def test_a_histc_over_the_data_s_extremes_runs_on_onnx(tmp_path, monkeypatch):
     lowered = load_for_backend(tmp_path / "m.pt2b", backend="onnx", cache=False)
     assert lowered.ops().get("aten::histc.default") == 2  # (onnx's list has histc: the lowering keeps it)
     with monkeypatch.context() as m:
-        m.setattr(onnx_backend, "_histc_over_the_data", lambda ep: ep)
+        m.setattr(onnx_backend, "_for_torchlib", lambda ep: ep)
         with pytest.raises(BackendHandOffError, match="min == max"):
             to_backend("onnx", lowered)
     compiled = to_backend("onnx", lowered)
