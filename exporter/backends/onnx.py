@@ -89,11 +89,22 @@ def hand_off(ep, *, opset_version: int | None = None, optimize: bool = True,
     if fusions is not None:  # (torchlib's boolean attention is a form ONNX Runtime's fusions do not match)
         ep = attention.additive_masks(ep)
 
-    def exported():
+    def exported(optimized: bool = optimize):
         with quiet_logger("torch.onnx"):
-            return torch.onnx.export(ep, (), dynamo=True, optimize=optimize, verbose=False, **options)
+            return torch.onnx.export(ep, (), dynamo=True, optimize=optimized, verbose=False, **options)
 
-    onnx_program = exported()
+    try:
+        onnx_program = exported()
+    except Exception as e:  # noqa: BLE001 -- only the optimizer's failure is routed around, the rest raised
+        # onnxscript's optimizer runs on the translated model, as a step of its own: where one of its passes
+        # fails on a program (prophetnet: constant folding of a SplitToSequence), the model it was given is
+        # right, and the hand-off goes on with it unoptimized (fusions need the optimized forms)
+        if not optimize or fusions is not None or not _optimizer_failed(e):
+            raise
+        warnings.warn(LibraryTableWarning(
+            f"onnx: onnxscript's optimizer failed on this program ({type(e).__name__}: {str(e)[:200]}); the "
+            f"model is handed over unoptimized"), stacklevel=2)
+        onnx_program = exported(False)
     if fusions is not None:
         onnx_program = _fuse(onnx_program, fusions, exported)
     program = onnx_program.exported_program
@@ -167,6 +178,18 @@ def _for_torchlib(ep):
         if rewrite is not None and rewrite[1](node):
             table[node.target] = rewrite[0]
     return ep.run_decompositions(table) if table else ep
+
+
+def _optimizer_failed(e: BaseException) -> bool:
+    """Whether ``e`` (what torch.onnx.export raised) comes from a pass of onnx_ir's pass manager, which
+    the optimizer is made of, rather than from the translation."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if type(e).__name__ == "PassError" and type(e).__module__.startswith("onnx_ir"):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 # the providers transformers' fusions take; onnxscript's fusions are the same for every one

@@ -571,3 +571,34 @@ def test_a_squeeze_of_a_dim_whose_size_is_not_1_runs_on_onnx(monkeypatch):
     x2 = torch.randn(2, 1, 6, 1)
     for got, want in zip(compiled(x2), model(x2)):
         assert got.shape == want.shape and torch.equal(got, want)
+
+
+class _HalvesOfADynamicDim(torch.nn.Module):
+    """prophetnet splits its streams by a size read from a dynamic dim."""
+
+    def forward(self, x):
+        a, b = x.split(x.shape[1] // 2, dim=1)
+        return a * 2 + b
+
+
+def test_a_program_onnxscript_s_optimizer_fails_on_is_handed_over_unoptimized(monkeypatch):
+    """onnxscript's constant folding fails on a SplitToSequence whose sizes are not constants (PassError);
+    the translated model is right, and the hand-off goes on with it unoptimized, saying so."""
+    pytest.importorskip("onnxruntime")
+    from torch.export import Dim
+
+    from exporter.backends import onnx as onnx_backend
+    from exporter.errors import LibraryTableWarning
+
+    model = _HalvesOfADynamicDim()
+    ep = torch.export.export(model, (torch.randn(2, 8, 3),), dynamic_shapes=({1: Dim("s", min=2, max=64) * 2},))
+    with monkeypatch.context() as m:
+        m.setattr(onnx_backend, "_optimizer_failed", lambda e: False)
+        with pytest.raises(BackendHandOffError, match="PassError"):
+            backends.to_backend("onnx", ep)
+    with pytest.warns(LibraryTableWarning, match="onnxscript's optimizer failed on this program"):
+        compiled = backends.to_backend("onnx", ep)
+    assert compiled.validation.status == "passed"
+    for n in (4, 10):
+        x = torch.randn(2, n, 3)
+        torch.testing.assert_close(compiled(x), model(x))
