@@ -5,7 +5,7 @@ between the program's inputs and outputs. OpenVINO's converter holds complex ten
 few ops of its own (no ``polar``, no ``cat`` or ``copy`` of one), and DeepSeek-V2's rotary embedding
 multiplies the queries and keys, viewed as complex, by ``polar(1, freqs)``.
 
-Each op is rewritten on its own: a view (complex_views._REAL_ARGS) is the same view of the pairs, the
+Each op is rewritten on its own: a view (complex_views.REAL_ARGS) is the same view of the pairs, the
 same elements; ``mul`` of two complex tensors is ``(ar*br - ai*bi, ar*bi + ai*br)`` and ``polar(r, t)``
 the pairs ``(r*cos t, r*sin t)``, the definitions, which torch's vectorized kernels may round in
 another last bit. Where the graph does anything
@@ -18,7 +18,7 @@ import operator
 import torch
 import torch.fx
 
-from .complex_views import _REAL_ARGS, _dim
+from .complex_views import REAL_ARGS, real_dim
 from .program_copy import graph_copy, program_with
 
 __all__ = ["complex_as_real_pairs"]
@@ -92,8 +92,8 @@ class _Rewrite:
             if isinstance(alpha, complex):
                 return None
             return self.emit(t, pairs[a[0]], pairs[a[1]], **kw)
-        if t in _REAL_ARGS and not kw and _complex(a[0]):
-            args = _REAL_ARGS[t](a, a[0].meta["val"].dim())
+        if t in REAL_ARGS and not kw and _complex(a[0]):
+            args = REAL_ARGS[t](a, a[0].meta["val"].dim())
             return self.emit(t, pairs[a[0]], *args[1:])
         if t is aten.clone.default and _complex(a[0]):
             return self.emit(aten.clone.default, pairs[a[0]])
@@ -105,9 +105,9 @@ class _Rewrite:
             return self.emit(aten.copy.default, pairs[a[0]], pairs[a[1]])
         if t is aten.cat.default and all(_complex(x) for x in a[0]) and not kw:
             rank = a[0][0].meta["val"].dim()
-            return self.emit(aten.cat.default, [pairs[x] for x in a[0]], _dim(a[1] if len(a) > 1 else 0, rank))
+            return self.emit(aten.cat.default, [pairs[x] for x in a[0]], real_dim(a[1] if len(a) > 1 else 0, rank))
         if t is aten.sym_size.int and _complex(a[0]):
-            return self.emit(aten.sym_size.int, pairs[a[0]], _dim(a[1], a[0].meta["val"].dim()))
+            return self.emit(aten.sym_size.int, pairs[a[0]], real_dim(a[1], a[0].meta["val"].dim()))
         return None
 
 

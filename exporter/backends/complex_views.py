@@ -13,33 +13,35 @@ import torch.fx
 
 from .program_copy import graph_copy, program_with
 
-__all__ = ["complex_views_as_real"]
+__all__ = ["REAL_ARGS", "complex_views_as_real", "real_dim"]
 
 aten = torch.ops.aten
 
 
-def _dim(d: int, rank: int) -> int:
+def real_dim(d: int, rank: int) -> int:
+    """Dim ``d`` of a complex tensor of rank ``rank`` as the same dim of its real pairs (counted from the
+    front: the pairs' trailing dim of 2 comes after it)."""
     return d % rank if rank else 0
 
 
 # view op -> its arguments for the real pairs, from its own arguments and the complex input's rank
-_REAL_ARGS = {
+REAL_ARGS = {
     aten.unsqueeze.default: lambda a, r: (a[0], a[1] % (r + 1)),
     aten.view.default: lambda a, r: (a[0], [*a[1], 2]),
     aten.reshape.default: lambda a, r: (a[0], [*a[1], 2]),
     aten._unsafe_view.default: lambda a, r: (a[0], [*a[1], 2]),
     aten.expand.default: lambda a, r: (a[0], [*a[1], 2], *a[2:]),
-    aten.permute.default: lambda a, r: (a[0], [_dim(d, r) for d in a[1]] + [r]),
-    aten.transpose.int: lambda a, r: (a[0], _dim(a[1], r), _dim(a[2], r)),
-    aten.select.int: lambda a, r: (a[0], _dim(a[1], r), a[2]),
-    aten.slice.Tensor: lambda a, r: (a[0], _dim(a[1] if len(a) > 1 else 0, r), *a[2:]),
-    aten.squeeze.dim: lambda a, r: (a[0], _dim(a[1], r)),
-    aten.squeeze.dims: lambda a, r: (a[0], [_dim(d, r) for d in a[1]]),
+    aten.permute.default: lambda a, r: (a[0], [real_dim(d, r) for d in a[1]] + [r]),
+    aten.transpose.int: lambda a, r: (a[0], real_dim(a[1], r), real_dim(a[2], r)),
+    aten.select.int: lambda a, r: (a[0], real_dim(a[1], r), a[2]),
+    aten.slice.Tensor: lambda a, r: (a[0], real_dim(a[1] if len(a) > 1 else 0, r), *a[2:]),
+    aten.squeeze.dim: lambda a, r: (a[0], real_dim(a[1], r)),
+    aten.squeeze.dims: lambda a, r: (a[0], [real_dim(d, r) for d in a[1]]),
 }
 
 
 def _complex_view(node: torch.fx.Node) -> bool:
-    if node.op != "call_function" or node.target not in _REAL_ARGS or node.kwargs or not node.args:
+    if node.op != "call_function" or node.target not in REAL_ARGS or node.kwargs or not node.args:
         return False
     x = node.args[0]
     val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
@@ -55,7 +57,7 @@ def complex_views_as_real(ep: torch.export.ExportedProgram) -> torch.export.Expo
     graph = gm.graph
     for node in [n for n in graph.nodes if _complex_view(n)]:
         x = node.args[0]
-        args = _REAL_ARGS[node.target](node.args, x.meta["val"].dim())
+        args = REAL_ARGS[node.target](node.args, x.meta["val"].dim())
         with graph.inserting_before(node):
             real = graph.call_function(aten.view_as_real.default, (x,))
             real.meta["val"] = aten.view_as_real.default(x.meta["val"])

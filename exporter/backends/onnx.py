@@ -85,7 +85,7 @@ def hand_off(ep, *, opset_version: int | None = None, optimize: bool = True,
     from .complex_views import complex_views_as_real
 
     ep = complex_views_as_real(ep)  # (torchlib translates no view of a complex tensor)
-    ep = _for_torchlib(ep)
+    ep = _for_torchlib(_contiguous_before_views(ep))
     if fusions is not None:  # (torchlib's boolean attention is a form ONNX Runtime's fusions do not match)
         ep = attention.additive_masks(ep)
 
@@ -157,6 +157,37 @@ def _keeps_a_dim(node) -> bool:
     dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
     ones = _squeezed_dims(x, dims)
     return ones is not None and len(ones) < len([dims] if isinstance(dims, int) else dims)
+
+
+_MOVERS = (torch.ops.aten.transpose.int, torch.ops.aten.permute.default)
+
+
+def _contiguous_before_views(ep):
+    """``ep`` with a contiguous ``clone`` between each ``view`` and the transpose or permute it views: the
+    same values (an Identity in ONNX, which the optimizer removes). Whether such a view is a view at all
+    depends on the strides its input had when the program was captured: an attention's output laid out
+    by its CPU kernel (NeMo's and LayoutLMv3's, under a float mask) transposes to a tensor a view can
+    flatten, and torch.onnx's retrace, whose attention returns other strides, refuses the same view
+    ("Cannot view a tensor with shape ... and strides ..."). ``ep`` itself where there is none."""
+    from .program_copy import graph_copy, program_with
+
+    def viewed(node) -> bool:
+        return node.target is torch.ops.aten.view.default and getattr(node.args[0], "target", None) in _MOVERS
+
+    if not any(viewed(n) for n in ep.graph.nodes):
+        return ep
+    gm = graph_copy(ep)
+    graph = gm.graph
+    for node in [n for n in graph.nodes if viewed(n)]:
+        moved = node.args[0]
+        with graph.inserting_before(node):
+            dense = graph.call_function(torch.ops.aten.clone.default, (moved,),
+                                        {"memory_format": torch.contiguous_format})
+        if isinstance(moved.meta.get("val"), torch.Tensor):
+            dense.meta["val"] = moved.meta["val"].clone(memory_format=torch.contiguous_format)
+        node.replace_input_with(moved, dense)
+    gm.recompile()
+    return program_with(ep, gm)
 
 
 # op -> (a rewrite torchlib's translation needs on some calls of it, which calls)

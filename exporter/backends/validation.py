@@ -206,8 +206,7 @@ def tied_picks(ep, args: tuple, kwargs: dict) -> str:
     "topk (2 calls), argmax": where they are, which of the equal values comes first is unspecified, and a
     backend may order them otherwise than torch. "" where there is none. Run only when a backend's output
     differs (one more run of the program, on the reference)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
+    from .._torch.dispatch import TorchDispatchMode
     from ..ops import op_name
 
     found = {}

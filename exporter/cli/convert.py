@@ -68,7 +68,15 @@ def convert(source, dest, *, trust_pickle: bool = False) -> str:
 
 def _check_state(ep, source) -> None:
     """What an unpickled weight or constant became must be a tensor (or a torchbind object, which the
-    writer refuses by name): anything else is the archive's error, not the writer's."""
+    writer refuses by name), and the example inputs ``(args, kwargs)`` as the program takes them:
+    anything else is the archive's error, not the writer's."""
+    example = ep.example_inputs
+    if example is not None and not (isinstance(example, tuple) and len(example) == 2
+                                    and isinstance(example[0], tuple) and isinstance(example[1], dict)):
+        raise ArtifactError(f"{source}: the example inputs were read as a {type(example).__name__} of "
+                            f"{len(example) if isinstance(example, tuple) else 'no'} item(s), not the (args, "
+                            "kwargs) pair the program takes; the archive is damaged or was not written by "
+                            "torch.export.save.")
     for kind, values in (("weight", ep.state_dict), ("constant", ep.constants)):
         for name, value in values.items():
             if not isinstance(value, (torch.Tensor, torch.ScriptObject)):
