@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from .program_copy import graph_copy, program_with
+from .program_copy import nodes_rewritten
 
 __all__ = ["REAL_ARGS", "complex_views_as_real", "real_dim"]
 
@@ -51,21 +51,16 @@ def _complex_view(node: torch.fx.Node) -> bool:
 def complex_views_as_real(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
     """``ep`` with each view of a complex tensor made the same view of its real pairs between
     ``view_as_real`` and ``view_as_complex``; ``ep`` itself where it has none (it is never changed)."""
-    if not any(_complex_view(n) for n in ep.graph.nodes):
-        return ep
-    gm = graph_copy(ep)
-    graph = gm.graph
-    for node in [n for n in graph.nodes if _complex_view(n)]:
+    def as_real(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
         x = node.args[0]
         args = REAL_ARGS[node.target](node.args, x.meta["val"].dim())
-        with graph.inserting_before(node):
-            real = graph.call_function(aten.view_as_real.default, (x,))
-            real.meta["val"] = aten.view_as_real.default(x.meta["val"])
-            moved = graph.call_function(node.target, (real, *args[1:]))
-            moved.meta["val"] = node.target(real.meta["val"], *args[1:])
-            back = graph.call_function(aten.view_as_complex.default, (moved,))
-            back.meta["val"] = node.meta["val"]
+        real = graph.call_function(aten.view_as_real.default, (x,))
+        real.meta["val"] = aten.view_as_real.default(x.meta["val"])
+        moved = graph.call_function(node.target, (real, *args[1:]))
+        moved.meta["val"] = node.target(real.meta["val"], *args[1:])
+        back = graph.call_function(aten.view_as_complex.default, (moved,))
+        back.meta["val"] = node.meta["val"]
         node.replace_all_uses_with(back)
         graph.erase_node(node)
-    gm.recompile()
-    return program_with(ep, gm)
+
+    return nodes_rewritten(ep, _complex_view, as_real)

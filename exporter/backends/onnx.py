@@ -169,25 +169,19 @@ def _contiguous_before_views(ep):
     by its CPU kernel (NeMo's and LayoutLMv3's, under a float mask) transposes to a tensor a view can
     flatten, and torch.onnx's retrace, whose attention returns other strides, refuses the same view
     ("Cannot view a tensor with shape ... and strides ..."). ``ep`` itself where there is none."""
-    from .program_copy import graph_copy, program_with
+    from .program_copy import nodes_rewritten
 
     def viewed(node) -> bool:
         return node.target is torch.ops.aten.view.default and getattr(node.args[0], "target", None) in _MOVERS
 
-    if not any(viewed(n) for n in ep.graph.nodes):
-        return ep
-    gm = graph_copy(ep)
-    graph = gm.graph
-    for node in [n for n in graph.nodes if viewed(n)]:
+    def dense(graph, node) -> None:
         moved = node.args[0]
-        with graph.inserting_before(node):
-            dense = graph.call_function(torch.ops.aten.clone.default, (moved,),
-                                        {"memory_format": torch.contiguous_format})
+        made = graph.call_function(torch.ops.aten.clone.default, (moved,), {"memory_format": torch.contiguous_format})
         if isinstance(moved.meta.get("val"), torch.Tensor):
-            dense.meta["val"] = moved.meta["val"].clone(memory_format=torch.contiguous_format)
-        node.replace_input_with(moved, dense)
-    gm.recompile()
-    return program_with(ep, gm)
+            made.meta["val"] = moved.meta["val"].clone(memory_format=torch.contiguous_format)
+        node.replace_input_with(moved, made)
+
+    return nodes_rewritten(ep, viewed, dense)
 
 
 # op -> (a rewrite torchlib's translation needs on some calls of it, which calls)

@@ -7,7 +7,8 @@ import torch.fx
 
 from .._torch.pytree import pytree
 
-__all__ = ["graph_copy", "handed_spec", "plain_spec", "program_copy", "program_returning", "program_with"]
+__all__ = ["graph_copy", "handed_spec", "nodes_rewritten", "plain_spec", "program_copy", "program_returning",
+           "program_with"]
 
 
 def graph_copy(ep: torch.export.ExportedProgram) -> torch.fx.GraphModule:
@@ -27,6 +28,20 @@ def program_with(ep: torch.export.ExportedProgram, gm: torch.fx.GraphModule) -> 
         root=gm, graph=gm.graph, graph_signature=ep.graph_signature, state_dict=ep.state_dict,
         range_constraints=ep.range_constraints, module_call_graph=ep.module_call_graph,
         example_inputs=ep.example_inputs, constants=ep.constants, verifiers=ep.verifiers)
+
+
+def nodes_rewritten(ep: torch.export.ExportedProgram, picks, rewrite) -> torch.export.ExportedProgram:
+    """``ep`` with each node that ``picks(node)`` selects given to ``rewrite(graph, node)`` in the graph's
+    order, on a copy of its graph (nodes ``rewrite`` makes go before the node); ``ep`` itself where none
+    is picked (it is never changed)."""
+    if not any(picks(n) for n in ep.graph.nodes):
+        return ep
+    gm = graph_copy(ep)
+    for node in [n for n in gm.graph.nodes if picks(n)]:
+        with gm.graph.inserting_before(node):
+            rewrite(gm.graph, node)
+    gm.recompile()
+    return program_with(ep, gm)
 
 
 def program_copy(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
