@@ -127,14 +127,18 @@ def _no_range(node) -> bool:
     return given.get("min", 0) == given.get("max", 0)
 
 
-def _squeezed_dims(x, dims) -> list:
-    """The dims of ``dims`` (one or a list, counted from either end) a squeeze of ``x`` removes: those
-    of size 1. None where a size is a symbol (the squeeze is left as it is)."""
+def _ones_where_a_dim_stays(x, dims) -> list | None:
+    """The dims of ``dims`` (one or a list, counted from either end) of size 1, which a squeeze of ``x``
+    removes, where it leaves another it names (a size that is not 1); None where it removes every one,
+    ``x`` is 0-d, or a size is a symbol (the squeeze is left as it is)."""
     dims = [dims] if isinstance(dims, int) else list(dims)
-    sizes = [x.shape[d] for d in dims] if x.dim() else []
+    if x.dim() == 0:
+        return None
+    sizes = [x.shape[d] for d in dims]
     if not all(isinstance(s, int) for s in sizes):
         return None
-    return [d % x.dim() for d, s in zip(dims, sizes) if s == 1]
+    ones = [d % x.dim() for d, s in zip(dims, sizes) if s == 1]
+    return ones if len(ones) < len(dims) else None
 
 
 def _squeeze_of_ones_only(x, dims):
@@ -142,8 +146,8 @@ def _squeeze_of_ones_only(x, dims):
     # ("Dimension of input 2 must be 1 instead of 6": parakeet's joint network squeezes a dim of 6),
     # where torch removes it only if its size is 1: the squeeze of the dims of size 1 alone, a view of
     # the same shape where there is none
-    ones = _squeezed_dims(x, dims)
-    if ones is None or (x.dim() == 0 or len(ones) == len([dims] if isinstance(dims, int) else dims)):
+    ones = _ones_where_a_dim_stays(x, dims)
+    if ones is None:
         return NotImplemented
     if not ones:
         return torch.ops.aten.view.default(x, list(x.shape))
@@ -152,11 +156,8 @@ def _squeeze_of_ones_only(x, dims):
 
 def _keeps_a_dim(node) -> bool:
     x = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
-    if not isinstance(x, torch.Tensor) or x.dim() == 0:
-        return False
     dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
-    ones = _squeezed_dims(x, dims)
-    return ones is not None and len(ones) < len([dims] if isinstance(dims, int) else dims)
+    return isinstance(x, torch.Tensor) and _ones_where_a_dim_stays(x, dims) is not None
 
 
 _MOVERS = (torch.ops.aten.transpose.int, torch.ops.aten.permute.default)

@@ -160,7 +160,7 @@ def validated_hand_off(compiled, ep, bounds: dict) -> HandOffValidation:
 _aten = torch.ops.aten
 
 
-def _top_ties(x, k, dim=-1, largest=True, sorted=True):
+def _top_ties(x, k, dim, largest):
     """Whether topk's pick is ambiguous: two of the k + 1 first values in its order are equal."""
     n = x.shape[dim] if x.dim() else 1
     if k == 0 or n < 2:
@@ -169,7 +169,7 @@ def _top_ties(x, k, dim=-1, largest=True, sorted=True):
     return bool((first.diff(dim=dim) == 0).any())
 
 
-def _extreme_ties(x, dim=None, keepdim=False, largest=True):
+def _extreme_ties(x, dim, largest=True):
     """Whether an arg-extreme's index is ambiguous: the extreme is held twice along ``dim``."""
     if x.numel() < 2:
         return False
@@ -179,7 +179,7 @@ def _extreme_ties(x, dim=None, keepdim=False, largest=True):
     return bool(((x == extreme).sum(dim) > 1).any())
 
 
-def _sort_ties(x, dim=-1, descending=False, stable=None):
+def _sort_ties(x, dim, stable=None):
     """Whether a sort's order of indices is ambiguous: not stable, and two values equal."""
     if stable or x.numel() < 2 or x.dim() == 0:
         return False
