@@ -9,6 +9,7 @@ import torch
 
 from .._torch.pytree import pytree
 from ..errors import BackendResultError
+from ..lowering.random_draws import drawn_results
 from ..lowering.verdicts import real_parts, relative_difference
 
 __all__ = ["HandOffValidation", "reference_outputs", "tied_picks", "validated_hand_off"]
@@ -24,13 +25,19 @@ class HandOffValidation:
     outputs: int = 0  # output leaves compared
     state: int = 0  # carried buffers compared after the run (Compiled.state)
     why: str = ""
+    random: tuple = ()  # the values computed from random draws, compared by shape and dtype only
+    draws: tuple = ()  # the drawing ops they are computed from
+
 
     def describe(self) -> str:
         if self.status != "passed":
             return f"hand-off validation {self.status}: {self.why}"
         also = f" and {self.state} carried buffer(s)" if self.state else ""
+        random = (f"; of them {', '.join(self.random)} computed from random draws ({', '.join(self.draws)}), "
+                  f"compared by shape and dtype only: the backend's generator is not torch's") if self.random else ""
         return (f"hand-off validation passed: {self.outputs} output(s){also} on the stored example inputs, largest "
-                f"relative difference {self.max_rel:.3g} from the lowered program (wrong beyond {self.bound:.3g})")
+                f"relative difference {self.max_rel:.3g} from the lowered program (wrong beyond {self.bound:.3g})"
+                f"{random}")
 
 
 def reference_outputs(ep, args: tuple, kwargs: dict):
@@ -65,7 +72,8 @@ def validated_hand_off(compiled, ep, bounds: dict) -> HandOffValidation:
     carries runs from the program's own values, its new values are compared too (``state[name]``), and
     it is left as it was before; where the program writes its inputs in place, the caller's tensors
     after the call are compared too (``input[...]``: a backend that computes the writes but never makes
-    them is found here)."""
+    them is found here). A value computed from a random draw (random_draws) is compared by shape and
+    dtype only: the backend's generator is not torch's."""
     key = compiled.backend.key
     carried = getattr(compiled, "carry", None)
     if ep.example_inputs is None:
@@ -98,15 +106,22 @@ def validated_hand_off(compiled, ep, bounds: dict) -> HandOffValidation:
     if len(wanted) != len(gotten):
         raise BackendResultError(f"{key} returns {len(gotten)} output(s) where the lowered program returns "
                                  f"{len(wanted)}; to_backend(..., validate=False) hands it over unchecked.")
-    pairs = [(_leaf_name(path), w, g) for (path, w), g in zip(wanted, gotten)]
-    pairs += [(f"state[{name!r}]", w, got_state[name]) for name, w in want_state.items() if name in got_state]
+    drawn = drawn_results(ep)
+    pairs = [(_leaf_name(path), w, g, i in drawn.outputs) for i, ((path, w), g) in enumerate(zip(wanted, gotten))]
+    pairs += [(f"state[{name!r}]", w, got_state[name], name in drawn.buffers)
+              for name, w in want_state.items() if name in got_state]
     if ep.graph_signature.user_inputs_to_mutate:  # what the program writes into the caller's tensors
         written, _ = pytree.tree_flatten_with_path((ref_args, ref_kwargs))
-        pairs += [(_input_name(path), w, g)
-                  for (path, w), g in zip(written, pytree.tree_leaves((args, kwargs))) if isinstance(w, torch.Tensor)]
-    worst, widest = 0.0, 0.0
-    for name, w, g in pairs:
+        pairs += [(_input_name(path), w, g, i in drawn.inputs)
+                  for i, ((path, w), g) in enumerate(zip(written, pytree.tree_leaves((args, kwargs))))
+                  if isinstance(w, torch.Tensor)]
+    worst, widest, random = 0.0, 0.0, []
+    for name, w, g, from_draws in pairs:
+        if from_draws:  # (its shape and dtype below, not its values)
+            random.append(name)
         if not isinstance(w, torch.Tensor):
+            if from_draws:
+                continue
             if w != g:
                 raise BackendResultError(f"{key}: {name} is {g!r} where the lowered program gives {w!r} on the "
                                          f"stored example inputs; to_backend(..., validate=False) hands it over unchecked.")
@@ -115,6 +130,8 @@ def validated_hand_off(compiled, ep, bounds: dict) -> HandOffValidation:
             what = f"{tuple(g.shape)} {g.dtype}" if isinstance(g, torch.Tensor) else type(g).__name__
             raise BackendResultError(f"{key}: {name} is {what} where the lowered program gives {tuple(w.shape)} "
                                      f"{w.dtype}; to_backend(..., validate=False) hands it over unchecked.")
+        if from_draws:
+            continue
         dtype = w.dtype
         if w.is_complex():  # (compared as its real and imaginary parts, within their dtype's bound)
             w, g = real_parts(w), real_parts(g)
@@ -154,7 +171,8 @@ def validated_hand_off(compiled, ep, bounds: dict) -> HandOffValidation:
                 f"{key}: {name} ({dtype}) differs from the lowered program's by {rel:.3g} (relative), beyond "
                 f"{bound:.3g}, on the stored example inputs: the backend computes something else. Report it to "
                 f"the backend; to_backend(..., validate=False) hands it over unchecked.")
-    return HandOffValidation("passed", worst, widest or bounds[torch.float32], len(wanted), state=len(got_state))
+    return HandOffValidation("passed", worst, widest or bounds[torch.float32], len(wanted), state=len(got_state),
+                             random=tuple(random), draws=drawn.ops if random else ())
 
 
 _aten = torch.ops.aten

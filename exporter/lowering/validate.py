@@ -21,6 +21,7 @@ from ..graph_walk import call_nodes
 from ..shared.regions import is_autocast_marker
 from ..ops import op_name
 from ..util import nesting
+from .random_draws import drawing_ops
 from .op_checks import (RANK, Decomposed, check_call, compare, is_wrapped, permuted, same, user_input_values,
                         value_free, where_defined)
 
@@ -106,28 +107,6 @@ def _called_ops(ep) -> set:
 
     return {n.target for g in iter_graphs(ep.graph_module) for n in g.nodes
             if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)}
-
-
-def _can_draw(node) -> bool:
-    """Whether a node of a random op may draw: not a dropout whose ``train`` is False or whose
-    probability (``p``, ``dropout_p``) is 0 (an eval-mode model's dropout and attention)."""
-    schema = node.target._schema.arguments
-    bound = {a.name: a.default_value for a in schema if a.has_default_value()}
-    bound.update(zip((a.name for a in schema), node.args))
-    bound.update(node.kwargs)
-    if bound.get("train", True) is False:
-        return False
-    return not any(name in bound and bound[name] == 0 and not isinstance(bound[name], torch.fx.Node)
-                   for name in ("p", "dropout_p"))
-
-
-def _random_ops(ep) -> list[str]:
-    """The random ops of the program that may draw (_can_draw), by name."""
-    from ..graph_walk import iter_graphs
-
-    return sorted({op_name(n.target) for g in iter_graphs(ep.graph_module) for n in g.nodes
-                   if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
-                   and torch.Tag.nondeterministic_seeded in n.target.tags and _can_draw(n)})
 
 
 def applied_decompositions(source_ep, table: dict) -> list:
@@ -547,7 +526,7 @@ class SourceRuns:
     the kernels and the trace contend for the cores.)"""
 
     def __init__(self, source_ep, input_sets=None, wanted=None, record=()):
-        self.ep, self.random, self.cut = source_ep, _random_ops(source_ep), None
+        self.ep, self.random, self.cut = source_ep, drawing_ops(source_ep), None
         self.record, self.recorded, self.seconds, self._runner = list(record), None, 0.0, None
         self.given = input_sets is not None
         if self.given:  # with the outputs source_ep gave on them
@@ -678,7 +657,7 @@ def _by_ops(source_ep, lowered_ep, applied: list, table: dict, bounds: dict, bud
     from . import run_cost
     from .op_checks import check_calls, input_sizes, signatures
 
-    if not applied or _random_ops(source_ep) or _has_autocast(source_ep):
+    if not applied or drawing_ops(source_ep) or _has_autocast(source_ep):
         return None  # (a call in an autocast region computes in its dtype: the program's run knows where)
     sig = source_ep.graph_signature
     if sig.buffers_to_mutate or sig.user_inputs_to_mutate or _written_placeholders(source_ep.graph):

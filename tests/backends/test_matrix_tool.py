@@ -167,3 +167,42 @@ def test_splits_run_after_every_backend_s_whole_hand_off(tmp_path, monkeypatch):
     assert stages.index("match:openvino") < stages.index("fallback:onnx"), stages
     assert handed[-1] == ("onnx", "reference")
     assert sent[-1]["owner"] == {"onnx": "backend", "openvino": None}
+
+
+def test_a_case_returning_random_draws_is_compared_where_it_can_be(tmp_path, monkeypatch):
+    """vit_mae masks patches at random: eager and the backend draw other numbers, so the values computed
+    from the draws are compared by shape and dtype, the others with eager as always; the page names
+    such cases."""
+    import copy
+
+    import pytest
+    import torch
+
+    from tools.corpus import programs, transformers_zoo
+
+    pytest.importorskip("onnxruntime")
+
+    class Masked(torch.nn.Module):
+        def forward(self, x):
+            keep = torch.rand(x.shape[0], x.shape[1]).argsort(-1)[:, :2]  # (vit_mae's random_masking)
+            return {"kept": torch.gather(x, 1, keep[..., None].expand(-1, -1, x.shape[-1])), "norm": x.norm(dim=-1)}
+
+    def run(model):
+        case = transformers_zoo.RealCase(name="masked", model_type="masked", task="base", model=model,
+                                         args=(torch.randn(2, 5, 3),), kwargs={}, dynamic_shapes=None)
+        monkeypatch.setattr(transformers_zoo, "make_case", lambda name: case)
+        monkeypatch.setattr(programs, "capture_real", lambda c, _: torch.export.export(c.model, c.args))
+        sent = []
+        conn = type("Conn", (), {"send": lambda self, rec: sent.append(copy.deepcopy(rec))})()
+        bm.run_case("masked", ["onnx"], conn, str(tmp_path))
+        return sent[-1]
+
+    rec = run(Masked())
+    assert rec["owner"] == {"onnx": None} and rec["random_outputs"] == {"leaves": [0], "ops": ["aten::rand.default"]}
+    page = bm.markdown({"records": [rec], "meta": {"backends": ["onnx"]}})
+    assert "1 case(s) return values computed from random draws (masked): those values are compared" in page
+    # the output no draw reaches is still compared with eager: a model whose eager run differs is caught
+    monkeypatch.setattr(bm.rm, "run_eager", lambda model, fresh: {"kept": torch.zeros(2, 2, 3),
+                                                                   "norm": torch.zeros(2, 5)})
+    rec = run(Masked())
+    assert rec["stages"]["match:onnx"]["status"] == "fail" and "leaf 1 (2, 5)" in rec["stages"]["match:onnx"]["error"]

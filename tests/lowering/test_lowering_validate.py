@@ -205,27 +205,6 @@ def test_the_runner_computes_what_the_module_does_and_leaves_the_state(tmp_path,
     assert op_checks.same(runner(inputs), got)  # again, from the stored state
 
 
-@pytest.mark.parametrize("model, random", [
-    (torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5)).eval(), []),
-    (torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5)).train(), ["aten::dropout.default"]),
-    (torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.0)).train(), []),
-])
-def test_only_random_ops_that_can_draw_need_the_second_seed(model, random):
-    ep = torch.export.export(model, (torch.randn(2, 4),))
-    assert V._random_ops(ep) == random
-
-
-def test_attention_without_dropout_cannot_draw():
-    class Attn(torch.nn.Module):
-        def forward(self, q):
-            return torch.nn.functional.scaled_dot_product_attention(q, q, q)
-
-    ep = torch.export.export(Attn(), (torch.randn(1, 2, 4, 8),))
-    assert any(torch.Tag.nondeterministic_seeded in n.target.tags for n in ep.graph.nodes
-               if isinstance(n.target, torch._ops.OpOverload))
-    assert V._random_ops(ep) == []
-
-
 class _InstanceNorm(torch.nn.Module):
     def forward(self, x):
         return torch.nn.functional.instance_norm(x)
