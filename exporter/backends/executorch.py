@@ -91,7 +91,7 @@ def _supported() -> tuple[tuple[str, ...], tuple[str, ...]]:
             continue
         accepted.add(name)
         view = _view_of(op)
-        if view is not None:
+        if view is not None and _edge_accepts(view):  # (to_edge refuses unfold, which it has no decomposition for)
             accepted.add(op_name(view))
     return tuple(sorted(accepted)), tuple(unmapped)
 

@@ -203,3 +203,26 @@ def test_a_sort_runs_on_the_portable_kernels_as_a_topk(tmp_path):
         (scores, order, values), (want_scores, want_order, want_values) = compiled(x), Router()(x)
         torch.testing.assert_close(scores, want_scores, rtol=1e-6, atol=1e-6)  # (its softmax rounds otherwise)
         assert torch.equal(order, want_order) and torch.equal(values, want_values)
+
+
+class Patches(torch.nn.Module):
+    """patchtst's patching: windows along the time dim of a transposed input."""
+
+    def forward(self, x):
+        return x.transpose(1, 2).unfold(-1, 4, 2).mean(-1)
+
+
+def test_unfold_of_a_transposed_input_runs_on_the_portable_kernels_as_a_gather(tmp_path):
+    """to_edge refuses aten::unfold (not core ATen; the kernel registry holds unfold_copy, which to_edge
+    never makes from it), so unfold is not in the list; torch's route for it, an as_strided with the
+    transposed input's strides, reads ExecuTorch's dense permute_copy wrong. pt2b's gather runs whole."""
+    assert "aten::unfold.default" not in backends.get("executorch").supported_ops
+    export_model(Patches(), (torch.randn(2, 9, 3),), tmp_path / "p.pt2b",
+                 dynamic_shapes=({0: torch.export.Dim("b", max=8)},))
+    lowered = load_for_backend(tmp_path / "p.pt2b", backend="executorch", cache=False)
+    assert "aten::as_strided.default" not in lowered.ops()
+    compiled = backends.to_backend(lowered)
+    assert compiled.share is None and compiled.validation.status == "passed"
+    for b in (2, 5):
+        x = torch.randn(b, 9, 3)
+        torch.testing.assert_close(compiled(x), Patches()(x), rtol=1e-6, atol=1e-6)

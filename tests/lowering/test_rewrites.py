@@ -15,7 +15,7 @@ from exporter.lowering.opset_check import INFRASTRUCTURE
 from exporter.lowering.presets import load as load_preset
 from exporter.errors import OpsetError
 from exporter.lowering.rewrites import (amax_by_max_dim, cummax, cummin, empty_permuted, grouped_mm_fallback, histc,
-                                        masked_scatter, sort_by_topk)
+                                        masked_scatter, sort_by_topk, unfold_by_index)
 from exporter.lowering.tables import closure_decompositions
 
 CORE = sorted(load_preset("core").opset)
@@ -333,4 +333,48 @@ def test_a_histc_over_the_data_s_extremes_runs_on_onnx(tmp_path, monkeypatch):
     for _ in range(2):  # (other values than the example's)
         x = torch.randn(6, 3)
         for got, want in zip(compiled(x), OneExpertCounts()(x)):
+            assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
+def test_unfold_by_index_equals_unfold_on_any_layout(dtype):
+    """Every window size and step that fits, every dim counted from either end, on contiguous,
+    transposed, sliced and expanded inputs: the same values as unfold's view."""
+    rng = random.Random(0)
+    for _ in range(200):
+        shape = [rng.randint(1, 6) for _ in range(rng.randint(1, 4))]
+        x = (torch.randn(shape) * 4).to(dtype)
+        layout = rng.choice(["contiguous", "transposed", "sliced", "expanded"])
+        if layout == "transposed" and x.dim() > 1:
+            x = x.transpose(0, -1)
+        elif layout == "sliced":
+            x = x[..., ::2]
+        elif layout == "expanded":
+            x = x[:1].expand(3, *x.shape[1:])
+        dim = rng.randrange(-x.dim(), x.dim())
+        size = rng.randint(0, x.shape[dim])
+        step = rng.randint(1, 4)
+        assert torch.equal(unfold_by_index(x, dim, size, step), x.unfold(dim, size, step)), (shape, layout, dim, size, step)
+
+
+class Windows(nn.Module):
+    """patchtst's patching: windows along the time dim of a transposed input, and along its last dim."""
+
+    def forward(self, x):
+        return x.transpose(1, 2).unfold(-1, 4, 2).sum(-1), x.unfold(1, 3, 3) * 2
+
+
+def test_unfold_takes_pt2bs_gather_where_the_list_lacks_unfold(tmp_path):
+    """torch's route for unfold is an as_strided with the strides of unfold's input, which a backend that
+    makes its views dense copies reads wrong (ExecuTorch); for a list without unfold that names
+    index_select, pt2b's gather lowers it instead, with a dynamic dim, exact."""
+    without = [op for op in CORE if op != "aten::unfold.default"]
+    export_model(Windows(), (torch.randn(2, 9, 5),), tmp_path / "w.pt2b",
+                 dynamic_shapes=({0: torch.export.Dim("b", max=8)},))
+    lowered = load_for_backend(tmp_path / "w.pt2b", supported_ops=without, cache=False)
+    assert "aten::index_select.default" in lowered.ops() and "aten::as_strided.default" not in lowered.ops()
+    assert lowered.validation.status == "passed"
+    for b in (2, 5):
+        x = torch.randn(b, 9, 5)
+        for got, want in zip(lowered(x), Windows()(x)):
             assert torch.equal(got, want)
