@@ -133,8 +133,33 @@ def cummin(x: torch.Tensor, dim: int) -> tuple:
     return _cumulative_extreme(x, dim, largest=False)
 
 
+def _drawn_like(draw, x: torch.Tensor, dtype, layout, device, pin_memory, memory_format):
+    """A ``*_like`` draw as the draw of ``x``'s size: the kernel of ``randn_like`` fills an empty tensor
+    like ``x`` by the same generator call that fills ``randn``'s, so the same seed gives the same values.
+    Another layout than strided, or a memory format that is not contiguous on an input that is not:
+    NotImplemented."""
+    if layout not in (None, torch.strided) or pin_memory:
+        return NotImplemented
+    if memory_format not in (None, torch.preserve_format, torch.contiguous_format) or (
+            memory_format != torch.contiguous_format and not x.is_contiguous()):
+        return NotImplemented
+    return draw(x.shape, dtype=dtype or x.dtype, device=device or x.device)
+
+
+def randn_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    """aten::randn_like as aten::randn of its input's size: see _drawn_like."""
+    return _drawn_like(torch.randn, x, dtype, layout, device, pin_memory, memory_format)
+
+
+def rand_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    """aten::rand_like as aten::rand of its input's size: see _drawn_like."""
+    return _drawn_like(torch.rand, x, dtype, layout, device, pin_memory, memory_format)
+
+
 # op name -> pt2b's decomposition; a library's op applies only where the library is loaded
 WRITTEN = {
+    "aten::randn_like.default": randn_like,
+    "aten::rand_like.default": rand_like,
     "aten::sort.default": sort_by_topk,
     "aten::histc.default": histc,
     "aten::empty_permuted.default": empty_permuted,

@@ -226,3 +226,25 @@ def test_unfold_of_a_transposed_input_runs_on_the_portable_kernels_as_a_gather(t
     for b in (2, 5):
         x = torch.randn(b, 9, 3)
         torch.testing.assert_close(compiled(x), Patches()(x), rtol=1e-6, atol=1e-6)
+
+
+class Sampled(torch.nn.Module):
+    """vibevoice's latent sampling: mean + std * randn_like(mean)."""
+
+    def forward(self, x):
+        mean = x * 2
+        return mean + 0.5 * torch.randn_like(mean), x.sum(-1)
+
+
+def test_a_program_that_samples_runs_on_the_portable_kernels_its_draws_checked_by_shape(tmp_path):
+    """ExecuTorch has randn and no randn_like kernel: pt2b's rewrite draws randn of the input's size.
+    The sample is ExecuTorch's own draw, compared by shape and dtype; the other output by value."""
+    export_model(Sampled(), (torch.randn(2, 8),), tmp_path / "s.pt2b")
+    lowered = load_for_backend(tmp_path / "s.pt2b", backend="executorch", cache=False)
+    compiled = backends.to_backend(lowered)
+    assert compiled.share is None and compiled.validation.random == ("output[0]",)
+    x = torch.randn(2, 8)
+    sample, total = compiled(x)
+    torch.testing.assert_close(total, x.sum(-1))
+    noise, again = (sample - x * 2) / 0.5, (compiled(x)[0] - x * 2) / 0.5
+    assert noise.shape == (2, 8) and noise.std() > 0.3 and not torch.equal(noise, again)  # (each call draws anew)

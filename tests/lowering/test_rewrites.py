@@ -15,7 +15,7 @@ from exporter.lowering.opset_check import INFRASTRUCTURE
 from exporter.lowering.presets import load as load_preset
 from exporter.errors import OpsetError
 from exporter.lowering.rewrites import (amax_by_max_dim, cummax, cummin, empty_permuted, grouped_mm_fallback, histc,
-                                        masked_scatter, sort_by_topk, unfold_by_index)
+                                        masked_scatter, rand_like, randn_like, sort_by_topk, unfold_by_index)
 from exporter.lowering.tables import closure_decompositions
 
 CORE = sorted(load_preset("core").opset)
@@ -378,3 +378,45 @@ def test_unfold_takes_pt2bs_gather_where_the_list_lacks_unfold(tmp_path):
         x = torch.randn(b, 9, 5)
         for got, want in zip(lowered(x), Windows()(x)):
             assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("like, draw", [(randn_like, torch.randn_like), (rand_like, torch.rand_like)])
+def test_a_like_draw_draws_what_the_op_draws_from_the_same_seed(like, draw):
+    """The same generator call fills both: from one seed, the same values, dtype and shape; a layout the
+    draw of a size cannot give (channels-last kept by preserve_format) is declined."""
+    for x, dtype in [(torch.empty(3, 4, 5), None), (torch.empty(2, 7, dtype=torch.float64), torch.float16),
+                     (torch.empty(0, 3), None), (torch.empty(4, 6).t(), None)]:
+        kwargs = {"dtype": dtype} if dtype is not None else {}
+        if not x.is_contiguous():
+            kwargs["memory_format"] = torch.contiguous_format
+        torch.manual_seed(7)
+        want = draw(x, **kwargs)
+        torch.manual_seed(7)
+        got = like(x, **kwargs)
+        assert got.dtype == want.dtype and torch.equal(got, want)
+    cl = torch.empty(2, 3, 4, 5).to(memory_format=torch.channels_last)
+    assert like(cl) is NotImplemented
+    assert like(cl, memory_format=torch.contiguous_format) is not NotImplemented
+
+
+class Sampled(nn.Module):
+    """vibevoice's latent sampling: mean + std * randn_like(mean)."""
+
+    def forward(self, x):
+        mean = x * 2
+        return mean + 0.5 * torch.randn_like(mean), x.sum(-1)
+
+
+def test_randn_like_lowers_to_randn_for_a_list_that_lacks_it(tmp_path):
+    without = [op for op in CORE if op not in ("aten::randn_like.default", "aten::normal_functional.default")]
+    export_model(Sampled(), (torch.randn(2, 8),), tmp_path / "s.pt2b",
+                 dynamic_shapes=({0: torch.export.Dim("b", max=8)},))
+    lowered = load_for_backend(tmp_path / "s.pt2b", supported_ops=without, cache=False)
+    assert "aten::randn.default" in lowered.ops() and "aten::randn_like.default" not in lowered.ops()
+    for b in (2, 5):
+        x = torch.randn(b, 8)
+        torch.manual_seed(3)
+        got = lowered(x)
+        torch.manual_seed(3)
+        want = Sampled()(x)
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
