@@ -104,6 +104,52 @@ def _written_buffers(ep) -> list[str]:
     return [name for name, target in ep.graph_signature.inputs_to_buffers.items() if target in written]
 
 
+def _negative_pad(node) -> bool:
+    """A constant pad (constant_pad_nd, or aten.pad in "constant" mode in a program not lowered) with
+    a negative pad."""
+    if node.target is torch.ops.aten.pad.default:
+        mode = node.args[2] if len(node.args) > 2 else node.kwargs.get("mode", "constant")
+        if mode != "constant":
+            return False
+    elif node.target is not torch.ops.aten.constant_pad_nd.default:
+        return False
+    return any(isinstance(p, int) and p < 0 for p in node.args[1])
+
+
+def _pad_as_slices(graph, node) -> None:
+    """A constant_pad_nd with negative pads (torch crops there; ExecuTorch's kernel refuses them: "Padding
+    values must be non-negative", RWKV's time shift, ZeroPad2d((0, 0, 1, -1))) as a slice of each side
+    cropped, then the pad of the sides that grow, if any: the same values."""
+    x, pad = node.args[0], list(node.args[1])
+    if node.target is torch.ops.aten.pad.default:
+        value = node.args[3] if len(node.args) > 3 else node.kwargs.get("value")
+        value = (0.0,) if value is None else (value,)
+    else:
+        value = tuple(node.args[2:]) + tuple(node.kwargs.values())
+    made, val = x, x.meta.get("val")
+    for k in range(len(pad) // 2):
+        dim, (before, after) = -(k + 1), pad[2 * k:2 * k + 2]
+        if before >= 0 and after >= 0:
+            continue
+        start, end = max(-before, 0), (after if after < 0 else None)
+        made = graph.call_function(torch.ops.aten.slice.Tensor, (made, dim, start, end))
+        if isinstance(val, torch.Tensor):
+            val = torch.ops.aten.slice.Tensor(val, dim, start, end)
+            made.meta["val"] = val
+    grow = [max(p, 0) for p in pad]
+    if any(grow):
+        made = graph.call_function(torch.ops.aten.constant_pad_nd.default, (made, grow, *value))
+        if isinstance(val, torch.Tensor):  # (constant_pad_nd's own meta guards on a symbolic size: it would specialize)
+            shape = list(val.shape)
+            for k in range(len(grow) // 2):
+                shape[-(k + 1)] = shape[-(k + 1)] + grow[2 * k] + grow[2 * k + 1]
+            made.meta["val"] = val.new_empty(shape)
+    node.replace_all_uses_with(made)
+    name = node.name
+    graph.erase_node(node)
+    made.name = name  # (the signature names an output by its node)
+
+
 def hand_off(ep):
     """``to_edge(ep).to_executorch()``: the ExecutorchProgramManager (``.buffer``: the .pte bytes), and
     the runtime's module loaded from those bytes. ExecuTorch stores a written buffer's shape and dtype
@@ -113,6 +159,9 @@ def hand_off(ep):
     from executorch.exir import ExecutorchBackendConfig, to_edge
     from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
 
+    from .program_copy import nodes_rewritten
+
+    ep = nodes_rewritten(ep, _negative_pad, _pad_as_slices)
     written = _written_buffers(ep)
     config = ExecutorchBackendConfig(passes=[InitializedMutableBufferPass(written)] if written else [])
     with quiet_logger("executorch"):

@@ -248,3 +248,31 @@ def test_a_program_that_samples_runs_on_the_portable_kernels_its_draws_checked_b
     torch.testing.assert_close(total, x.sum(-1))
     noise, again = (sample - x * 2) / 0.5, (compiled(x)[0] - x * 2) / 0.5
     assert noise.shape == (2, 8) and noise.std() > 0.3 and not torch.equal(noise, again)  # (each call draws anew)
+
+
+class Shifted(torch.nn.Module):
+    """RWKV's time shift (ZeroPad2d((0, 0, 1, -1)): a row in front, the last one cropped) and a pad that
+    crops one side of a dim and grows the other."""
+
+    def __init__(self):
+        super().__init__()
+        self.shift = torch.nn.ZeroPad2d((0, 0, 1, -1))
+
+    def forward(self, x):
+        return self.shift(x) * 2 - x, torch.nn.functional.pad(x, (-1, 2), value=3.0)
+
+
+def test_a_pad_that_crops_runs_on_the_portable_kernels_as_slices(tmp_path):
+    """torch crops where a pad is negative; ExecuTorch's constant_pad_nd kernel refuses it ("Padding values
+    must be non-negative"). The hand-off gives it slices for the cropped sides and the pad of the rest,
+    along a dynamic dim too, at sizes above the example's."""
+    export_model(Shifted(), (torch.randn(2, 7, 5),), tmp_path / "s.pt2b",
+                 dynamic_shapes=({1: torch.export.Dim("t", min=2, max=16)},))
+    lowered = load_for_backend(tmp_path / "s.pt2b", backend="executorch", cache=False)
+    assert "aten::constant_pad_nd.default" in lowered.ops()
+    compiled = backends.to_backend(lowered)
+    assert compiled.share is None and compiled.validation.status == "passed"
+    for t in (7, 3, 12):
+        x = torch.randn(2, t, 5)
+        for got, want in zip(compiled(x), Shifted()(x)):
+            assert torch.equal(got, want)
