@@ -373,12 +373,18 @@ def markdown(data: dict) -> str:
         lines += [f"{len(random)} case(s) return values computed from random draws ({', '.join(random)}): those "
                   "values are compared with eager by shape and dtype only, as the hand-off check compares them "
                   "(a backend's generator is not torch's), the others as always.", ""]
+    by_name = {r["name"]: r for r in records}
     for b in backends:
-        lines += [f"## {b}: the failures", "", "| cases | owner | where and why (first case) |", "|---|---|---|"]
+        lines += [f"## {b}: the failures", "",
+                  "\"run with fallback\": of the group's cases, those `fallback=\"reference\"` runs close to eager "
+                  "(the backend running at least half of the FLOPs, and in all).", "",
+                  "| cases | owner | run with fallback | where and why (first case) |", "|---|---|---|---|"]
         groups = {k: v for k, v in counts[b]["groups"].items() if k[0] != "?"}
         for (who, key), names in sorted(groups.items(), key=lambda kv: -len(kv[1])):
             shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-            lines.append(f"| {len(names)} | {who} | `{key.replace('|', '/')}` ({shown}) |")
+            split = [by_name[n]["fallback"][b] for n in names if b in by_name[n].get("fallback", {})]
+            mostly = sum(backend_share(f) >= MOSTLY for f in split)
+            lines.append(f"| {len(names)} | {who} | {mostly} ({len(split)}) | `{key.replace('|', '/')}` ({shown}) |")
         lines.append("")
     return "\n".join(lines)
 

@@ -72,11 +72,15 @@ def test_a_case_run_with_fallback_counts_beside_those_run_whole():
     mostly = _rec({**ok, "handoff:onnx": "fail", "fallback:onnx": "ok"}, {"onnx": "backend"})
     mostly["fallback"] = {"onnx": {"nodes": 0.9, "flops": 0.3, "on_reference": {"aten::bmm.default": 4}}}
     records = [whole, split, failed, mostly]
+    for i, r in enumerate(records):
+        r["name"] = f"case{i}"
     counts = bm.summarize(records, ["onnx"], file=io.StringIO())["onnx"]
     assert (counts["ok"], counts["with_fallback"], counts["mostly_reference"], counts["backend_fails"],
             counts["captured"]) == (1, 1, 1, 3, 4)
     page = bm.markdown({"records": records, "meta": {"backends": ["onnx"]}})
     assert "| onnx | 1 | 1 | 1 | 4 | 0 | 3 | 0 |" in page
+    # each failure group says how many of its cases fallback runs (mostly on the backend, and in all)
+    assert "| 3 | backend | 1 (2) | `handoff:onnx: ` (case1, case2, case3) |" in page, page
     # a sweep from before the matrix tried fallback says so, rather than counting none
     old = bm.markdown({"records": [whole, _rec({**ok, "handoff:onnx": "fail"}, {"onnx": "backend"})],
                        "meta": {"backends": ["onnx"]}})
