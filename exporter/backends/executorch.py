@@ -150,6 +150,25 @@ def _pad_as_slices(graph, node) -> None:
     made.name = name  # (the signature names an output by its node)
 
 
+def _empty_of_a_symbolic_size(node) -> bool:
+    return (node.target is torch.ops.aten.empty.memory_format
+            and any(isinstance(s, torch.fx.Node) for s in node.args[0]))
+
+
+def _empty_as_full(graph, node) -> None:
+    """An ``empty`` of a size the program computes as a ``full`` of zeros (an empty tensor's values are
+    unspecified: zeros are some). to_edge's memory-format pass calls ``empty``'s dim-order form with the
+    size it traced, which reads a symbolic size as a number and specializes it: the program then runs at
+    the example's size only (a mixture of experts' ``empty_like`` of its routed rows)."""
+    options = {k: v for k, v in node.kwargs.items() if k in ("dtype", "layout", "device", "pin_memory")}
+    made = graph.call_function(torch.ops.aten.full.default, (node.args[0], 0), options)
+    made.meta.update(node.meta)
+    node.replace_all_uses_with(made)
+    name = node.name
+    graph.erase_node(node)
+    made.name = name
+
+
 def hand_off(ep):
     """``to_edge(ep).to_executorch()``: the ExecutorchProgramManager (``.buffer``: the .pte bytes), and
     the runtime's module loaded from those bytes. ExecuTorch stores a written buffer's shape and dtype
@@ -162,6 +181,7 @@ def hand_off(ep):
     from .program_copy import nodes_rewritten
 
     ep = nodes_rewritten(ep, _negative_pad, _pad_as_slices)
+    ep = nodes_rewritten(ep, _empty_of_a_symbolic_size, _empty_as_full)
     written = _written_buffers(ep)
     config = ExecutorchBackendConfig(passes=[InitializedMutableBufferPass(written)] if written else [])
     with quiet_logger("executorch"):

@@ -27,7 +27,10 @@ def grouped_mm_fallback(input: torch.Tensor, weight: torch.Tensor, offs: torch.T
     groups = torch.arange(weight.shape[0], device=input.device)
     last = torch.where(covers, groups[:, None], -1).amax(0)  # the last group writing each row, or -1
     every = torch.matmul(input.unsqueeze(0), weight)
-    picked = every[last.clamp(min=0), rows]
+    # each row's product with its group, by a gather along the groups (an index by two index tensors
+    # picks the same, and IREE cannot compile it over a dynamic number of rows)
+    at = last.clamp(min=0)[None, :, None].expand(1, -1, every.shape[-1])
+    picked = every.gather(0, at).squeeze(0)
     return torch.where((last >= 0)[:, None], picked, picked.new_zeros(()))
 
 

@@ -276,3 +276,22 @@ def test_a_pad_that_crops_runs_on_the_portable_kernels_as_slices(tmp_path):
         x = torch.randn(2, t, 5)
         for got, want in zip(compiled(x), Shifted()(x)):
             assert torch.equal(got, want)
+
+
+def test_a_mixture_of_experts_runs_on_the_portable_kernels_above_the_example_s_size(tmp_path):
+    """The layer's empty_like of its routed rows is an empty of a size the program computes; to_edge's
+    memory-format pass read that size as a number, specialized the dim to the example's, and the runtime
+    refused anything larger ("Attempted to resize a bounded tensor with a maximum capacity of 48
+    elements"). The hand-off gives ExecuTorch a full of zeros there (an empty's values are unspecified)."""
+    pytest.importorskip("transformers.integrations.moe")
+    from tests.lowering.test_rewrites import Experts
+
+    torch.manual_seed(0)
+    model = Experts().eval()
+    export_model(model, (torch.randn(6, 8),), tmp_path / "moe.pt2b",
+                 dynamic_shapes=({0: torch.export.Dim("tokens", max=64)},))
+    compiled = backends.to_backend(load_for_backend(tmp_path / "moe.pt2b", backend="executorch", cache=False))
+    assert compiled.share is None and compiled.validation.status == "passed"
+    for tokens in (6, 9, 40):
+        x = torch.randn(tokens, 8)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
