@@ -138,13 +138,11 @@ def cummin(x: torch.Tensor, dim: int) -> tuple:
 
 def _drawn_like(draw, x: torch.Tensor, dtype, layout, device, pin_memory, memory_format):
     """A ``*_like`` draw as the draw of ``x``'s size: the kernel of ``randn_like`` fills an empty tensor
-    like ``x`` by the same generator call that fills ``randn``'s, so the same seed gives the same values.
-    Another layout than strided, or a memory format that is not contiguous on an input that is not:
-    NotImplemented."""
+    like ``x`` by the same generator call that fills ``randn``'s, so from one seed the same values. Where
+    the op's result is laid out otherwise (``preserve_format`` of a transposed input), its kernel fills
+    it by another path and the values differ: draws of the same distribution, which is all the op
+    promises. Another layout than strided: NotImplemented."""
     if layout not in (None, torch.strided) or pin_memory:
-        return NotImplemented
-    if memory_format not in (None, torch.preserve_format, torch.contiguous_format) or (
-            memory_format != torch.contiguous_format and not x.is_contiguous()):
         return NotImplemented
     return draw(x.shape, dtype=dtype or x.dtype, device=device or x.device)
 

@@ -382,8 +382,8 @@ def test_unfold_takes_pt2bs_gather_where_the_list_lacks_unfold(tmp_path):
 
 @pytest.mark.parametrize("like, draw", [(randn_like, torch.randn_like), (rand_like, torch.rand_like)])
 def test_a_like_draw_draws_what_the_op_draws_from_the_same_seed(like, draw):
-    """The same generator call fills both: from one seed, the same values, dtype and shape; a layout the
-    draw of a size cannot give (channels-last kept by preserve_format) is declined."""
+    """The same generator call fills both: from one seed, the same values, dtype and shape; laid out
+    otherwise (channels-last kept by preserve_format), draws of the same distribution."""
     for x, dtype in [(torch.empty(3, 4, 5), None), (torch.empty(2, 7, dtype=torch.float64), torch.float16),
                      (torch.empty(0, 3), None), (torch.empty(4, 6).t(), None)]:
         kwargs = {"dtype": dtype} if dtype is not None else {}
@@ -394,9 +394,11 @@ def test_a_like_draw_draws_what_the_op_draws_from_the_same_seed(like, draw):
         torch.manual_seed(7)
         got = like(x, **kwargs)
         assert got.dtype == want.dtype and torch.equal(got, want)
-    cl = torch.empty(2, 3, 4, 5).to(memory_format=torch.channels_last)
-    assert like(cl) is NotImplemented
-    assert like(cl, memory_format=torch.contiguous_format) is not NotImplemented
+    cl = torch.empty(4, 32, 16, 16).to(memory_format=torch.channels_last)
+    torch.manual_seed(7)
+    got = like(cl)
+    mean, std = (0.0, 1.0) if draw is torch.randn_like else (0.5, 12 ** -0.5)
+    assert got.shape == cl.shape and abs(got.mean() - mean) < 0.01 and abs(got.std() - std) < 0.01
 
 
 class Sampled(nn.Module):
