@@ -169,6 +169,23 @@ def _empty_as_full(graph, node) -> None:
     made.name = name
 
 
+_LAID_OUT = (torch.ops.aten.clone.default, torch.ops.aten._to_copy.default)
+
+
+def _laid_out_otherwise(node) -> bool:
+    return node.target in _LAID_OUT and node.kwargs.get("memory_format") is not torch.contiguous_format
+
+
+def _laid_out_contiguous(graph, node) -> None:
+    """A clone or copy to another layout than contiguous (channels-last, or its input's) made contiguous:
+    the same values. The portable kernels take every tensor of a call in one dim order, and to_edge gives
+    such a copy the dim order asked for, or its input's as the program's trace laid it out (an add of a
+    permuted view), where ExecuTorch's tensors are dense copies: a channels-last clone followed by a
+    permute (the bicubic interpolation of vitdet's position embeddings) was refused ("2 input tensors have
+    different dim orders", error 0x12: vitdet, pixio, lw_detr_vit, the video ViTs)."""
+    node.kwargs = {**node.kwargs, "memory_format": torch.contiguous_format}
+
+
 def hand_off(ep):
     """``to_edge(ep).to_executorch()``: the ExecutorchProgramManager (``.buffer``: the .pte bytes), and
     the runtime's module loaded from those bytes. ExecuTorch stores a written buffer's shape and dtype
@@ -182,6 +199,7 @@ def hand_off(ep):
 
     ep = nodes_rewritten(ep, _negative_pad, _pad_as_slices)
     ep = nodes_rewritten(ep, _empty_of_a_symbolic_size, _empty_as_full)
+    ep = nodes_rewritten(ep, _laid_out_otherwise, _laid_out_contiguous)
     written = _written_buffers(ep)
     config = ExecutorchBackendConfig(passes=[InitializedMutableBufferPass(written)] if written else [])
     with quiet_logger("executorch"):

@@ -295,3 +295,32 @@ def test_a_mixture_of_experts_runs_on_the_portable_kernels_above_the_example_s_s
     for tokens in (6, 9, 40):
         x = torch.randn(tokens, 8)
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+class Positions(torch.nn.Module):
+    """vitdet's absolute position embeddings: a channels-last grid permuted to channels first, resized by
+    bicubic interpolation (whose decomposition keeps the layout by a channels-last clone), permuted back."""
+
+    def __init__(self):
+        super().__init__()
+        self.grid = torch.nn.Parameter(torch.randn(1, 4, 4, 8))
+
+    def forward(self, x):
+        grid = torch.nn.functional.interpolate(self.grid.permute(0, 3, 1, 2), size=(6, 6), mode="bicubic",
+                                               align_corners=False)
+        return x + grid.permute(0, 2, 3, 1)
+
+
+def test_a_copy_to_another_layout_runs_on_the_portable_kernels(tmp_path):
+    """The portable kernels take every tensor of a call in one dim order; a channels-last clone followed
+    by a permute was refused ("2 input tensors have different dim orders", error 0x12). The hand-off
+    makes every clone and copy contiguous, the same values."""
+    model = Positions()
+    export_model(model, (torch.randn(2, 6, 6, 8),), tmp_path / "p.pt2b")
+    lowered = load_for_backend(tmp_path / "p.pt2b", backend="executorch", cache=False)
+    assert any(n.target is torch.ops.aten.clone.default and n.kwargs.get("memory_format") is torch.channels_last
+               for n in lowered.exported_program().graph.nodes)
+    compiled = backends.to_backend(lowered)
+    assert compiled.share is None and compiled.validation.status == "passed"
+    x = torch.randn(2, 6, 6, 8)
+    torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
