@@ -16,6 +16,7 @@ import functools
 import torch
 
 from . import Backend, calling, quiet_logger
+from .program_copy import node_replaced, nodes_rewritten
 from ..ops import op_name, resolve_op
 
 
@@ -144,10 +145,7 @@ def _pad_as_slices(graph, node) -> None:
             for k in range(len(grow) // 2):
                 shape[-(k + 1)] = shape[-(k + 1)] + grow[2 * k] + grow[2 * k + 1]
             made.meta["val"] = val.new_empty(shape)
-    node.replace_all_uses_with(made)
-    name = node.name
-    graph.erase_node(node)
-    made.name = name  # (the signature names an output by its node)
+    node_replaced(graph, node, made)
 
 
 def _empty_of_a_symbolic_size(node) -> bool:
@@ -163,10 +161,7 @@ def _empty_as_full(graph, node) -> None:
     options = {k: v for k, v in node.kwargs.items() if k in ("dtype", "layout", "device", "pin_memory")}
     made = graph.call_function(torch.ops.aten.full.default, (node.args[0], 0), options)
     made.meta.update(node.meta)
-    node.replace_all_uses_with(made)
-    name = node.name
-    graph.erase_node(node)
-    made.name = name
+    node_replaced(graph, node, made)
 
 
 _LAID_OUT = (torch.ops.aten.clone.default, torch.ops.aten._to_copy.default)
@@ -186,6 +181,19 @@ def _laid_out_contiguous(graph, node) -> None:
     node.kwargs = {**node.kwargs, "memory_format": torch.contiguous_format}
 
 
+# (what a node needs, its repair): made on one copy of the program's graph before to_edge
+_REPAIRS = ((_negative_pad, _pad_as_slices), (_empty_of_a_symbolic_size, _empty_as_full),
+            (_laid_out_otherwise, _laid_out_contiguous))
+
+
+def _repairable(node) -> bool:
+    return any(needs(node) for needs, _ in _REPAIRS)
+
+
+def _repaired(graph, node) -> None:
+    next(repair for needs, repair in _REPAIRS if needs(node))(graph, node)
+
+
 def hand_off(ep):
     """``to_edge(ep).to_executorch()``: the ExecutorchProgramManager (``.buffer``: the .pte bytes), and
     the runtime's module loaded from those bytes. ExecuTorch stores a written buffer's shape and dtype
@@ -195,11 +203,7 @@ def hand_off(ep):
     from executorch.exir import ExecutorchBackendConfig, to_edge
     from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
 
-    from .program_copy import nodes_rewritten
-
-    ep = nodes_rewritten(ep, _negative_pad, _pad_as_slices)
-    ep = nodes_rewritten(ep, _empty_of_a_symbolic_size, _empty_as_full)
-    ep = nodes_rewritten(ep, _laid_out_otherwise, _laid_out_contiguous)
+    ep = nodes_rewritten(ep, _repairable, _repaired)
     written = _written_buffers(ep)
     config = ExecutorchBackendConfig(passes=[InitializedMutableBufferPass(written)] if written else [])
     with quiet_logger("executorch"):

@@ -7,8 +7,8 @@ import torch.fx
 
 from .._torch.pytree import pytree
 
-__all__ = ["graph_copy", "handed_spec", "nodes_rewritten", "plain_spec", "program_copy", "program_returning",
-           "program_with"]
+__all__ = ["graph_copy", "handed_spec", "node_replaced", "nodes_rewritten", "plain_spec", "program_copy",
+           "program_returning", "program_with"]
 
 
 def graph_copy(ep: torch.export.ExportedProgram) -> torch.fx.GraphModule:
@@ -42,6 +42,15 @@ def nodes_rewritten(ep: torch.export.ExportedProgram, picks, rewrite) -> torch.e
             rewrite(gm.graph, node)
     gm.recompile()
     return program_with(ep, gm)
+
+
+def node_replaced(graph: torch.fx.Graph, node: torch.fx.Node, made: torch.fx.Node) -> None:
+    """``node`` replaced by ``made`` in ``graph``, which takes its name: the graph signature names an
+    output (and a written buffer's new value) by its node."""
+    node.replace_all_uses_with(made)
+    name = node.name
+    graph.erase_node(node)
+    made.name = name
 
 
 def program_copy(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
