@@ -34,11 +34,17 @@ def _table() -> dict:
     norm to arithmetic: IREE cannot legalize _native_batch_norm_legit_no_training). The default table's
     other entries are left out: they rewrite ops IREE takes into ones it cannot (empty_like into
     empty_permuted)."""
+    from ..lowering.rewrites import index_copy_by_scatter
     from ..lowering.tables import torch_default_table
 
     cia = {op: fn for op, fn in torch_default_table().items()
            if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd")}
-    return {**cia, **_turbine_table()}
+    # a static KV cache's write (transformers' StaticCache: index_copy_ at the cache positions): IREE's
+    # importer has no lowering of index_copy ("failed to legalize operation 'torch.operator' ...
+    # torch.aten.index_copy", iree-base-compiler 3.13, dots1/static-cache), and compiles a scatter.
+    # torch's decomposition of it (in turbine's table) checks the positions' count against the source's
+    # size, which it cannot where the count is read from data, and the op stayed
+    return {**cia, **_turbine_table(), torch.ops.aten.index_copy.default: index_copy_by_scatter}
 
 
 def hand_off(ep, *, target_backends: tuple[str, ...] = (TARGET,)):

@@ -157,6 +157,21 @@ def rand_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memor
     return _drawn_like(torch.rand, x, dtype, layout, device, pin_memory, memory_format)
 
 
+def index_copy_by_scatter(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    """aten::index_copy as a scatter along ``dim``: slice ``i`` of ``source`` goes to slice ``index[i]`` of
+    ``x``, the index broadcast over the other dims. The same values (where ``index`` repeats a slice,
+    which source's copy lands is unspecified for both). A 0-d input: NotImplemented."""
+    if x.dim() == 0:
+        return NotImplemented
+    dim = dim % x.dim()
+    # (the op's own contract, which its kernel checks: said so, a count of positions read from data
+    # and the source's size are one, rather than a question the trace cannot answer)
+    torch._check(index.numel() == source.shape[dim])
+    shape = [1] * source.dim()
+    shape[dim] = -1
+    return x.scatter(dim, index.reshape(shape).expand_as(source), source)
+
+
 # op name -> pt2b's decomposition; a library's op applies only where the library is loaded
 WRITTEN = {
     "aten::randn_like.default": randn_like,

@@ -38,6 +38,10 @@ def test_the_preset_is_torchs_implicit_decompositions_with_turbines_own_over_the
     bn = torch.ops.aten._native_batch_norm_legit_no_training.default
     assert table[bn] is turbine[bn] and torch.ops.aten.diff.default in table
     assert torch.ops.aten.empty_like.default not in table  # IREE takes it; torch's rewrite it does not
+    # a static cache's write: pt2b's scatter over torch's decomposition (which declines on read positions)
+    from exporter.lowering.rewrites import index_copy_by_scatter
+
+    assert table[torch.ops.aten.index_copy.default] is index_copy_by_scatter
 
 
 class Diff(torch.nn.Module):
@@ -191,3 +195,28 @@ def test_a_mixture_of_experts_layer_compiles_and_runs_on_iree(tmp_path):
     for _ in range(3):  # other routings than the example's
         x = torch.randn(6, 8)
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+class Cache(torch.nn.Module):
+    """A static KV cache written at the positions it is given (transformers' StaticCache: index_copy_)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("keys", torch.zeros(1, 2, 8, 4))
+
+    def forward(self, x, positions):
+        self.keys.index_copy_(2, positions, x)
+        return self.keys.sum(-1) * 1.0
+
+
+def test_a_static_cache_is_written_on_iree_by_a_scatter(tmp_path):
+    """IREE's importer has no lowering of index_copy (dots1's static cache); the preset writes it as a
+    scatter, and the cache fills call by call as the program's does."""
+    export_model(Cache(), (torch.randn(1, 2, 3, 4), torch.tensor([0, 1, 2])), tmp_path / "c.pt2b",
+                 dynamic_shapes=({2: torch.export.Dim("n", max=8)}, {0: torch.export.Dim("n", max=8)}))
+    lowered = load_for_backend(tmp_path / "c.pt2b", backend="iree", cache=False)
+    assert "aten::scatter.src" in lowered.ops() and "aten::index_copy.default" not in lowered.ops()
+    compiled, eager = backends.to_backend(lowered), Cache()
+    for positions in ([0, 1, 2], [3], [4, 5]):
+        x, at = torch.randn(1, 2, len(positions), 4), torch.tensor(positions)
+        torch.testing.assert_close(compiled(x, at), eager(x, at))

@@ -15,7 +15,8 @@ from exporter.lowering.opset_check import INFRASTRUCTURE
 from exporter.lowering.presets import load as load_preset
 from exporter.errors import OpsetError
 from exporter.lowering.rewrites import (amax_by_max_dim, cummax, cummin, empty_permuted, grouped_mm_fallback, histc,
-                                        masked_scatter, rand_like, randn_like, sort_by_topk, unfold_by_index)
+                                        index_copy_by_scatter, masked_scatter, rand_like, randn_like, sort_by_topk,
+                                        unfold_by_index)
 from exporter.lowering.tables import closure_decompositions
 
 CORE = sorted(load_preset("core").opset)
@@ -422,3 +423,17 @@ def test_randn_like_lowers_to_randn_for_a_list_that_lacks_it(tmp_path):
         torch.manual_seed(3)
         want = Sampled()(x)
         assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+def test_index_copy_by_scatter_equals_index_copy_along_any_dim():
+    """Distinct indices in any order, along every dim counted from either end, a single slice and none:
+    the same values as the op (a static KV cache's write at its positions)."""
+    rng = random.Random(0)
+    for _ in range(200):
+        shape = [rng.randint(1, 5) for _ in range(rng.randint(1, 4))]
+        x = torch.randn(shape)
+        dim = rng.randrange(-x.dim(), x.dim())
+        picked = rng.sample(range(x.shape[dim]), rng.randint(0, x.shape[dim]))
+        source = torch.randn([len(picked) if d == dim % x.dim() else s for d, s in enumerate(shape)])
+        index = torch.tensor(picked, dtype=torch.int64)
+        assert torch.equal(index_copy_by_scatter(x, dim, index, source), x.index_copy(dim, index, source))
