@@ -4,12 +4,13 @@ stats), their functional variants, and whether a program has any; functionalizat
 from __future__ import annotations
 
 import torch
+import torch.fx
 
 from .graph_walk import iter_graphs
 from .ops import op_name
 
 __all__ = ["HIDDEN_MUTATION", "functional_variant", "is_mutating", "may_mutate", "returns_alias",
-           "updates_hidden_state"]
+           "updates_hidden_state", "written_args"]
 
 # Ops whose schemas do not declare that they update an argument, but do (running stats).
 HIDDEN_MUTATION = {
@@ -23,6 +24,16 @@ def is_mutating(op) -> bool:
     """In-place, out= and other ops that write an argument: functionalization removes them."""
     return isinstance(op, torch._ops.OpOverload) and any(
         a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
+
+
+def written_args(node) -> list:
+    """The nodes a call writes in place: its arguments that its op's schema declares written (one node
+    each; a written list of tensors is not followed)."""
+    if node.op != "call_function" or not is_mutating(node.target):
+        return []
+    values = [node.args[i] if i < len(node.args) else node.kwargs.get(a.name)
+              for i, a in enumerate(node.target._schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+    return [v for v in values if isinstance(v, torch.fx.Node)]
 
 
 def functional_variant(op):

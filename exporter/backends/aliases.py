@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch.export.graph_signature import ExportGraphSignature, InputKind, OutputKind
 
+from ..mutation import written_args
 from .program_copy import graph_copy
 
 __all__ = ["functional", "unread_aliases", "without_unread_aliases", "written_in_graph"]
@@ -33,16 +34,7 @@ def _writing_schema(node):
 
 def written_in_graph(graph) -> list:
     """The nodes an op of ``graph`` writes in place (a program as torch.export gives it, not functional)."""
-    out = []
-    for node in graph.nodes:
-        schema = _writing_schema(node)
-        if schema is None:
-            continue
-        for i, argument in enumerate(schema.arguments):
-            value = node.args[i] if i < len(node.args) else node.kwargs.get(argument.name)
-            if argument.alias_info is not None and argument.alias_info.is_write and hasattr(value, "op"):
-                out.append(value)
-    return out
+    return [arg for node in graph.nodes for arg in written_args(node)]
 
 
 def unread_aliases(ep: torch.export.ExportedProgram) -> list[str]:

@@ -28,7 +28,6 @@ class HandOffValidation:
     random: tuple = ()  # the values computed from random draws, compared by shape and dtype only
     draws: tuple = ()  # the drawing ops they are computed from
 
-
     def describe(self) -> str:
         if self.status != "passed":
             return f"hand-off validation {self.status}: {self.why}"

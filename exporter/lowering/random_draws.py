@@ -14,6 +14,7 @@ import torch
 import torch.fx
 
 from ..graph_walk import iter_graphs, subgraph_of, walk_graphs
+from ..mutation import written_args
 from ..ops import op_name
 
 __all__ = ["Drawn", "can_draw", "drawing_ops", "drawn_results", "reached_outputs"]
@@ -49,16 +50,6 @@ def _draws_within(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     return False
 
 
-def _written_args(node: torch.fx.Node) -> list:
-    """The nodes an op node writes in place (its schema's mutable arguments)."""
-    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
-        return []
-    schema = node.target._schema.arguments
-    bound = dict(zip((a.name for a in schema), node.args)) | dict(node.kwargs)
-    return [bound[a.name] for a in schema if a.alias_info is not None and a.alias_info.is_write
-            and isinstance(bound.get(a.name), torch.fx.Node)]
-
-
 def _reached(ep) -> dict:
     """node -> the drawing ops its value is computed from, for the nodes of the program's graph a draw
     reaches (a placeholder too, where the graph writes a draw into it in place)."""
@@ -74,19 +65,23 @@ def _reached(ep) -> dict:
             ops |= reached.get(arg, set())
         if ops:
             reached[node] = ops
-            for arg in _written_args(node):  # (a graph with in-place ops: what reads the arg later reads the draw)
+            for arg in written_args(node):  # (a graph with in-place ops: what reads the arg later reads the draw)
                 reached[arg] = reached.get(arg, set()) | ops
     return reached
+
+
+def _returned(ep, reached: dict) -> dict[int, set]:
+    """Position among the values the program's graph returns -> the drawing ops, for those a draw reaches."""
+    out = next(n for n in reversed(ep.graph_module.graph.nodes) if n.op == "output")
+    values = out.args[0] if isinstance(out.args[0], (list, tuple)) else [out.args[0]]
+    return {i: reached[v] for i, v in enumerate(values) if isinstance(v, torch.fx.Node) and v in reached}
 
 
 def reached_outputs(ep) -> dict[int, list[str]]:
     """The positions, among the values the program's graph returns (its output node's flat list, the
     written buffers and inputs first, as the graph signature orders them), of those computed from a
     random draw, each with the drawing ops it depends on; empty where the program does not draw."""
-    reached = _reached(ep)
-    out = next(n for n in reversed(ep.graph_module.graph.nodes) if n.op == "output")
-    values = out.args[0] if isinstance(out.args[0], (list, tuple)) else [out.args[0]]
-    return {i: sorted(reached[v]) for i, v in enumerate(values) if isinstance(v, torch.fx.Node) and v in reached}
+    return {i: sorted(ops) for i, ops in _returned(ep, _reached(ep)).items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,10 +100,7 @@ def drawn_results(ep) -> Drawn:
     reached = _reached(ep)
     if not reached:
         return Drawn()
-    graph = ep.graph_module.graph
-    out = next(n for n in reversed(graph.nodes) if n.op == "output")
-    values = out.args[0] if isinstance(out.args[0], (list, tuple)) else [out.args[0]]
-    drawn = {i for i, v in enumerate(values) if isinstance(v, torch.fx.Node) and v in reached}
+    drawn = _returned(ep, reached)
     sig, kind = ep.graph_signature, torch.export.graph_signature.OutputKind
     in_kind = torch.export.graph_signature.InputKind
     user_inputs = [s.arg.name for s in sig.input_specs if s.kind == in_kind.USER_INPUT]

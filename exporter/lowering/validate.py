@@ -209,7 +209,7 @@ RUNS_ALWAYS = 0.02
 def _written_placeholders(graph) -> set[str]:
     """The names of the placeholders ``graph`` writes in place, directly or through views of them
     (``with torch.no_grad(): self.p.div_(2)``; ``self.p[0].zero_()``)."""
-    from ..mutation import is_mutating
+    from ..mutation import written_args
 
     def writes(node):  # the arguments ``node`` writes
         if isinstance(node.target, torch._ops.HigherOrderOperator):  # a region whose body writes its operands:
@@ -219,10 +219,7 @@ def _written_placeholders(graph) -> set[str]:
                 return [a for a in pytree.tree_leaves((node.args, node.kwargs))
                         if isinstance(a, torch.fx.Node) and a.op != "get_attr"]
             return []
-        if not is_mutating(node.target):
-            return []
-        return [node.args[i] if i < len(node.args) else node.kwargs.get(a.name)
-                for i, a in enumerate(node.target._schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+        return written_args(node)
 
     out = set()
     for node in graph.nodes:
