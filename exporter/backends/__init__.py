@@ -372,6 +372,7 @@ def _handed(backend: Backend, ep, options: dict, carry=None) -> tuple:
     import torch
 
     from . import calling
+    from .constant_outputs import constant_outputs, with_constant_outputs, without_constant_outputs
     from .program_copy import handed_spec, program_returning
 
     params = inspect.signature(backend.hand_off).parameters
@@ -394,13 +395,25 @@ def _handed(backend: Backend, ep, options: dict, carry=None) -> tuple:
             ep = ops_only(ep)
         # where the program's outputs do not flatten back to its structure (a class rebuilt from its keys
         # reorders them), the backend gets them in plain containers, as a retrace would permute them, and
-        # the program it took gives them back in the program's own structure
+        # the program it took gives them back in the program's own structure; a program returning
+        # constants gets them back the same way, the backend given the other outputs alone
+        # (constant_outputs.py)
         spec = calling.out_spec(ep)
         plain = handed_spec(spec)
-        handed = backend.hand_off(program_returning(ep, plain) if plain != spec else ep, **options,
+        constants = constant_outputs(ep)
+        if len(constants) == spec.num_leaves:  # (nothing left to hand over: the backend sees the program)
+            constants = {}
+        given = (without_constant_outputs(ep, spec) if constants else
+                 program_returning(ep, plain) if plain != spec else ep)
+        handed = backend.hand_off(given, **options,
                                   **({"carry": carry} if carry is not None and "carry" in params else {}))
         took = handed[1]
-        if plain != spec and isinstance(took, torch.export.ExportedProgram) and calling.out_spec(took) == plain:
+        if not isinstance(took, torch.export.ExportedProgram):
+            return handed
+        if constants:
+            restored = with_constant_outputs(took, constants, spec)
+            return handed if restored is None else (handed[0], restored, *handed[2:])
+        if plain != spec and calling.out_spec(took) == plain:
             handed = (handed[0], program_returning(took, spec, copy=False), *handed[2:])
         return handed
     except Pt2bError:

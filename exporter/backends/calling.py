@@ -60,6 +60,15 @@ def user_outputs(ep: torch.export.ExportedProgram, produced: dict, leaves: list 
     return pytree.tree_unflatten(out, _spec(ep, "out_spec"))
 
 
+def with_constants(ep: torch.export.ExportedProgram, computed: list):
+    """The program's outputs in its own structure from ``computed``, a backend's values of its user
+    outputs that are not constants, in order (constant_outputs: a backend is handed none)."""
+    user = [s for s in ep.graph_signature.output_specs if s.kind == OutputKind.USER_OUTPUT]
+    values = iter(computed)
+    return pytree.tree_unflatten([s.arg.value if isinstance(s.arg, ConstantArgument) else next(values) for s in user],
+                                 _spec(ep, "out_spec"))
+
+
 def numpy_inputs(leaves: list) -> list:
     """The program's user inputs as NumPy arrays (numbers as they are), for runtimes that take those."""
     return [leaf.numpy(force=True) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]

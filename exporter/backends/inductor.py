@@ -57,13 +57,13 @@ def hand_off(ep, *, package_path: str | None = None) -> tuple:
 def run(package: str, ep, args, kwargs, plan=None):
     """AOTInductor's runner (``plan``, loaded by hand_off) takes the model's arguments and returns its
     outputs in the structure of the program it compiled: plain containers where the program's own has a
-    class of its own (the hand-off's plain_spec), put back into that structure."""
+    class of its own (the hand-off's plain_spec), without the constant outputs (constant_outputs), put
+    back into that structure with them."""
     from .._torch.pytree import pytree
-    from .calling import out_spec
+    from .calling import out_spec, with_constants
 
     out = plan(*args, **kwargs)
-    spec = out_spec(ep)
-    return out if pytree.tree_structure(out) == spec else pytree.tree_unflatten(pytree.tree_leaves(out), spec)
+    return out if pytree.tree_structure(out) == out_spec(ep) else with_constants(ep, pytree.tree_leaves(out))
 
 
 @functools.cache  # read once a process: every load_for_backend(path, "inductor") plans with it

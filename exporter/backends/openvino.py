@@ -149,8 +149,9 @@ def hand_off(ep, *, device: str = "CPU", config: dict | None = None,
         return compiled, ep, Converted(names, model)
     request = compiled.create_infer_request()
     kept = [n for i, n in enumerate(names) if i not in held.results]
+    shapes = {n: carry.state.initial(n).shape for n in held.variables}
     return compiled, ep, Converted(kept, model, request, held.inputs, tuple(names[i] for i in held.results),
-                                   Variables(request, held.variables))
+                                   Variables(request, held.variables, shapes))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,14 +211,15 @@ def _make_stateful(model, ep, carry, names: list[str]) -> _Held | None:
 class Variables:
     """The buffers an infer request of a stateful model holds, by name (state.State.hold's holder)."""
 
-    def __init__(self, request, variables: dict[str, str]):
-        self.request, self.names = request, frozenset(variables)
+    def __init__(self, request, variables: dict[str, str], shapes: dict):
+        self.request, self.names, self.shapes = request, frozenset(variables), shapes
         self._buffer = {v: n for n, v in variables.items()}  # variable id -> buffer name
 
     def pull(self) -> dict:
-        """The values the request holds, copied out, by buffer name."""
-        return {self._buffer[v.name]: torch.from_numpy(v.state.data.copy()) for v in self.request.query_state()
-                if v.name in self._buffer}
+        """The values the request holds, copied out, by buffer name, in their buffers' shapes: the CPU
+        plugin holds a 0-d variable as one of shape (1,)."""
+        return {self._buffer[v.name]: torch.from_numpy(v.state.data.copy()).reshape(self.shapes[self._buffer[v.name]])
+                for v in self.request.query_state() if v.name in self._buffer}
 
     def push(self, values: dict) -> None:
         """``values`` (by buffer name) copied into the request's variables."""

@@ -84,17 +84,19 @@ def plain_spec(spec):
     return pytree.treespec_tuple(children)
 
 
-def program_returning(ep: torch.export.ExportedProgram, out_spec, copy: bool = True) -> torch.export.ExportedProgram:
+def program_returning(ep: torch.export.ExportedProgram, out_spec, copy: bool = True, *, gm=None,
+                      signature=None) -> torch.export.ExportedProgram:
     """``ep`` returning its outputs in ``out_spec``'s structure (as many leaves, in the graph's order),
-    its graph copied unless ``copy`` is False (a program the caller does not hold)."""
+    its graph copied unless ``copy`` is False (a program the caller does not hold); ``gm`` and
+    ``signature``: a graph and graph signature of ``ep`` rewritten, used as they are."""
     import dataclasses
 
     from torch.export.exported_program import ModuleCallEntry
 
     calls = [ModuleCallEntry("", dataclasses.replace(entry.signature, out_spec=out_spec))
              if entry.fqn == "" and entry.signature is not None else entry for entry in ep.module_call_graph]
-    gm = graph_copy(ep) if copy else ep.graph_module
+    gm = gm if gm is not None else graph_copy(ep) if copy else ep.graph_module
     return torch.export.ExportedProgram(
-        root=gm, graph=gm.graph, graph_signature=ep.graph_signature, state_dict=ep.state_dict,
+        root=gm, graph=gm.graph, graph_signature=signature or ep.graph_signature, state_dict=ep.state_dict,
         range_constraints=ep.range_constraints, module_call_graph=calls,
         example_inputs=ep.example_inputs, constants=ep.constants, verifiers=ep.verifiers)

@@ -54,3 +54,29 @@ def test_each_engines_program_is_taken_where_torchs_is(artifact, monkeypatch, en
             want = model(x)
         torch.testing.assert_close(ours(x), want, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(theirs(x), want, rtol=1e-4, atol=1e-4)
+
+
+class _SizesBeside(torch.nn.Module):
+    """Hidden states with Python numbers beside them (the spatial sizes MaskFormer's Swin backbone
+    returns), which torch.export records as constant outputs."""
+
+    def forward(self, x):
+        h, w = x.shape[-2:]
+        return {"hidden": x.flatten(2).relu(), "sizes": ((h, w), (h // 2, w // 2)), "scale": 0.5,
+                "pooled": x.mean((2, 3))}
+
+
+@pytest.mark.parametrize("backend", _installed())
+def test_a_program_returning_numbers_is_handed_over_without_them_and_gets_them_back(tmp_path, backend):
+    """No backend is handed a constant output (torch.onnx and OpenVINO refused them); every backend's
+    run gives the numbers back at their places, beside the values it computed."""
+    x = torch.randn(2, 3, 4, 6)
+    export_model(_SizesBeside(), (x,), tmp_path / "sizes.pt2b")
+    lowered = load_for_backend(tmp_path / "sizes.pt2b", backend=backend, cache=False)
+    compiled = backends.to_backend(lowered)
+    assert compiled.validation.status in ("passed", "skipped")  # (skipped: a backend that does not run here)
+    if compiled.backend.runs_here:
+        got, want = compiled(x), _SizesBeside()(x)
+        assert list(got) == list(want) and got["sizes"] == ((4, 6), (2, 3)) and got["scale"] == 0.5
+        torch.testing.assert_close(got["hidden"], want["hidden"])
+        torch.testing.assert_close(got["pooled"], want["pooled"])

@@ -423,6 +423,63 @@ def test_a_value_returned_twice_and_a_weight_returned_as_it_is_come_back(name):
         torch.testing.assert_close(g, w)
 
 
+class _SizesBeside(torch.nn.Module):
+    """Returns its hidden states with the spatial sizes and a scale beside them, Python numbers that
+    torch.export records as constant outputs (MaskFormer's Swin backbone returns its sizes so)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x):
+        self.calls.add_(1)
+        h, w = x.shape[-2:]
+        return {"hidden": x.flatten(2) * self.calls, "sizes": ((h, w), (h // 2, w // 2)), "scale": 0.5,
+                "pooled": x.mean((2, 3))}
+
+
+def test_a_program_without_its_constant_outputs_gets_them_back_in_its_structure():
+    """without_constant_outputs leaves the written buffer and the computed outputs as they are, each
+    number an empty tuple in the structure; with_constant_outputs puts the numbers back at their places
+    in the program's structure."""
+    from exporter.backends import calling
+    from exporter.backends.constant_outputs import (constant_outputs, with_constant_outputs,
+                                                    without_constant_outputs)
+
+    x = torch.randn(2, 3, 4, 6)
+    ep = torch.export.export(_SizesBeside(), (x,)).run_decompositions({})  # (the write an output of its own)
+    constants = constant_outputs(ep)
+    assert constants == {1: 4, 2: 6, 3: 2, 4: 3, 5: 0.5}
+    given = without_constant_outputs(ep, calling.out_spec(ep))
+    kinds = [s.kind.name for s in given.graph_signature.output_specs]
+    assert kinds == ["BUFFER_MUTATION", "USER_OUTPUT", "USER_OUTPUT"]
+    out = given.module()(x)
+    assert out["sizes"] == (((), ()), ((), ())) and out["scale"] == ()
+    torch.testing.assert_close(out["hidden"], x.flatten(2))
+    back = with_constant_outputs(given, constants, calling.out_spec(ep))
+    got, want = back.module()(x), _SizesBeside()(x)
+    assert got["sizes"] == want["sizes"] == ((4, 6), (2, 3)) and got["scale"] == 0.5
+    torch.testing.assert_close(got["pooled"], want["pooled"])
+    assert with_constant_outputs(given, {**constants, 6: 1}, calling.out_spec(ep)) is None
+
+
+@pytest.mark.parametrize("name", ["onnx", "openvino", "inductor"])
+def test_a_program_returning_numbers_beside_its_tensors_runs_on_the_backend(name):
+    """torch.onnx's translation stopped on a constant output ("'int' object has no attribute 'name'")
+    and OpenVINO's converter too ("5 is not in list"): maskformer-swin failed on both. The backend gets
+    the computed outputs; the numbers come back from the program. The count it keeps is a 0-d buffer."""
+    model, x = _SizesBeside(), torch.randn(2, 3, 4, 6)
+    compiled = backends.to_backend(name, torch.export.export(copy.deepcopy(model), (x,)))
+    assert compiled.validation.status == "passed"
+    x2 = torch.randn(2, 3, 4, 6)
+    got, want = compiled(x2), copy.deepcopy(model)(x2)
+    assert got["sizes"] == ((4, 6), (2, 3)) and got["scale"] == 0.5 and list(got) == list(want)
+    torch.testing.assert_close(got["hidden"], want["hidden"])
+    torch.testing.assert_close(got["pooled"], want["pooled"])
+    # (OpenVINO's CPU plugin holds the 0-d count as a variable of shape (1,): it comes back as the buffer's)
+    torch.testing.assert_close(compiled.state["calls"], torch.tensor(1.0))
+
+
 @pytest.mark.parametrize("kernel", [16, (8, 16), 7])
 def test_a_pool_whose_window_covers_the_whole_input_runs_on_openvino(kernel):
     """EfficientNet's pooler (AvgPool2d(hidden_dim, ceil_mode=True)) over a feature map smaller than its
