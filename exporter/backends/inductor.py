@@ -46,11 +46,36 @@ def _views_as_reshapes(ep):
     return ep._update(gm, ep.graph_signature)
 
 
-def hand_off(ep, *, package_path: str | None = None) -> tuple:
-    """Compile ``ep`` with AOTInductor into a package (a .pt2 zip): its path, and the package loaded."""
+def _convolution_of_a_size_read_from_data(ep) -> bool:
+    """Whether a convolution of ``ep`` has a size read from data (an unbacked symbol: the images a
+    vision-language model keeps, ``pixel_values[keep]``). Inductor's layout optimization gives such a
+    convolution a channels-last output while the views after it read it as laid out contiguously:
+    SigLIP's patch embeddings (``conv(x).flatten(2)``) in Idefics3, SmolVLM and ModernVBERT came out
+    3.6 off, as they do from AOTInductor on torch.export's own program."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    from ..graph_walk import call_nodes
+    from ..ops import op_name
+
+    return any(isinstance(n.target, torch._ops.OpOverload) and op_name(n.target).startswith(_CONVOLUTIONS)
+               and free_unbacked_symbols(n.meta.get("val")) for n in call_nodes(ep.graph_module))
+
+
+# the convolutions a program may hold: ``convolution`` where it is lowered, ``conv2d`` and the like in
+# torch.export's own program (AOTInductor takes either)
+_CONVOLUTIONS = ("aten::convolution.", "aten::_convolution.", "aten::conv1d.", "aten::conv2d.", "aten::conv3d.",
+                 "aten::conv_transpose")
+
+
+def hand_off(ep, *, package_path: str | None = None, inductor_configs: dict | None = None) -> tuple:
+    """Compile ``ep`` with AOTInductor into a package (a .pt2 zip): its path, and the package loaded.
+    ``inductor_configs`` go to ``aoti_compile_and_package`` over pt2b's own: layout optimization off
+    where a convolution's size is read from data (_convolution_of_a_size_read_from_data)."""
+    configs = {"layout_optimization": False} if _convolution_of_a_size_read_from_data(ep) else {}
     ep = _views_as_reshapes(ep)
     path = package_path or os.path.join(tempfile.mkdtemp(prefix="pt2b_aoti_"), "model.pt2")
-    package = torch._inductor.aoti_compile_and_package(ep, package_path=path)
+    package = torch._inductor.aoti_compile_and_package(ep, package_path=path,
+                                                       inductor_configs={**configs, **(inductor_configs or {})})
     return package, ep, torch._inductor.aoti_load_package(package)
 
 

@@ -111,3 +111,34 @@ def test_a_tiny_llama_generates_token_for_token_what_transformers_generates(tmp_
     from tests.support.helpers import generates_what_transformers_generates
 
     generates_what_transformers_generates(("inductor",), tmp_path)
+
+
+class _KeptImages(torch.nn.Module):
+    """Patch embeddings of the images a vision-language model keeps (``pixel_values[keep]``: a batch
+    size read from data), flattened as SigLIP flattens them."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 16, 8, 8)
+
+    def forward(self, pixels):
+        keep = (pixels != 0).any(dim=(1, 2, 3))
+        return self.conv(pixels[keep]).flatten(2).transpose(1, 2)
+
+
+def test_a_convolution_of_a_batch_read_from_data_runs_right_on_aotinductor(tmp_path):
+    """Inductor's layout optimization lays such a convolution's output out channels-last while the
+    view after it reads it contiguously (Idefics3, SmolVLM, ModernVBERT: 3.6 off, on torch.export's
+    own program too); the hand-off turns the optimization off for that program only."""
+    torch.manual_seed(0)
+    model, pixels = _KeptImages().eval(), torch.randn(3, 3, 32, 32)
+    pixels[1] = 0  # (an image slot left empty: two of three kept)
+    ep = torch.export.export(model, (pixels,))
+    assert inductor._convolution_of_a_size_read_from_data(ep)
+    assert not inductor._convolution_of_a_size_read_from_data(torch.export.export(model.conv, (pixels,)))
+    compiled = backends.to_backend("inductor", ep)
+    assert compiled.validation.status == "passed"
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(pixels), model(pixels))
+        other = torch.randn(3, 3, 32, 32)
+        torch.testing.assert_close(compiled(other), model(other))
