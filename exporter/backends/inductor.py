@@ -46,6 +46,36 @@ def _views_as_reshapes(ep):
     return ep._update(gm, ep.graph_signature)
 
 
+def _select_scatter_of_a_number(node) -> bool:
+    """A ``select_scatter`` writing a 0-d value into a 1-d tensor of static size and the same dtype."""
+    if node.op != "call_function" or node.target is not torch.ops.aten.select_scatter.default:
+        return False
+    x, src = (a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in node.args[:2])
+    return (isinstance(x, torch.Tensor) and isinstance(src, torch.Tensor) and src.dim() == 0 and x.dim() == 1
+            and isinstance(x.shape[0], int) and x.dtype == src.dtype)
+
+
+def _as_where(graph, node) -> None:
+    """``select_scatter(x, v, 0, i)`` of a 1-d ``x`` as ``where(arange(len(x)) == i, v, x)``: Inductor's
+    select_scatter unsqueezes ``v``, and a 0-d value Inductor folded to a constant cannot be viewed
+    ("'Constant' object has no attribute 'data'": RT-DETR's ``spatial_shapes[level, 0] = height``,
+    ZoeDepth). The same values, bit for bit."""
+    from .program_copy import node_replaced
+
+    aten = torch.ops.aten
+    x, src, _, index = node.args
+    val = x.meta["val"]
+    size = val.shape[0]
+    positions = graph.call_function(aten.arange.default, (size,), {"dtype": torch.int64, "device": val.device})
+    picked = graph.call_function(aten.eq.Scalar, (positions, index % size if size else index))
+    made = graph.call_function(aten.where.self, (picked, src, x))
+    with val.fake_mode:  # (each new node's value as torch.export records it: a fake tensor)
+        positions.meta["val"] = aten.arange.default(size, dtype=torch.int64, device=val.device)
+        picked.meta["val"] = aten.eq.Scalar(positions.meta["val"], picked.args[1])
+        made.meta["val"] = aten.where.self(picked.meta["val"], src.meta["val"], val)
+    node_replaced(graph, node, made)
+
+
 def _convolution_of_a_size_read_from_data(ep) -> bool:
     """Whether a convolution of ``ep`` has a size read from data (an unbacked symbol: the images a
     vision-language model keeps, ``pixel_values[keep]``). Inductor's layout optimization gives such a
@@ -71,8 +101,14 @@ def hand_off(ep, *, package_path: str | None = None, inductor_configs: dict | No
     """Compile ``ep`` with AOTInductor into a package (a .pt2 zip): its path, and the package loaded.
     ``inductor_configs`` go to ``aoti_compile_and_package`` over pt2b's own: layout optimization off
     where a convolution's size is read from data (_convolution_of_a_size_read_from_data)."""
+    from .program_copy import nodes_rewritten
+    from .sym_ops import ops_only
+
     configs = {"layout_optimization": False} if _convolution_of_a_size_read_from_data(ep) else {}
-    ep = _views_as_reshapes(ep)
+    # a bool read from a tensor (``t.item()``) is a SymBool that Inductor's reinplacing pass cannot
+    # compare with itself ("unsupported operand type(s) for -: 'Equality' and 'Equality'": RT-DETR's,
+    # D-FINE's and VITS's ``torch._check``s); read as a number (sym_ops) it compares
+    ep = _views_as_reshapes(nodes_rewritten(ops_only(ep), _select_scatter_of_a_number, _as_where))
     path = package_path or os.path.join(tempfile.mkdtemp(prefix="pt2b_aoti_"), "model.pt2")
     package = torch._inductor.aoti_compile_and_package(ep, package_path=path,
                                                        inductor_configs={**configs, **(inductor_configs or {})})

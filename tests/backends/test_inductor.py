@@ -142,3 +142,57 @@ def test_a_convolution_of_a_batch_read_from_data_runs_right_on_aotinductor(tmp_p
         torch.testing.assert_close(compiled(pixels), model(pixels))
         other = torch.randn(3, 3, 32, 32)
         torch.testing.assert_close(compiled(other), model(other))
+
+
+class _CheckedShapes(torch.nn.Module):
+    """Writes the sizes of its levels into a tensor and checks them against its input with
+    ``torch._check_tensor_all``, as RT-DETR's deformable attention does: a bool read from a tensor."""
+
+    def forward(self, x, shapes):
+        shapes = shapes.clone()
+        shapes[0, 0] = x.shape[1] // 6
+        torch._check_tensor_all((shapes[:, 0] * shapes[:, 1]).sum() == x.shape[1])
+        torch._check_tensor_all((shapes > 0).all())
+        y = x.clone()
+        y[:, 0] = 1
+        return y * 2
+
+
+class _LevelSizes(torch.nn.Module):
+    """Sets a table of sizes number by number (RT-DETR's ``spatial_shapes[level, 0] = height``)."""
+
+    def forward(self, x):
+        shapes = torch.zeros(3, 2, dtype=torch.int64)
+        for level in range(3):
+            shapes[level, 0] = x.shape[-1] // (level + 1)
+            shapes[level, 1] = 7
+        return x * shapes.sum(), shapes
+
+
+@pytest.mark.parametrize("model, args", [(_CheckedShapes(), (torch.randn(2, 12), torch.tensor([[2, 3], [3, 2]]))),
+                                         (_LevelSizes(), (torch.randn(2, 16),))], ids=["checked", "sizes"])
+def test_what_aotinductor_stumbles_on_in_rt_detr_is_handed_over_in_a_form_it_takes(model, args):
+    """A bool read from a tensor (``torch._check_tensor_all``) is handed over read as a number
+    (sym_ops: Inductor's reinplacing pass failed comparing the SymBool, "unsupported operand type(s) for
+    -: 'Equality' and 'Equality'"), and a number written into a 1-d tensor by ``select_scatter`` as a
+    ``where`` (Inductor's select_scatter cannot view a 0-d value it folded to a constant: "'Constant'
+    object has no attribute 'data'"). RT-DETR v2, D-FINE and ZoeDepth failed on one or the other."""
+    ep = torch.export.export(model, args)
+    compiled = backends.to_backend("inductor", ep)
+    assert compiled.validation.status == "passed"
+    torch.testing.assert_close(compiled(*args), model(*args), rtol=0, atol=0)
+
+
+def test_a_number_written_by_select_scatter_becomes_a_where_of_the_same_values(tmp_path):
+    export_model(_LevelSizes(), (torch.randn(2, 16),), tmp_path / "m.pt2b")
+    ep = load_for_backend(tmp_path / "m.pt2b", backend="inductor", cache=False).exported_program()
+    picked = [n for n in ep.graph.nodes if inductor._select_scatter_of_a_number(n)]
+    assert len(picked) == 6
+    from exporter.backends.program_copy import nodes_rewritten
+
+    rewritten = nodes_rewritten(ep, inductor._select_scatter_of_a_number, inductor._as_where)
+    assert not any(inductor._select_scatter_of_a_number(n) for n in rewritten.graph.nodes)
+    assert [n.target for n in rewritten.graph.nodes].count(torch.ops.aten.where.self) == 6
+    x = torch.randn(2, 16)
+    for got, want in zip(rewritten.module()(x), ep.module()(x)):
+        assert torch.equal(got, want)
