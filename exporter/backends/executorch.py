@@ -16,6 +16,7 @@ import functools
 import torch
 
 from . import Backend, calling, quiet_logger
+from .fixed_numbers import fixed_numbers_read
 from .program_copy import node_replaced, nodes_rewritten
 from ..ops import op_name, resolve_op
 
@@ -203,7 +204,7 @@ def hand_off(ep):
     from executorch.exir import ExecutorchBackendConfig, to_edge
     from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
 
-    ep = nodes_rewritten(ep, _repairable, _repaired)
+    ep = nodes_rewritten(fixed_numbers_read(ep), _repairable, _repaired)
     written = _written_buffers(ep)
     config = ExecutorchBackendConfig(passes=[InitializedMutableBufferPass(written)] if written else [])
     with quiet_logger("executorch"):

@@ -101,6 +101,7 @@ def hand_off(ep, *, package_path: str | None = None, inductor_configs: dict | No
     """Compile ``ep`` with AOTInductor into a package (a .pt2 zip): its path, and the package loaded.
     ``inductor_configs`` go to ``aoti_compile_and_package`` over pt2b's own: layout optimization off
     where a convolution's size is read from data (_convolution_of_a_size_read_from_data)."""
+    from .fixed_numbers import fixed_numbers_read
     from .program_copy import nodes_rewritten
     from .sym_ops import ops_only
 
@@ -108,7 +109,8 @@ def hand_off(ep, *, package_path: str | None = None, inductor_configs: dict | No
     # a bool read from a tensor (``t.item()``) is a SymBool that Inductor's reinplacing pass cannot
     # compare with itself ("unsupported operand type(s) for -: 'Equality' and 'Equality'": RT-DETR's,
     # D-FINE's and VITS's ``torch._check``s); read as a number (sym_ops) it compares
-    ep = _views_as_reshapes(nodes_rewritten(ops_only(ep), _select_scatter_of_a_number, _as_where))
+    ep = nodes_rewritten(ops_only(fixed_numbers_read(ep)), _select_scatter_of_a_number, _as_where)
+    ep = _views_as_reshapes(ep)
     path = package_path or os.path.join(tempfile.mkdtemp(prefix="pt2b_aoti_"), "model.pt2")
     package = torch._inductor.aoti_compile_and_package(ep, package_path=path,
                                                        inductor_configs={**configs, **(inductor_configs or {})})

@@ -7,31 +7,46 @@ every element equal) are folded; a seeded random op (``randn``) is never folded:
 
 from __future__ import annotations
 
+import math
+import operator
+
 import torch
 import torch.fx
 
 from .opset_check import refused_nodes
 
-__all__ = ["fixed_values_folded"]
+__all__ = ["fixed_value", "fixed_values_folded"]
+
+
+# the Python arithmetic torch.export records on numbers (sizes, values read from tensors): of fixed
+# numbers, a fixed number
+_ARITHMETIC = frozenset({
+    operator.add, operator.sub, operator.mul, operator.truediv, operator.floordiv, operator.mod, operator.pow,
+    operator.neg, operator.pos, operator.abs, operator.eq, operator.ne, operator.lt, operator.le, operator.gt,
+    operator.ge, operator.and_, operator.or_, operator.not_, math.ceil, math.floor, math.trunc, math.sqrt,
+    torch.sym_max, torch.sym_min, torch.sym_not, torch.sym_ite, torch.sym_float, torch.sym_int})
 
 
 def _deterministic(node: torch.fx.Node) -> bool:
     target = node.target
+    if target in _ARITHMETIC:
+        return True
     if not isinstance(target, torch._ops.OpOverload):
         return False
     return torch.Tag.nondeterministic_seeded not in target.tags and not target._schema.is_mutable
 
 
-def _value(node, constants: dict, memo: dict):
+def fixed_value(node, constants: dict, memo: dict):
     """The value of ``node`` where the program fixes it (a constant tensor input, literals, and
-    deterministic ops of those), else None."""
+    deterministic ops of those), else None; ``constants``: placeholder name -> value, ``memo`` the
+    values found so far."""
     if node not in memo:
         memo[node] = None
         if node.op == "placeholder":
             memo[node] = constants.get(node.name)
         elif node.op == "call_function" and _deterministic(node) and not any(
                 isinstance(a, (list, tuple)) and any(isinstance(x, torch.fx.Node) for x in a) for a in node.args):
-            known = lambda a: _value(a, constants, memo) if isinstance(a, torch.fx.Node) else a  # noqa: E731
+            known = lambda a: fixed_value(a, constants, memo) if isinstance(a, torch.fx.Node) else a  # noqa: E731
             args = [known(a) for a in node.args]
             kwargs = {k: known(v) for k, v in node.kwargs.items()}
             given = [*node.args, *node.kwargs.values()]
@@ -55,7 +70,7 @@ def fixed_values_folded(ep: torch.export.ExportedProgram, accepts) -> torch.expo
     memo: dict = {}
     changed = False
     for node in refused:
-        value = _value(node, constants, memo)
+        value = fixed_value(node, constants, memo)
         if not isinstance(value, torch.Tensor) or value.is_complex() or value.numel() == 0:
             continue
         flat = value.reshape(-1)

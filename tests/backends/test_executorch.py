@@ -324,3 +324,16 @@ def test_a_copy_to_another_layout_runs_on_the_portable_kernels(tmp_path):
     assert compiled.share is None and compiled.validation.status == "passed"
     x = torch.randn(2, 6, 6, 8)
     torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_mimis_padding_read_from_buffers_runs_on_executorch():
+    """ExecuTorch could not decide a guard on the sizes Mimi's decoder computes from numbers it reads
+    from its buffers ("Could not guard on data-dependent expression u12 + u42 + 88 < 1"); the numbers
+    are handed over as numbers (fixed_numbers.py)."""
+    from tests.support.helpers import CausalConvs
+
+    model, x = CausalConvs().eval(), torch.randn(2, 4, 88)
+    compiled = backends.to_backend("executorch", torch.export.export(model, (x,)))
+    assert compiled.validation.status == "passed"
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))

@@ -507,3 +507,27 @@ def an_output_class_comes_back_as_built(backend: str):
     for key in want.keys():
         torch.testing.assert_close(got[key], want[key])
     return compiled
+
+
+class CausalConvs(torch.nn.Module):
+    """Two causal 1-d convolutions padded as Mimi's and Pocket TTS's are: kernel size, stride and
+    padding kept in buffers, the extra padding computed from them and read as numbers (``F.pad`` takes
+    ints): each read an unbacked symbol of the program."""
+
+    SIZES = ((5, 2), (3, 1))
+
+    def __init__(self):
+        super().__init__()
+        self.convs = torch.nn.ModuleList(torch.nn.Conv1d(4, 4, k, stride=s) for k, s in self.SIZES)
+        for i, (k, s) in enumerate(self.SIZES):
+            self.register_buffer(f"kernel_{i}", torch.tensor(k), persistent=False)
+            self.register_buffer(f"stride_{i}", torch.tensor(s), persistent=False)
+            self.register_buffer(f"padding_{i}", torch.tensor(k - s), persistent=False)
+
+    def forward(self, x):
+        for i, conv in enumerate(self.convs):
+            k, s, p = (getattr(self, f"{name}_{i}") for name in ("kernel", "stride", "padding"))
+            length = x.shape[-1]
+            frames = torch.ceil((length - k + p) / s + 1).to(torch.int64) - 1
+            x = conv(torch.nn.functional.pad(x, (p, frames * s + k - p - length)))
+        return x
