@@ -76,6 +76,20 @@ def _as_where(graph, node) -> None:
     node_replaced(graph, node, made)
 
 
+def _metadata_check_of_an_intermediate(node) -> bool:
+    """An ``_assert_tensor_metadata`` (torch.export records one for each ``.to()``) of a value the graph
+    computes, not of an input."""
+    return (node.op == "call_function" and node.target is torch.ops.aten._assert_tensor_metadata.default
+            and isinstance(node.args[0], torch.fx.Node) and node.args[0].op != "placeholder")
+
+
+def _left_out(graph, node) -> None:
+    """``node`` (a check of a value's dtype, device and layout that the graph fixes) left out. Inkling 2's
+    AOTInductor package aborted on such checks ("corrupted double-linked list": six cases) and ran right
+    without them; a check of an input, which the caller's values decide, stays."""
+    graph.erase_node(node)
+
+
 def _convolution_of_a_size_read_from_data(ep) -> bool:
     """Whether a convolution of ``ep`` has a size read from data (an unbacked symbol: the images a
     vision-language model keeps, ``pixel_values[keep]``). Inductor's layout optimization gives such a
@@ -110,6 +124,7 @@ def hand_off(ep, *, package_path: str | None = None, inductor_configs: dict | No
     # compare with itself ("unsupported operand type(s) for -: 'Equality' and 'Equality'": RT-DETR's,
     # D-FINE's and VITS's ``torch._check``s); read as a number (sym_ops) it compares
     ep = nodes_rewritten(ops_only(fixed_numbers_read(ep)), _select_scatter_of_a_number, _as_where)
+    ep = nodes_rewritten(ep, _metadata_check_of_an_intermediate, _left_out)
     ep = _views_as_reshapes(ep)
     path = package_path or os.path.join(tempfile.mkdtemp(prefix="pt2b_aoti_"), "model.pt2")
     package = torch._inductor.aoti_compile_and_package(ep, package_path=path,
