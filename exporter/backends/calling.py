@@ -60,6 +60,12 @@ def user_outputs(ep: torch.export.ExportedProgram, produced: dict, leaves: list 
     return pytree.tree_unflatten(out, _spec(ep, "out_spec"))
 
 
+def computed_specs(ep: torch.export.ExportedProgram) -> list:
+    """The program's output specs a backend computes, in order: every output but its constants
+    (constant_outputs: a backend is handed none, and returns none)."""
+    return [s for s in ep.graph_signature.output_specs if not isinstance(s.arg, ConstantArgument)]
+
+
 def with_constants(ep: torch.export.ExportedProgram, computed: list):
     """The program's outputs in its own structure from ``computed``, a backend's values of its user
     outputs that are not constants, in order (constant_outputs: a backend is handed none)."""

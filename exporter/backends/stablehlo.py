@@ -147,7 +147,7 @@ def run(exported, ep, args, kwargs, plan=None):
         except ValueError as e:  # jax.export's check of the call's shapes and dtypes against the module's
             raise BackendRunError(f"the StableHLO module refused the call: {first_line(e)}; call it as the "
                                   f"exported model was called, within its dynamic dims' ranges.") from None
-    specs = [s for s in ep.graph_signature.output_specs if s.kind != OutputKind.BUFFER_MUTATION]
+    specs = [s for s in calling.computed_specs(ep) if s.kind != OutputKind.BUFFER_MUTATION]
     if len(result) != len(specs):
         raise BackendRunError(f"StableHLO returned {len(result)} outputs for the program's {len(specs)}.")
     # a copy: the arrays are JAX's, immutable, and the caller may write into what it gets

@@ -298,7 +298,7 @@ def run(module, ep, args, kwargs, plan=None):
                               f"{', '.join(sorted({type(v).__name__ for v in leaves if not isinstance(v, torch.Tensor)}))}: "
                               f"export the model with tensor inputs.")
     result = plan(*(np.require(v, requirements="C") for v in calling.numpy_inputs(leaves)))
-    specs = ep.graph_signature.output_specs
+    specs = calling.computed_specs(ep)
     if len(result) != len(specs):
         raise BackendRunError(f"torch-mlir returned {len(result)} outputs for the program's {len(specs)}.")
     produced = {s.arg.name: torch.from_numpy(np.asarray(v)) for s, v in zip(specs, result)
