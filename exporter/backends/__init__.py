@@ -401,8 +401,6 @@ def _handed(backend: Backend, ep, options: dict, carry=None) -> tuple:
         spec = calling.out_spec(ep)
         plain = handed_spec(spec)
         constants = constant_outputs(ep)
-        if len(constants) == spec.num_leaves:  # (nothing left to hand over: the backend sees the program)
-            constants = {}
         given = (without_constant_outputs(ep, spec) if constants else
                  program_returning(ep, plain) if plain != spec else ep)
         handed = backend.hand_off(given, **options,

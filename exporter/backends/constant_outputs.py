@@ -24,9 +24,11 @@ def _user(spec) -> bool:
 
 
 def constant_outputs(ep: torch.export.ExportedProgram) -> dict[int, object]:
-    """Position among the program's user outputs -> value, of the outputs that are constants."""
+    """Position among the program's user outputs -> value, of the outputs that are constants; none
+    where every user output is one (the backend then gets the program as it is)."""
     user = [s for s in ep.graph_signature.output_specs if _user(s)]
-    return {i: s.arg.value for i, s in enumerate(user) if isinstance(s.arg, ConstantArgument)}
+    found = {i: s.arg.value for i, s in enumerate(user) if isinstance(s.arg, ConstantArgument)}
+    return found if len(found) < len(user) else {}
 
 
 def _with_outputs(ep: torch.export.ExportedProgram, outputs: list, out_spec) -> torch.export.ExportedProgram:
@@ -50,15 +52,38 @@ def _pairs(ep: torch.export.ExportedProgram) -> list:
             for v, s in zip(returned, ep.graph_signature.output_specs)]
 
 
+def _pruned(spec, constants: dict, first: int = 0, root: bool = True):
+    """(``spec`` without the leaves at ``constants``' positions, counted from ``first``, and without a
+    container that leaves empty, but for the children of a tuple at the root, which stay as empty
+    tuples (a lifted program returns (outputs, written state)); None where nothing is left; the number
+    of leaves ``spec`` had)."""
+    if spec.is_leaf():
+        return (None if first in constants else spec), 1
+    kept, count = [], 0
+    for key, child in zip(spec.context or [None] * spec.num_children, spec.children()):
+        pruned, n = _pruned(child, constants, first + count, root=False)
+        count += n
+        if pruned is None and root and spec.type is tuple:
+            pruned = pytree.treespec_tuple([])
+        if pruned is not None:
+            kept.append((key, pruned))
+    if not kept:
+        return None, count
+    if spec.type is dict:
+        return pytree.treespec_dict({k: c for k, c in kept}), count
+    if spec.type is list:
+        return pytree.TreeSpec(list, None, [c for _, c in kept]), count
+    return pytree.treespec_tuple([c for _, c in kept]), count
+
+
 def without_constant_outputs(ep: torch.export.ExportedProgram, out_spec) -> torch.export.ExportedProgram:
-    """``ep`` (returning ``out_spec``'s structure) without its constant user outputs: each is an empty
-    tuple in the structure, which holds no leaf (None is a leaf to torch's pytree), and every class of it is a plain container (program_copy.plain_spec,
-    as a retrace would rebuild a class without those fields otherwise); the rest of the structure stays
-    (a lifted program's written state keeps its place)."""
+    """``ep`` (returning ``out_spec``'s structure) without its constant user outputs: they leave the
+    structure, a container they leave empty too, and every class of it is a plain container
+    (program_copy.plain_spec, as a retrace would rebuild a class without those fields otherwise). An
+    empty tuple in their place broke LiteRT's converter ("SmallVector unable to grow")."""
     constants = constant_outputs(ep)
     kept = [(v, s) for v, s in _pairs(ep) if not (_user(s) and isinstance(s.arg, ConstantArgument))]
-    marks = [() if i in constants else 0 for i in range(out_spec.num_leaves)]
-    handed = pytree.tree_structure(pytree.tree_unflatten(marks, plain_spec(out_spec)))
+    handed, _ = _pruned(plain_spec(out_spec), constants)
     return _with_outputs(ep, kept, handed)
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from exporter import backends, export_model, load_for_backend
-from exporter.errors import BackendUnavailableError
+from exporter.errors import BackendHandOffError, BackendUnavailableError
 from tests.support.helpers import ENGINES, LayerStack, force_engine
 
 pytestmark = pytest.mark.backends  # (run in each backend's venv by .ci/run, and by the main suite)
@@ -66,7 +66,15 @@ class _SizesBeside(torch.nn.Module):
                 "pooled": x.mean((2, 3))}
 
 
-@pytest.mark.parametrize("backend", _installed())
+# litert-torch's converter fails on such a program with the numbers as without them (its view-to-reshape
+# retrace leaves a lambda in the graph its verifier then refuses; before, its MLIR return refused the
+# numbers: "Operand 1 of operation func.return must be a Value")
+_REFUSES_THE_PROGRAM = {"litert"}
+
+
+@pytest.mark.parametrize("backend", [pytest.param(b, marks=pytest.mark.xfail(
+    raises=BackendHandOffError, strict=True, reason="litert-torch's converter")) if b in _REFUSES_THE_PROGRAM else b
+    for b in _installed()])
 def test_a_program_returning_numbers_is_handed_over_without_them_and_gets_them_back(tmp_path, backend):
     """No backend is handed a constant output (torch.onnx and OpenVINO refused them); every backend's
     run gives the numbers back at their places, beside the values it computed."""
