@@ -17,7 +17,7 @@ import torch
 
 from . import Backend, calling, quiet_logger
 from .fixed_numbers import fixed_numbers_read
-from .program_copy import node_replaced, nodes_rewritten
+from .program_copy import node_replaced, nodes_repaired
 from ..ops import op_name, resolve_op
 
 
@@ -187,14 +187,6 @@ _REPAIRS = ((_negative_pad, _pad_as_slices), (_empty_of_a_symbolic_size, _empty_
             (_laid_out_otherwise, _laid_out_contiguous))
 
 
-def _repairable(node) -> bool:
-    return any(needs(node) for needs, _ in _REPAIRS)
-
-
-def _repaired(graph, node) -> None:
-    next(repair for needs, repair in _REPAIRS if needs(node))(graph, node)
-
-
 def hand_off(ep):
     """``to_edge(ep).to_executorch()``: the ExecutorchProgramManager (``.buffer``: the .pte bytes), and
     the runtime's module loaded from those bytes. ExecuTorch stores a written buffer's shape and dtype
@@ -204,7 +196,7 @@ def hand_off(ep):
     from executorch.exir import ExecutorchBackendConfig, to_edge
     from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
 
-    ep = nodes_rewritten(fixed_numbers_read(ep), _repairable, _repaired)
+    ep = nodes_repaired(fixed_numbers_read(ep), _REPAIRS)
     written = _written_buffers(ep)
     config = ExecutorchBackendConfig(passes=[InitializedMutableBufferPass(written)] if written else [])
     with quiet_logger("executorch"):

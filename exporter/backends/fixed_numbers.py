@@ -13,31 +13,14 @@ from __future__ import annotations
 
 import torch
 import torch.fx
-from torch.export.graph_signature import InputKind
 
-from ..lowering.fold import fixed_value
+from ..lowering.fold import fixed_tensors, fixed_value
 from ..mutation import is_mutating
 from .program_copy import graph_copy, program_with
 
 __all__ = ["fixed_numbers_read"]
 
 _READS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default)
-
-
-def _fixed_tensors(ep: torch.export.ExportedProgram) -> dict:
-    """Placeholder name -> value of the program's buffers it never writes and its constant tensors."""
-    written = set(ep.graph_signature.buffers_to_mutate.values())
-    fixed = {}
-    for spec in ep.graph_signature.input_specs:
-        if spec.kind == InputKind.BUFFER and spec.target not in written:
-            value = ep.state_dict.get(spec.target, ep.constants.get(spec.target))
-        elif spec.kind == InputKind.CONSTANT_TENSOR:
-            value = ep.constants.get(spec.target)
-        else:
-            continue
-        if isinstance(value, torch.Tensor):
-            fixed[spec.arg.name] = value
-    return fixed
 
 
 def fixed_numbers_read(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
@@ -47,7 +30,7 @@ def fixed_numbers_read(ep: torch.export.ExportedProgram) -> torch.export.Exporte
     reads = [n for n in ep.graph.nodes if n.op == "call_function" and n.target in _READS]
     if not reads or any(n.op == "call_function" and is_mutating(n.target) for n in ep.graph.nodes):
         return ep
-    fixed = _fixed_tensors(ep)
+    fixed = fixed_tensors(ep, unwritten_buffers=True)
     gm = graph_copy(ep)
     memo: dict = {}
     changed = False

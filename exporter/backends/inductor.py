@@ -90,6 +90,10 @@ def _left_out(graph, node) -> None:
     graph.erase_node(node)
 
 
+# (what a node needs, its repair): made on one copy of the program's graph before AOTInductor compiles it
+_REPAIRS = ((_select_scatter_of_a_number, _as_where), (_metadata_check_of_an_intermediate, _left_out))
+
+
 def _convolution_of_a_size_read_from_data(ep) -> bool:
     """Whether a convolution of ``ep`` has a size read from data (an unbacked symbol: the images a
     vision-language model keeps, ``pixel_values[keep]``). Inductor's layout optimization gives such a
@@ -116,15 +120,14 @@ def hand_off(ep, *, package_path: str | None = None, inductor_configs: dict | No
     ``inductor_configs`` go to ``aoti_compile_and_package`` over pt2b's own: layout optimization off
     where a convolution's size is read from data (_convolution_of_a_size_read_from_data)."""
     from .fixed_numbers import fixed_numbers_read
-    from .program_copy import nodes_rewritten
+    from .program_copy import nodes_repaired
     from .sym_ops import ops_only
 
     configs = {"layout_optimization": False} if _convolution_of_a_size_read_from_data(ep) else {}
     # a bool read from a tensor (``t.item()``) is a SymBool that Inductor's reinplacing pass cannot
     # compare with itself ("unsupported operand type(s) for -: 'Equality' and 'Equality'": RT-DETR's,
     # D-FINE's and VITS's ``torch._check``s); read as a number (sym_ops) it compares
-    ep = nodes_rewritten(ops_only(fixed_numbers_read(ep)), _select_scatter_of_a_number, _as_where)
-    ep = nodes_rewritten(ep, _metadata_check_of_an_intermediate, _left_out)
+    ep = nodes_repaired(ops_only(fixed_numbers_read(ep)), _REPAIRS)
     ep = _views_as_reshapes(ep)
     path = package_path or os.path.join(tempfile.mkdtemp(prefix="pt2b_aoti_"), "model.pt2")
     package = torch._inductor.aoti_compile_and_package(ep, package_path=path,

@@ -7,8 +7,8 @@ import torch.fx
 
 from .._torch.pytree import pytree
 
-__all__ = ["graph_copy", "handed_spec", "node_replaced", "nodes_rewritten", "plain_spec", "program_copy",
-           "program_returning", "program_with"]
+__all__ = ["graph_copy", "handed_spec", "node_replaced", "nodes_repaired", "nodes_rewritten", "plain_spec",
+           "program_copy", "program_returning", "program_with"]
 
 
 def graph_copy(ep: torch.export.ExportedProgram) -> torch.fx.GraphModule:
@@ -42,6 +42,15 @@ def nodes_rewritten(ep: torch.export.ExportedProgram, picks, rewrite) -> torch.e
             rewrite(gm.graph, node)
     gm.recompile()
     return program_with(ep, gm)
+
+
+def nodes_repaired(ep: torch.export.ExportedProgram, repairs) -> torch.export.ExportedProgram:
+    """nodes_rewritten with a table: each node some ``needs(node)`` of ``repairs`` ((needs, repair)
+    pairs) selects given to the first such pair's ``repair(graph, node)``, all on one copy of the graph."""
+    def needing(node):
+        return next((repair for needs, repair in repairs if needs(node)), None)
+
+    return nodes_rewritten(ep, lambda node: needing(node) is not None, lambda graph, node: needing(node)(graph, node))
 
 
 def node_replaced(graph: torch.fx.Graph, node: torch.fx.Node, made: torch.fx.Node) -> None:

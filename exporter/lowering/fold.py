@@ -15,7 +15,7 @@ import torch.fx
 
 from .opset_check import refused_nodes
 
-__all__ = ["fixed_value", "fixed_values_folded"]
+__all__ = ["fixed_tensors", "fixed_value", "fixed_values_folded"]
 
 
 # the Python arithmetic torch.export records on numbers (sizes, values read from tensors): of fixed
@@ -56,6 +56,25 @@ def fixed_value(node, constants: dict, memo: dict):
     return memo[node]
 
 
+def fixed_tensors(ep: torch.export.ExportedProgram, unwritten_buffers: bool = False) -> dict:
+    """Placeholder name -> value of the program's constant tensors, and with ``unwritten_buffers`` of
+    the buffers it never writes (fixed_value's ``constants``)."""
+    from torch.export.graph_signature import InputKind
+
+    written = set(ep.graph_signature.buffers_to_mutate.values())
+    fixed = {}
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind == InputKind.CONSTANT_TENSOR:
+            value = ep.constants.get(spec.target)
+        elif spec.kind == InputKind.BUFFER and unwritten_buffers and spec.target not in written:
+            value = ep.state_dict.get(spec.target, ep.constants.get(spec.target))
+        else:
+            continue
+        if isinstance(value, torch.Tensor):
+            fixed[spec.arg.name] = value
+    return fixed
+
+
 def fixed_values_folded(ep: torch.export.ExportedProgram, accepts) -> torch.export.ExportedProgram:
     """``ep`` with each call of an op ``accepts(op)`` rejects, whose value the program fixes and one
     ``full`` makes, replaced by that ``full`` (in place: ``ep`` is the lowering's own new program).
@@ -64,9 +83,7 @@ def fixed_values_folded(ep: torch.export.ExportedProgram, accepts) -> torch.expo
     refused = refused_nodes(gm, accepts)
     if not refused:
         return ep
-    by_name = {s.arg.name: s.target for s in ep.graph_signature.input_specs
-               if s.kind == torch.export.graph_signature.InputKind.CONSTANT_TENSOR}
-    constants = {name: ep.constants[target] for name, target in by_name.items() if target in ep.constants}
+    constants = fixed_tensors(ep)
     memo: dict = {}
     changed = False
     for node in refused:
