@@ -160,6 +160,21 @@ def _keeps_a_dim(node) -> bool:
     return isinstance(x, torch.Tensor) and _ones_where_a_dim_stays(x, dims) is not None
 
 
+def _empty_of_the_size(x, size):
+    # onnxscript's optimizer writes the shape of a reshape whose size is partly symbolic with a -1 for the
+    # size it infers (its MaterializeReshapeShape rule), which ONNX Runtime refuses beside a 0 ("Invalid
+    # Target shape product of 0. Product cannot be 0 in combination with -1": glm5_next views the empty
+    # rope half of a split as (b, 1, s, 0)). A view with a 0 in its size has no values to view: the empty
+    # tensor of that size and dtype is the same result
+    if not any(type(s) is int and s == 0 for s in size):
+        return NotImplemented
+    return torch.ops.aten.full.default(list(size), 0, dtype=x.dtype, device=x.device)
+
+
+def _sizes_a_zero(node) -> bool:
+    return any(type(s) is int and s == 0 for s in (node.args[1] if len(node.args) > 1 else node.kwargs["size"]))
+
+
 _MOVERS = (torch.ops.aten.transpose.int, torch.ops.aten.permute.default)
 
 
@@ -190,13 +205,16 @@ _FOR_TORCHLIB = {
     torch.ops.aten.histc.default: (_histc_of_no_range, _no_range),
     torch.ops.aten.squeeze.dim: (_squeeze_of_ones_only, _keeps_a_dim),
     torch.ops.aten.squeeze.dims: (_squeeze_of_ones_only, _keeps_a_dim),
+    torch.ops.aten.view.default: (_empty_of_the_size, _sizes_a_zero),
+    torch.ops.aten._unsafe_view.default: (_empty_of_the_size, _sizes_a_zero),
 }
 
 
 def _for_torchlib(ep):
     """``ep`` with the calls torchlib translates otherwise than torch computes them rewritten
     (_FOR_TORCHLIB: a histc over the data's extremes, pt2b's exact rewrite; a squeeze naming a dim whose
-    size is not 1, which torch leaves and torchlib removes), in one retrace; ``ep`` itself where there
+    size is not 1, which torch leaves and torchlib removes; a view with a 0 in its size, the empty tensor of that
+    size), in one retrace; ``ep`` itself where there
     is none."""
     table = {}
     for node in ep.graph.nodes:

@@ -630,6 +630,39 @@ def test_a_squeeze_of_a_dim_whose_size_is_not_1_runs_on_onnx(monkeypatch):
         assert got.shape == want.shape and torch.equal(got, want)
 
 
+class _EmptyRopeHalf(torch.nn.Module):
+    """glm5_next splits its keys into a part and an empty rope half, which it views as (b, 1, s, 0)."""
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, rope = x.split([6, 0], dim=-1)
+        return q * 2, rope.view(b, 1, s, 0).transpose(1, 2), x.view(b, s, 2, 3)
+
+
+def test_a_view_to_a_size_with_a_0_runs_on_onnx(monkeypatch):
+    """onnxscript's optimizer writes a -1 into the shape of a reshape with a symbolic size, which ONNX Runtime
+    refuses beside a 0 ("Product cannot be 0 in combination with -1"): the hand-off gives it the empty
+    tensor of that size instead; views of other sizes stay views."""
+    pytest.importorskip("onnxruntime")
+    from exporter.backends import onnx as onnx_backend
+
+    model, x = _EmptyRopeHalf(), torch.randn(2, 5, 6)
+    ep = torch.export.export(model, (x,), dynamic_shapes=({1: torch.export.Dim("s", min=2, max=64)},))
+    with monkeypatch.context() as m:
+        m.setattr(onnx_backend, "_for_torchlib", lambda ep: ep)
+        with pytest.raises(BackendHandOffError, match=r"could not run it on the stored example inputs: .*"
+                                                      r"Product cannot be 0 in combination with -1"):
+            backends.to_backend("onnx", ep)
+    rewritten = onnx_backend._for_torchlib(ep)
+    views = [n.args[1] for n in rewritten.graph.nodes if n.target is torch.ops.aten.view.default]
+    assert len(views) == 1 and 0 not in views[0]
+    compiled = backends.to_backend("onnx", ep)
+    assert compiled.validation.status == "passed"
+    x2 = torch.randn(2, 9, 6)
+    for got, want in zip(compiled(x2), model(x2)):
+        assert got.shape == want.shape and got.dtype == want.dtype and torch.equal(got, want)
+
+
 class _HalvesOfADynamicDim(torch.nn.Module):
     """prophetnet splits its streams by a size read from a dynamic dim."""
 
