@@ -260,14 +260,18 @@ def to_backend(name: str | LoweredProgram, lowered: LoweredProgram | torch.expor
     fallback = fallback if fallback is not None else lowered_with
     check = (lambda compiled, program: validated_hand_off(compiled, program, WRONG_REL)) if validate else None
     dim_names = dict(getattr(lowered, "dim_names", None) or {})
-    def split() -> Compiled:
+    def split(refusal: BaseException | None = None) -> Compiled:
+        # the ops the backend's refusal of the whole program names run on the reference from the start
+        from .partition import ops_named
+
+        refused = ops_named(first_line(refusal), program) if refusal is not None else frozenset()
         split_program, split_carry = program, carry
         if carry is None and backend.holds_state and not frozen_state:
             # the parts a backend runs hold no state of their own: the split carries it, lifted to inputs and
             # outputs, as for a backend that holds none
             split_program, split_carry = _lifted(dataclasses.replace(backend, holds_state=False), unlifted,
                                                  frozen_state, state)
-        return dataclasses.replace(_split(backend, split_program, lowered, options, dim_names, check),
+        return dataclasses.replace(_split(backend, split_program, lowered, options, dim_names, check, refused),
                                    carry=split_carry, write_back=write_back)
 
     if left:  # the lowering left ops the backend does not list to the reference: no whole hand-off to try
@@ -276,10 +280,10 @@ def to_backend(name: str | LoweredProgram, lowered: LoweredProgram | torch.expor
         try:
             compiled = Compiled(backend, *_handed(backend, program, options, carry), dim_names=dim_names, carry=carry,
                                 write_back=write_back)
-        except BackendHandOffError:
+        except BackendHandOffError as e:
             if fallback is None:
                 raise
-            compiled = split()
+            compiled = split(e)
     if check is None:
         return compiled
     try:
@@ -423,15 +427,16 @@ def _handed(backend: Backend, ep, options: dict, carry=None) -> tuple:
             env.pending_fresh_unbacked_symbols[:] = pending
 
 
-def _split(backend: Backend, ep, lowered, options: dict, dim_names: dict, check) -> Compiled:
-    """``ep`` split between ``backend`` (the ops its list names) and the reference (partition.py), each
-    part handed over checked with ``check`` (None: unchecked)."""
-    from ..ops import OpMatcher
+def _split(backend: Backend, ep, lowered, options: dict, dim_names: dict, check, refused=frozenset()) -> Compiled:
+    """``ep`` split between ``backend`` (the ops its list names, less ``refused``: op names) and the
+    reference (partition.py), each part handed over checked with ``check`` (None: unchecked)."""
+    from ..ops import OpMatcher, op_name
     from .partition import split_for
 
     listed = getattr(lowered, "supported", None) or OpMatcher(backend.supported_ops)
     # a backend that publishes no op list (IREE) is offered every op: its hand-offs find what it refuses
-    supported = (lambda op: op in listed) if backend.supported_ops else (lambda op: True)
+    offered = (lambda op: op in listed) if backend.supported_ops else (lambda op: True)
+    supported = (lambda op: offered(op) and op_name(op) not in refused) if refused else offered
     part = lambda part_ep, **o: Compiled(backend, *_handed(backend, part_ep, o))  # noqa: E731
     partitioned = split_for(backend, ep, supported, part, options, check)
     run = lambda native, program, args, kwargs: native(*args, **kwargs)  # noqa: E731

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+import re
 from typing import Callable
 
 import torch
@@ -18,7 +19,7 @@ from .._torch.pytree import pytree
 from .part_sizes import number_type, sizes_from_tensors
 from .probe import first_wrong
 
-__all__ = ["Partitioned", "Share", "split_for"]
+__all__ = ["Partitioned", "Share", "ops_named", "split_for"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +53,20 @@ class Share:
         for node, op, why in self.wrong:
             text += f"; the reference runs node {node} ({op}), which the backend {why}"
         return text
+
+
+# an op named in a backend's refusal: "aten.randn.default" (OpenVINO's "No conversion rule found for
+# operations: ..."), "aten::histc.default", or torch.onnx's "<OpOverload(op='aten._is_all_true', overload='default')>"
+_OP_NAMED = re.compile(r"\b([A-Za-z_]\w*)(?:\.|::)(\w+)\.(\w+)\b|OpOverload\(op='(\w+)\.(\w+)', overload='(\w+)'\)")
+
+
+def ops_named(reason: str, ep) -> frozenset:
+    """The ops of ``ep``'s graph that ``reason`` (the one line a backend's refusal comes down to,
+    ``first_line``) names: a split leaves them to the reference from the start, where cutting parts down
+    would find them one hand-off at a time. A name that is not an op of the program is no op named."""
+    named = {f"{m[0] or m[3]}::{m[1] or m[4]}.{m[2] or m[5]}" for m in _OP_NAMED.findall(reason)}
+    return frozenset(name for name in {op_name(n.target) for n in ep.graph.nodes if n.op == "call_function"
+                                       and isinstance(n.target, torch._ops.OpOverload)} if name in named)
 
 
 # the most parts one split hands over (each a trace and a backend compile): a program the backend computes

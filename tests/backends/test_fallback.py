@@ -272,3 +272,51 @@ def test_the_share_is_counted_from_the_graphs_where_the_counted_run_fails(segmen
     assert share.flops == partition._graph_flops(whole) == counted.flops > 0  # (the formulas are torch's)
     assert share.backend_flops == counted.backend_flops and share.backend_nodes == counted.backend_nodes
     _assert_runs_as_eager(compiled, model)
+
+
+class _Noisy(nn.Module):
+    """vibevoice's and reformer's noise: randn, which OpenVINO lists (a core ATen op) but has no translator for."""
+
+    def forward(self, x):
+        h = torch.nn.functional.gelu(x @ x.T)
+        return (h + 0 * torch.randn(h.shape, dtype=h.dtype)).softmax(-1) * 2
+
+
+def test_ops_a_refusal_names_run_on_the_reference_from_the_start(monkeypatch, tmp_path):
+    """OpenVINO refuses the whole program naming the op ("No conversion rule found for operations:
+    aten.randn.default"): the split leaves that op to the reference at once, no part handed over is
+    refused; without reading the name, the part holding it is refused and cut down, hand-off by hand-off."""
+    pytest.importorskip("openvino")
+    from exporter.backends import partition
+
+    model, x = _Noisy().eval(), torch.randn(5, 4)
+    export_model(model, (x,), tmp_path / "noisy.pt2b")
+    ep = load_for_backend(tmp_path / "noisy.pt2b", backend="openvino", cache=False)
+    with pytest.raises(BackendHandOffError, match="No conversion rule found for operations: aten.randn.default"):
+        backends.to_backend("openvino", ep)
+    handed = []
+    monkeypatch.setattr(partition, "_hand_part", lambda *a, _hand=partition._hand_part: handed.append(1) or _hand(*a))
+    compiled = backends.to_backend("openvino", ep, fallback="reference")
+    share = compiled.share
+    assert share.on_reference == {"aten::randn.default": 1} and share.refused == () and share.wrong == ()
+    assert compiled.validation.status == "passed" and len(handed) == 1  # (the noise depends on nothing else)
+    x2 = torch.randn(5, 4)
+    torch.testing.assert_close(compiled(x2), model(x2), rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(partition, "ops_named", lambda reason, ep: frozenset())
+    handed.clear()
+    uninformed = backends.to_backend("openvino", ep, fallback="reference").share
+    assert [w[1] for w in uninformed.wrong] == ["aten::randn.default"] and len(handed) > 1
+    assert uninformed.on_reference == share.on_reference
+
+
+def test_ops_named_reads_each_backends_form_and_only_the_programs_ops():
+    from exporter.backends.partition import ops_named
+
+    ep = torch.export.export(_Noisy(), (torch.randn(5, 4),))
+    assert ops_named("OpConversionFailure: No conversion rule found for operations: aten.randn.default", ep) == \
+        {"aten::randn.default"}
+    assert ops_named("DispatchError: No ONNX function found for <OpOverload(op='aten.gelu', overload='default')>",
+                     ep) == {"aten::gelu.default"}
+    assert ops_named("cannot reach the backend's ops: aten::mul.Tensor, aten::histc.default", ep) == \
+        {"aten::mul.Tensor"}
+    assert ops_named("RuntimeError: Compilation failed: See diagnostics", ep) == frozenset()
