@@ -12,6 +12,7 @@ pip install executorch  (about ten minutes; it keeps torch 2.13)
 from __future__ import annotations
 
 import functools
+import types
 
 import torch
 
@@ -187,6 +188,26 @@ _REPAIRS = ((_negative_pad, _pad_as_slices), (_empty_of_a_symbolic_size, _empty_
             (_laid_out_otherwise, _laid_out_contiguous))
 
 
+def _python_sym_calls(ep) -> bool:
+    """Whether ``ep`` calls Python's number functions (``torch.sym_min``, ``torch.sym_max``, ``sym_ite``...)
+    that ExecuTorch runs as its own prim ops (``executorch_prim_ops_registry.is_sym_op``)."""
+    from executorch.exir.passes.executorch_prim_ops_registry import is_sym_op
+
+    return any(n.op == "call_function" and isinstance(n.target, types.FunctionType) and is_sym_op(n.target)
+               for n in ep.graph.nodes)
+
+
+def _edge_config(ep):
+    """to_edge's settings: its edge verifier off for a program calling Python's number functions only. That
+    verifier refuses any Python function in a graph ("assert op.__name__ in ('alloc',)": a bare
+    AssertionError; deepseek_v32, glm_moe_dsa and axk2 take ``min`` of sizes), though to_executorch's own
+    EdgeToBackendOpsPass then makes each one ExecuTorch's prim op (executorch 1.5.1); the hand-off check
+    still compares what the runtime computes."""
+    from executorch.exir import EdgeCompileConfig
+
+    return EdgeCompileConfig(_check_ir_validity=not _python_sym_calls(ep))
+
+
 def hand_off(ep):
     """``to_edge(ep).to_executorch()``: the ExecutorchProgramManager (``.buffer``: the .pte bytes), and
     the runtime's module loaded from those bytes. ExecuTorch stores a written buffer's shape and dtype
@@ -200,7 +221,7 @@ def hand_off(ep):
     written = _written_buffers(ep)
     config = ExecutorchBackendConfig(passes=[InitializedMutableBufferPass(written)] if written else [])
     with quiet_logger("executorch"):
-        manager = to_edge(ep).to_executorch(config)
+        manager = to_edge(ep, compile_config=_edge_config(ep)).to_executorch(config)
     return manager, ep, load(manager)
 
 

@@ -337,3 +337,37 @@ def test_mimis_padding_read_from_buffers_runs_on_executorch():
     assert compiled.validation.status == "passed"
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x))
+
+
+class _SizesOfMinAndMax(torch.nn.Module):
+    """deepseek_v32's and axk2's indexers take the smaller of a size and a constant: torch.export records
+    ``torch.sym_min`` and ``torch.sym_max``, Python functions."""
+
+    def forward(self, x):
+        s = x.shape[1]
+        return x * 2, torch.arange(min(s, 5)).sum(), torch.arange(max(s // 2, 3)).sum()
+
+
+def test_min_and_max_of_sizes_run_on_executorch_as_its_prim_ops(monkeypatch):
+    """to_edge's verifier refuses any Python function in a graph (a bare AssertionError), though
+    to_executorch makes sym_min and sym_max ExecuTorch's own prim ops: the hand-off turns that verifier off
+    for such a program only, and the runtime computes every size as torch does."""
+    from executorch.exir import EdgeCompileConfig
+
+    from exporter.backends import executorch as et
+
+    model = _SizesOfMinAndMax()
+    ep = torch.export.export(model, (torch.randn(2, 6),), dynamic_shapes=({1: torch.export.Dim("s", min=2, max=64)},))
+    assert {torch.sym_min, torch.sym_max} <= {n.target for n in ep.graph.nodes}
+    monkeypatch.setattr(et, "_edge_config", lambda ep: EdgeCompileConfig())
+    with pytest.raises(BackendHandOffError, match="could not take the program: AssertionError"):
+        backends.to_backend("executorch", ep)
+    monkeypatch.undo()
+    compiled = backends.to_backend("executorch", ep)
+    assert compiled.validation.status == "passed"
+    for n in (3, 4, 9, 20):
+        x = torch.randn(2, n)
+        for got, want in zip(compiled(x), model(x)):
+            assert torch.equal(got, want)
+    # (a program without such calls keeps to_edge's verifier)
+    assert et._edge_config(torch.export.export(Views(), (torch.randn(2, 3, 4),)))._check_ir_validity
