@@ -13,6 +13,11 @@ pip install iree-turbine iree-base-compiler iree-base-runtime
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+import tempfile
+
 import torch
 
 from . import Backend, calling
@@ -36,6 +41,7 @@ def _table() -> dict:
     empty_permuted)."""
     from ..lowering.rewrites import index_copy_by_scatter
     from ..lowering.tables import torch_default_table
+    from ..ops import resolve_op
 
     cia = {op: fn for op, fn in torch_default_table().items()
            if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd")}
@@ -44,7 +50,15 @@ def _table() -> dict:
     # torch.aten.index_copy", iree-base-compiler 3.13, dots1/static-cache), and compiles a scatter.
     # torch's decomposition of it (in turbine's table) checks the positions' count against the source's
     # size, which it cannot where the count is read from data, and the op stayed
-    return {**cia, **_turbine_table(), torch.ops.aten.index_copy.default: index_copy_by_scatter}
+    default = torch_default_table()
+    gaps = {op: default[op] for op in map(resolve_op, _GAPS) if op in default}
+    return {**cia, **_turbine_table(), torch.ops.aten.index_copy.default: index_copy_by_scatter, **gaps}
+
+
+# ops IREE's importer takes but its compiler cannot lower, given torch's own decompositions (iree-base-compiler
+# 3.13, iree-turbine 3.9): logsumexp ("failed to legalize operation 'torch.constant.int'" or '...bool' on its
+# arguments, any dim; granite_swa's sliding-window mask), from torch.export's default table
+_GAPS = ("aten::logsumexp.default",)
 
 
 def hand_off(ep, *, target_backends: tuple[str, ...] = (TARGET,)):
@@ -55,8 +69,50 @@ def hand_off(ep, *, target_backends: tuple[str, ...] = (TARGET,)):
     from .program_copy import program_copy
 
     # (its importer rewrites the nodes it imports in place: it is given a copy, the caller's program kept)
-    vmfb = bytes(aot.export(program_copy(ep)).compile(save_to=None, target_backends=target_backends).map_memory())
+    exported = aot.export(program_copy(ep))
+    with tempfile.TemporaryFile("w+b") as diagnostics:
+        try:
+            with _native_stderr_to(diagnostics):
+                output = exported.compile(save_to=None, target_backends=target_backends)
+        except RuntimeError as e:
+            raise RuntimeError(f"{e}: {_first_error(diagnostics)}") from e
+        finally:
+            diagnostics.seek(0)
+            _write_stderr(diagnostics.read())
+    vmfb = bytes(output.map_memory())
     return vmfb, ep, load(vmfb)
+
+
+@contextlib.contextmanager
+def _native_stderr_to(file):
+    """The process's stderr (file descriptor 2, where the IREE compiler prints its diagnostics) written to
+    ``file`` for the duration; put back as it was after, whatever happens."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        os.dup2(file.fileno(), 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _first_error(diagnostics) -> str:
+    """The compiler's first ``error:`` line, with the op it names, for "Compilation failed: See diagnostics"
+    (turbine's whole message): a failure then says what failed, and failures group by their cause."""
+    diagnostics.seek(0)
+    for line in diagnostics.read().decode("utf-8", "replace").splitlines():
+        if "error:" in line:
+            return line[line.index("error:"):].strip()[:500]
+    return "the compiler printed no error line"
+
+
+def _write_stderr(data: bytes) -> None:
+    """What the compiler printed, to the stderr it would have reached."""
+    sys.stderr.flush()
+    while data:
+        data = data[os.write(2, data):]
 
 
 def load(vmfb: bytes):

@@ -34,7 +34,8 @@ def test_the_preset_is_torchs_implicit_decompositions_with_turbines_own_over_the
     table, turbine = b.decompositions(), current_aot_decompositions()
     cia = {op for op in torch.export.default_decompositions()
            if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd")}
-    assert set(table) == cia | {op for op in turbine if isinstance(op, torch._ops.OpOverload)}
+    gaps = {torch.ops.aten.logsumexp.default}  # (what IREE's compiler cannot lower, torch's decompositions)
+    assert set(table) == cia | {op for op in turbine if isinstance(op, torch._ops.OpOverload)} | gaps
     bn = torch.ops.aten._native_batch_norm_legit_no_training.default
     assert table[bn] is turbine[bn] and torch.ops.aten.diff.default in table
     assert torch.ops.aten.empty_like.default not in table  # IREE takes it; torch's rewrite it does not
@@ -220,3 +221,33 @@ def test_a_static_cache_is_written_on_iree_by_a_scatter(tmp_path):
     for positions in ([0, 1, 2], [3], [4, 5]):
         x, at = torch.randn(1, 2, len(positions), 4), torch.tensor(positions)
         torch.testing.assert_close(compiled(x, at), eager(x, at))
+
+
+class _Mask(torch.nn.Module):
+    """granite_swa's sliding-window mask takes a logsumexp."""
+
+    def forward(self, x):
+        return torch.logsumexp(x, -1) * 2 + x.mean()
+
+
+def test_logsumexp_reaches_iree_decomposed_and_a_failure_names_the_compilers_error(tmp_path, monkeypatch):
+    """IREE's compiler cannot lower logsumexp ("failed to legalize operation 'torch.constant.bool'"), which
+    its importer takes: the preset gives it torch's own decomposition. Where compilation fails, the error
+    says what failed: the compiler's first error line, not only turbine's "See diagnostics"."""
+    from exporter.backends import iree
+
+    model = _Mask()
+    export_model(model, (torch.randn(2, 3, 5),), tmp_path / "m.pt2b",
+                 dynamic_shapes=({1: torch.export.Dim("n", max=16)},))
+    lowered = load_for_backend(tmp_path / "m.pt2b", backend="iree", cache=False)
+    assert "aten::logsumexp.default" not in lowered.ops()
+    compiled = backends.to_backend(lowered)
+    assert compiled.validation.status == "passed"
+    x = torch.randn(2, 7, 5)
+    torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(iree, "_GAPS", ())
+    kept = load_for_backend(tmp_path / "m.pt2b", backend="iree", cache=False)
+    assert "aten::logsumexp.default" in kept.ops()
+    with pytest.raises(BackendHandOffError, match=r"Compilation failed: See diagnostics: error: failed to legalize "
+                                                  r"operation 'torch\.constant\.(int|bool)'"):
+        backends.to_backend(kept)
