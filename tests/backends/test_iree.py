@@ -251,3 +251,29 @@ def test_logsumexp_reaches_iree_decomposed_and_a_failure_names_the_compilers_err
     with pytest.raises(BackendHandOffError, match=r"Compilation failed: See diagnostics: error: failed to legalize "
                                                   r"operation 'torch\.constant\.(int|bool)'"):
         backends.to_backend(kept)
+
+
+class _PaddedToChunks(torch.nn.Module):
+    """mamba2's, qwen3_5's and olmo_hybrid's chunked scans pad the sequence to a multiple of the chunk."""
+
+    def forward(self, x):
+        pad = (4 - x.shape[1] % 4) % 4
+        return torch.nn.functional.pad(x, (0, 0, 0, pad)) * 2
+
+
+def test_a_remainder_of_sizes_runs_on_iree_as_a_floor_division(monkeypatch):
+    """turbine imports ``L % 4`` as aten.fmod.int, which IREE's compiler cannot lower ("explicitly marked
+    illegal"); the hand-off gives it ``L - (L // 4) * 4``, and every length pads as torch pads it."""
+    from exporter.backends import sym_ops
+
+    model = _PaddedToChunks()
+    ep = torch.export.export(model, (torch.randn(2, 6, 3),), dynamic_shapes=({1: torch.export.Dim("L", min=2, max=64)},))
+    with monkeypatch.context() as m:
+        m.setattr(sym_ops, "_integer_remainder", lambda node: False)
+        with pytest.raises(BackendHandOffError, match=r"explicitly marked illegal.*torch\.aten\.fmod\.int"):
+            backends.to_backend("iree", ep)
+    compiled = backends.to_backend("iree", ep)
+    assert compiled.validation.status == "passed"
+    for n in (5, 8, 13):
+        x = torch.randn(2, n, 3)
+        assert torch.equal(compiled(x), model(x))

@@ -120,7 +120,7 @@ def _walks_in_order(refused, calls):
     def hand_off(ep, **options):
         calls.append(1)
         if any(n.target is refused for n in ep.graph.nodes):
-            raise BackendHandOffError(f"no conversion for {refused}")
+            raise BackendHandOffError("the converter stopped at a node")  # (naming no op: ops_named finds none)
         return ep.module(), ep
 
     listed = ("aten::linear.default", "aten::gelu.default")
@@ -143,7 +143,7 @@ def test_every_node_a_converter_stops_at_is_cut_out_in_a_counted_number_of_hand_
     compiled = backends.to_backend("onnx", ep, fallback="reference")
     share = compiled.share
     assert share.on_reference == {"aten::gelu.default": 8} and share.backend_nodes == 9
-    assert {why for _, _, why in share.wrong} == {"refused: no conversion for aten.gelu.default"}
+    assert {why for _, _, why in share.wrong} == {"refused: the converter stopped at a node"}
     assert len(calls) <= 1 + 8 * 2 * math.ceil(math.log2(17))
     x = torch.randn(3, 8)  # (a program of static shapes)
     torch.testing.assert_close(compiled(x), model(x), rtol=1e-6, atol=1e-6)
@@ -202,3 +202,26 @@ def test_a_bool_a_part_returns_as_a_number_reaches_the_next_part_as_a_bool(monke
     assert compiled.share.on_reference == {"aten::add.Tensor": 1, "aten::mul.Tensor": 1, "aten::sum.default": 1}
     for x, ids in ((torch.randn(3), torch.tensor([1, 2])), (torch.randn(3), torch.tensor([5, 0]))):
         assert torch.equal(compiled(x, ids), CheckedIds()(x, ids))
+
+
+def test_an_integer_remainder_is_a_floor_division_for_backends_taking_ops_only():
+    """``a % b`` of sizes becomes ``a - (a // b) * b`` (Python's identity for floor division), the same
+    number for every size, negative operands included; a remainder of floats stays."""
+    import operator
+
+    from exporter.backends.sym_ops import ops_only
+
+    class Remainders(torch.nn.Module):
+        def forward(self, x):
+            n = x.shape[0]
+            return x * ((5 - n % 5) % 5), x + ((n - 7) % 3 + n % 2), x * (n * 0.5 % 1.5)
+
+    ep = torch.export.export(Remainders(), (torch.randn(6),), dynamic_shapes=({0: torch.export.Dim("n", min=2, max=64)},))
+    made = ops_only(ep)
+    assert operator.mod in {n.target for n in ep.graph.nodes}
+    left = [n for n in made.graph.nodes if n.target is operator.mod]
+    assert len(left) == 1 and isinstance(left[0].meta["val"], (float, torch.SymFloat))
+    for n in (2, 3, 5, 6, 11, 64):
+        x = torch.randn(n)
+        for got, want in zip(made.module()(x), Remainders()(x)):
+            assert got.shape == want.shape and torch.equal(got, want)
