@@ -56,9 +56,12 @@ def _table() -> dict:
 
 
 # ops IREE's importer takes but its compiler cannot lower, given torch's own decompositions (iree-base-compiler
-# 3.13, iree-turbine 3.9): logsumexp ("failed to legalize operation 'torch.constant.int'" or '...bool' on its
-# arguments, any dim; granite_swa's sliding-window mask), from torch.export's default table
-_GAPS = ("aten::logsumexp.default",)
+# 3.13, iree-turbine 3.9), from torch.export's default table: logsumexp ("failed to legalize operation
+# 'torch.constant.int'" or '...bool' on its arguments, any dim; granite_swa's sliding-window mask); a
+# weight norm over a dim ("'tensor.cast' op operand type 'tensor<1x1x?xf32>' and result type
+# 'tensor<64x16x16xf32>' are cast incompatible": the positional convolutions of hubert, wav2vec2 and the
+# speech encoders built on them)
+_GAPS = ("aten::logsumexp.default", "aten::_weight_norm_interface.default")
 
 
 def hand_off(ep, *, target_backends: tuple[str, ...] = (TARGET,)):
