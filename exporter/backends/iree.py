@@ -72,7 +72,7 @@ def hand_off(ep, *, target_backends: tuple[str, ...] = (TARGET,)):
     from .program_copy import program_copy
 
     # (its importer rewrites the nodes it imports in place: it is given a copy, the caller's program kept)
-    exported = aot.export(program_copy(ep))
+    exported = aot.export(program_copy(_pools_without_ceil(ep)))
     with tempfile.TemporaryFile("w+b") as diagnostics:
         try:
             with _native_stderr_to(diagnostics):
@@ -84,6 +84,23 @@ def hand_off(ep, *, target_backends: tuple[str, ...] = (TARGET,)):
             _write_stderr(diagnostics.read())
     vmfb = bytes(output.map_memory())
     return vmfb, ep, load(vmfb)
+
+
+def _in_ceil_mode(node) -> bool:
+    return node.target is torch.ops.aten.avg_pool2d.default and bool(
+        node.args[4] if len(node.args) > 4 else node.kwargs.get("ceil_mode", False))
+
+
+def _pools_without_ceil(ep):
+    """``ep`` with each average pool in ceil mode rewritten without it (lowering/rewrites, exact; torch's
+    pool for any other call), in one retrace; ``ep`` itself where there is none. IREE's compiler
+    miscomputes the size of the last windows ("'linalg.generic' op inferred input/output operand #1 has
+    shape's dimension #0 to be 258, but found 256": efficientnet's and align's final pool)."""
+    from ..lowering.rewrites import avg_pool2d_without_ceil
+
+    if not any(_in_ceil_mode(n) for n in ep.graph.nodes):
+        return ep
+    return ep.run_decompositions({torch.ops.aten.avg_pool2d.default: avg_pool2d_without_ceil})
 
 
 @contextlib.contextmanager

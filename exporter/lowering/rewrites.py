@@ -172,6 +172,49 @@ def index_copy_by_scatter(x: torch.Tensor, dim: int, index: torch.Tensor, source
     return x.scatter(dim, index.reshape(shape).expand_as(source), source)
 
 
+def _pair(v, default=None) -> tuple:
+    v = default if (v is None or (isinstance(v, (list, tuple)) and not v)) else v
+    return tuple(v) * (2 // len(v)) if isinstance(v, (list, tuple)) else (v, v)
+
+
+def avg_pool2d_without_ceil(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+                            divisor_override=None):
+    """aten::avg_pool2d with ``ceil_mode`` as one without it: the input padded with zeros by ``padding`` and
+    by as much more at the end as ceil mode's last windows reach past it, its window sums (a pool of
+    the padded input times the window's size) divided by how many positions each window counts (the
+    same pool of ones over the region torch counts: inside the padding with ``count_include_pad``,
+    inside the input without). A window wider than the padded input is cut to it: its positions past
+    it hold zeros and count nothing. Other calls, and spatial sizes that are symbols: NotImplemented."""
+    height, width = x.shape[-2:]
+    if not ceil_mode or not (isinstance(height, int) and isinstance(width, int)):
+        return NotImplemented
+    (kh, kw), (ph, pw) = _pair(kernel_size), _pair(padding)
+    sh, sw = _pair(stride, (kh, kw))
+
+    def windows(size, k, s, p):  # torch's ceil-mode count: the last window starts inside input or left padding
+        n = -(-(size + 2 * p - k) // s) + 1
+        return n - 1 if (n - 1) * s >= size + p else n
+
+    oh, ow = windows(height, kh, sh, ph), windows(width, kw, sw, pw)
+    kh, kw = min(kh, height + 2 * ph), min(kw, width + 2 * pw)
+    eh, ew = max((oh - 1) * sh + kh - height - 2 * ph, 0), max((ow - 1) * sw + kw - width - 2 * pw, 0)
+
+    def summed(t):
+        return torch.ops.aten.avg_pool2d.default(t, [kh, kw], [sh, sw], [0, 0], False, True) * (kh * kw)
+
+    sums = summed(torch.ops.aten.constant_pad_nd.default(x, [pw, pw + ew, ph, ph + eh], 0.0))
+    if divisor_override:
+        return sums / divisor_override
+    lead = (1,) * (x.dim() - 2)
+    if count_include_pad:
+        region = torch.ones((*lead, height + 2 * ph, width + 2 * pw), dtype=x.dtype, device=x.device)
+        region = torch.ops.aten.constant_pad_nd.default(region, [0, ew, 0, eh], 0.0)
+    else:
+        region = torch.ones((*lead, height, width), dtype=x.dtype, device=x.device)
+        region = torch.ops.aten.constant_pad_nd.default(region, [pw, pw + ew, ph, ph + eh], 0.0)
+    return sums / summed(region)
+
+
 # op name -> pt2b's decomposition; a library's op applies only where the library is loaded
 WRITTEN = {
     "aten::randn_like.default": randn_like,

@@ -14,8 +14,8 @@ from exporter import export_model, load_for_backend
 from exporter.lowering.opset_check import INFRASTRUCTURE
 from exporter.lowering.presets import load as load_preset
 from exporter.errors import OpsetError
-from exporter.lowering.rewrites import (amax_by_max_dim, cummax, cummin, empty_permuted, grouped_mm_fallback, histc,
-                                        index_copy_by_scatter, masked_scatter, rand_like, randn_like, sort_by_topk,
+from exporter.lowering.rewrites import (amax_by_max_dim, avg_pool2d_without_ceil, cummax, cummin, empty_permuted,
+                                        grouped_mm_fallback, histc, index_copy_by_scatter, masked_scatter, rand_like, randn_like, sort_by_topk,
                                         unfold_by_index)
 from exporter.lowering.tables import closure_decompositions
 
@@ -437,3 +437,30 @@ def test_index_copy_by_scatter_equals_index_copy_along_any_dim():
         source = torch.randn([len(picked) if d == dim % x.dim() else s for d, s in enumerate(shape)])
         index = torch.tensor(picked, dtype=torch.int64)
         assert torch.equal(index_copy_by_scatter(x, dim, index, source), x.index_copy(dim, index, source))
+
+
+def test_an_average_pool_in_ceil_mode_equals_the_kernel_without_it():
+    """Every window count, padding, stride and divisor rule: the same sizes and values as torch's pool in
+    ceil mode (windows wider than the input included); a call without ceil mode is declined."""
+    import itertools
+
+    torch.manual_seed(0)
+    checked = 0
+    for h, w, k, s, p, counting, lead in itertools.product((5, 7, 8), (6, 7), (2, 3, 8), (1, 2, 3), (0, 1),
+                                                           (True, False), ((2, 3), (3,))):
+        if p > k // 2:
+            continue
+        x = torch.randn(*lead, h, w)
+        try:
+            want = torch.nn.functional.avg_pool2d(x, k, s, p, ceil_mode=True, count_include_pad=counting)
+        except RuntimeError:  # (the kernel refuses sizes that leave no window: "Output size is too small")
+            continue
+        got = avg_pool2d_without_ceil(x, [k, k], [s, s], [p, p], True, counting)
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        checked += 1
+    assert checked == 376
+    x = torch.randn(1, 2, 7, 7)
+    torch.testing.assert_close(avg_pool2d_without_ceil(x, [3, 3], [2, 2], [1, 1], True, True, 4),
+                               torch.nn.functional.avg_pool2d(x, 3, 2, 1, ceil_mode=True, divisor_override=4))
+    assert avg_pool2d_without_ceil(x, [2, 2], [2, 2], [0, 0], False) is NotImplemented
