@@ -21,7 +21,7 @@ import torch.fx
 from .complex_views import REAL_ARGS, real_dim
 from .program_copy import graph_copy, program_with
 
-__all__ = ["complex_as_real_pairs"]
+__all__ = ["PAIRED_OPS", "complex_as_real_pairs"]
 
 aten = torch.ops.aten
 
@@ -109,6 +109,12 @@ class _Rewrite:
         if t is aten.sym_size.int and _complex(a[0]):
             return self.emit(aten.sym_size.int, pairs[a[0]], real_dim(a[1], a[0].meta["val"].dim()))
         return None
+
+
+# the ops that make or read complex tensors, each rewritten on real pairs (_Rewrite.rewrite): a backend
+# without complex dtypes takes them through this rewrite
+PAIRED_OPS = ("aten::view_as_complex.default", "aten::view_as_real.default", "aten::polar.default",
+              "aten::complex.default", "aten::real.default", "aten::imag.default")
 
 
 def _touches_complex(node: torch.fx.Node) -> bool:

@@ -17,6 +17,7 @@ import types
 import torch
 
 from . import Backend, calling, quiet_logger
+from .complex_pairs import PAIRED_OPS, complex_as_real_pairs
 from .fixed_numbers import fixed_numbers_read
 from .program_copy import node_replaced, nodes_repaired
 from ..ops import op_name, resolve_op
@@ -96,6 +97,10 @@ def _supported() -> tuple[tuple[str, ...], tuple[str, ...]]:
         view = _view_of(op)
         if view is not None and _edge_accepts(view):  # (to_edge refuses unfold, which it has no decomposition for)
             accepted.add(op_name(view))
+    # the ops making and reading complex tensors, which the hand-off gives as arithmetic on real pairs
+    # (complex_pairs.py): the portable kernels have no complex dtype, and DeepSeek-V2's and Llama 4's rotary
+    # embeddings view their queries as complex
+    accepted.update(PAIRED_OPS)
     return tuple(sorted(accepted)), tuple(unmapped)
 
 
@@ -217,7 +222,7 @@ def hand_off(ep):
     from executorch.exir import ExecutorchBackendConfig, to_edge
     from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
 
-    ep = nodes_repaired(fixed_numbers_read(ep), _REPAIRS)
+    ep = nodes_repaired(fixed_numbers_read(complex_as_real_pairs(ep)), _REPAIRS)
     written = _written_buffers(ep)
     config = ExecutorchBackendConfig(passes=[InitializedMutableBufferPass(written)] if written else [])
     with quiet_logger("executorch"):

@@ -141,8 +141,15 @@ def test_a_tiny_llama_generates_token_for_token_what_transformers_generates(tmp_
 
 
 def test_a_check_of_a_value_read_from_a_tensor_runs_on_the_runtime(tmp_path, monkeypatch):
+    """to_edge's verifier refuses the sym_ite of such a check (a Python function), which sym_ops.py gives
+    as ATen ops; with the verifier off for Python number functions (_edge_config), ExecuTorch's own prim op
+    takes it too. Here the verifier stays on: the refusal without sym_ops, the run with it."""
+    from executorch.exir import EdgeCompileConfig
+
+    from exporter.backends import executorch as et
     from tests.support.helpers import CheckedIds, a_check_of_a_value_is_taken
 
+    monkeypatch.setattr(et, "_edge_config", lambda ep: EdgeCompileConfig())
     compiled = a_check_of_a_value_is_taken("executorch", tmp_path, monkeypatch)
     for x, ids in ((torch.randn(3), torch.tensor([1, 2])), (torch.ones(3), torch.tensor([4, 0]))):
         torch.testing.assert_close(compiled(x, ids), CheckedIds()(x, ids))
@@ -371,3 +378,32 @@ def test_min_and_max_of_sizes_run_on_executorch_as_its_prim_ops(monkeypatch):
             assert torch.equal(got, want)
     # (a program without such calls keeps to_edge's verifier)
     assert et._edge_config(torch.export.export(Views(), (torch.randn(2, 3, 4),)))._check_ir_validity
+
+
+def test_a_rotary_embedding_on_complex_numbers_runs_on_the_portable_kernels_as_real_pairs(tmp_path, monkeypatch):
+    """The portable kernels have no complex dtype, and DeepSeek-V2's and Llama 4's rotary embeddings view
+    their queries as complex: the preset keeps the ops making and reading complex tensors
+    (complex_pairs.PAIRED_OPS, which the lowering refused), and the hand-off gives them as arithmetic on
+    real pairs."""
+    from torch.export import Dim
+
+    from exporter.backends import complex_pairs
+    from exporter.backends import executorch as et
+    from tests.backends.test_complex_pairs import Rotary
+
+    torch.manual_seed(0)
+    model = Rotary().eval()
+    export_model(model, (torch.randn(2, 5, 8),), tmp_path / "rotary.pt2b", dynamic_shapes=({1: Dim("s", min=2, max=64)},))
+    lowered = load_for_backend(tmp_path / "rotary.pt2b", backend="executorch", cache=False)
+    assert {"aten::view_as_complex.default", "aten::polar.default"} <= set(lowered.ops())
+    assert set(complex_pairs.PAIRED_OPS) <= set(backends.get("executorch").supported_ops)
+    with monkeypatch.context() as m:  # without the pairs: to_edge refuses the complex ops
+        m.setattr(et, "complex_as_real_pairs", lambda ep: ep)
+        with pytest.raises(BackendHandOffError, match="polar"):
+            backends.to_backend(lowered)
+    compiled = backends.to_backend(lowered)
+    assert compiled.share is None and compiled.validation.status == "passed"
+    for n in (5, 11):
+        x = torch.randn(2, n, 8)
+        for got, want in zip(compiled(x), model(x)):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
