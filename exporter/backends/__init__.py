@@ -260,7 +260,7 @@ def to_backend(name: str | LoweredProgram, lowered: LoweredProgram | torch.expor
     fallback = fallback if fallback is not None else lowered_with
     check = (lambda compiled, program: validated_hand_off(compiled, program, WRONG_REL)) if validate else None
     dim_names = dict(getattr(lowered, "dim_names", None) or {})
-    def split(refusal: BaseException | None = None) -> Compiled:
+    def split(refusal: BaseException | None = None, ties_first: bool = False) -> Compiled:
         # the ops the backend's refusal of the whole program names run on the reference from the start
         from .partition import ops_named
 
@@ -271,7 +271,8 @@ def to_backend(name: str | LoweredProgram, lowered: LoweredProgram | torch.expor
             # outputs, as for a backend that holds none
             split_program, split_carry = _lifted(dataclasses.replace(backend, holds_state=False), unlifted,
                                                  frozen_state, state)
-        return dataclasses.replace(_split(backend, split_program, lowered, options, dim_names, check, refused),
+        return dataclasses.replace(_split(backend, split_program, lowered, options, dim_names, check, refused,
+                                          ties_first),
                                    carry=split_carry, write_back=write_back)
 
     if left:  # the lowering left ops the backend does not list to the reference: no whole hand-off to try
@@ -286,11 +287,13 @@ def to_backend(name: str | LoweredProgram, lowered: LoweredProgram | torch.expor
             compiled = split(e)
     if check is None:
         return compiled
+    wrong = False
     try:
         return dataclasses.replace(compiled, validation=check(compiled, ep))
     except BackendResultError:
         if fallback is None or compiled.share is not None:
             raise
+        wrong = True
     except Pt2bError:
         raise
     # a runtime that builds its session on the first run refuses a program there (ONNX Runtime's shape
@@ -300,8 +303,9 @@ def to_backend(name: str | LoweredProgram, lowered: LoweredProgram | torch.expor
             raise BackendHandOffError(f"{backend.key} took the program but could not run it on the stored example "
                                       f"inputs: {first_line(e)}") from e
     # the backend computes the whole program wrong or cannot run it: split, each part checked, the wrong
-    # ones cut down
-    compiled = split()
+    # ones cut down; where it computed it wrong, the picks among equal values run on the reference at once
+    # (which of equal values a backend picks is its own; torch's picks are the reference's)
+    compiled = split(ties_first=wrong)
     return dataclasses.replace(compiled, validation=check(compiled, ep))
 
 
@@ -427,7 +431,8 @@ def _handed(backend: Backend, ep, options: dict, carry=None) -> tuple:
             env.pending_fresh_unbacked_symbols[:] = pending
 
 
-def _split(backend: Backend, ep, lowered, options: dict, dim_names: dict, check, refused=frozenset()) -> Compiled:
+def _split(backend: Backend, ep, lowered, options: dict, dim_names: dict, check, refused=frozenset(),
+           ties_first: bool = False) -> Compiled:
     """``ep`` split between ``backend`` (the ops its list names, less ``refused``: op names) and the
     reference (partition.py), each part handed over checked with ``check`` (None: unchecked)."""
     from ..ops import OpMatcher, op_name
@@ -438,7 +443,7 @@ def _split(backend: Backend, ep, lowered, options: dict, dim_names: dict, check,
     offered = (lambda op: op in listed) if backend.supported_ops else (lambda op: True)
     supported = (lambda op: offered(op) and op_name(op) not in refused) if refused else offered
     part = lambda part_ep, **o: Compiled(backend, *_handed(backend, part_ep, o))  # noqa: E731
-    partitioned = split_for(backend, ep, supported, part, options, check)
+    partitioned = split_for(backend, ep, supported, part, options, check, ties_first)
     run = lambda native, program, args, kwargs: native(*args, **kwargs)  # noqa: E731
     return Compiled(dataclasses.replace(backend, run=run, save=None), partitioned, ep, dim_names=dim_names,
                     share=partitioned.share)

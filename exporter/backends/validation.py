@@ -12,7 +12,7 @@ from ..errors import BackendResultError
 from ..lowering.random_draws import drawn_results
 from ..lowering.verdicts import real_parts, relative_difference
 
-__all__ = ["HandOffValidation", "reference_outputs", "tied_picks", "validated_hand_off"]
+__all__ = ["HandOffValidation", "reference_outputs", "tied_nodes", "tied_picks", "validated_hand_off"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,6 +215,25 @@ _PICKS = {
     _aten.max.dim: lambda x, dim, keepdim=False: _extreme_ties(x, dim),
     _aten.min.dim: lambda x, dim, keepdim=False: _extreme_ties(x, dim, largest=False),
 }
+
+
+def tied_nodes(gm: torch.fx.GraphModule, inputs: list) -> frozenset:
+    """The names of ``gm``'s nodes that pick among equal values (_PICKS) in its run on ``inputs`` (its
+    placeholders' values, in order): one run on the reference, each pick's arguments read as it runs."""
+    found = set()
+
+    class Picks(torch.fx.Interpreter):
+        def run_node(self, node):
+            check = _PICKS.get(node.target) if node.op == "call_function" else None
+            if check is not None:
+                args, kwargs = self.fetch_args_kwargs_from_env(node)
+                if isinstance(args[0], torch.Tensor) and not args[0].is_complex() and check(*args, **kwargs):
+                    found.add(node.name)
+            return super().run_node(node)
+
+    with torch.no_grad():
+        Picks(gm).run(*inputs)
+    return frozenset(found)
 
 
 def tied_picks(ep, args: tuple, kwargs: dict) -> str:

@@ -393,7 +393,8 @@ def test_a_rotary_embedding_on_complex_numbers_runs_on_the_portable_kernels_as_r
 
     torch.manual_seed(0)
     model = Rotary().eval()
-    export_model(model, (torch.randn(2, 5, 8),), tmp_path / "rotary.pt2b", dynamic_shapes=({1: Dim("s", min=2, max=64)},))
+    export_model(model, (torch.randn(2, 5, 8),), tmp_path / "rotary.pt2b",
+                 dynamic_shapes=({1: Dim("s", min=2, max=64)},))
     lowered = load_for_backend(tmp_path / "rotary.pt2b", backend="executorch", cache=False)
     assert {"aten::view_as_complex.default", "aten::polar.default"} <= set(lowered.ops())
     assert set(complex_pairs.PAIRED_OPS) <= set(backends.get("executorch").supported_ops)

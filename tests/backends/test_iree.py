@@ -268,7 +268,8 @@ def test_a_remainder_of_sizes_runs_on_iree_as_a_floor_division(monkeypatch):
     from exporter.backends import sym_ops
 
     model = _PaddedToChunks()
-    ep = torch.export.export(model, (torch.randn(2, 6, 3),), dynamic_shapes=({1: torch.export.Dim("L", min=2, max=64)},))
+    ep = torch.export.export(model, (torch.randn(2, 6, 3),),
+                             dynamic_shapes=({1: torch.export.Dim("L", min=2, max=64)},))
     with monkeypatch.context() as m:
         m.setattr(sym_ops, "_integer_remainder", lambda node: False)
         with pytest.raises(BackendHandOffError, match=r"explicitly marked illegal.*torch\.aten\.fmod\.int"):

@@ -4,13 +4,14 @@ whose compiled programs take tensors only (torch-mlir, TVM, Core ML) takes those
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.export import Dim
 
 from exporter import backends
 from exporter.backends import Backend
 from exporter.backends.part_sizes import sizes_from_tensors
-from exporter.errors import BackendHandOffError
+from exporter.errors import BackendHandOffError, BackendResultError
 
 
 class Sorted(torch.nn.Module):
@@ -216,7 +217,7 @@ def test_an_integer_remainder_is_a_floor_division_for_backends_taking_ops_only()
             n = x.shape[0]
             return x * ((5 - n % 5) % 5), x + ((n - 7) % 3 + n % 2), x * (n * 0.5 % 1.5)
 
-    ep = torch.export.export(Remainders(), (torch.randn(6),), dynamic_shapes=({0: torch.export.Dim("n", min=2, max=64)},))
+    ep = torch.export.export(Remainders(), (torch.randn(6),), dynamic_shapes=({0: Dim("n", min=2, max=64)},))
     made = ops_only(ep)
     assert operator.mod in {n.target for n in ep.graph.nodes}
     left = [n for n in made.graph.nodes if n.target is operator.mod]
@@ -225,3 +226,77 @@ def test_an_integer_remainder_is_a_floor_division_for_backends_taking_ops_only()
         x = torch.randn(n)
         for got, want in zip(made.module()(x), Remainders()(x)):
             assert got.shape == want.shape and torch.equal(got, want)
+
+
+class _TiedRouter(torch.nn.Module):
+    """A mixture-of-experts router whose gate is zero (every expert scores the same, as transformers'
+    zero-initialized routers do): its topk picks among equal values."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate, self.experts = torch.nn.Linear(4, 6), torch.nn.Linear(4, 18)
+        torch.nn.init.zeros_(self.gate.weight)
+        torch.nn.init.zeros_(self.gate.bias)
+
+    def forward(self, x):
+        weights, picked = self.gate(x).softmax(-1).topk(2, dim=-1)
+        out = self.experts(x).view(x.shape[0], 6, 3)
+        return (out.gather(1, picked[..., None].expand(-1, -1, 3)) * weights[..., None]).sum(1)
+
+
+def _picks_ties_otherwise(calls):
+    """A backend that runs what it is given but breaks a topk's ties from the other end (as IREE breaks them
+    otherwise than torch's CPU kernel), every hand-off counted in ``calls``."""
+    from exporter._torch.dispatch import TorchDispatchMode
+
+    class FromTheOtherEnd(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten.topk.default:
+                x, k, dim = args[0], args[1], args[2] if len(args) > 2 else -1
+                values, at = func(x.flip(dim), k, dim, *args[3:], **(kwargs or {}))
+                return values, x.shape[dim] - 1 - at
+            return func(*args, **(kwargs or {}))
+
+    def hand_off(ep, **options):
+        calls.append(1)
+        module = ep.module()
+
+        def run(*args, **kwargs):
+            with FromTheOtherEnd():
+                return module(*args, **kwargs)
+        return run, ep
+
+    listed = ("aten::linear.default", "aten::softmax.int", "aten::topk.default", "aten::view.default",
+              "aten::gather.default", "aten::expand.default", "aten::unsqueeze.default", "aten::mul.Tensor",
+              "aten::sum.dim_IntList", "aten::_softmax.default", "aten::slice.Tensor")
+    return Backend("ties", "1", listed, "", dict, hand_off,
+                   lambda native, program, args, kwargs: native(*args, **kwargs))
+
+
+def test_a_pick_among_equal_values_runs_on_the_reference_from_the_start(monkeypatch):
+    """The backend computes the whole program wrong because its topk breaks ties otherwise: the split puts
+    the picks that tie in the example run on the reference before any part is handed over
+    (validation.tied_nodes), one hand-off per part; without, the part holding the topk is found wrong and
+    cut down, hand-off by hand-off, to the same place."""
+    from exporter.backends import validation
+
+    calls: list = []
+    monkeypatch.setitem(backends._CACHE, "onnx", _picks_ties_otherwise(calls))
+    torch.manual_seed(0)
+    model = _TiedRouter().eval()
+    ep = _program(model, torch.randn(3, 4))
+    with pytest.raises(BackendResultError):
+        backends.to_backend("onnx", ep)
+    calls.clear()
+    compiled = backends.to_backend("onnx", ep, fallback="reference")
+    share = compiled.share
+    assert share.on_reference == {"aten::topk.default": 1}
+    assert [(op, why) for _, op, why in share.wrong] == [
+        ("aten::topk.default", "picks among equal values in the example run")]
+    informed = len(calls)
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(compiled(x), model(x), rtol=1e-6, atol=1e-6)
+    monkeypatch.setattr(validation, "tied_nodes", lambda gm, inputs: frozenset())
+    calls.clear()
+    uninformed = backends.to_backend("onnx", ep, fallback="reference").share
+    assert uninformed.on_reference == share.on_reference and len(calls) > informed

@@ -15,8 +15,8 @@ from exporter.lowering.opset_check import INFRASTRUCTURE
 from exporter.lowering.presets import load as load_preset
 from exporter.errors import OpsetError
 from exporter.lowering.rewrites import (amax_by_max_dim, avg_pool2d_without_ceil, cummax, cummin, empty_permuted,
-                                        grouped_mm_fallback, histc, index_copy_by_scatter, masked_scatter, rand_like, randn_like, sort_by_topk,
-                                        unfold_by_index)
+                                        grouped_mm_fallback, histc, index_copy_by_scatter, masked_scatter, rand_like,
+                                        randn_like, sort_by_topk, unfold_by_index)
 from exporter.lowering.tables import closure_decompositions
 
 CORE = sorted(load_preset("core").opset)
