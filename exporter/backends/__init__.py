@@ -443,7 +443,9 @@ def _split(backend: Backend, ep, lowered, options: dict, dim_names: dict, check,
     offered = (lambda op: op in listed) if backend.supported_ops else (lambda op: True)
     supported = (lambda op: offered(op) and op_name(op) not in refused) if refused else offered
     part = lambda part_ep, **o: Compiled(backend, *_handed(backend, part_ep, o))  # noqa: E731
-    partitioned = split_for(backend, ep, supported, part, options, check, ties_first)
+    from .validation import tied_nodes
+
+    partitioned = split_for(backend, ep, supported, part, options, check, tied_nodes if ties_first else None)
     run = lambda native, program, args, kwargs: native(*args, **kwargs)  # noqa: E731
     return Compiled(dataclasses.replace(backend, run=run, save=None), partitioned, ep, dim_names=dim_names,
                     share=partitioned.share)

@@ -183,7 +183,7 @@ def _graph_flops(gm) -> int:
 
 
 def split_for(backend, ep, supported: Callable, hand_off: Callable, options: dict,
-              check: Callable | None = None, ties_first: bool = False) -> Partitioned:
+              check: Callable | None = None, ties_first: Callable | None = None) -> Partitioned:
     """``ep`` split into the longest runs of nodes ``supported(op)`` accepts, each handed to ``backend``
     (``hand_off(part_ep, **options)`` -> a Compiled) as a program of its own, traced on the values it
     takes in the stored example inputs' run; a part the backend refuses runs on the reference instead
@@ -192,9 +192,10 @@ def split_for(backend, ep, supported: Callable, hand_off: Callable, options: dic
     cut at its middle op, which the reference runs, and its halves handed over again, until every part
     handed over is taken and right; the cuts found right then go back to the backend (Share.wrong
     names the nodes left).
-    ``ties_first`` (the backend computed the whole program wrong): the nodes that pick among equal values
-    in the example run (validation.tied_nodes: a topk at a tie, an argmax of a maximum held twice), whose
-    picks a backend may make otherwise than torch, run on the reference from the start.
+    ``ties_first(graph_module, inputs)`` (given where the backend computed the whole program wrong: the
+    hand-off check's tied_nodes): the names of the nodes that pick among equal values in the example run
+    (a topk at a tie, an argmax of a maximum held twice), whose picks a backend may make otherwise than
+    torch; they run on the reference from the start.
     BackendHandOffError where the program cannot be split (no stored example inputs, inputs of a kind
     a direct run cannot bind)."""
     from .calling import flat_inputs
@@ -218,11 +219,9 @@ def split_for(backend, ep, supported: Callable, hand_off: Callable, options: dic
     cuts: list[str] = []  # those excluded to cut a wrong part in two, not found wrong themselves
     handed: dict[tuple, tuple] = {}  # a part's nodes -> (its Compiled, its program) or (None, why, the cut)
     found: dict[str, str] = {}  # excluded node -> how the part it was cut from differed
-    if ties_first:
-        from .validation import tied_nodes
-
+    if ties_first is not None:
         try:
-            tied = tied_nodes(whole, inputs)
+            tied = ties_first(whole, inputs)
         except Exception:  # noqa: BLE001 -- a run the reference cannot make finds no ties; the split cuts as ever
             tied = frozenset()
         excluded.update(tied)
