@@ -4,6 +4,7 @@ flags, matmul precision, mode stacks, threads, levels): read before each entry p
 from __future__ import annotations
 
 import functools
+import threading
 
 import torch
 
@@ -42,14 +43,20 @@ def _modes(length, at) -> tuple:
     return tuple(at(i) for i in range(n)) if n else ()
 
 
+# Forward-AD levels are process-wide, not per thread: one thread's probe (enter, exit) seen by another's
+# as an open level would have that one close it under the first. Probes and closes take turns.
+_DUAL_LOCK = threading.Lock()
+
+
 def _dual_level_open() -> bool:
     """Whether a forward-AD level is open: torch keeps one at most, so entering another fails then."""
-    try:
-        level = _C._enter_dual_level()
-    except RuntimeError:
-        return True
-    _C._exit_dual_level(level=level)
-    return False
+    with _DUAL_LOCK:
+        try:
+            level = _C._enter_dual_level()
+        except RuntimeError:
+            return True
+        _C._exit_dual_level(level=level)
+        return False
 
 
 def snapshot(full: bool = True) -> tuple:
@@ -113,7 +120,8 @@ def restore(before: tuple, after: tuple) -> None:
     if after[_LEVELS] != before[_LEVELS]:
         _F.pop_dynamic_layer_stack_and_undo_to_depth(before[_LEVELS])
     if len(before) > _DUAL and after[_DUAL] and not before[_DUAL]:
-        _C._exit_dual_level(level=0)
+        with _DUAL_LOCK:
+            _C._exit_dual_level(level=0)
     if after[_GRAD] != before[_GRAD]:
         _C._set_grad_enabled(before[_GRAD])
     if after[_AUTOCAST_ON:_DTYPE] != before[_AUTOCAST_ON:_DTYPE] \

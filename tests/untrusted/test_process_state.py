@@ -379,3 +379,38 @@ def test_strict_mode_names_what_changed_and_gives_it_back(monkeypatch):
     assert_untouched(before)
     process_state.preserved()(lambda: torch._C._set_grad_enabled(False))()  # grad mode alone: no error
     assert_untouched(before)
+
+
+def test_threads_checking_the_state_at_once_see_no_forward_ad_level(monkeypatch):
+    """Forward-AD levels are process-wide: each check probes by opening one and closing it. Threads
+    checking at once must not see each other's probes as a level left open (the check would close
+    it under its owner)."""
+    import sys
+    import threading
+
+    monkeypatch.setattr(process_state, "ASSERT_UNCHANGED", True)
+    seen_open, errors = [], []
+    start = threading.Barrier(4)
+
+    def loop():
+        start.wait()
+        try:
+            for _ in range(1000):
+                with process_state.preserved():
+                    seen_open.append(process_state.snapshot()[process_state._DUAL])
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch between any two calls, as on a loaded machine
+    try:
+        threads = [threading.Thread(target=loop) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == []
+    assert len(seen_open) == 4000 and not any(seen_open)
+    assert process_state.snapshot()[process_state._DUAL] is False
