@@ -73,22 +73,18 @@ def hand_off(ep, *, target_backends: tuple[str, ...] = (TARGET,)):
 
     # (its importer rewrites the nodes it imports in place: it is given a copy, the caller's program kept)
     exported = aot.export(program_copy(_pools_without_ceil(ep)))
-    with tempfile.TemporaryFile("w+b") as diagnostics:
-        try:
-            with _native_stderr_to(diagnostics):
-                output = exported.compile(save_to=None, target_backends=target_backends)
-        except RuntimeError as e:
-            raise RuntimeError(f"{e}: {_first_error(diagnostics)}") from e
-        finally:
-            diagnostics.seek(0)
-            _write_stderr(diagnostics.read())
+    printed = bytearray()
+    try:
+        with _native_stderr_copied_to(printed):
+            output = exported.compile(save_to=None, target_backends=target_backends)
+    except RuntimeError as e:
+        raise RuntimeError(f"{e}: {_first_error(printed)}") from e
     vmfb = bytes(output.map_memory())
     return vmfb, ep, load(vmfb)
 
 
 def _in_ceil_mode(node) -> bool:
-    return node.target is torch.ops.aten.avg_pool2d.default and bool(
-        node.args[4] if len(node.args) > 4 else node.kwargs.get("ceil_mode", False))
+    return bool(node.args[4] if len(node.args) > 4 else node.kwargs.get("ceil_mode", False))
 
 
 def _pools_without_ceil(ep):
@@ -97,42 +93,40 @@ def _pools_without_ceil(ep):
     miscomputes the size of the last windows ("'linalg.generic' op inferred input/output operand #1 has
     shape's dimension #0 to be 258, but found 256": efficientnet's and align's final pool)."""
     from ..lowering.rewrites import avg_pool2d_without_ceil
+    from .program_copy import calls_decomposed
 
-    if not any(_in_ceil_mode(n) for n in ep.graph.nodes):
-        return ep
-    return ep.run_decompositions({torch.ops.aten.avg_pool2d.default: avg_pool2d_without_ceil})
+    return calls_decomposed(ep, {torch.ops.aten.avg_pool2d.default: (avg_pool2d_without_ceil, _in_ceil_mode)})
 
 
 @contextlib.contextmanager
-def _native_stderr_to(file):
-    """The process's stderr (file descriptor 2, where the IREE compiler prints its diagnostics) written to
-    ``file`` for the duration; put back as it was after, whatever happens."""
+def _native_stderr_copied_to(printed: bytearray):
+    """What the process prints to its stderr (file descriptor 2, where the IREE compiler prints its
+    diagnostics) for the duration, added to ``printed``; fd 2 put back as it was after, whatever happens,
+    and the text written there, where it would have gone."""
     sys.stderr.flush()
     saved = os.dup(2)
-    try:
-        os.dup2(file.fileno(), 2)
-        yield
-    finally:
-        sys.stderr.flush()
-        os.dup2(saved, 2)
-        os.close(saved)
+    with tempfile.TemporaryFile("w+b") as file:
+        try:
+            os.dup2(file.fileno(), 2)
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            file.seek(0)
+            data = file.read()
+            printed += data
+            while data:
+                data = data[os.write(2, data):]
 
 
-def _first_error(diagnostics) -> str:
+def _first_error(printed: bytes) -> str:
     """The compiler's first ``error:`` line, with the op it names, for "Compilation failed: See diagnostics"
     (turbine's whole message): a failure then says what failed, and failures group by their cause."""
-    diagnostics.seek(0)
-    for line in diagnostics.read().decode("utf-8", "replace").splitlines():
+    for line in bytes(printed).decode("utf-8", "replace").splitlines():
         if "error:" in line:
             return line[line.index("error:"):].strip()[:500]
     return "the compiler printed no error line"
-
-
-def _write_stderr(data: bytes) -> None:
-    """What the compiler printed, to the stderr it would have reached."""
-    sys.stderr.flush()
-    while data:
-        data = data[os.write(2, data):]
 
 
 def load(vmfb: bytes):

@@ -213,15 +213,11 @@ _FOR_TORCHLIB = {
 def _for_torchlib(ep):
     """``ep`` with the calls torchlib translates otherwise than torch computes them rewritten
     (_FOR_TORCHLIB: a histc over the data's extremes, pt2b's exact rewrite; a squeeze naming a dim whose
-    size is not 1, which torch leaves and torchlib removes; a view with a 0 in its size, the empty tensor of that
-    size), in one retrace; ``ep`` itself where there
-    is none."""
-    table = {}
-    for node in ep.graph.nodes:
-        rewrite = _FOR_TORCHLIB.get(node.target)
-        if rewrite is not None and rewrite[1](node):
-            table[node.target] = rewrite[0]
-    return ep.run_decompositions(table) if table else ep
+    size is not 1, which torch leaves and torchlib removes; a view with a 0 in its size, the empty tensor
+    of that size), in one retrace; ``ep`` itself where there is none."""
+    from .program_copy import calls_decomposed
+
+    return calls_decomposed(ep, _FOR_TORCHLIB)
 
 
 def _optimizer_failed(e: BaseException) -> bool:

@@ -7,8 +7,8 @@ import torch.fx
 
 from .._torch.pytree import pytree
 
-__all__ = ["graph_copy", "handed_spec", "node_replaced", "nodes_repaired", "nodes_rewritten", "plain_spec",
-           "program_copy", "program_returning", "program_with"]
+__all__ = ["calls_decomposed", "graph_copy", "handed_spec", "node_replaced", "nodes_repaired", "nodes_rewritten",
+           "plain_spec", "program_copy", "program_returning", "program_with"]
 
 
 def graph_copy(ep: torch.export.ExportedProgram) -> torch.fx.GraphModule:
@@ -51,6 +51,19 @@ def nodes_repaired(ep: torch.export.ExportedProgram, repairs) -> torch.export.Ex
         return next((repair for needs, repair in repairs if needs(node)), None)
 
     return nodes_rewritten(ep, lambda node: needing(node) is not None, lambda graph, node: needing(node)(graph, node))
+
+
+def calls_decomposed(ep: torch.export.ExportedProgram, table: dict) -> torch.export.ExportedProgram:
+    """``ep`` retraced once with run_decompositions, each op of ``table`` (op -> (decomposition, which
+    calls need it)) decomposed where some call of it in the graph needs it (the decomposition returns
+    NotImplemented on the calls it leaves); ``ep`` itself where no call does. A decomposition, not a
+    node rewrite: it is written in ops, shapes and dtypes follow, and the retrace checks it."""
+    decompositions = {}
+    for node in ep.graph.nodes:
+        entry = table.get(node.target)
+        if entry is not None and node.target not in decompositions and entry[1](node):
+            decompositions[node.target] = entry[0]
+    return ep.run_decompositions(decompositions) if decompositions else ep
 
 
 def node_replaced(graph: torch.fx.Graph, node: torch.fx.Node, made: torch.fx.Node) -> None:

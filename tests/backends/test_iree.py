@@ -231,7 +231,7 @@ class _Mask(torch.nn.Module):
         return torch.logsumexp(x, -1) * 2 + x.mean()
 
 
-def test_logsumexp_reaches_iree_decomposed_and_a_failure_names_the_compilers_error(tmp_path, monkeypatch):
+def test_logsumexp_reaches_iree_decomposed_and_a_failure_names_the_compilers_error(tmp_path, monkeypatch, capfd):
     """IREE's compiler cannot lower logsumexp ("failed to legalize operation 'torch.constant.bool'"), which
     its importer takes: the preset gives it torch's own decomposition. Where compilation fails, the error
     says what failed: the compiler's first error line, not only turbine's "See diagnostics"."""
@@ -252,6 +252,7 @@ def test_logsumexp_reaches_iree_decomposed_and_a_failure_names_the_compilers_err
     with pytest.raises(BackendHandOffError, match=r"Compilation failed: See diagnostics: error: failed to legalize "
                                                   r"operation 'torch\.constant\.(int|bool)'"):
         backends.to_backend(kept)
+    assert "error: failed to legalize operation" in capfd.readouterr().err  # (still where it would have gone)
 
 
 class _PaddedToChunks(torch.nn.Module):
