@@ -13,7 +13,6 @@ pip install iree-turbine iree-base-compiler iree-base-runtime
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import tempfile
@@ -73,13 +72,7 @@ def hand_off(ep, *, target_backends: tuple[str, ...] = (TARGET,)):
 
     # (its importer rewrites the nodes it imports in place: it is given a copy, the caller's program kept)
     exported = aot.export(program_copy(_pools_without_ceil(ep)))
-    printed = bytearray()
-    try:
-        with _native_stderr_copied_to(printed):
-            output = exported.compile(save_to=None, target_backends=target_backends)
-    except RuntimeError as e:
-        raise RuntimeError(f"{e}: {_first_error(printed)}") from e
-    vmfb = bytes(output.map_memory())
+    vmfb = _compiled(exported.mlir_module, target_backends)
     return vmfb, ep, load(vmfb)
 
 
@@ -98,32 +91,39 @@ def _pools_without_ceil(ep):
     return calls_decomposed(ep, {torch.ops.aten.avg_pool2d.default: (avg_pool2d_without_ceil, _in_ceil_mode)})
 
 
-@contextlib.contextmanager
-def _native_stderr_copied_to(printed: bytearray):
-    """What the process prints to its stderr (file descriptor 2, where the IREE compiler prints its
-    diagnostics) for the duration, added to ``printed``; fd 2 put back as it was after, whatever happens,
-    and the text written there, where it would have gone."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile("w+b") as file:
-        try:
-            os.dup2(file.fileno(), 2)
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            file.seek(0)
-            data = file.read()
-            printed += data
-            while data:
-                data = data[os.write(2, data):]
+def _compiled(module, target_backends) -> bytes:
+    """``module`` (turbine's MLIR, torch dialect) compiled by the ``iree-compile`` the installed compiler
+    ships, in a process of its own: the compiler aborts or crashes on some programs (audioflamingo3's
+    encoder), which in-process (turbine's ``compile``) ends the caller's process. A failure is an error
+    naming the compiler's first error line (turbine's own says "See diagnostics"); what the compiler
+    prints reaches this process's stderr, as it would in-process."""
+    import signal
+    import subprocess
+
+    from iree.compiler.tools.binaries import find_tool
+
+    with tempfile.TemporaryDirectory(prefix="pt2b_iree_") as folder:
+        source, output = os.path.join(folder, "program.mlirbc"), os.path.join(folder, "program.vmfb")
+        with open(source, "wb") as f:
+            module.write_bytecode(f)
+        done = subprocess.run([find_tool("iree-compile"), source, "--iree-input-type=torch",
+                               "--iree-hal-target-backends=" + ",".join(target_backends), "-o", output],
+                              stdin=subprocess.DEVNULL, capture_output=True)
+        printed = done.stderr.decode("utf-8", "replace")
+        sys.stderr.write(printed)
+        if done.returncode < 0:
+            raise RuntimeError(f"IREE's compiler (iree-compile) was killed by "
+                               f"{signal.Signals(-done.returncode).name}: {_first_error(printed)}")
+        if done.returncode != 0:
+            raise RuntimeError(f"Compilation failed (iree-compile): {_first_error(printed)}")
+        with open(output, "rb") as f:
+            return f.read()
 
 
-def _first_error(printed: bytes) -> str:
-    """The compiler's first ``error:`` line, with the op it names, for "Compilation failed: See diagnostics"
-    (turbine's whole message): a failure then says what failed, and failures group by their cause."""
-    for line in bytes(printed).decode("utf-8", "replace").splitlines():
+def _first_error(printed: str) -> str:
+    """The compiler's first ``error:`` line, with the op it names: a failure then says what failed, and
+    failures group by their cause."""
+    for line in printed.splitlines():
         if "error:" in line:
             return line[line.index("error:"):].strip()[:500]
     return "the compiler printed no error line"

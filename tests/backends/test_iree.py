@@ -249,10 +249,33 @@ def test_logsumexp_reaches_iree_decomposed_and_a_failure_names_the_compilers_err
     monkeypatch.setattr(iree, "_GAPS", ())
     kept = load_for_backend(tmp_path / "m.pt2b", backend="iree", cache=False)
     assert "aten::logsumexp.default" in kept.ops()
-    with pytest.raises(BackendHandOffError, match=r"Compilation failed: See diagnostics: error: failed to legalize "
+    with pytest.raises(BackendHandOffError, match=r"Compilation failed \(iree-compile\): error: failed to legalize "
                                                   r"operation 'torch\.constant\.(int|bool)'"):
         backends.to_backend(kept)
     assert "error: failed to legalize operation" in capfd.readouterr().err  # (still where it would have gone)
+
+
+def test_a_compiler_that_crashes_is_an_error_and_the_process_goes_on(tmp_path, monkeypatch):
+    """IREE's compiler aborts on some programs (audioflamingo3's encoder: SIGABRT, and SIGSEGV on its
+    seq2seq form). It runs in a process of its own, so a crash is an error naming the signal, and the
+    caller's process goes on; the same program then compiles with the real compiler."""
+    import os
+    import stat
+
+    from iree.compiler.tools import binaries
+
+    export_model(_Mask(), (torch.randn(2, 3, 5),), tmp_path / "m.pt2b")
+    lowered = load_for_backend(tmp_path / "m.pt2b", backend="iree", cache=False)
+    crashing = tmp_path / "iree-compile"
+    crashing.write_text('#!/bin/sh\necho "program.mlirbc:3:7: error: boom" >&2\nkill -SEGV $$\n')
+    os.chmod(crashing, stat.S_IRWXU)
+    with monkeypatch.context() as m:
+        m.setattr(binaries, "find_tool", lambda name: str(crashing))
+        with pytest.raises(BackendHandOffError, match=r"IREE's compiler \(iree-compile\) was killed by SIGSEGV: "
+                                                      r"error: boom"):
+            backends.to_backend(lowered)
+    x = torch.randn(2, 3, 5)
+    torch.testing.assert_close(backends.to_backend(lowered)(x), _Mask()(x), rtol=1e-5, atol=1e-5)
 
 
 class _PaddedToChunks(torch.nn.Module):
