@@ -71,7 +71,7 @@ def hand_off(ep, *, target_backends: tuple[str, ...] = (TARGET,)):
     from .program_copy import program_copy
 
     # (its importer rewrites the nodes it imports in place: it is given a copy, the caller's program kept)
-    exported = aot.export(program_copy(_pools_without_ceil(ep)))
+    exported = aot.export(program_copy(_rewritten_for_iree(ep)))
     vmfb = _compiled(exported.mlir_module, target_backends)
     return vmfb, ep, load(vmfb)
 
@@ -80,15 +80,29 @@ def _in_ceil_mode(node) -> bool:
     return bool(node.args[4] if len(node.args) > 4 else node.kwargs.get("ceil_mode", False))
 
 
-def _pools_without_ceil(ep):
-    """``ep`` with each average pool in ceil mode rewritten without it (lowering/rewrites, exact; torch's
-    pool for any other call), in one retrace; ``ep`` itself where there is none. IREE's compiler
+def _unsorted(node) -> bool:
+    return not (node.args[4] if len(node.args) > 4 else node.kwargs.get("sorted", True))
+
+
+def _topk_sorted(x, k, dim=-1, largest=True, sorted=True):
+    # the order of an unsorted topk's values is unspecified: sorted is one order it may return
+    if sorted:
+        return NotImplemented
+    return torch.ops.aten.topk.default(x, k, dim, largest, True)
+
+
+def _rewritten_for_iree(ep):
+    """``ep`` with what IREE's compiler cannot lower rewritten, in one retrace (``ep`` itself where there
+    is nothing): each average pool in ceil mode without it (lowering/rewrites, exact), as the compiler
     miscomputes the size of the last windows ("'linalg.generic' op inferred input/output operand #1 has
-    shape's dimension #0 to be 258, but found 256": efficientnet's and align's final pool)."""
+    shape's dimension #0 to be 258, but found 256": efficientnet's and align's final pool); each
+    unsorted topk sorted, as it lowers only a sorted one ("failed to legalize operation
+    'torch.constant.bool'": the routers of most mixtures of experts)."""
     from ..lowering.rewrites import avg_pool2d_without_ceil
     from .program_copy import calls_decomposed
 
-    return calls_decomposed(ep, {torch.ops.aten.avg_pool2d.default: (avg_pool2d_without_ceil, _in_ceil_mode)})
+    return calls_decomposed(ep, {torch.ops.aten.avg_pool2d.default: (avg_pool2d_without_ceil, _in_ceil_mode),
+                                 torch.ops.aten.topk.default: (_topk_sorted, _unsorted)})
 
 
 def _compiled(module, target_backends) -> bytes:
@@ -106,8 +120,10 @@ def _compiled(module, target_backends) -> bytes:
         source, output = os.path.join(folder, "program.mlirbc"), os.path.join(folder, "program.vmfb")
         with open(source, "wb") as f:
             module.write_bytecode(f)
-        done = subprocess.run([find_tool("iree-compile"), source, "--iree-input-type=torch",
-                               "--iree-hal-target-backends=" + ",".join(target_backends), "-o", output],
+        flags = ["--iree-input-type=torch", "--iree-hal-target-backends=" + ",".join(target_backends)]
+        if "llvm-cpu" in target_backends:  # the compiler's default, said so (else it warns on every program)
+            flags.append("--iree-llvmcpu-target-cpu=generic")
+        done = subprocess.run([find_tool("iree-compile"), source, *flags, "-o", output],
                               stdin=subprocess.DEVNULL, capture_output=True)
         printed = done.stderr.decode("utf-8", "replace")
         sys.stderr.write(printed)

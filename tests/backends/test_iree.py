@@ -278,6 +278,44 @@ def test_a_compiler_that_crashes_is_an_error_and_the_process_goes_on(tmp_path, m
     torch.testing.assert_close(backends.to_backend(lowered)(x), _Mask()(x), rtol=1e-5, atol=1e-5)
 
 
+class _Router(torch.nn.Module):
+    """A mixture of experts' router: the top two experts, unsorted (their order does not matter)."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = torch.nn.Linear(8, 6)
+        self.experts = torch.nn.Embedding(6, 8)
+
+    def forward(self, x):
+        weights, picked = torch.topk(self.gate(x).softmax(-1), 2, dim=-1, sorted=False)
+        return x * weights.sum(-1, keepdim=True) + self.experts(picked).sum(-2)
+
+
+def test_an_unsorted_topk_is_handed_over_sorted(tmp_path, monkeypatch):
+    """IREE lowers only a sorted topk ("failed to legalize operation 'torch.constant.bool'" on an unsorted
+    one: the routers of most mixtures of experts). An unsorted topk's order is unspecified, so the
+    hand-off sorts it; a sorted one is left as it is."""
+    from exporter.backends import iree
+
+    model = _Router().eval()
+    export_model(model, (torch.randn(5, 8),), tmp_path / "m.pt2b", dynamic_shapes=({0: torch.export.Dim("n")},))
+    lowered = load_for_backend(tmp_path / "m.pt2b", backend="iree", cache=False)
+    handed = iree._rewritten_for_iree(lowered.exported_program())
+    def unsorted(ep):
+        return [iree._unsorted(n) for n in ep.graph.nodes if n.target is torch.ops.aten.topk.default]
+
+    before, after = unsorted(lowered.exported_program()), unsorted(handed)
+    assert (before, after) == ([True], [False])
+    compiled = backends.to_backend(lowered)
+    x = torch.randn(9, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(iree, "_unsorted", lambda node: False)
+    with pytest.raises(BackendHandOffError, match=r"Compilation failed \(iree-compile\): error: failed to legalize "
+                                                  r"operation 'torch\.constant\.bool'"):
+        backends.to_backend(lowered)
+
+
 class _PaddedToChunks(torch.nn.Module):
     """mamba2's, qwen3_5's and olmo_hybrid's chunked scans pad the sequence to a multiple of the chunk."""
 
@@ -357,13 +395,13 @@ def test_an_average_pool_in_ceil_mode_runs_on_iree_without_it(tmp_path, monkeypa
     model = _Pools()
     export_model(model, (torch.randn(2, 4, 7, 7),), tmp_path / "p.pt2b")
     lowered = load_for_backend(tmp_path / "p.pt2b", backend="iree", cache=False)
-    handed = iree._pools_without_ceil(lowered.exported_program())
+    handed = iree._rewritten_for_iree(lowered.exported_program())
     pools = [n for n in handed.graph.nodes if n.target is torch.ops.aten.avg_pool2d.default]
     assert len(pools) == 5 and not any(iree._in_ceil_mode(n) for n in pools)  # (two per rewritten pool)
     compiled = backends.to_backend(lowered)
     x = torch.randn(2, 4, 7, 7)
     for got, want in zip(compiled(x), model(x)):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    monkeypatch.setattr(iree, "_pools_without_ceil", lambda ep: ep)
+    monkeypatch.setattr(iree, "_rewritten_for_iree", lambda ep: ep)
     with pytest.raises(BackendHandOffError, match=r"'linalg\.generic' op inferred input/output operand"):
         backends.to_backend(lowered)
