@@ -71,7 +71,7 @@ def hand_off(ep, *, target_backends: tuple[str, ...] = (TARGET,)):
     from .program_copy import program_copy
 
     # (its importer rewrites the nodes it imports in place: it is given a copy, the caller's program kept)
-    exported = aot.export(program_copy(_rewritten_for_iree(ep)))
+    exported = aot.export(program_copy(_views_of_sizes_named(_rewritten_for_iree(ep))))
     vmfb = _compiled(exported.mlir_module, target_backends)
     return vmfb, ep, load(vmfb)
 
@@ -103,6 +103,43 @@ def _rewritten_for_iree(ep):
 
     return calls_decomposed(ep, {torch.ops.aten.avg_pool2d.default: (avg_pool2d_without_ceil, _in_ceil_mode),
                                  torch.ops.aten.topk.default: (_topk_sorted, _unsorted)})
+
+
+_VIEWS = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default, torch.ops.aten.reshape.default)
+
+
+def _infers_a_dynamic_size(node) -> bool:
+    """A view whose size has a -1, and a literal size torch records as an expression of the sizes."""
+    if node.target not in _VIEWS or not isinstance(node.meta.get("val"), torch.Tensor):
+        return False
+    size = node.args[1] if len(node.args) > 1 else node.kwargs.get("size", ())
+    return -1 in [s for s in size if type(s) is int] and any(
+        type(s) is int and s != -1 and not isinstance(d, int) for s, d in zip(size, node.meta["val"].shape))
+
+
+def _view_of_sizes_named(x, size):
+    # (the size a -1 stands for, from the input's sizes: a product of its dims over the sizes named)
+    if -1 not in [s for s in size if type(s) is int]:
+        return NotImplemented
+    at, rest = size.index(-1), 1
+    for s in size[:size.index(-1)] + size[size.index(-1) + 1:]:
+        rest = rest * s
+    numel = 1
+    for d in x.shape:
+        numel = numel * d
+    return torch.ops.aten.view.default(x, [*size[:at], numel // rest, *size[at + 1:]])
+
+
+def _views_of_sizes_named(ep):
+    """``ep`` with the -1 of each view over dynamic sizes replaced by the size it stands for, computed
+    from its input's sizes, in one retrace. torch's view of (b, X, h) as (b, -1, 8, h) records the 8 as
+    ``X // (X // 8)``, which torch-mlir's importer can only type as unknown, and IREE's compiler then
+    miscomputes a slice of it ("expected sizes to be non-negative, but got -1": the chunked scans of
+    bamba, zamba2 and granitemoehybrid, which pad the sequence to a multiple of the chunk). Named, the
+    sizes come out as the literal numbers they are."""
+    from .program_copy import calls_decomposed
+
+    return calls_decomposed(ep, {op: (_view_of_sizes_named, _infers_a_dynamic_size) for op in _VIEWS})
 
 
 def _compiled(module, target_backends) -> bytes:

@@ -316,6 +316,41 @@ def test_an_unsorted_topk_is_handed_over_sorted(tmp_path, monkeypatch):
         backends.to_backend(lowered)
 
 
+class _ChunkedScan(torch.nn.Module):
+    """bamba's, zamba2's and granitemoehybrid's chunked scans: the sequence padded to a multiple of the
+    chunk, viewed as (batch, -1, chunk, heads), a cumulative sum over the chunk, its last element."""
+
+    def forward(self, x):
+        pad = (8 - x.shape[1] % 8) % 8
+        y = torch.nn.functional.pad(x, (0, 0, 0, pad)).view(2, -1, 8, 4).permute(0, 3, 1, 2).cumsum(-1)
+        return y[:, :, :, -1:] * 2
+
+
+def test_a_view_to_chunks_names_the_size_of_its_minus_one(tmp_path, monkeypatch):
+    """torch records the chunk's 8 in a view of (b, X, h) as (b, -1, 8, h) as ``X // (X // 8)``, which IREE
+    cannot tell is 8, and it then miscomputes the slice of the last element ("expected sizes to be
+    non-negative, but got -1"). Handed over with the -1 named, the 8 is a number again."""
+    from exporter.backends import iree
+
+    model = _ChunkedScan()
+    export_model(model, (torch.randn(2, 21, 4),), tmp_path / "m.pt2b", dynamic_shapes=({1: torch.export.Dim.AUTO},))
+    lowered = load_for_backend(tmp_path / "m.pt2b", backend="iree", cache=False)
+
+    def chunk(ep):
+        return [n.meta["val"].shape[2] for n in ep.graph.nodes if n.target is torch.ops.aten.view.default]
+
+    assert [isinstance(c, int) for c in chunk(lowered.exported_program())] == [False]
+    assert chunk(iree._views_of_sizes_named(lowered.exported_program())) == [8]
+    compiled = backends.to_backend(lowered)
+    for n in (3, 16, 37):
+        x = torch.randn(2, n, 4)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(iree, "_infers_a_dynamic_size", lambda node: False)
+    with pytest.raises(BackendHandOffError, match=r"Compilation failed \(iree-compile\): error: expected sizes to be "
+                                                  r"non-negative, but got -1"):
+        backends.to_backend(lowered)
+
+
 class _PaddedToChunks(torch.nn.Module):
     """mamba2's, qwen3_5's and olmo_hybrid's chunked scans pad the sequence to a multiple of the chunk."""
 
