@@ -20,6 +20,7 @@ import tempfile
 import torch
 
 from . import Backend, calling
+from .complex_pairs import complex_as_real_pairs
 
 TARGET = "llvm-cpu"
 DRIVER = "local-task"
@@ -71,7 +72,10 @@ def hand_off(ep, *, target_backends: tuple[str, ...] = (TARGET,)):
     from .program_copy import program_copy
 
     # (its importer rewrites the nodes it imports in place: it is given a copy, the caller's program kept)
-    exported = aot.export(program_copy(_views_of_sizes_named(_rewritten_for_iree(ep))))
+    # complex tensors as real pairs: IREE computes a product of complex tensors wrong (2.0 relative off on
+    # DeepSeek-V2's rotary embedding) or refuses it (DeepSeek-V2's and Llama 4's own: "Failed to
+    # canonicalize the _assert_tensor_metadata op since the dtype does not match")
+    exported = aot.export(program_copy(_views_of_sizes_named(_rewritten_for_iree(complex_as_real_pairs(ep)))))
     vmfb = _compiled(exported.mlir_module, target_backends)
     return vmfb, ep, load(vmfb)
 

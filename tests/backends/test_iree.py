@@ -14,7 +14,7 @@ pytest.importorskip("iree.turbine.aot")
 pytest.importorskip("iree.runtime")
 
 from exporter import backends, export_model, load_for_backend  # noqa: E402
-from exporter.errors import BackendHandOffError  # noqa: E402
+from exporter.errors import BackendHandOffError, BackendResultError  # noqa: E402
 
 pytestmark = pytest.mark.backends
 
@@ -349,6 +349,43 @@ def test_a_view_to_chunks_names_the_size_of_its_minus_one(tmp_path, monkeypatch)
     with pytest.raises(BackendHandOffError, match=r"Compilation failed \(iree-compile\): error: expected sizes to be "
                                                   r"non-negative, but got -1"):
         backends.to_backend(lowered)
+
+
+class _Rotary(torch.nn.Module):
+    """DeepSeek-V2's rotary embedding: the queries viewed as complex numbers, turned by a product."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, 8, 2).float() / 8)), persistent=False)
+        self.q = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        t = torch.arange(x.shape[1], dtype=torch.float32)
+        cis = torch.polar(torch.ones_like(t)[:, None], torch.outer(t, self.inv_freq))
+        q = torch.view_as_complex(self.q(x).reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(q * cis.unsqueeze(0)).flatten(2)
+
+
+def test_a_rotary_embedding_on_complex_numbers_runs_on_iree_as_real_pairs(tmp_path, monkeypatch):
+    """IREE computes a product of complex tensors wrong (the hand-off check catches it), and refuses
+    DeepSeek-V2's and Llama 4's own rotary embeddings: the hand-off gives complex tensors as real pairs."""
+    from exporter.backends import iree
+
+    torch.manual_seed(0)
+    model = _Rotary().eval()
+    export_model(model, (torch.randn(2, 5, 8),), tmp_path / "m.pt2b",
+                 dynamic_shapes=({1: torch.export.Dim("s", min=2, max=64)},))
+    lowered = load_for_backend(tmp_path / "m.pt2b", backend="iree", cache=False)
+    assert "aten::view_as_complex.default" in lowered.ops()
+    with monkeypatch.context() as m:
+        m.setattr(iree, "complex_as_real_pairs", lambda ep: ep)
+        with pytest.raises(BackendResultError, match="the backend computes something else"):
+            backends.to_backend(lowered)
+    compiled = backends.to_backend(lowered)
+    for n in (5, 11):
+        x = torch.randn(2, n, 8)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
 
 
 class _PaddedToChunks(torch.nn.Module):
