@@ -20,6 +20,7 @@ import tempfile
 import torch
 
 from . import Backend, calling
+from ..lowering.rewrites import avg_pool2d_without_ceil
 from .complex_pairs import complex_as_real_pairs
 
 TARGET = "llvm-cpu"
@@ -95,17 +96,122 @@ def _topk_sorted(x, k, dim=-1, largest=True, sorted=True):
     return torch.ops.aten.topk.default(x, k, dim, largest, True)
 
 
+def _cut_dims(shape, kernel, stride, padding, dilation) -> list[int]:
+    """The spatial dims (of ``shape``'s, static) where a pool or convolution makes one window that does not
+    reach the padded input's end: IREE's compiler miscomputes those ("'linalg.generic' op inferred
+    input/output operand #1 has shape's dimension #0 to be 4, but found 3")."""
+    if not all(isinstance(s, int) for s in shape):
+        return []
+    n = len(shape)
+    kernel, stride, padding, dilation = (_per_dim(v, n, d) for v, d in
+                                         ((kernel, None), (stride, kernel), (padding, 0), (dilation, 1)))
+    cut = []
+    for i in range(n):
+        reach = dilation[i] * (kernel[i] - 1) + 1
+        if (shape[i] + 2 * padding[i] - reach) // stride[i] + 1 == 1 and reach < shape[i] + 2 * padding[i]:
+            cut.append(i)
+    return cut
+
+
+def _per_dim(value, n: int, default) -> list[int]:
+    if value is None or (not isinstance(value, int) and len(value) == 0):
+        value = default
+    values = [value] * n if isinstance(value, int) else list(value)
+    return values * n if len(values) == 1 else values
+
+
+def _whole_windows(x, cut, kernel, padding, dilation):
+    """``x`` padded with zeros by ``padding`` and cut, in each dim of ``cut``, to the one window's reach."""
+    n = x.dim() - 2
+    kernel, padding, dilation = _per_dim(kernel, n, None), _per_dim(padding, n, 0), _per_dim(dilation, n, 1)
+    if any(padding):
+        x = torch.ops.aten.constant_pad_nd.default(x, [p for p in reversed(padding) for _ in (0, 1)], 0.0)
+    for i in cut:
+        x = torch.ops.aten.slice.Tensor(x, 2 + i, 0, dilation[i] * (kernel[i] - 1) + 1)
+    return x
+
+
+def _convolution_of_whole_windows(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    # (a window that leaves the input's end unread reads the same values from the input cut to its reach)
+    cut = [] if transposed else _cut_dims(x.shape[2:], weight.shape[2:], stride, padding, dilation)
+    if not cut:
+        return NotImplemented
+    return torch.ops.aten.convolution.default(_whole_windows(x, cut, weight.shape[2:], padding, dilation), weight,
+                                              bias, stride, [0] * (x.dim() - 2), dilation, False, output_padding,
+                                              groups)
+
+
+def _avg_pool2d_for_iree(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+                         divisor_override=None):
+    if ceil_mode:
+        return avg_pool2d_without_ceil(x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                                       divisor_override)
+    cut = _cut_dims(x.shape[-2:], kernel_size, stride, padding, 1)
+    if not cut or (any(_per_dim(padding, 2, 0)) and not count_include_pad):
+        return NotImplemented  # (zeros padded ahead would count where the pool counts only the input)
+    stride = _per_dim(stride, 2, kernel_size)
+    return torch.ops.aten.avg_pool2d.default(_whole_windows(x, cut, kernel_size, padding, 1), kernel_size, stride,
+                                             [0, 0], False, True, divisor_override)
+
+
+def _max_pool2d_of_whole_windows(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    cut = _cut_dims(x.shape[-2:], kernel_size, stride, padding, dilation)
+    if not cut or ceil_mode or any(_per_dim(padding, 2, 0)):
+        return NotImplemented
+    return torch.ops.aten.max_pool2d.default(_whole_windows(x, cut, kernel_size, 0, dilation), kernel_size,
+                                             _per_dim(stride, 2, kernel_size), [0, 0], dilation, False)
+
+
+def _max_pool2d_with_indices_of_whole_windows(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    # (an index is a position in the input's plane, h * width + w: the same in an input cut in height only)
+    cut = _cut_dims(x.shape[-2:], kernel_size, stride, padding, dilation)
+    if not cut or 1 in cut or ceil_mode or any(_per_dim(padding, 2, 0)):
+        return NotImplemented
+    return torch.ops.aten.max_pool2d_with_indices.default(
+        _whole_windows(x, cut, kernel_size, 0, dilation), kernel_size, _per_dim(stride, 2, kernel_size), [0, 0],
+        dilation, False)
+
+
+def _meta(node, i, default=None):
+    arg = node.args[i] if len(node.args) > i else default
+    return arg.meta.get("val") if isinstance(arg, torch.fx.Node) else arg
+
+
+def _convolution_cut(node) -> bool:
+    x, w = _meta(node, 0), _meta(node, 1)
+    return (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and not _meta(node, 6)
+            and bool(_cut_dims(x.shape[2:], w.shape[2:], _meta(node, 3), _meta(node, 4), _meta(node, 5))))
+
+
+def _avg_pool2d_needs(node) -> bool:
+    x = _meta(node, 0)
+    return _in_ceil_mode(node) or (isinstance(x, torch.Tensor) and bool(
+        _cut_dims(x.shape[-2:], _meta(node, 1), _meta(node, 2, ()), _meta(node, 3, 0), 1)))
+
+
+def _max_pool2d_cut(node) -> bool:
+    x = _meta(node, 0)
+    return isinstance(x, torch.Tensor) and bool(
+        _cut_dims(x.shape[-2:], _meta(node, 1), _meta(node, 2, ()), _meta(node, 3, 0), _meta(node, 4, 1)))
+
+
 def _rewritten_for_iree(ep):
     """``ep`` with what IREE's compiler cannot lower rewritten, in one retrace (``ep`` itself where there
     is nothing): each average pool in ceil mode without it (lowering/rewrites, exact), as the compiler
     miscomputes the size of the last windows ("'linalg.generic' op inferred input/output operand #1 has
-    shape's dimension #0 to be 258, but found 256": efficientnet's and align's final pool); each
-    unsorted topk sorted, as it lowers only a sorted one ("failed to legalize operation
-    'torch.constant.bool'": the routers of most mixtures of experts)."""
-    from ..lowering.rewrites import avg_pool2d_without_ceil
+    shape's dimension #0 to be 258, but found 256": efficientnet's and align's final pool); a pool or
+    convolution making one window in a dim that leaves the input's end unread over the input cut to that
+    window's reach (_cut_dims: pp_ocr's pool, mobilevit's and vibevoice's convolutions); each unsorted
+    topk sorted, as it lowers only a sorted one ("failed to legalize operation 'torch.constant.bool'":
+    the routers of most mixtures of experts)."""
     from .program_copy import calls_decomposed
 
-    return calls_decomposed(ep, {torch.ops.aten.avg_pool2d.default: (avg_pool2d_without_ceil, _in_ceil_mode),
+    return calls_decomposed(ep, {torch.ops.aten.avg_pool2d.default: (_avg_pool2d_for_iree, _avg_pool2d_needs),
+                                 torch.ops.aten.max_pool2d.default: (_max_pool2d_of_whole_windows, _max_pool2d_cut),
+                                 torch.ops.aten.max_pool2d_with_indices.default: (
+                                     _max_pool2d_with_indices_of_whole_windows, _max_pool2d_cut),
+                                 torch.ops.aten.convolution.default: (_convolution_of_whole_windows,
+                                                                      _convolution_cut),
                                  torch.ops.aten.topk.default: (_topk_sorted, _unsorted)})
 
 

@@ -388,6 +388,43 @@ def test_a_rotary_embedding_on_complex_numbers_runs_on_iree_as_real_pairs(tmp_pa
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
 
 
+class _OneWindow(torch.nn.Module):
+    """Pools and convolutions making one window in a dim that leaves the input's end unread: mobilevit's
+    depthwise convolution (3x3, stride 2, on 2x2), vibevoice's (16 wide on 18), pp_ocr's pool (3x2 on 4)."""
+
+    def __init__(self):
+        super().__init__()
+        self.depthwise = torch.nn.Conv2d(4, 4, 3, stride=2, padding=1, groups=4)
+        self.wide = torch.nn.Conv1d(4, 4, 16, stride=8)
+
+    def forward(self, image, sound):
+        pools = torch.nn.functional.avg_pool2d(image, (3, 2)) + torch.nn.functional.max_pool2d(image, (3, 2))
+        return self.depthwise(image[:, :, :2, :2]), self.wide(sound), pools
+
+
+def test_a_single_window_that_leaves_the_input_end_unread_is_handed_over_cut_to_its_reach(tmp_path, monkeypatch):
+    """IREE's compiler miscomputes a pool or convolution making one window in a dim whose input it does not
+    reach the end of ("'linalg.generic' op inferred input/output operand #1 has shape's dimension #0 to
+    be 4, but found 3"): the hand-off gives it the input cut to the window's reach (padded ahead for a
+    convolution), the same values."""
+    from exporter.backends import iree
+
+    torch.manual_seed(0)
+    model = _OneWindow().eval()
+    args = (torch.randn(2, 4, 4, 16), torch.randn(2, 4, 18))
+    export_model(model, args, tmp_path / "m.pt2b")
+    lowered = load_for_backend(tmp_path / "m.pt2b", backend="iree", cache=False)
+    compiled = backends.to_backend(lowered)
+    with torch.no_grad():
+        for got, want in zip(compiled(*args), model(*args)):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert iree._cut_dims((4, 16), (3, 2), (), 0, 1) == [0]  # (16 is 8 windows of 2: not cut)
+    assert iree._cut_dims((5, 5), 3, 2, 1, 1) == []  # (two windows: IREE computes those)
+    monkeypatch.setattr(iree, "_cut_dims", lambda *a: [])
+    with pytest.raises(BackendHandOffError, match=r"inferred input/output operand #1 has shape's dimension"):
+        backends.to_backend(lowered)
+
+
 class _PaddedToChunks(torch.nn.Module):
     """mamba2's, qwen3_5's and olmo_hybrid's chunked scans pad the sequence to a multiple of the chunk."""
 
