@@ -61,8 +61,9 @@ def _table() -> dict:
 # 'torch.constant.int'" or '...bool' on its arguments, any dim; granite_swa's sliding-window mask); a
 # weight norm over a dim ("'tensor.cast' op operand type 'tensor<1x1x?xf32>' and result type
 # 'tensor<64x16x16xf32>' are cast incompatible": the positional convolutions of hubert, wav2vec2 and the
-# speech encoders built on them)
-_GAPS = ("aten::logsumexp.default", "aten::_weight_norm_interface.default")
+# speech encoders built on them); index_add ("failed to legalize operation 'torch.operator' that was
+# explicitly marked illegal ... torch.aten.index_add": jetmoe's experts; an index_put that accumulates)
+_GAPS = ("aten::logsumexp.default", "aten::_weight_norm_interface.default", "aten::index_add.default")
 
 
 def hand_off(ep, *, target_backends: tuple[str, ...] = (TARGET,)):

@@ -425,6 +425,29 @@ def test_a_single_window_that_leaves_the_input_end_unread_is_handed_over_cut_to_
         backends.to_backend(lowered)
 
 
+class _IndexAdd(torch.nn.Module):
+    """jetmoe's experts add their outputs into the tokens' rows with index_add."""
+
+    def forward(self, x, rows, values):
+        return x.index_add(0, rows, values) * 2
+
+
+def test_index_add_reaches_iree_as_torchs_accumulating_index_put(tmp_path, monkeypatch):
+    from exporter.backends import iree
+
+    args = (torch.randn(6, 4), torch.tensor([0, 2, 2, 5]), torch.randn(4, 4))
+    n = torch.export.Dim("n")
+    export_model(_IndexAdd(), args, tmp_path / "m.pt2b", dynamic_shapes=(None, {0: n}, {0: n}))
+    lowered = load_for_backend(tmp_path / "m.pt2b", backend="iree", cache=False)
+    assert "aten::index_add.default" not in lowered.ops()
+    compiled = backends.to_backend(lowered)
+    torch.testing.assert_close(compiled(*args), _IndexAdd()(*args), rtol=1e-6, atol=1e-6)
+    monkeypatch.setattr(iree, "_GAPS", tuple(g for g in iree._GAPS if g != "aten::index_add.default"))
+    kept = load_for_backend(tmp_path / "m.pt2b", backend="iree", cache=False)
+    with pytest.raises(BackendHandOffError, match=r"explicitly marked illegal"):
+        backends.to_backend(kept)
+
+
 class _PaddedToChunks(torch.nn.Module):
     """mamba2's, qwen3_5's and olmo_hybrid's chunked scans pad the sequence to a multiple of the chunk."""
 
