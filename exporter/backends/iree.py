@@ -13,6 +13,7 @@ pip install iree-turbine iree-base-compiler iree-base-runtime
 
 from __future__ import annotations
 
+import operator
 import os
 import sys
 import tempfile
@@ -77,7 +78,8 @@ def hand_off(ep, *, target_backends: tuple[str, ...] = (TARGET,)):
     # complex tensors as real pairs: IREE computes a product of complex tensors wrong (2.0 relative off on
     # DeepSeek-V2's rotary embedding) or refuses it (DeepSeek-V2's and Llama 4's own: "Failed to
     # canonicalize the _assert_tensor_metadata op since the dtype does not match")
-    exported = aot.export(program_copy(_views_of_sizes_named(_rewritten_for_iree(complex_as_real_pairs(ep)))))
+    handed = _rewritten_for_iree(complex_as_real_pairs(ep))
+    exported = aot.export(program_copy(_splits_as_slices(_views_of_sizes_named(handed))))
     vmfb = _compiled(exported.mlir_module, target_backends)
     return vmfb, ep, load(vmfb)
 
@@ -251,6 +253,39 @@ def _views_of_sizes_named(ep):
     from .program_copy import calls_decomposed
 
     return calls_decomposed(ep, {op: (_view_of_sizes_named, _infers_a_dynamic_size) for op in _VIEWS})
+
+
+def _split_by_a_size_of_data(node) -> bool:
+    """A split into pieces of a size that is a symbol, each piece read by a getitem."""
+    return (node.target is torch.ops.aten.split.Tensor and len(node.args) > 1
+            and isinstance(node.args[1], torch.fx.Node) and isinstance(node.meta.get("val"), (list, tuple))
+            and all(u.target is operator.getitem for u in node.users))
+
+
+def _splits_as_slices(ep):
+    """``ep`` with each split into pieces of a symbolic size given as its pieces' slices (piece i: from
+    i * size to (i + 1) * size, the last to the end): IREE's compiler cannot lower a split whose size is
+    not a number ("failed to legalize operation 'torch.constant.int'": prophetnet's attention splits its
+    projection in three by the sequence's length)."""
+    from .program_copy import node_replaced, nodes_rewritten
+
+    def sliced(graph, node):
+        x, size = node.args[0], node.args[1]
+        dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
+        last = len(node.meta["val"]) - 1
+        for user in list(node.users):
+            i = user.args[1]
+            start = graph.call_function(operator.mul, (size, i)) if i else 0
+            end = graph.call_function(operator.mul, (size, i + 1)) if i < last else sys.maxsize
+            for bound, factor in ((start, i), (end, i + 1)):
+                if isinstance(bound, torch.fx.Node):
+                    bound.meta["val"] = size.meta["val"] * factor
+            piece = graph.call_function(torch.ops.aten.slice.Tensor, (x, dim, start, end))
+            piece.meta = dict(user.meta)
+            node_replaced(graph, user, piece)
+        graph.erase_node(node)
+
+    return nodes_rewritten(ep, _split_by_a_size_of_data, sliced)
 
 
 def _compiled(module, target_backends) -> bytes:

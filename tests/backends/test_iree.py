@@ -35,7 +35,8 @@ def test_the_preset_is_torchs_implicit_decompositions_with_turbines_own_over_the
     cia = {op for op in torch.export.default_decompositions()
            if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd")}
     # (what IREE's compiler cannot lower: torch's decompositions)
-    gaps = {torch.ops.aten.logsumexp.default, torch.ops.aten._weight_norm_interface.default}
+    gaps = {torch.ops.aten.logsumexp.default, torch.ops.aten._weight_norm_interface.default,
+            torch.ops.aten.index_add.default}
     assert set(table) == cia | {op for op in turbine if isinstance(op, torch._ops.OpOverload)} | gaps
     bn = torch.ops.aten._native_batch_norm_legit_no_training.default
     assert table[bn] is turbine[bn] and torch.ops.aten.diff.default in table
@@ -446,6 +447,29 @@ def test_index_add_reaches_iree_as_torchs_accumulating_index_put(tmp_path, monke
     kept = load_for_backend(tmp_path / "m.pt2b", backend="iree", cache=False)
     with pytest.raises(BackendHandOffError, match=r"explicitly marked illegal"):
         backends.to_backend(kept)
+
+
+class _SplitByLength(torch.nn.Module):
+    """prophetnet's attention splits a projection in three by the sequence's length."""
+
+    def forward(self, x):
+        first, second, third = torch.cat([x, x * 2, x * 3], dim=1).split(x.shape[1], dim=1)
+        return first + second * third
+
+
+def test_a_split_by_a_symbolic_size_reaches_iree_as_slices(tmp_path, monkeypatch):
+    from exporter.backends import iree
+
+    export_model(_SplitByLength(), (torch.randn(2, 5, 4),), tmp_path / "m.pt2b",
+                 dynamic_shapes=({1: torch.export.Dim.AUTO},))
+    lowered = load_for_backend(tmp_path / "m.pt2b", backend="iree", cache=False)
+    compiled = backends.to_backend(lowered)
+    for n in (3, 7):
+        x = torch.randn(2, n, 4)
+        torch.testing.assert_close(compiled(x), _SplitByLength()(x), rtol=1e-6, atol=1e-6)
+    monkeypatch.setattr(iree, "_split_by_a_size_of_data", lambda node: False)
+    with pytest.raises(BackendHandOffError, match=r"failed to legalize operation 'torch\.constant\.int'"):
+        backends.to_backend(lowered)
 
 
 class _PaddedToChunks(torch.nn.Module):
