@@ -79,7 +79,8 @@ def hand_off(ep, *, target_backends: tuple[str, ...] = (TARGET,)):
     # DeepSeek-V2's rotary embedding) or refuses it (DeepSeek-V2's and Llama 4's own: "Failed to
     # canonicalize the _assert_tensor_metadata op since the dtype does not match")
     handed = _rewritten_for_iree(complex_as_real_pairs(ep))
-    exported = aot.export(program_copy(_splits_as_slices(_views_of_sizes_named(handed))))
+    handed = _sums_of_fills_counted(_splits_as_slices(_views_of_sizes_named(handed)))
+    exported = aot.export(program_copy(handed))
     vmfb = _compiled(exported.mlir_module, target_backends)
     return vmfb, ep, load(vmfb)
 
@@ -286,6 +287,58 @@ def _splits_as_slices(ep):
         graph.erase_node(node)
 
     return nodes_rewritten(ep, _split_by_a_size_of_data, sliced)
+
+
+_EMPTY = (torch.ops.aten.empty_strided.default, torch.ops.aten.empty.memory_format)
+
+
+def _filled(node) -> tuple | None:
+    """(size, number) of a node making a tensor filled with one number: ones, full, or an empty tensor
+    filled (how torch.export records ``torch.full``); None for any other node."""
+    if not isinstance(node, torch.fx.Node) or node.kwargs.get("layout") not in (None, torch.strided):
+        return None
+    if node.target is torch.ops.aten.ones.default:
+        return list(node.args[0]), 1
+    if node.target is torch.ops.aten.full.default:
+        return list(node.args[0]), node.args[1]
+    if node.target is torch.ops.aten.fill.Scalar and getattr(node.args[0], "target", None) in _EMPTY:
+        return list(node.args[0].args[0]), node.args[1]
+    return None
+
+
+def _sum_of_a_fill(node) -> bool:
+    """A cumulative sum of a tensor filled with one number (``attention_mask.cumsum`` of a mask of ones)."""
+    return (node.target is torch.ops.aten.cumsum.default and _filled(node.args[0]) is not None
+            and isinstance(node.meta.get("val"), torch.Tensor))
+
+
+def _sums_of_fills_counted(ep):
+    """``ep`` with each cumulative sum of a tensor filled with ``v`` given as ``v * (1, 2, ..., n)`` along
+    its dim, expanded to the fill's size (the same numbers). IREE's compiler fuses the fill into the
+    scan and sizes a stack buffer by the dim's bound, 2**53 for a sequence's length ("exceeded stack
+    allocation limit of 32768 bytes": opt's and prophetnet's positions, counted from a mask of ones)."""
+    from .program_copy import node_replaced, nodes_rewritten
+
+    def counted(graph, node):
+        want = node.meta["val"]
+        dim = node.args[1] % want.dim()
+        size, value = _filled(node.args[0])
+
+        def emit(target, *args, **kwargs):
+            made = graph.call_function(target, args, kwargs)
+            vals = torch.fx.node.map_arg((args, kwargs), lambda n: n.meta["val"])
+            with want.fake_mode:
+                made.meta["val"] = target(*vals[0], **vals[1])
+            return made
+
+        counts = emit(torch.ops.aten.add.Tensor, emit(torch.ops.aten.arange.default, size[dim], dtype=want.dtype,
+                                                      device=want.device), 1)
+        if value != 1:
+            counts = emit(torch.ops.aten.mul.Tensor, counts, value)
+        along = emit(torch.ops.aten.view.default, counts, [size[dim] if i == dim else 1 for i in range(want.dim())])
+        node_replaced(graph, node, emit(torch.ops.aten.expand.default, along, size))
+
+    return nodes_rewritten(ep, _sum_of_a_fill, counted)
 
 
 def _compiled(module, target_backends) -> bytes:

@@ -472,6 +472,32 @@ def test_a_split_by_a_symbolic_size_reaches_iree_as_slices(tmp_path, monkeypatch
         backends.to_backend(lowered)
 
 
+class _Positions(torch.nn.Module):
+    """opt's and prophetnet's positions, counted from a mask of ones (and sums of other fills)."""
+
+    def forward(self, ids):
+        mask = torch.ones(ids.shape, dtype=torch.long)
+        return mask.cumsum(1) * mask - 1 + ids, torch.ones(ids.shape).cumsum(1), torch.full(ids.shape, 0.5).cumsum(-1)
+
+
+def test_a_cumulative_sum_of_a_fill_reaches_iree_counted(tmp_path, monkeypatch):
+    """IREE fuses the fill into the scan and sizes a stack buffer by the sequence's bound ("exceeded stack
+    allocation limit"): the hand-off gives ``v * (1, ..., n)`` instead, the same numbers."""
+    from exporter.backends import iree
+
+    export_model(_Positions(), (torch.randint(0, 9, (2, 5)),), tmp_path / "m.pt2b",
+                 dynamic_shapes=({1: torch.export.Dim("s")},))
+    lowered = load_for_backend(tmp_path / "m.pt2b", backend="iree", cache=False)
+    compiled = backends.to_backend(lowered)
+    for n in (3, 9):
+        ids = torch.randint(0, 9, (2, n))
+        for got, want in zip(compiled(ids), _Positions()(ids)):
+            assert torch.equal(got, want)
+    monkeypatch.setattr(iree, "_sum_of_a_fill", lambda node: False)
+    with pytest.raises(BackendHandOffError, match=r"exceeded stack allocation limit"):
+        backends.to_backend(lowered)
+
+
 class _PaddedToChunks(torch.nn.Module):
     """mamba2's, qwen3_5's and olmo_hybrid's chunked scans pad the sequence to a multiple of the chunk."""
 
