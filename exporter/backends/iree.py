@@ -78,7 +78,7 @@ def hand_off(ep, *, target_backends: tuple[str, ...] = (TARGET,)):
     # complex tensors as real pairs: IREE computes a product of complex tensors wrong (2.0 relative off on
     # DeepSeek-V2's rotary embedding) or refuses it (DeepSeek-V2's and Llama 4's own: "Failed to
     # canonicalize the _assert_tensor_metadata op since the dtype does not match")
-    handed = _rewritten_for_iree(complex_as_real_pairs(ep))
+    handed = _rewritten_for_iree(complex_as_real_pairs(_fixed_values_folded(ep)))
     handed = _sums_of_fills_counted(_splits_as_slices(_views_of_sizes_named(handed)))
     exported = aot.export(program_copy(handed))
     vmfb = _compiled(exported.mlir_module, target_backends)
@@ -217,6 +217,23 @@ def _rewritten_for_iree(ep):
                                  torch.ops.aten.convolution.default: (_convolution_of_whole_windows,
                                                                       _convolution_cut),
                                  torch.ops.aten.topk.default: (_topk_sorted, _unsorted)})
+
+
+# ops IREE's compiler cannot lower at all (iree-base-compiler 3.13), and no decomposition reaches ops it
+# can: the inverse error function ("failed to legalize operation 'torch.vtensor.literal'" on its argument)
+_NOT_LOWERED = (torch.ops.aten.erfinv.default,)
+
+
+def _fixed_values_folded(ep):
+    """``ep`` with each call of an op in _NOT_LOWERED whose value the program fixes given as that value
+    (a ``full``; fold.fixed_values_folded), on a copy; ``ep`` itself where there is none. gemma3n's
+    activation sparsity takes the normal distribution's inverse at a constant, ``icdf(0.95)``."""
+    from ..lowering.fold import fixed_values_folded
+    from .program_copy import program_copy
+
+    if not any(n.target in _NOT_LOWERED for n in ep.graph.nodes):
+        return ep
+    return fixed_values_folded(program_copy(ep), lambda op: op not in _NOT_LOWERED)
 
 
 _VIEWS = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default, torch.ops.aten.reshape.default)

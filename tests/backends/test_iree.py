@@ -498,6 +498,29 @@ def test_a_cumulative_sum_of_a_fill_reaches_iree_counted(tmp_path, monkeypatch):
         backends.to_backend(lowered)
 
 
+class _Sparsity(torch.nn.Module):
+    """gemma3n's activation sparsity: a cutoff at the normal distribution's inverse of a constant."""
+
+    def forward(self, x):
+        cutoff = torch.distributions.normal.Normal(0, 1).icdf(torch.tensor(0.95))
+        return torch.relu(x - x.mean(-1, keepdim=True) - x.std(-1, keepdim=True) * cutoff)
+
+
+def test_an_op_iree_cannot_lower_reaches_it_as_the_value_the_program_fixes(tmp_path, monkeypatch):
+    from exporter.backends import iree
+
+    x = torch.randn(2, 5, 8)
+    export_model(_Sparsity(), (x,), tmp_path / "m.pt2b", dynamic_shapes=({1: torch.export.Dim("s")},))
+    lowered = load_for_backend(tmp_path / "m.pt2b", backend="iree", cache=False)
+    assert "aten::erfinv.default" in lowered.ops()
+    compiled = backends.to_backend(lowered)
+    y = torch.randn(2, 9, 8)
+    torch.testing.assert_close(compiled(y), _Sparsity()(y), rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(iree, "_NOT_LOWERED", ())
+    with pytest.raises(BackendHandOffError, match=r"failed to legalize operation 'torch\.vtensor\.literal'"):
+        backends.to_backend(lowered)
+
+
 class _PaddedToChunks(torch.nn.Module):
     """mamba2's, qwen3_5's and olmo_hybrid's chunked scans pad the sequence to a multiple of the chunk."""
 
