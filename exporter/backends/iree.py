@@ -274,31 +274,46 @@ def _views_of_sizes_named(ep):
 
 
 def _split_by_a_size_of_data(node) -> bool:
-    """A split into pieces of a size that is a symbol, each piece read by a getitem."""
-    return (node.target is torch.ops.aten.split.Tensor and len(node.args) > 1
-            and isinstance(node.args[1], torch.fx.Node) and isinstance(node.meta.get("val"), (list, tuple))
+    """A split into pieces of sizes some of which are symbols, each piece read by a getitem."""
+    if node.target is torch.ops.aten.split.Tensor:
+        sizes = node.args[1:2]
+    elif node.target is torch.ops.aten.split_with_sizes.default:
+        sizes = node.args[1]
+    else:
+        return False
+    return (any(isinstance(s, torch.fx.Node) for s in sizes) and isinstance(node.meta.get("val"), (list, tuple))
             and all(u.target is operator.getitem for u in node.users))
 
 
 def _splits_as_slices(ep):
-    """``ep`` with each split into pieces of a symbolic size given as its pieces' slices (piece i: from
-    i * size to (i + 1) * size, the last to the end): IREE's compiler cannot lower a split whose size is
-    not a number ("failed to legalize operation 'torch.constant.int'": prophetnet's attention splits its
-    projection in three by the sequence's length)."""
+    """``ep`` with each split into pieces of symbolic sizes given as its pieces' slices (piece i: from the
+    sum of the sizes before it to that sum and its own; a split by one size, the last piece to the end):
+    IREE's compiler cannot lower such a split ("failed to legalize operation 'torch.constant.int'":
+    prophetnet's attention splits its projection in three by the sequence's length, jetmoe's experts
+    split their tokens by the counts routed to each)."""
     from .program_copy import node_replaced, nodes_rewritten
 
     def sliced(graph, node):
-        x, size = node.args[0], node.args[1]
+        x = node.args[0]
         dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
-        last = len(node.meta["val"]) - 1
+        count = len(node.meta["val"])
+        sizes = [node.args[1]] * count if node.target is torch.ops.aten.split.Tensor else list(node.args[1])
+
+        def plus(a, b):
+            if not isinstance(a, torch.fx.Node) and not isinstance(b, torch.fx.Node):
+                return a + b
+            made = graph.call_function(operator.add, (a, b))
+            made.meta["val"] = (a.meta["val"] if isinstance(a, torch.fx.Node) else a) + (
+                b.meta["val"] if isinstance(b, torch.fx.Node) else b)
+            return made
+
+        bounds = [0]
+        for i, size in enumerate(sizes):
+            last_of_one_size = i == count - 1 and node.target is torch.ops.aten.split.Tensor
+            bounds.append(sys.maxsize if last_of_one_size else plus(bounds[-1], size))
         for user in list(node.users):
             i = user.args[1]
-            start = graph.call_function(operator.mul, (size, i)) if i else 0
-            end = graph.call_function(operator.mul, (size, i + 1)) if i < last else sys.maxsize
-            for bound, factor in ((start, i), (end, i + 1)):
-                if isinstance(bound, torch.fx.Node):
-                    bound.meta["val"] = size.meta["val"] * factor
-            piece = graph.call_function(torch.ops.aten.slice.Tensor, (x, dim, start, end))
+            piece = graph.call_function(torch.ops.aten.slice.Tensor, (x, dim, bounds[i], bounds[i + 1]))
             piece.meta = dict(user.meta)
             node_replaced(graph, user, piece)
         graph.erase_node(node)

@@ -521,6 +521,32 @@ def test_an_op_iree_cannot_lower_reaches_it_as_the_value_the_program_fixes(tmp_p
         backends.to_backend(lowered)
 
 
+class _SplitByCounts(torch.nn.Module):
+    """jetmoe's experts split their tokens by the counts routed to each: sizes read from data."""
+
+    def forward(self, x, expert):
+        counts = (expert[:, None] == torch.arange(3)).sum(0).tolist()
+        for c in counts:
+            torch._check(c >= 0)
+        torch._check(sum(counts) == x.shape[0])
+        return torch.cat([piece * (i + 1) for i, piece in enumerate(x.split(counts, dim=0))])
+
+
+def test_a_split_by_sizes_read_from_data_reaches_iree_as_slices(tmp_path, monkeypatch):
+    from exporter.backends import iree
+
+    export_model(_SplitByCounts(), (torch.randn(6, 4), torch.tensor([0, 2, 1, 2, 0, 2])), tmp_path / "m.pt2b")
+    lowered = load_for_backend(tmp_path / "m.pt2b", backend="iree", cache=False)
+    assert "aten::split_with_sizes.default" in lowered.ops()
+    compiled = backends.to_backend(lowered)
+    for expert in ([0, 2, 1, 2, 0, 2], [1, 1, 1, 1, 0, 1]):
+        args = (torch.randn(6, 4), torch.tensor(expert))
+        torch.testing.assert_close(compiled(*args), _SplitByCounts()(*args), rtol=0, atol=0)
+    monkeypatch.setattr(iree, "_split_by_a_size_of_data", lambda node: False)
+    with pytest.raises(BackendHandOffError, match=r"failed to legalize operation 'torch\.constant\.int'"):
+        backends.to_backend(lowered)
+
+
 class _PaddedToChunks(torch.nn.Module):
     """mamba2's, qwen3_5's and olmo_hybrid's chunked scans pad the sequence to a multiple of the chunk."""
 
