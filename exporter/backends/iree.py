@@ -199,6 +199,20 @@ def _max_pool2d_cut(node) -> bool:
         _cut_dims(x.shape[-2:], _meta(node, 1), _meta(node, 2, ()), _meta(node, 3, 0), _meta(node, 4, 1)))
 
 
+def _clamp_to_float_bounds(x, min=None, max=None):
+    # an integer tensor clamped to float bounds computes in the float dtype it promotes to
+    if x.is_floating_point() or not any(isinstance(b, float) for b in (min, max)):
+        return NotImplemented
+    dtype = torch.result_type(x, min if isinstance(min, float) else max)
+    return torch.ops.aten.clamp.default(torch.ops.aten._to_copy.default(x, dtype=dtype), min, max)
+
+
+def _clamps_an_integer_to_floats(node) -> bool:
+    x = _meta(node, 0)
+    return (isinstance(x, torch.Tensor) and not x.is_floating_point()
+            and any(isinstance(b, float) for b in (*node.args[1:3], *node.kwargs.values())))
+
+
 def _rewritten_for_iree(ep):
     """``ep`` with what IREE's compiler cannot lower rewritten, in one retrace (``ep`` itself where there
     is nothing): each average pool in ceil mode without it (lowering/rewrites, exact), as the compiler
@@ -207,7 +221,9 @@ def _rewritten_for_iree(ep):
     convolution making one window in a dim that leaves the input's end unread over the input cut to that
     window's reach (_cut_dims: pp_ocr's pool, mobilevit's and vibevoice's convolutions); each unsorted
     topk sorted, as it lowers only a sorted one ("failed to legalize operation 'torch.constant.bool'":
-    the routers of most mixtures of experts)."""
+    the routers of most mixtures of experts); an integer tensor clamped to float bounds converted to the
+    float dtype first, which the clamp computes in ("'arith.cmpf' op operand #0 must be floating-point-like,
+    but got 'i64'": timesfm's lengths)."""
     from .program_copy import calls_decomposed
 
     return calls_decomposed(ep, {torch.ops.aten.avg_pool2d.default: (_avg_pool2d_for_iree, _avg_pool2d_needs),
@@ -216,6 +232,7 @@ def _rewritten_for_iree(ep):
                                      _max_pool2d_with_indices_of_whole_windows, _max_pool2d_cut),
                                  torch.ops.aten.convolution.default: (_convolution_of_whole_windows,
                                                                       _convolution_cut),
+                                 torch.ops.aten.clamp.default: (_clamp_to_float_bounds, _clamps_an_integer_to_floats),
                                  torch.ops.aten.topk.default: (_topk_sorted, _unsorted)})
 
 

@@ -547,6 +547,28 @@ def test_a_split_by_sizes_read_from_data_reaches_iree_as_slices(tmp_path, monkey
         backends.to_backend(lowered)
 
 
+class _Lengths(torch.nn.Module):
+    """timesfm clamps a count of positions (integers) to a float bound."""
+
+    def forward(self, mask):
+        return torch.clamp(mask.sum(-1), min=1.0) * 2
+
+
+def test_an_integer_clamped_to_float_bounds_reaches_iree_converted_first(tmp_path, monkeypatch):
+    from exporter.backends import iree
+
+    export_model(_Lengths(), (torch.ones(2, 5, dtype=torch.long),), tmp_path / "m.pt2b",
+                 dynamic_shapes=({1: torch.export.Dim("s")},))
+    lowered = load_for_backend(tmp_path / "m.pt2b", backend="iree", cache=False)
+    compiled = backends.to_backend(lowered)
+    mask = torch.tensor([[0, 0, 0], [1, 1, 0]])
+    got = compiled(mask)
+    assert got.dtype == torch.float32 and torch.equal(got, _Lengths()(mask))
+    monkeypatch.setattr(iree, "_clamps_an_integer_to_floats", lambda node: False)
+    with pytest.raises(BackendHandOffError, match=r"'arith\.cmpf' op operand #0 must be floating-point-like"):
+        backends.to_backend(lowered)
+
+
 class _PaddedToChunks(torch.nn.Module):
     """mamba2's, qwen3_5's and olmo_hybrid's chunked scans pad the sequence to a multiple of the chunk."""
 
