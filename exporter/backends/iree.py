@@ -213,6 +213,23 @@ def _clamps_an_integer_to_floats(node) -> bool:
             and any(isinstance(b, float) for b in (*node.args[1:3], *node.kwargs.values())))
 
 
+def _masked_as_selected(x, indices):
+    # x[mask], a bool mask over x's leading dims: the rows of x flattened there at the mask's nonzero places
+    if len(indices) != 1 or indices[0] is None or indices[0].dtype is not torch.bool:
+        return NotImplemented
+    mask = indices[0]
+    rows = torch.ops.aten.view.default(x, [-1, *x.shape[mask.dim():]]) if mask.dim() > 1 else x
+    picked = torch.ops.aten.view.default(torch.ops.aten.nonzero.default(torch.ops.aten.view.default(mask, [-1])),
+                                         [-1])
+    return torch.ops.aten.index_select.default(rows, 0, picked)
+
+
+def _indexed_by_a_mask(node) -> bool:
+    indices = node.args[1] if len(node.args) > 1 else ()
+    mask = indices[0].meta.get("val") if len(indices) == 1 and isinstance(indices[0], torch.fx.Node) else None
+    return isinstance(mask, torch.Tensor) and mask.dtype is torch.bool
+
+
 def _rewritten_for_iree(ep):
     """``ep`` with what IREE's compiler cannot lower rewritten, in one retrace (``ep`` itself where there
     is nothing): each average pool in ceil mode without it (lowering/rewrites, exact), as the compiler
@@ -223,7 +240,9 @@ def _rewritten_for_iree(ep):
     topk sorted, as it lowers only a sorted one ("failed to legalize operation 'torch.constant.bool'":
     the routers of most mixtures of experts); an integer tensor clamped to float bounds converted to the
     float dtype first, which the clamp computes in ("'arith.cmpf' op operand #0 must be floating-point-like,
-    but got 'i64'": timesfm's lengths)."""
+    but got 'i64'": timesfm's lengths); ``x[mask]`` by a bool mask as the rows at the mask's nonzero
+    places (index_select; "'arith.cmpi' op requires all operands to have the same type": higgs_audio_v2's
+    audio positions)."""
     from .program_copy import calls_decomposed
 
     return calls_decomposed(ep, {torch.ops.aten.avg_pool2d.default: (_avg_pool2d_for_iree, _avg_pool2d_needs),
@@ -233,6 +252,7 @@ def _rewritten_for_iree(ep):
                                  torch.ops.aten.convolution.default: (_convolution_of_whole_windows,
                                                                       _convolution_cut),
                                  torch.ops.aten.clamp.default: (_clamp_to_float_bounds, _clamps_an_integer_to_floats),
+                                 torch.ops.aten.index.Tensor: (_masked_as_selected, _indexed_by_a_mask),
                                  torch.ops.aten.topk.default: (_topk_sorted, _unsorted)})
 
 

@@ -569,6 +569,29 @@ def test_an_integer_clamped_to_float_bounds_reaches_iree_converted_first(tmp_pat
         backends.to_backend(lowered)
 
 
+class _Masked(torch.nn.Module):
+    """higgs_audio_v2 picks its audio positions' rows by a bool mask."""
+
+    def forward(self, x, mask):
+        return x[mask] * 2
+
+
+def test_rows_picked_by_a_bool_mask_reach_iree_as_an_index_select(tmp_path, monkeypatch):
+    from exporter.backends import iree
+
+    s = torch.export.Dim("s")
+    mask = torch.tensor([[1, 0, 1, 1, 0], [0, 1, 1, 0, 0]], dtype=torch.bool)
+    export_model(_Masked(), (torch.randn(2, 5, 4), mask), tmp_path / "m.pt2b", dynamic_shapes=({1: s}, {1: s}))
+    lowered = load_for_backend(tmp_path / "m.pt2b", backend="iree", cache=False)
+    compiled = backends.to_backend(lowered)
+    for mask in (torch.rand(2, 7) > 0.5, torch.ones(2, 3, dtype=torch.bool)):
+        x = torch.randn(2, mask.shape[1], 4)
+        assert torch.equal(compiled(x, mask), _Masked()(x, mask))
+    monkeypatch.setattr(iree, "_indexed_by_a_mask", lambda node: False)
+    with pytest.raises(BackendHandOffError, match=r"'arith\.cmpi' op requires all operands to have the same type"):
+        backends.to_backend(lowered)
+
+
 class _PaddedToChunks(torch.nn.Module):
     """mamba2's, qwen3_5's and olmo_hybrid's chunked scans pad the sequence to a multiple of the chunk."""
 
