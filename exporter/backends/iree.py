@@ -230,6 +230,13 @@ def _indexed_by_a_mask(node) -> bool:
     return isinstance(mask, torch.Tensor) and mask.dtype is torch.bool
 
 
+def _fill_as_expand(x, value):
+    # a tensor filled with a 0-d tensor's value: that value expanded to its size, copied
+    if value.dtype != x.dtype:
+        value = torch.ops.aten._to_copy.default(value, dtype=x.dtype)
+    return torch.ops.aten.clone.default(torch.ops.aten.expand.default(value, list(x.shape)))
+
+
 def _rewritten_for_iree(ep):
     """``ep`` with what IREE's compiler cannot lower rewritten, in one retrace (``ep`` itself where there
     is nothing): each average pool in ceil mode without it (lowering/rewrites, exact), as the compiler
@@ -242,7 +249,9 @@ def _rewritten_for_iree(ep):
     float dtype first, which the clamp computes in ("'arith.cmpf' op operand #0 must be floating-point-like,
     but got 'i64'": timesfm's lengths); ``x[mask]`` by a bool mask as the rows at the mask's nonzero
     places (index_select; "'arith.cmpi' op requires all operands to have the same type": higgs_audio_v2's
-    audio positions)."""
+    audio positions); a fill with a 0-d tensor's value as that value expanded ("'linalg.generic' op write
+    affecting operations on global resources are restricted to workgroup distributed contexts":
+    pixtral's block mask, ``mask[a:b, a:b] = 0``)."""
     from .program_copy import calls_decomposed
 
     return calls_decomposed(ep, {torch.ops.aten.avg_pool2d.default: (_avg_pool2d_for_iree, _avg_pool2d_needs),
@@ -253,6 +262,7 @@ def _rewritten_for_iree(ep):
                                                                       _convolution_cut),
                                  torch.ops.aten.clamp.default: (_clamp_to_float_bounds, _clamps_an_integer_to_floats),
                                  torch.ops.aten.index.Tensor: (_masked_as_selected, _indexed_by_a_mask),
+                                 torch.ops.aten.fill.Tensor: (_fill_as_expand, lambda node: True),
                                  torch.ops.aten.topk.default: (_topk_sorted, _unsorted)})
 
 

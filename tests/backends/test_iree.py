@@ -592,6 +592,30 @@ def test_rows_picked_by_a_bool_mask_reach_iree_as_an_index_select(tmp_path, monk
         backends.to_backend(lowered)
 
 
+class _BlockMask(torch.nn.Module):
+    """pixtral's block attention mask: blocks of zeros set in a tensor of the dtype's minimum."""
+
+    def forward(self, x):
+        mask = torch.full((8, 8), torch.finfo(x.dtype).min)
+        mask[0:3, 0:3] = 0
+        mask[3:8, 3:8] = 0
+        return (x @ x.T + mask).softmax(-1)
+
+
+def test_a_fill_with_a_tensors_value_reaches_iree_expanded(tmp_path, monkeypatch):
+    from exporter.backends import iree
+
+    x = torch.randn(8, 4)
+    export_model(_BlockMask(), (x,), tmp_path / "m.pt2b")
+    lowered = load_for_backend(tmp_path / "m.pt2b", backend="iree", cache=False)
+    assert "aten::fill.Tensor" in lowered.ops()
+    compiled = backends.to_backend(lowered)
+    torch.testing.assert_close(compiled(x), _BlockMask()(x), rtol=1e-6, atol=1e-6)
+    monkeypatch.setattr(iree, "_fill_as_expand", lambda x, value: NotImplemented)
+    with pytest.raises(BackendHandOffError, match=r"write affecting operations on global resources"):
+        backends.to_backend(lowered)
+
+
 class _PaddedToChunks(torch.nn.Module):
     """mamba2's, qwen3_5's and olmo_hybrid's chunked scans pad the sequence to a multiple of the chunk."""
 
