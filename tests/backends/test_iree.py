@@ -279,6 +279,21 @@ def test_a_compiler_that_crashes_is_an_error_and_the_process_goes_on(tmp_path, m
     torch.testing.assert_close(backends.to_backend(lowered)(x), _Mask()(x), rtol=1e-5, atol=1e-5)
 
 
+def _routed(lowered, model, inputs, monkeypatch, off, match):
+    """The program handed to IREE computes what ``model`` does on each of ``inputs``; with the route
+    turned off (``off``: a name in exporter.backends.iree and what replaces it) the compiler fails with
+    ``match``: the route is what makes it run."""
+    from exporter.backends import iree
+
+    compiled = backends.to_backend(lowered)
+    for args in inputs:
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(*args), model(*args), rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(iree, *off)
+    with pytest.raises(BackendHandOffError, match=match):
+        backends.to_backend(lowered)
+
+
 class _Router(torch.nn.Module):
     """A mixture of experts' router: the top two experts, unsorted (their order does not matter)."""
 
@@ -307,14 +322,8 @@ def test_an_unsorted_topk_is_handed_over_sorted(tmp_path, monkeypatch):
 
     before, after = unsorted(lowered.exported_program()), unsorted(handed)
     assert (before, after) == ([True], [False])
-    compiled = backends.to_backend(lowered)
-    x = torch.randn(9, 8)
-    with torch.no_grad():
-        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
-    monkeypatch.setattr(iree, "_unsorted", lambda node: False)
-    with pytest.raises(BackendHandOffError, match=r"Compilation failed \(iree-compile\): error: failed to legalize "
-                                                  r"operation 'torch\.constant\.bool'"):
-        backends.to_backend(lowered)
+    _routed(lowered, model, [(torch.randn(9, 8),)], monkeypatch, ("_unsorted", lambda node: False),
+            r"Compilation failed \(iree-compile\): error: failed to legalize operation 'torch\.constant\.bool'")
 
 
 class _ChunkedScan(torch.nn.Module):
@@ -342,29 +351,25 @@ def test_a_view_to_chunks_names_the_size_of_its_minus_one(tmp_path, monkeypatch)
 
     assert [isinstance(c, int) for c in chunk(lowered.exported_program())] == [False]
     assert chunk(iree._views_of_sizes_named(lowered.exported_program())) == [8]
-    compiled = backends.to_backend(lowered)
-    for n in (3, 16, 37):
-        x = torch.randn(2, n, 4)
-        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
-    monkeypatch.setattr(iree, "_infers_a_dynamic_size", lambda node: False)
-    with pytest.raises(BackendHandOffError, match=r"Compilation failed \(iree-compile\): error: expected sizes to be "
-                                                  r"non-negative, but got -1"):
-        backends.to_backend(lowered)
+    _routed(lowered, model, [(torch.randn(2, n, 4),) for n in (3, 16, 37)], monkeypatch,
+            ("_infers_a_dynamic_size", lambda node: False),
+            r"Compilation failed \(iree-compile\): error: expected sizes to be non-negative, but got -1")
 
 
-class _Rotary(torch.nn.Module):
-    """DeepSeek-V2's rotary embedding: the queries viewed as complex numbers, turned by a product."""
+def _rotary():
+    from tests.backends.test_complex_pairs import Rotary
 
-    def __init__(self):
-        super().__init__()
-        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, 8, 2).float() / 8)), persistent=False)
-        self.q = torch.nn.Linear(8, 8)
+    class DeepSeekRotary(Rotary):
+        """DeepSeek-V2's rotary embedding alone: the queries viewed as complex numbers, turned by a product
+        (its complex128 output left out: IREE's importer has no complex128)."""
 
-    def forward(self, x):
-        t = torch.arange(x.shape[1], dtype=torch.float32)
-        cis = torch.polar(torch.ones_like(t)[:, None], torch.outer(t, self.inv_freq))
-        q = torch.view_as_complex(self.q(x).reshape(*x.shape[:-1], -1, 2))
-        return torch.view_as_real(q * cis.unsqueeze(0)).flatten(2)
+        def forward(self, x):
+            t = torch.arange(x.shape[1], dtype=torch.float32)
+            cis = torch.polar(torch.ones_like(t)[:, None], torch.outer(t, self.inv_freq))
+            q = torch.view_as_complex(self.q(x).reshape(*x.shape[:-1], -1, 2))
+            return torch.view_as_real(q * cis.unsqueeze(0)).flatten(2)
+
+    return DeepSeekRotary()
 
 
 def test_a_rotary_embedding_on_complex_numbers_runs_on_iree_as_real_pairs(tmp_path, monkeypatch):
@@ -373,7 +378,7 @@ def test_a_rotary_embedding_on_complex_numbers_runs_on_iree_as_real_pairs(tmp_pa
     from exporter.backends import iree
 
     torch.manual_seed(0)
-    model = _Rotary().eval()
+    model = _rotary().eval()
     export_model(model, (torch.randn(2, 5, 8),), tmp_path / "m.pt2b",
                  dynamic_shapes=({1: torch.export.Dim("s", min=2, max=64)},))
     lowered = load_for_backend(tmp_path / "m.pt2b", backend="iree", cache=False)
