@@ -21,6 +21,7 @@ import tempfile
 import torch
 
 from . import Backend, calling
+from .._torch.compat import with_tensor_meta
 from ..lowering.rewrites import avg_pool2d_without_ceil
 from .complex_pairs import complex_as_real_pairs
 
@@ -80,7 +81,10 @@ def hand_off(ep, *, target_backends: tuple[str, ...] = (TARGET,)):
     # canonicalize the _assert_tensor_metadata op since the dtype does not match")
     handed = _rewritten_for_iree(complex_as_real_pairs(_fixed_values_folded(ep)))
     handed = _sums_of_fills_counted(_splits_as_slices(_views_of_sizes_named(handed)))
-    exported = aot.export(program_copy(handed))
+    handed = _extremes_as_ops(handed)
+    handed = program_copy(handed)
+    with_tensor_meta(handed.graph_module)  # (the importer reads a dtype there, of the nodes made above too)
+    exported = aot.export(handed)
     vmfb = _compiled(exported.mlir_module, target_backends)
     return vmfb, ep, load(vmfb)
 
@@ -366,6 +370,38 @@ def _splits_as_slices(ep):
         graph.erase_node(node)
 
     return nodes_rewritten(ep, _split_by_a_size_of_data, sliced)
+
+
+_SYM_EXTREMES = {torch.sym_min: torch.ops.aten.minimum.default, torch.sym_max: torch.ops.aten.maximum.default}
+
+
+def _extreme_of_sizes(node) -> bool:
+    return (node.op == "call_function" and node.target in _SYM_EXTREMES and len(node.args) == 2
+            and isinstance(node.meta.get("val"), (int, torch.SymInt)))
+
+
+def _extremes_as_ops(ep):
+    """``ep`` with each ``torch.sym_min``/``sym_max`` of two sizes (Python functions, which turbine's
+    importer does not convert: "Unimplemented call_function: target=<function sym_min>", deepseek_v4's
+    and minimax's windows, axk2's) computed by ops: the minimum or maximum of the two as 0-d
+    tensors, read back as a number; the number keeps the expression torch.export gave it."""
+    from .program_copy import node_replaced, nodes_rewritten
+
+    def computed(graph, node):
+        fake_mode = next(n.meta["val"].fake_mode for n in graph.nodes if hasattr(n.meta.get("val"), "fake_mode"))
+        with fake_mode:
+            number = torch.empty((), dtype=torch.int64)
+        tensors = []
+        for a in node.args:
+            tensors.append(graph.call_function(torch.ops.aten.scalar_tensor.default, (a,), {"dtype": torch.int64}))
+            tensors[-1].meta["val"] = number
+        picked = graph.call_function(_SYM_EXTREMES[node.target], tuple(tensors))
+        picked.meta["val"] = number
+        read = graph.call_function(torch.ops.aten._local_scalar_dense.default, (picked,))
+        read.meta["val"] = node.meta["val"]
+        node_replaced(graph, node, read)
+
+    return nodes_rewritten(ep, _extreme_of_sizes, computed)
 
 
 _EMPTY = (torch.ops.aten.empty_strided.default, torch.ops.aten.empty.memory_format)

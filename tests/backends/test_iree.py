@@ -621,6 +621,20 @@ def test_a_fill_with_a_tensors_value_reaches_iree_expanded(tmp_path, monkeypatch
         backends.to_backend(lowered)
 
 
+class _Window(torch.nn.Module):
+    """deepseek_v4's and minimax's windows: ``min`` and ``max`` of a size and a number (torch.sym_min/max)."""
+
+    def forward(self, x):
+        return torch.arange(torch.sym_min(x.shape[1], 6)).sum() + x.sum(), torch.arange(torch.sym_max(x.shape[1], 4))
+
+
+def test_min_and_max_of_sizes_reach_iree_as_ops(tmp_path, monkeypatch):
+    export_model(_Window(), (torch.randn(2, 9),), tmp_path / "m.pt2b", dynamic_shapes=({1: torch.export.Dim.AUTO},))
+    lowered = load_for_backend(tmp_path / "m.pt2b", backend="iree", cache=False)
+    _routed(lowered, _Window(), [(torch.randn(2, n),) for n in (3, 5, 9, 20)], monkeypatch,
+            ("_extreme_of_sizes", lambda node: False), r"Unimplemented call_function: target=<function sym_m")
+
+
 class _PaddedToChunks(torch.nn.Module):
     """mamba2's, qwen3_5's and olmo_hybrid's chunked scans pad the sequence to a multiple of the chunk."""
 
