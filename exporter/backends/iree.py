@@ -13,6 +13,7 @@ pip install iree-turbine iree-base-compiler iree-base-runtime
 
 from __future__ import annotations
 
+import functools
 import operator
 import os
 import sys
@@ -73,16 +74,15 @@ def hand_off(ep, *, target_backends: tuple[str, ...] = (TARGET,)):
     and that module loaded by iree.runtime."""
     import iree.turbine.aot as aot
 
-    from .program_copy import program_copy
+    from .program_copy import nodes_repaired, program_copy
 
     # (its importer rewrites the nodes it imports in place: it is given a copy, the caller's program kept)
     # complex tensors as real pairs: IREE computes a product of complex tensors wrong (2.0 relative off on
     # DeepSeek-V2's rotary embedding) or refuses it (DeepSeek-V2's and Llama 4's own: "Failed to
     # canonicalize the _assert_tensor_metadata op since the dtype does not match")
     handed = _rewritten_for_iree(complex_as_real_pairs(_fixed_values_folded(ep)))
-    handed = _sums_of_fills_counted(_splits_as_slices(_views_of_sizes_named(handed)))
-    handed = _extremes_as_ops(handed)
-    handed = program_copy(handed)
+    repairs = ((_split_by_a_size_of_data, _sliced), (_sum_of_a_fill, _counted), (_extreme_of_sizes, _computed_by_ops))
+    handed = program_copy(nodes_repaired(handed, repairs))  # (the node rewrites, on one copy of the graph)
     with_tensor_meta(handed.graph_module)  # (the importer reads a dtype there, of the nodes made above too)
     exported = aot.export(handed)
     vmfb = _compiled(exported.mlir_module, target_backends)
@@ -255,7 +255,11 @@ def _rewritten_for_iree(ep):
     places (index_select; "'arith.cmpi' op requires all operands to have the same type": higgs_audio_v2's
     audio positions); a fill with a 0-d tensor's value as that value expanded ("'linalg.generic' op write
     affecting operations on global resources are restricted to workgroup distributed contexts":
-    pixtral's block mask, ``mask[a:b, a:b] = 0``)."""
+    pixtral's block mask, ``mask[a:b, a:b] = 0``); a view with a -1 whose literal sizes torch records as
+    expressions of the sizes with the -1's size named: torch's view of (b, X, h) as (b, -1, 8, h)
+    records the 8 as ``X // (X // 8)``, which torch-mlir's importer can only type as unknown, and IREE's
+    compiler then miscomputes a slice of it ("expected sizes to be non-negative, but got -1": the chunked
+    scans of bamba, zamba2 and granitemoehybrid); named, the 8 is a number again."""
     from .program_copy import calls_decomposed
 
     return calls_decomposed(ep, {torch.ops.aten.avg_pool2d.default: (_avg_pool2d_for_iree, _avg_pool2d_needs),
@@ -267,7 +271,8 @@ def _rewritten_for_iree(ep):
                                  torch.ops.aten.clamp.default: (_clamp_to_float_bounds, _clamps_an_integer_to_floats),
                                  torch.ops.aten.index.Tensor: (_masked_as_selected, _indexed_by_a_mask),
                                  torch.ops.aten.fill.Tensor: (_fill_as_expand, lambda node: True),
-                                 torch.ops.aten.topk.default: (_topk_sorted, _unsorted)})
+                                 torch.ops.aten.topk.default: (_topk_sorted, _unsorted),
+                                 **{op: (_view_of_sizes_named, _infers_a_dynamic_size) for op in _VIEWS}})
 
 
 # ops IREE's compiler cannot lower at all (iree-base-compiler 3.13), and no decomposition reaches ops it
@@ -304,24 +309,12 @@ def _view_of_sizes_named(x, size):
     if -1 not in [s for s in size if type(s) is int]:
         return NotImplemented
     at, rest = size.index(-1), 1
-    for s in size[:size.index(-1)] + size[size.index(-1) + 1:]:
+    for s in size[:at] + size[at + 1:]:
         rest = rest * s
     numel = 1
     for d in x.shape:
         numel = numel * d
     return torch.ops.aten.view.default(x, [*size[:at], numel // rest, *size[at + 1:]])
-
-
-def _views_of_sizes_named(ep):
-    """``ep`` with the -1 of each view over dynamic sizes replaced by the size it stands for, computed
-    from its input's sizes, in one retrace. torch's view of (b, X, h) as (b, -1, 8, h) records the 8 as
-    ``X // (X // 8)``, which torch-mlir's importer can only type as unknown, and IREE's compiler then
-    miscomputes a slice of it ("expected sizes to be non-negative, but got -1": the chunked scans of
-    bamba, zamba2 and granitemoehybrid, which pad the sequence to a multiple of the chunk). Named, the
-    sizes come out as the literal numbers they are."""
-    from .program_copy import calls_decomposed
-
-    return calls_decomposed(ep, {op: (_view_of_sizes_named, _infers_a_dynamic_size) for op in _VIEWS})
 
 
 def _split_by_a_size_of_data(node) -> bool:
@@ -336,40 +329,47 @@ def _split_by_a_size_of_data(node) -> bool:
             and all(u.target is operator.getitem for u in node.users))
 
 
-def _splits_as_slices(ep):
-    """``ep`` with each split into pieces of symbolic sizes given as its pieces' slices (piece i: from the
-    sum of the sizes before it to that sum and its own; a split by one size, the last piece to the end):
-    IREE's compiler cannot lower such a split ("failed to legalize operation 'torch.constant.int'":
-    prophetnet's attention splits its projection in three by the sequence's length, jetmoe's experts
-    split their tokens by the counts routed to each)."""
-    from .program_copy import node_replaced, nodes_rewritten
+def _emitted(graph, fake_mode, target, *args, **kwargs):
+    """A call of ``target`` made in ``graph`` (before the node being rewritten), its ``meta["val"]``
+    computed from its arguments' under ``fake_mode``."""
+    made = graph.call_function(target, args, kwargs)
+    vals = torch.fx.node.map_arg((args, kwargs), lambda n: n.meta["val"])
+    with fake_mode:
+        made.meta["val"] = target(*vals[0], **vals[1])
+    return made
 
-    def sliced(graph, node):
-        x = node.args[0]
-        dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
-        count = len(node.meta["val"])
-        sizes = [node.args[1]] * count if node.target is torch.ops.aten.split.Tensor else list(node.args[1])
 
-        def plus(a, b):
-            if not isinstance(a, torch.fx.Node) and not isinstance(b, torch.fx.Node):
-                return a + b
-            made = graph.call_function(operator.add, (a, b))
-            made.meta["val"] = (a.meta["val"] if isinstance(a, torch.fx.Node) else a) + (
-                b.meta["val"] if isinstance(b, torch.fx.Node) else b)
-            return made
+def _sliced(graph, node):
+    """A split into pieces of symbolic sizes given as its pieces' slices (piece i: from the sum of the
+    sizes before it to that sum and its own; a split by one size, the last piece to the end): IREE's
+    compiler cannot lower such a split ("failed to legalize operation 'torch.constant.int'": prophetnet's
+    attention splits its projection in three by the sequence's length, jetmoe's experts split their
+    tokens by the counts routed to each)."""
+    from .program_copy import node_replaced
 
-        bounds = [0]
-        for i, size in enumerate(sizes):
-            last_of_one_size = i == count - 1 and node.target is torch.ops.aten.split.Tensor
-            bounds.append(sys.maxsize if last_of_one_size else plus(bounds[-1], size))
-        for user in list(node.users):
-            i = user.args[1]
-            piece = graph.call_function(torch.ops.aten.slice.Tensor, (x, dim, bounds[i], bounds[i + 1]))
-            piece.meta = dict(user.meta)
-            node_replaced(graph, user, piece)
-        graph.erase_node(node)
+    x = node.args[0]
+    dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
+    count = len(node.meta["val"])
+    sizes = [node.args[1]] * count if node.target is torch.ops.aten.split.Tensor else list(node.args[1])
 
-    return nodes_rewritten(ep, _split_by_a_size_of_data, sliced)
+    def plus(a, b):
+        if not isinstance(a, torch.fx.Node) and not isinstance(b, torch.fx.Node):
+            return a + b
+        made = graph.call_function(operator.add, (a, b))
+        made.meta["val"] = (a.meta["val"] if isinstance(a, torch.fx.Node) else a) + (
+            b.meta["val"] if isinstance(b, torch.fx.Node) else b)
+        return made
+
+    bounds = [0]
+    for i, size in enumerate(sizes):
+        last_of_one_size = i == count - 1 and node.target is torch.ops.aten.split.Tensor
+        bounds.append(sys.maxsize if last_of_one_size else plus(bounds[-1], size))
+    for user in list(node.users):
+        i = user.args[1]
+        piece = graph.call_function(torch.ops.aten.slice.Tensor, (x, dim, bounds[i], bounds[i + 1]))
+        piece.meta = dict(user.meta)
+        node_replaced(graph, user, piece)
+    graph.erase_node(node)
 
 
 _SYM_EXTREMES = {torch.sym_min: torch.ops.aten.minimum.default, torch.sym_max: torch.ops.aten.maximum.default}
@@ -380,28 +380,20 @@ def _extreme_of_sizes(node) -> bool:
             and isinstance(node.meta.get("val"), (int, torch.SymInt)))
 
 
-def _extremes_as_ops(ep):
-    """``ep`` with each ``torch.sym_min``/``sym_max`` of two sizes (Python functions, which turbine's
-    importer does not convert: "Unimplemented call_function: target=<function sym_min>", deepseek_v4's
-    and minimax's windows, axk2's) computed by ops: the minimum or maximum of the two as 0-d
-    tensors, read back as a number; the number keeps the expression torch.export gave it."""
-    from .program_copy import node_replaced, nodes_rewritten
+def _computed_by_ops(graph, node):
+    """A ``torch.sym_min``/``sym_max`` of two sizes (Python functions, which turbine's importer does not
+    convert: "Unimplemented call_function: target=<function sym_min>", deepseek_v4's and minimax's
+    windows, axk2's) computed by ops: the minimum or maximum of the two as 0-d tensors, read back as a
+    number; the number keeps the expression torch.export gave it."""
+    from .program_copy import node_replaced
 
-    def computed(graph, node):
-        fake_mode = next(n.meta["val"].fake_mode for n in graph.nodes if hasattr(n.meta.get("val"), "fake_mode"))
-        with fake_mode:
-            number = torch.empty((), dtype=torch.int64)
-        tensors = []
-        for a in node.args:
-            tensors.append(graph.call_function(torch.ops.aten.scalar_tensor.default, (a,), {"dtype": torch.int64}))
-            tensors[-1].meta["val"] = number
-        picked = graph.call_function(_SYM_EXTREMES[node.target], tuple(tensors))
-        picked.meta["val"] = number
-        read = graph.call_function(torch.ops.aten._local_scalar_dense.default, (picked,))
-        read.meta["val"] = node.meta["val"]
-        node_replaced(graph, node, read)
-
-    return nodes_rewritten(ep, _extreme_of_sizes, computed)
+    fake_mode = next(n.meta["val"].fake_mode for n in graph.nodes if hasattr(n.meta.get("val"), "fake_mode"))
+    tensors = [_emitted(graph, fake_mode, torch.ops.aten.scalar_tensor.default, a, dtype=torch.int64)
+               for a in node.args]
+    read = graph.call_function(torch.ops.aten._local_scalar_dense.default,
+                               (_emitted(graph, fake_mode, _SYM_EXTREMES[node.target], *tensors),))
+    read.meta["val"] = node.meta["val"]
+    node_replaced(graph, node, read)
 
 
 _EMPTY = (torch.ops.aten.empty_strided.default, torch.ops.aten.empty.memory_format)
@@ -427,33 +419,23 @@ def _sum_of_a_fill(node) -> bool:
             and isinstance(node.meta.get("val"), torch.Tensor))
 
 
-def _sums_of_fills_counted(ep):
-    """``ep`` with each cumulative sum of a tensor filled with ``v`` given as ``v * (1, 2, ..., n)`` along
-    its dim, expanded to the fill's size (the same numbers). IREE's compiler fuses the fill into the
-    scan and sizes a stack buffer by the dim's bound, 2**53 for a sequence's length ("exceeded stack
-    allocation limit of 32768 bytes": opt's and prophetnet's positions, counted from a mask of ones)."""
-    from .program_copy import node_replaced, nodes_rewritten
+def _counted(graph, node):
+    """A cumulative sum of a tensor filled with ``v`` given as ``v * (1, 2, ..., n)`` along its dim,
+    expanded to the fill's size (the same numbers). IREE's compiler fuses the fill into the scan and
+    sizes a stack buffer by the dim's bound, 2**53 for a sequence's length ("exceeded stack allocation
+    limit of 32768 bytes": opt's and prophetnet's positions, counted from a mask of ones)."""
+    from .program_copy import node_replaced
 
-    def counted(graph, node):
-        want = node.meta["val"]
-        dim = node.args[1] % want.dim()
-        size, value = _filled(node.args[0])
-
-        def emit(target, *args, **kwargs):
-            made = graph.call_function(target, args, kwargs)
-            vals = torch.fx.node.map_arg((args, kwargs), lambda n: n.meta["val"])
-            with want.fake_mode:
-                made.meta["val"] = target(*vals[0], **vals[1])
-            return made
-
-        counts = emit(torch.ops.aten.add.Tensor, emit(torch.ops.aten.arange.default, size[dim], dtype=want.dtype,
-                                                      device=want.device), 1)
-        if value != 1:
-            counts = emit(torch.ops.aten.mul.Tensor, counts, value)
-        along = emit(torch.ops.aten.view.default, counts, [size[dim] if i == dim else 1 for i in range(want.dim())])
-        node_replaced(graph, node, emit(torch.ops.aten.expand.default, along, size))
-
-    return nodes_rewritten(ep, _sum_of_a_fill, counted)
+    want = node.meta["val"]
+    dim = node.args[1] % want.dim()
+    size, value = _filled(node.args[0])
+    emit = functools.partial(_emitted, graph, want.fake_mode)
+    counts = emit(torch.ops.aten.add.Tensor,
+                  emit(torch.ops.aten.arange.default, size[dim], dtype=want.dtype, device=want.device), 1)
+    if value != 1:
+        counts = emit(torch.ops.aten.mul.Tensor, counts, value)
+    along = emit(torch.ops.aten.view.default, counts, [size[dim] if i == dim else 1 for i in range(want.dim())])
+    node_replaced(graph, node, emit(torch.ops.aten.expand.default, along, size))
 
 
 def _compiled(module, target_backends) -> bytes:

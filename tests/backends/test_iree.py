@@ -350,7 +350,7 @@ def test_a_view_to_chunks_names_the_size_of_its_minus_one(tmp_path, monkeypatch)
         return [n.meta["val"].shape[2] for n in ep.graph.nodes if n.target is torch.ops.aten.view.default]
 
     assert [isinstance(c, int) for c in chunk(lowered.exported_program())] == [False]
-    assert chunk(iree._views_of_sizes_named(lowered.exported_program())) == [8]
+    assert chunk(iree._rewritten_for_iree(lowered.exported_program())) == [8]
     _routed(lowered, model, [(torch.randn(2, n, 4),) for n in (3, 16, 37)], monkeypatch,
             ("_infers_a_dynamic_size", lambda node: False),
             r"Compilation failed \(iree-compile\): error: expected sizes to be non-negative, but got -1")
