@@ -141,17 +141,33 @@ def hand_off(ep, *, device: str = "CPU", config: dict | None = None,
     extensions = {"extension": list(library.entries)} if library else {}
     names, held = _result_names(gm), None
     model = openvino.convert_model(TorchFXPythonDecoder(gm, dynamic_shapes=True), **extensions)
-    if stateful and carry is not None:
+    taken = _inputs_taken(model, gm)
+    if stateful and carry is not None and taken is None:
         held = _make_stateful(model, ep, carry, names)
     settings = {"INFERENCE_PRECISION_HINT": "f32", **({"KV_CACHE_PRECISION": "f32"} if held else {}), **(config or {})}
     compiled = openvino.Core().compile_model(model, device, settings)
     if held is None:
-        return compiled, ep, Converted(names, model)
+        return compiled, ep, Converted(names, model, taken=taken)
     request = compiled.create_infer_request()
     kept = [n for i, n in enumerate(names) if i not in held.results]
     shapes = {n: carry.state.initial(n).shape for n in held.variables}
     return compiled, ep, Converted(kept, model, request, held.inputs, tuple(names[i] for i in held.results),
                                    Variables(request, held.variables, shapes))
+
+
+def _inputs_taken(model, gm) -> tuple | None:
+    """The program's flat inputs (by position) that the converted ``model`` takes, in its order, where it
+    does not take them all: OpenVINO's converter leaves out an input that only a runtime check reads
+    when it comes first (the tensors a split's part takes from the reference's part before, checked by
+    ``_assert_tensor_metadata``: tapas, seamless_m4t), and the inputs after it were fed one place off
+    (its "vector::_M_range_check"). Matched by name; None where it takes every input, in order."""
+    placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    ports = [port.get_names() for port in model.inputs]
+    if len(ports) == len(placeholders):
+        return None
+    at = {name: i for i, name in enumerate(placeholders)}
+    taken = [next((at[name] for name in names if name in at), None) for names in ports]
+    return tuple(taken) if None not in taken else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -290,6 +306,7 @@ class Converted:
     dropped: frozenset = frozenset()
     held_outputs: tuple = ()
     holder: Variables | None = None
+    taken: tuple | None = None  # the flat inputs the model takes, where not all (_inputs_taken)
 
 
 def _result_names(gm) -> list[str]:
@@ -310,7 +327,8 @@ def run(compiled, ep, args, kwargs, plan=None):
     """The compiled model takes the program's user inputs in order; its results, matched to the
     program's outputs by name, are put back into the program's own output structure."""
     leaves = calling.flat_inputs(ep, args, kwargs)
-    fed = [leaf for i, leaf in enumerate(leaves) if i not in plan.dropped]  # (a variable holds the rest)
+    fed = [leaf for i, leaf in enumerate(leaves) if i not in plan.dropped] if plan.taken is None else \
+        [leaves[i] for i in plan.taken]  # (a variable holds the rest; or the model leaves some out)
     result = (compiled if plan.request is None else plan.request.infer)(calling.numpy_inputs(fed))
     values = [torch.from_numpy(result[i].copy()) for i in range(len(result))]
     names = plan.names

@@ -480,6 +480,29 @@ def test_a_program_returning_numbers_beside_its_tensors_runs_on_the_backend(name
     torch.testing.assert_close(compiled.state["calls"], torch.tensor(1.0))
 
 
+class _FirstInputChecked(torch.nn.Module):
+    def forward(self, ids, x, w):
+        torch.ops.aten._assert_tensor_metadata.default(ids, dtype=torch.int64)
+        return torch.tanh(x @ w)
+
+
+class _FirstInputUnused(torch.nn.Module):
+    def forward(self, ids, x, w):
+        return torch.tanh(x @ w)
+
+
+@pytest.mark.parametrize("model", [_FirstInputChecked(), _FirstInputUnused()], ids=["checked", "unused"])
+def test_an_input_openvinos_model_leaves_out_is_not_fed_to_it(model):
+    """OpenVINO's converter leaves out a first input that nothing but a runtime check reads: a split's part
+    takes such tensors from the reference's part before it (tapas, the `.to()` checks of its ids), and
+    the inputs after it went one port off ("vector::_M_range_check"). Each input reaches its own port."""
+    args = (torch.arange(6).view(2, 3), torch.randn(2, 4), torch.randn(4, 5))
+    compiled = backends.to_backend("openvino", torch.export.export(model, args))
+    assert compiled.validation.status == "passed"
+    args2 = (torch.arange(6).view(2, 3), torch.randn(2, 4), torch.randn(4, 5))
+    torch.testing.assert_close(compiled(*args2), model(*args2))
+
+
 @pytest.mark.parametrize("kernel", [16, (8, 16), 7])
 def test_a_pool_whose_window_covers_the_whole_input_runs_on_openvino(kernel):
     """EfficientNet's pooler (AvgPool2d(hidden_dim, ceil_mode=True)) over a feature map smaller than its
