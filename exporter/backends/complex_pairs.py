@@ -19,7 +19,7 @@ import torch
 import torch.fx
 
 from .complex_views import REAL_ARGS, real_dim
-from .program_copy import graph_copy, program_with
+from .program_copy import emitted, graph_copy, program_with
 
 __all__ = ["PAIRED_OPS", "complex_as_real_pairs"]
 
@@ -40,10 +40,8 @@ class _Rewrite:
         self.graph, self.pairs, self.made = graph, {}, set()
 
     def emit(self, target, *args, **kwargs) -> torch.fx.Node:
-        node = self.graph.call_function(target, args, kwargs)
+        node = emitted(self.graph, target, *args, **kwargs)
         self.made.add(node)
-        vals = torch.fx.node.map_arg((args, kwargs), lambda n: n.meta["val"])
-        node.meta["val"] = target(*vals[0], **vals[1])
         return node
 
     def parts(self, z: torch.fx.Node) -> tuple:

@@ -25,6 +25,7 @@ from . import Backend, calling
 from .._torch.compat import with_tensor_meta
 from ..lowering.rewrites import avg_pool2d_without_ceil
 from .complex_pairs import complex_as_real_pairs
+from .program_copy import emitted
 
 TARGET = "llvm-cpu"
 DRIVER = "local-task"
@@ -329,16 +330,6 @@ def _split_by_a_size_of_data(node) -> bool:
             and all(u.target is operator.getitem for u in node.users))
 
 
-def _emitted(graph, fake_mode, target, *args, **kwargs):
-    """A call of ``target`` made in ``graph`` (before the node being rewritten), its ``meta["val"]``
-    computed from its arguments' under ``fake_mode``."""
-    made = graph.call_function(target, args, kwargs)
-    vals = torch.fx.node.map_arg((args, kwargs), lambda n: n.meta["val"])
-    with fake_mode:
-        made.meta["val"] = target(*vals[0], **vals[1])
-    return made
-
-
 def _sliced(graph, node):
     """A split into pieces of symbolic sizes given as its pieces' slices (piece i: from the sum of the
     sizes before it to that sum and its own; a split by one size, the last piece to the end): IREE's
@@ -388,10 +379,10 @@ def _computed_by_ops(graph, node):
     from .program_copy import node_replaced
 
     fake_mode = next(n.meta["val"].fake_mode for n in graph.nodes if hasattr(n.meta.get("val"), "fake_mode"))
-    tensors = [_emitted(graph, fake_mode, torch.ops.aten.scalar_tensor.default, a, dtype=torch.int64)
+    tensors = [emitted(graph, torch.ops.aten.scalar_tensor.default, a, dtype=torch.int64, fake_mode=fake_mode)
                for a in node.args]
     read = graph.call_function(torch.ops.aten._local_scalar_dense.default,
-                               (_emitted(graph, fake_mode, _SYM_EXTREMES[node.target], *tensors),))
+                               (emitted(graph, _SYM_EXTREMES[node.target], *tensors, fake_mode=fake_mode),))
     read.meta["val"] = node.meta["val"]
     node_replaced(graph, node, read)
 
@@ -429,7 +420,7 @@ def _counted(graph, node):
     want = node.meta["val"]
     dim = node.args[1] % want.dim()
     size, value = _filled(node.args[0])
-    emit = functools.partial(_emitted, graph, want.fake_mode)
+    emit = functools.partial(emitted, graph, fake_mode=want.fake_mode)
     counts = emit(torch.ops.aten.add.Tensor,
                   emit(torch.ops.aten.arange.default, size[dim], dtype=want.dtype, device=want.device), 1)
     if value != 1:

@@ -7,8 +7,8 @@ import torch.fx
 
 from .._torch.pytree import pytree
 
-__all__ = ["calls_decomposed", "graph_copy", "handed_spec", "node_replaced", "nodes_repaired", "nodes_rewritten",
-           "plain_spec", "program_copy", "program_returning", "program_with"]
+__all__ = ["calls_decomposed", "emitted", "graph_copy", "handed_spec", "node_replaced", "nodes_repaired",
+           "nodes_rewritten", "plain_spec", "program_copy", "program_returning", "program_with"]
 
 
 def graph_copy(ep: torch.export.ExportedProgram) -> torch.fx.GraphModule:
@@ -64,6 +64,18 @@ def calls_decomposed(ep: torch.export.ExportedProgram, table: dict) -> torch.exp
         if entry is not None and node.target not in decompositions and entry[1](node):
             decompositions[node.target] = entry[0]
     return ep.run_decompositions(decompositions) if decompositions else ep
+
+
+def emitted(graph: torch.fx.Graph, target, *args, fake_mode=None, **kwargs) -> torch.fx.Node:
+    """A call of ``target`` made in ``graph`` (at its insertion point), its ``meta["val"]`` computed from
+    its arguments' values: under ``fake_mode`` where the call makes a tensor of no tensor (a number's)."""
+    import contextlib
+
+    made = graph.call_function(target, args, kwargs)
+    vals = torch.fx.node.map_arg((args, kwargs), lambda n: n.meta["val"])
+    with fake_mode if fake_mode is not None else contextlib.nullcontext():
+        made.meta["val"] = target(*vals[0], **vals[1])
+    return made
 
 
 def node_replaced(graph: torch.fx.Graph, node: torch.fx.Node, made: torch.fx.Node) -> None:
