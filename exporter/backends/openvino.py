@@ -21,6 +21,7 @@ import torch
 
 from . import Backend, attention, calling, library_tables
 from .complex_pairs import complex_as_real_pairs
+from .ov_usage_events import without_usage_events
 from .._torch.pytree import pytree
 from ..errors import BackendRunError
 from ..ops import op_name
@@ -140,7 +141,8 @@ def hand_off(ep, *, device: str = "CPU", config: dict | None = None,
         _scale_in_query(gm, library)
     extensions = {"extension": list(library.entries)} if library else {}
     names, held = _result_names(gm), None
-    model = openvino.convert_model(TorchFXPythonDecoder(gm, dynamic_shapes=True), **extensions)
+    with without_usage_events():  # (pt2b's conversion, not the user's: ov_usage_events)
+        model = openvino.convert_model(TorchFXPythonDecoder(gm, dynamic_shapes=True), **extensions)
     taken = _inputs_taken(model, gm)
     if stateful and carry is not None and taken is None:
         held = _make_stateful(model, ep, carry, names)
@@ -346,7 +348,8 @@ def save(compiled, path: str) -> None:
 
 
 def backend() -> Backend:
-    import openvino
+    with without_usage_events():  # (the first import of openvino reports it: pt2b's import, not the user's)
+        import openvino
 
     library = library_tables.transformers_table("openvino")
     version = openvino.__version__.split("-")[0]

@@ -126,7 +126,10 @@ class Partitioned:
 
 
 def _op_nodes(gm: torch.fx.GraphModule) -> list:
-    return [n for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)]
+    """The nodes of ``gm`` that compute (sizes and runtime checks aside: a split adds size reads to the
+    parts, which counted them beyond the program's own nodes)."""
+    return [n for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+            and not is_infrastructure(n.target)]
 
 
 def _part_inputs(split: torch.fx.GraphModule, inputs: list) -> dict:

@@ -85,7 +85,11 @@ def test_a_backend_taking_tensors_only_runs_every_part_it_lists(monkeypatch):
     compiled = backends.to_backend("onnx", ep, fallback="reference")
     share = compiled.share
     assert share.on_reference == {"aten::sort.default": 1} and share.refused == ()
-    assert share.backend_nodes == share.nodes - 1
+    # the nodes that compute are counted, the size reads a split adds to its parts aside (tapas had been
+    # counted running "195 of 194" nodes)
+    computing = [n for n in ep.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+                 and n.target is not torch.ops.aten.sym_size.int]
+    assert share.nodes == len(computing) and share.backend_nodes == share.nodes - 1
     for shape in ((4, 3), (6, 8)):
         x = torch.randn(shape)
         assert torch.equal(compiled(x), Sorted()(x))
