@@ -325,6 +325,10 @@ def _split_once(ep, inputs: list, listed: _Listed, handed: dict, hand_off: Calla
 
 def _hand_part(split, name: str, part, part_args: tuple, hand_off: Callable, options: dict) -> tuple:
     """(the part's Compiled, its ExportedProgram), or (None, why the backend or the trace refused it)."""
+    # an input recorded as a view of another tensor (a select the reference ran) is traced as a tensor of its
+    # own: torch.export guards a view's base (``select._base.size()``), which no retrace of the part's
+    # program has ("'NoneType' object has no attribute 'size'": tapas's ids on OpenVINO)
+    part_args = tuple(a.clone() if isinstance(a, torch.Tensor) and a._is_view() else a for a in part_args)
     try:
         part_ep = torch.export.export(part, part_args, dynamic_shapes=_dynamic(split, name), strict=False)
         return hand_off(part_ep, **options), part_ep

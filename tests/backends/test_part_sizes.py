@@ -119,6 +119,34 @@ def test_without_the_sizes_moved_the_backend_refuses_the_part_that_views(monkeyp
         ("aten::view.default", "refused: takes tensors only")]
 
 
+class SelectedOnTheReference(torch.nn.Module):
+    """A select (which the backend lacks) between two runs of ops: the part after it takes the view and
+    the tensor it views."""
+
+    def forward(self, x):
+        t = x * 2
+        return t * (t.select(2, 3) + 1).view(t.shape[0], t.shape[1], 1)
+
+
+def test_a_part_taking_a_view_is_traced_on_a_tensor_of_its_own(monkeypatch):
+    """A part's input recorded in the reference's run may be a view (tapas's ids, selected on the
+    reference): torch.export guarded its base's sizes (``select._base.size()``), which a retrace of the
+    part (OpenVINO's table, any run_decompositions) has no base for: the part was refused ("'NoneType'
+    object has no attribute 'size'") and its nodes went to the reference."""
+    def retraced(ep):
+        return _tensors_only(ep.run_decompositions({}))
+
+    fake = Backend("tensors_only", "1", LISTED, "", dict, retraced,
+                   lambda native, program, args, kwargs: native(*args, **kwargs))
+    monkeypatch.setitem(backends._CACHE, "onnx", fake)
+    ep = _program(SelectedOnTheReference(), torch.randn(2, 3, 5),
+                  dynamic_shapes=({0: Dim("a"), 1: Dim("b"), 2: Dim("c", min=4)},))
+    compiled = backends.to_backend("onnx", ep, fallback="reference")
+    assert compiled.share.on_reference == {"aten::select.int": 1} and compiled.share.refused == ()
+    x = torch.randn(5, 6, 7)
+    assert torch.equal(compiled(x), SelectedOnTheReference()(x))
+
+
 def _walks_in_order(refused, calls):
     """A backend whose converter walks a program's nodes in order and stops at the first one of op
     ``refused`` (which it lists: a converter failure, not a missing op), every hand-off counted in ``calls``."""
