@@ -222,9 +222,10 @@ def _masked_as_selected(x, indices):
     # x[mask], a bool mask over x's leading dims: the rows of x flattened there at the mask's nonzero places
     if len(indices) != 1 or indices[0] is None or indices[0].dtype is not torch.bool:
         return NotImplemented
+    # (reshaped, not viewed: a mask expanded over x's last dims has strides of 0, audioflamingo3's)
     mask = indices[0]
-    rows = torch.ops.aten.view.default(x, [-1, *x.shape[mask.dim():]]) if mask.dim() > 1 else x
-    picked = torch.ops.aten.view.default(torch.ops.aten.nonzero.default(torch.ops.aten.view.default(mask, [-1])),
+    rows = torch.ops.aten.reshape.default(x, [-1, *x.shape[mask.dim():]]) if mask.dim() > 1 else x
+    picked = torch.ops.aten.view.default(torch.ops.aten.nonzero.default(torch.ops.aten.reshape.default(mask, [-1])),
                                          [-1])
     return torch.ops.aten.index_select.default(rows, 0, picked)
 

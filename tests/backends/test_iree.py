@@ -597,6 +597,24 @@ def test_rows_picked_by_a_bool_mask_reach_iree_as_an_index_select(tmp_path, monk
         backends.to_backend(lowered)
 
 
+class _MaskedEveryDim(torch.nn.Module):
+    """audioflamingo3 picks the values of its audio positions by a mask expanded over the last dim."""
+
+    def forward(self, x, positions):
+        return x[positions.unsqueeze(-1).expand_as(x)] * 2
+
+
+def test_values_picked_by_an_expanded_mask_reach_iree(tmp_path):
+    s = torch.export.Dim("s")
+    positions = torch.tensor([[1, 0, 1, 1, 0], [0, 1, 1, 0, 0]], dtype=torch.bool)
+    export_model(_MaskedEveryDim(), (torch.randn(2, 5, 4), positions), tmp_path / "m.pt2b",
+                 dynamic_shapes=({1: s}, {1: s}))
+    compiled = backends.to_backend(load_for_backend(tmp_path / "m.pt2b", backend="iree", cache=False))
+    for positions in (torch.rand(2, 7) > 0.5, torch.ones(2, 3, dtype=torch.bool)):
+        x = torch.randn(2, positions.shape[1], 4)
+        assert torch.equal(compiled(x, positions), _MaskedEveryDim()(x, positions))
+
+
 class _BlockMask(torch.nn.Module):
     """pixtral's block attention mask: blocks of zeros set in a tensor of the dtype's minimum."""
 
