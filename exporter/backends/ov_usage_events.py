@@ -45,9 +45,8 @@ def _stand_in(cls):
 
     quiet = object.__new__(Quiet)
     nothing = lambda *args, **kwargs: None  # noqa: E731
-    quiet.consent = False
-    quiet.sender = types.SimpleNamespace(send=nothing, force_shutdown=nothing)
-    quiet.backend = types.SimpleNamespace(app_name=None)
+    vars(quiet).update(consent=False, sender=types.SimpleNamespace(send=nothing, force_shutdown=nothing),
+                       backend=types.SimpleNamespace(app_name=None))
     return quiet
 
 
