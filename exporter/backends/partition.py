@@ -245,6 +245,10 @@ def split_for(backend, ep, supported: Callable, hand_off: Callable, options: dic
         if not alone:
             cuts.append(name)
     for name in reversed(cuts):  # a cut the backend computes right goes back to it, where the parts stay right
+        # (once the hand-offs are spent, a trial's new parts are not handed over and no trial does better: each
+        # only split and ran the program again, hundreds of times on d_fine)
+        if len(handed) >= MAX_PARTS:
+            break
         trial = excluded - {name}
         tried, wrong = once(_Listed(supported, trial))
         # (a trial whose parts were not handed over, the hand-offs spent, is no better)

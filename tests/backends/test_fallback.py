@@ -210,8 +210,11 @@ def test_the_split_hands_over_a_counted_number_of_parts(tmp_path, monkeypatch):
     counted = dataclasses.replace(real, hand_off=lambda ep, **o: calls.append(1) or real.hand_off(ep, **o))
     monkeypatch.setitem(backends._CACHE, "onnx", _wrong_at_softmax(counted))
     monkeypatch.setattr(partition, "MAX_PARTS", 1)
+    splits, split_once = [], partition._split_once
+    monkeypatch.setattr(partition, "_split_once", lambda *a, **k: splits.append(1) or split_once(*a, **k))
     compiled = backends.to_backend(lowered, fallback="reference")
     assert len(calls) == 2  # the whole program, then the one part the split may try
+    assert len(splits) == 2  # (no cut is tried back once the hand-offs are spent: it could hand nothing over)
     assert compiled.share.backend_nodes == 0 and "already tried 1 parts" in compiled.share.describe()
     x = torch.randn(3, 4)
     torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)

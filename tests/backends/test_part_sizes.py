@@ -182,30 +182,23 @@ def test_every_node_a_converter_stops_at_is_cut_out_in_a_counted_number_of_hand_
     torch.testing.assert_close(compiled(x), model(x), rtol=1e-6, atol=1e-6)
 
 
-def test_a_cut_handed_back_after_the_hand_offs_are_spent_keeps_the_parts_taken(monkeypatch):
+def test_no_cut_is_tried_back_once_the_hand_offs_are_spent(monkeypatch):
     """A cut found right goes back to the backend where the parts stay right; once MAX_PARTS hand-offs are
-    spent, the parts a trial makes are not handed over (they would run on the reference), so the trial is
-    kept only where the backend runs no fewer nodes than before it."""
+    spent, the parts a trial makes would not be handed over (they would run on the reference), so no trial
+    is made: each had split and run the whole program again for nothing (hundreds on d_fine)."""
     from exporter.backends import partition
 
-    def split(every_trial_kept: bool):
-        calls: list = []
-        with monkeypatch.context() as m:
-            m.setitem(backends._CACHE, "onnx", _walks_in_order(torch.ops.aten.gelu.default, calls))
-            m.setattr(partition, "MAX_PARTS", 8)
-            if every_trial_kept:
-                m.setattr(partition, "_backend_nodes", lambda split: 0)
-            compiled = backends.to_backend("onnx", ep, fallback="reference")
-        assert len(calls) == 1 + 8  # (the whole program, then the parts)
-        return compiled
-
+    calls, splits, split_once = [], [], partition._split_once
+    monkeypatch.setitem(backends._CACHE, "onnx", _walks_in_order(torch.ops.aten.gelu.default, calls))
+    monkeypatch.setattr(partition, "MAX_PARTS", 8)
+    monkeypatch.setattr(partition, "_split_once", lambda *a, **k: splits.append(1) or split_once(*a, **k))
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[m for _ in range(8) for m in (torch.nn.Linear(8, 8), torch.nn.GELU())],
                                 torch.nn.Linear(8, 2)).eval()
-    ep = _program(model, torch.randn(3, 8))
-    compiled = split(every_trial_kept=False)
-    assert compiled.share.on_reference["aten::gelu.default"] == 8
-    assert compiled.share.backend_nodes > split(every_trial_kept=True).share.backend_nodes > 0
+    compiled = backends.to_backend("onnx", _program(model, torch.randn(3, 8)), fallback="reference")
+    assert len(calls) == 1 + 8  # (the whole program, then the parts)
+    assert compiled.share.on_reference["aten::gelu.default"] == 8 and compiled.share.backend_nodes > 0
+    assert len(splits) == len(compiled.share.wrong) + 1  # (one split per node cut out, and the last)
     x = torch.randn(3, 8)
     torch.testing.assert_close(compiled(x), model(x), rtol=1e-6, atol=1e-6)
 
