@@ -347,10 +347,7 @@ def _sliced(graph, node):
     def plus(a, b):
         if not isinstance(a, torch.fx.Node) and not isinstance(b, torch.fx.Node):
             return a + b
-        made = graph.call_function(operator.add, (a, b))
-        made.meta["val"] = (a.meta["val"] if isinstance(a, torch.fx.Node) else a) + (
-            b.meta["val"] if isinstance(b, torch.fx.Node) else b)
-        return made
+        return emitted(graph, operator.add, a, b)
 
     bounds = [0]
     for i, size in enumerate(sizes):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.fx
 
@@ -69,8 +71,6 @@ def calls_decomposed(ep: torch.export.ExportedProgram, table: dict) -> torch.exp
 def emitted(graph: torch.fx.Graph, target, *args, fake_mode=None, **kwargs) -> torch.fx.Node:
     """A call of ``target`` made in ``graph`` (at its insertion point), its ``meta["val"]`` computed from
     its arguments' values: under ``fake_mode`` where the call makes a tensor of no tensor (a number's)."""
-    import contextlib
-
     made = graph.call_function(target, args, kwargs)
     vals = torch.fx.node.map_arg((args, kwargs), lambda n: n.meta["val"])
     with fake_mode if fake_mode is not None else contextlib.nullcontext():

@@ -56,8 +56,8 @@ def _tensors_only(ep):
     return ep.module(), ep
 
 
-def _backend(monkeypatch):
-    fake = Backend("tensors_only", "1", LISTED, "", dict, _tensors_only, lambda native, program, args, kwargs: native(*args, **kwargs))
+def _backend(monkeypatch, hand_off=_tensors_only):
+    fake = Backend("tensors_only", "1", LISTED, "", dict, hand_off, lambda native, program, args, kwargs: native(*args, **kwargs))
     monkeypatch.setitem(backends._CACHE, "onnx", fake)
 
 
@@ -133,12 +133,7 @@ def test_a_part_taking_a_view_is_traced_on_a_tensor_of_its_own(monkeypatch):
     reference): torch.export guarded its base's sizes (``select._base.size()``), which a retrace of the
     part (OpenVINO's table, any run_decompositions) has no base for: the part was refused ("'NoneType'
     object has no attribute 'size'") and its nodes went to the reference."""
-    def retraced(ep):
-        return _tensors_only(ep.run_decompositions({}))
-
-    fake = Backend("tensors_only", "1", LISTED, "", dict, retraced,
-                   lambda native, program, args, kwargs: native(*args, **kwargs))
-    monkeypatch.setitem(backends._CACHE, "onnx", fake)
+    _backend(monkeypatch, hand_off=lambda ep: _tensors_only(ep.run_decompositions({})))
     ep = _program(SelectedOnTheReference(), torch.randn(2, 3, 5),
                   dynamic_shapes=({0: Dim("a"), 1: Dim("b"), 2: Dim("c", min=4)},))
     compiled = backends.to_backend("onnx", ep, fallback="reference")
