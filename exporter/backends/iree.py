@@ -26,6 +26,7 @@ from .._torch.compat import with_tensor_meta
 from ..lowering.rewrites import avg_pool2d_without_ceil
 from .complex_pairs import complex_as_real_pairs
 from .program_copy import emitted
+from .sym_ops import FX_IMPORTER_REPAIRS
 
 TARGET = "llvm-cpu"
 DRIVER = "local-task"
@@ -66,8 +67,10 @@ def _table() -> dict:
 # weight norm over a dim ("'tensor.cast' op operand type 'tensor<1x1x?xf32>' and result type
 # 'tensor<64x16x16xf32>' are cast incompatible": the positional convolutions of hubert, wav2vec2 and the
 # speech encoders built on them); index_add ("failed to legalize operation 'torch.operator' that was
-# explicitly marked illegal ... torch.aten.index_add": jetmoe's experts; an index_put that accumulates)
-_GAPS = ("aten::logsumexp.default", "aten::_weight_norm_interface.default", "aten::index_add.default")
+# explicitly marked illegal ... torch.aten.index_add": jetmoe's experts; an index_put that accumulates); isin
+# (the same, "torch.aten.isin.Tensor_Tensor": grounding-dino's special text tokens)
+_GAPS = ("aten::logsumexp.default", "aten::_weight_norm_interface.default", "aten::index_add.default",
+         "aten::isin.Tensor_Tensor", "aten::isin.Tensor_Scalar", "aten::isin.Scalar_Tensor")
 
 
 def hand_off(ep, *, target_backends: tuple[str, ...] = (TARGET,)):
@@ -82,7 +85,8 @@ def hand_off(ep, *, target_backends: tuple[str, ...] = (TARGET,)):
     # DeepSeek-V2's rotary embedding) or refuses it (DeepSeek-V2's and Llama 4's own: "Failed to
     # canonicalize the _assert_tensor_metadata op since the dtype does not match")
     handed = _rewritten_for_iree(complex_as_real_pairs(_fixed_values_folded(ep)))
-    repairs = ((_split_by_a_size_of_data, _sliced), (_sum_of_a_fill, _counted), (_extreme_of_sizes, _computed_by_ops))
+    repairs = ((_split_by_a_size_of_data, _sliced), (_sum_of_a_fill, _counted), (_extreme_of_sizes, _computed_by_ops),
+               *FX_IMPORTER_REPAIRS)
     handed = program_copy(nodes_repaired(handed, repairs))  # (the node rewrites, on one copy of the graph)
     with_tensor_meta(handed.graph_module)  # (the importer reads a dtype there, of the nodes made above too)
     exported = aot.export(handed)

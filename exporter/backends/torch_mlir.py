@@ -13,9 +13,11 @@ import functools
 import torch
 
 from . import Backend, calling, retraceable
+from .._torch.compat import with_tensor_meta
 from ..errors import BackendHandOffError, BackendRunError
 from ..ops import op_name, registered_overload
-from .program_copy import graph_copy
+from .program_copy import graph_copy, nodes_repaired
+from .sym_ops import FX_IMPORTER_REPAIRS
 
 OUTPUT = "linalg-on-tensors"  # the output type the driver runs
 # The wheel's passes from linalg-on-tensors to LLVM, in the order torch-mlir's own reference backend
@@ -79,13 +81,15 @@ def _importable(ep) -> torch.export.ExportedProgram:
     buffer given to it as a persistent one, its value in the state_dict: the import looks every buffer up
     in the state_dict only, where torch keeps a non-persistent one among the constants (a Llama's rotary
     ``inv_freq``: "Could not find state mapping for buffer"); its views ``_flattened_views``; its bool
-    operators ``_bitwise``; its casts to complex ``_complex_casts``."""
+    operators ``_bitwise``; its casts to complex ``_complex_casts``; the Python calls of its runtime
+    assertions that the importer cannot convert (sym_ops.FX_IMPORTER_REPAIRS)."""
     from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec
 
     sig = ep.graph_signature
     loose = {s.target for s in sig.input_specs if s.kind == InputKind.BUFFER and s.target not in ep.state_dict}
     specs = [InputSpec(s.kind, s.arg, s.target, True) if s.target in loose else s for s in sig.input_specs]
-    gm = graph_copy(ep)
+    gm = graph_copy(nodes_repaired(ep, FX_IMPORTER_REPAIRS))
+    with_tensor_meta(gm)  # (the importer reads a dtype there, of the nodes the repairs made too)
     _flattened_views(gm)
     _bitwise(gm)
     _complex_casts(gm)

@@ -15,12 +15,12 @@ import torch.fx
 
 from .opset_check import refused_nodes
 
-__all__ = ["fixed_tensors", "fixed_value", "fixed_values_folded"]
+__all__ = ["NUMBER_CALLS", "fixed_tensors", "fixed_value", "fixed_values_folded"]
 
 
 # the Python arithmetic torch.export records on numbers (sizes, values read from tensors): of fixed
 # numbers, a fixed number
-_ARITHMETIC = frozenset({
+NUMBER_CALLS = frozenset({
     operator.add, operator.sub, operator.mul, operator.truediv, operator.floordiv, operator.mod, operator.pow,
     operator.neg, operator.pos, operator.abs, operator.eq, operator.ne, operator.lt, operator.le, operator.gt,
     operator.ge, operator.and_, operator.or_, operator.not_, math.ceil, math.floor, math.trunc, math.sqrt,
@@ -29,7 +29,7 @@ _ARITHMETIC = frozenset({
 
 def _deterministic(node: torch.fx.Node) -> bool:
     target = node.target
-    if target in _ARITHMETIC:
+    if target in NUMBER_CALLS:
         return True
     if not isinstance(target, torch._ops.OpOverload):
         return False

@@ -6,6 +6,7 @@ tests/backends/test_iree.py` in a venv with iree-turbine, iree-base-compiler and
 
 from __future__ import annotations
 
+import operator
 
 import pytest
 import torch
@@ -36,7 +37,8 @@ def test_the_preset_is_torchs_implicit_decompositions_with_turbines_own_over_the
            if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd")}
     # (what IREE's compiler cannot lower: torch's decompositions)
     gaps = {torch.ops.aten.logsumexp.default, torch.ops.aten._weight_norm_interface.default,
-            torch.ops.aten.index_add.default}
+            torch.ops.aten.index_add.default, torch.ops.aten.isin.Tensor_Tensor, torch.ops.aten.isin.Tensor_Scalar,
+            torch.ops.aten.isin.Scalar_Tensor}
     assert set(table) == cia | {op for op in turbine if isinstance(op, torch._ops.OpOverload)} | gaps
     bn = torch.ops.aten._native_batch_norm_legit_no_training.default
     assert table[bn] is turbine[bn] and torch.ops.aten.diff.default in table
@@ -742,3 +744,83 @@ def test_an_average_pool_in_ceil_mode_runs_on_iree_without_it(tmp_path, monkeypa
     monkeypatch.setattr(iree, "_rewritten_for_iree", lambda ep: ep)
     with pytest.raises(BackendHandOffError, match=r"'linalg\.generic' op inferred input/output operand"):
         backends.to_backend(lowered)
+
+
+def _without_importer_repairs(monkeypatch):
+    from exporter.backends import iree
+
+    monkeypatch.setattr(iree, "FX_IMPORTER_REPAIRS", ())
+
+
+def test_checks_built_with_not_and_or_run_on_iree(monkeypatch):
+    """turbine's importer converts no ``torch.sym_not`` nor ``|`` of checks ("Unimplemented call_function"):
+    the hand-off computes each such check by ops, and IREE runs it: a call breaking it fails."""
+    from tests.support.helpers import CheckedCount, CheckedRows
+
+    x = torch.randn(6, 3)
+    compiled = {}
+    for model, args in ((CheckedRows(), (x[:5], torch.tensor([1, 0, 1, 1, 0], dtype=torch.bool))),
+                        (CheckedCount(), (x, torch.tensor([2, 2])))):
+        ep = torch.export.export(model, args)
+        with monkeypatch.context() as m:
+            _without_importer_repairs(m)
+            with pytest.raises(BackendHandOffError, match="Unimplemented call_function: target=<function sym_not"):
+                backends.to_backend("iree", ep)
+        compiled[type(model)] = backends.to_backend("iree", ep)
+        assert compiled[type(model)].validation.status == "passed"
+    rows, count = compiled[CheckedRows], compiled[CheckedCount]
+    for mask in (torch.tensor([0, 1, 0, 0, 0], dtype=torch.bool), torch.ones(5, dtype=torch.bool)):
+        torch.testing.assert_close(rows(x[:5], mask), CheckedRows()(x[:5], mask))
+    for counts in (torch.tensor([4, 0]), torch.tensor([0, 0]), torch.tensor([3, 3])):
+        torch.testing.assert_close(count(x, counts), CheckedCount()(x, counts))
+    with pytest.raises(RuntimeError, match=r"Runtime assertion failed for expression Ne\(u\d+, 0\)"):
+        rows(x[:5], torch.zeros(5, dtype=torch.bool))
+    with pytest.raises(RuntimeError, match=r"Runtime assertion failed for expression Ne\(u\d+, 3\)"):
+        count(x, torch.tensor([1, 2]))
+    with pytest.raises(RuntimeError, match=r"Runtime assertion failed for expression Eq\(u\d+, 0\) \| \(1 < u\d+\)"):
+        count(x, torch.tensor([1, 0]))
+
+
+def test_a_check_the_shapes_fix_is_left_out_for_iree(tmp_path, monkeypatch):
+    """A check of a count that the program's shapes then fix is recorded as ``8 >= 8`` (omniasr's
+    placeholder check), a Python call whose value is no expression, which turbine's importer does not
+    convert: the hand-off leaves it out, as the program proves it."""
+    from tests.support.helpers import PlacedFeatures, placed_features_args
+
+    args = placed_features_args()
+    export_model(PlacedFeatures(), args, tmp_path / "p.pt2b")
+    lowered = load_for_backend(tmp_path / "p.pt2b", backend="iree", cache=False)
+    fixed = [n for n in lowered.exported_program().graph.nodes
+             if n.op == "call_function" and n.target is operator.ge and n.meta.get("val") is True]
+    assert fixed and all(not isinstance(a, torch.fx.Node) for a in fixed[0].args)
+    with monkeypatch.context() as m:
+        _without_importer_repairs(m)
+        with pytest.raises(BackendHandOffError, match="Unimplemented call_function: target=<built-in function ge>"):
+            backends.to_backend(lowered)
+    compiled = backends.to_backend(lowered)
+    assert compiled.validation.status == "passed"
+    x, ids, features = args
+    for ids in (ids, torch.tensor([[1, 7, 1, 1, 1], [1, 1, 1, 1, 7]])):
+        torch.testing.assert_close(compiled(x, ids, features), PlacedFeatures()(x, ids, features))
+
+
+class _SpecialTokens(torch.nn.Module):
+    """grounding-dino marks its special text tokens with isin."""
+
+    def forward(self, x, ids):
+        return x * torch.isin(ids, torch.tensor([101, 102, 1012])).unsqueeze(-1)
+
+
+def test_isin_reaches_iree_decomposed(tmp_path, monkeypatch):
+    from exporter.backends import iree
+
+    args = (torch.randn(2, 6, 3), torch.tensor([[101, 5, 1012, 7, 102, 3], [4, 4, 101, 9, 9, 9]]))
+    export_model(_SpecialTokens(), args, tmp_path / "m.pt2b")
+    lowered = load_for_backend(tmp_path / "m.pt2b", backend="iree", cache=False)
+    assert "aten::isin.Tensor_Tensor" not in lowered.ops()
+    compiled = backends.to_backend(lowered)
+    assert torch.equal(compiled(*args), _SpecialTokens()(*args))
+    monkeypatch.setattr(iree, "_GAPS", tuple(g for g in iree._GAPS if not g.startswith("aten::isin")))
+    kept = load_for_backend(tmp_path / "m.pt2b", backend="iree", cache=False)
+    with pytest.raises(BackendHandOffError, match=r"explicitly marked illegal.*torch\.aten\.isin"):
+        backends.to_backend(kept)

@@ -324,3 +324,40 @@ def test_a_grad_mode_region_runs(tmp_path, monkeypatch):
     x = torch.randn(3, 4)
     compiled = a_grad_mode_region_is_taken("torch_mlir", tmp_path, monkeypatch)
     torch.testing.assert_close(compiled(x), NoGrad()(x), rtol=1e-5, atol=1e-5)
+
+
+def test_checks_the_importer_cannot_convert_run_by_ops_or_are_left_out_where_proved(tmp_path, monkeypatch):
+    """torch-mlir's importer converts no ``torch.sym_not`` nor ``|`` of checks, nor a Python call whose
+    value the program's shapes fix (``8 >= 8``: "Unimplemented call_function"): the hand-off computes the
+    first by ops, which the compiled module runs, and leaves out the proved ones."""
+    from exporter.backends import torch_mlir
+
+    from tests.support.helpers import CheckedCount, PlacedFeatures, placed_features_args
+
+    x = torch.randn(6, 3)
+    export_model(PlacedFeatures(), placed_features_args(), tmp_path / "p.pt2b")
+    compiled = {}
+    for model, program, python in (
+            (CheckedCount(), torch.export.export(CheckedCount(), (x, torch.tensor([2, 2]))), "function sym_not"),
+            (PlacedFeatures(), load_for_backend(tmp_path / "p.pt2b", backend="torch_mlir", cache=False),
+             "built-in function ge")):
+        with monkeypatch.context() as m:
+            m.setattr(torch_mlir, "FX_IMPORTER_REPAIRS", ())
+            with pytest.raises(BackendHandOffError, match=f"Unimplemented call_function: target=<{python}"):
+                backends.to_backend("torch_mlir", program)
+        compiled[type(model)] = backends.to_backend("torch_mlir", program)
+        assert compiled[type(model)].validation.status == "passed"
+    for counts in (torch.tensor([4, 0]), torch.tensor([0, 0])):
+        torch.testing.assert_close(compiled[CheckedCount](x, counts), CheckedCount()(x, counts))
+    y, ids, features = torch.randn(2, 5, 4), torch.tensor([[1, 7, 1, 1, 1], [1, 1, 1, 1, 7]]), torch.randn(2, 4)
+    torch.testing.assert_close(compiled[PlacedFeatures](y, ids, features), PlacedFeatures()(y, ids, features))
+
+
+def test_a_check_of_a_value_read_from_a_tensor_runs(tmp_path, monkeypatch):
+    """The read's range checks follow it as ``ite >= 0``, whose value the program fixes (True), which the
+    importer does not convert: left out, with the sym_ite given as ops; the others run."""
+    from tests.support.helpers import CheckedIds, a_check_of_a_value_is_taken
+
+    compiled = a_check_of_a_value_is_taken("torch_mlir", tmp_path, monkeypatch)
+    for x, ids in ((torch.randn(3), torch.tensor([1, 2])), (torch.ones(3), torch.tensor([4, 0]))):
+        torch.testing.assert_close(compiled(x, ids), CheckedIds()(x, ids))

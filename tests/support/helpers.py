@@ -415,6 +415,42 @@ class CheckedIds(torch.nn.Module):
         return x * 2 + ids.sum()
 
 
+class CheckedRows(torch.nn.Module):
+    """A check torch.export records with ``torch.sym_not``: the rows a mask picks are not none (smolvlm's
+    and idefics' image rows)."""
+
+    def forward(self, x, mask):
+        rows = x[mask]
+        torch._check(torch.sym_not(rows.shape[0] == 0))
+        return rows * 2
+
+
+class CheckedCount(torch.nn.Module):
+    """Checks torch.export records with ``torch.sym_not`` and ``|`` on a count summed from a tensor."""
+
+    def forward(self, x, counts):
+        k = counts.sum().item()
+        torch._check(k <= x.shape[0])
+        torch._check(torch.sym_not(k == 3))
+        torch._check((k == 0) | (k > 1))
+        return x[:k] + 1
+
+
+class PlacedFeatures(torch.nn.Module):
+    """omniasr's placeholder check: the features fill the places a token marks, their count checked
+    against the features' size, which the program's shapes then fix (torch.export records the range
+    checks of that count as ``8 >= 8``)."""
+
+    def forward(self, x, ids, features):
+        mask = (ids == 7).unsqueeze(-1).expand_as(x)
+        torch._check(x[mask].numel() == features.numel())
+        return x.masked_scatter(mask, features)
+
+
+def placed_features_args():
+    return torch.randn(2, 5, 4), torch.tensor([[7, 1, 7, 2, 3], [1, 1, 1, 1, 1]]), torch.randn(2, 4)
+
+
 class NoGrad(torch.nn.Module):
     """A no_grad region, whose grad-mode markers (torch._C._set_grad_enabled calls) pt2b keeps."""
 
