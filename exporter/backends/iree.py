@@ -265,7 +265,9 @@ def _rewritten_for_iree(ep):
     expressions of the sizes with the -1's size named: torch's view of (b, X, h) as (b, -1, 8, h)
     records the 8 as ``X // (X // 8)``, which torch-mlir's importer can only type as unknown, and IREE's
     compiler then miscomputes a slice of it ("expected sizes to be non-negative, but got -1": the chunked
-    scans of bamba, zamba2 and granitemoehybrid); named, the 8 is a number again."""
+    scans of bamba, zamba2 and granitemoehybrid); named, the 8 is a number again. A view with no -1 whose
+    literal size torch records so (pegasus_x's blocks of 512, "has invalid Read access range" from the pad
+    after it) is retraced as it is, which records the literal."""
     from .program_copy import calls_decomposed
 
     return calls_decomposed(ep, {torch.ops.aten.avg_pool2d.default: (_avg_pool2d_for_iree, _avg_pool2d_needs),
@@ -302,12 +304,12 @@ _VIEWS = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default, torc
 
 
 def _infers_a_dynamic_size(node) -> bool:
-    """A view whose size has a -1, and a literal size torch records as an expression of the sizes."""
+    """A view with a literal size torch records as an expression of the sizes (where the size has no -1,
+    the retrace records the literal: pegasus_x's blocks, ``view(2, n, 512)`` of a padded length)."""
     if node.target not in _VIEWS or not isinstance(node.meta.get("val"), torch.Tensor):
         return False
     size = node.args[1] if len(node.args) > 1 else node.kwargs.get("size", ())
-    return -1 in [s for s in size if type(s) is int] and any(
-        type(s) is int and s != -1 and not isinstance(d, int) for s, d in zip(size, node.meta["val"].shape))
+    return any(type(s) is int and s != -1 and not isinstance(d, int) for s, d in zip(size, node.meta["val"].shape))
 
 
 def _view_of_sizes_named(x, size):

@@ -175,6 +175,20 @@ def _sizes_a_zero(node) -> bool:
     return any(type(s) is int and s == 0 for s in (node.args[1] if len(node.args) > 1 else node.kwargs["size"]))
 
 
+def _number_minus_as_added(x, other, alpha=1):
+    # torch's decomposition of rsub records ``number - t`` as ``sub.Tensor(number, t)``, a number where the
+    # schema names a tensor, which torch.onnx's dispatcher matches to no overload ("Cannot find a compatible
+    # OpOverload for aten.sub": timesfm's ``1.0 - mask``, on torch's own program too). ``-t + number`` is the
+    # same sum, rounded once alike, a zero's sign included, in the same promoted dtype
+    if isinstance(x, torch.Tensor) or alpha != 1:
+        return NotImplemented
+    return torch.ops.aten.add.Tensor(torch.ops.aten.neg.default(other), x)
+
+
+def _number_first(node) -> bool:
+    return not isinstance(node.args[0], torch.fx.Node) and node.kwargs.get("alpha", 1) == 1
+
+
 _MOVERS = (torch.ops.aten.transpose.int, torch.ops.aten.permute.default)
 
 
@@ -207,6 +221,7 @@ _FOR_TORCHLIB = {
     torch.ops.aten.squeeze.dims: (_squeeze_of_ones_only, _keeps_a_dim),
     torch.ops.aten.view.default: (_empty_of_the_size, _sizes_a_zero),
     torch.ops.aten._unsafe_view.default: (_empty_of_the_size, _sizes_a_zero),
+    torch.ops.aten.sub.Tensor: (_number_minus_as_added, _number_first),
 }
 
 
@@ -214,7 +229,8 @@ def _for_torchlib(ep):
     """``ep`` with the calls torchlib translates otherwise than torch computes them rewritten
     (_FOR_TORCHLIB: a histc over the data's extremes, pt2b's exact rewrite; a squeeze naming a dim whose
     size is not 1, which torch leaves and torchlib removes; a view with a 0 in its size, the empty tensor
-    of that size), in one retrace; ``ep`` itself where there is none."""
+    of that size; a number minus a tensor, ``-t + number``), in one retrace; ``ep`` itself where there is
+    none."""
     from .program_copy import calls_decomposed
 
     return calls_decomposed(ep, _FOR_TORCHLIB)

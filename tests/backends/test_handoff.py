@@ -686,6 +686,36 @@ def test_a_view_to_a_size_with_a_0_runs_on_onnx(monkeypatch):
         assert got.shape == want.shape and got.dtype == want.dtype and torch.equal(got, want)
 
 
+class _OneMinus(torch.nn.Module):
+    """timesfm weighs by ``1.0 - mask`` (an integer mask) and ``1 - x``."""
+
+    def forward(self, x, mask):
+        return (1.0 - mask) * x, 1 - x
+
+
+def test_a_number_minus_a_tensor_runs_on_onnx(tmp_path, monkeypatch):
+    """torch's decomposition of rsub records ``1.0 - t`` as ``sub.Tensor(1.0, t)``, which torch.onnx's
+    dispatcher matches to no overload, on torch's own program too: the hand-off gives it ``-t + 1.0``, the
+    same numbers bit for bit (a zero's sign too) in the same dtype."""
+    pytest.importorskip("onnxruntime")
+    from exporter.backends import onnx as onnx_backend
+
+    model, args = _OneMinus(), (torch.tensor([[0.5, 1.0, -2.0, 3.0]]), torch.tensor([[1, 0, 1, 1]]))
+    export_model(model, args, tmp_path / "m.pt2b")
+    lowered = load_for_backend(tmp_path / "m.pt2b", backend="onnx", cache=False)
+    assert any(n.target is torch.ops.aten.sub.Tensor and not isinstance(n.args[0], torch.fx.Node)
+               for n in lowered.exported_program().graph.nodes)
+    with monkeypatch.context() as m:
+        m.setattr(onnx_backend, "_FOR_TORCHLIB", {op: entry for op, entry in onnx_backend._FOR_TORCHLIB.items()
+                                                 if op is not torch.ops.aten.sub.Tensor})
+        with pytest.raises(BackendHandOffError, match="Cannot find a compatible OpOverload for aten.sub"):
+            backends.to_backend(lowered)
+    compiled = backends.to_backend(lowered)
+    x, mask = torch.tensor([[1.0, 1.0, -0.0, 7.5]]), torch.tensor([[1, 1, 0, 1]])
+    for got, want in zip(compiled(x, mask), model(x, mask)):
+        assert got.dtype == want.dtype and torch.equal(got, want) and torch.equal(got.signbit(), want.signbit())
+
+
 class _HalvesOfADynamicDim(torch.nn.Module):
     """prophetnet splits its streams by a size read from a dynamic dim."""
 

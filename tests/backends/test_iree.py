@@ -358,6 +358,36 @@ def test_a_view_to_chunks_names_the_size_of_its_minus_one(tmp_path, monkeypatch)
             r"Compilation failed \(iree-compile\): error: expected sizes to be non-negative, but got -1")
 
 
+class _Blocks(torch.nn.Module):
+    """pegasus_x's blocks: the sequence padded to a multiple of the block, viewed as (batch, n, block, d) with
+    n read from the padded length (no -1), then padded again."""
+
+    def forward(self, x):
+        x = torch.nn.functional.pad(x, (0, 0, 0, (4 - x.shape[1] % 4) % 4))
+        blocks = x.view(2, x.shape[1] // 4, 4, 8)
+        return torch.nn.functional.pad(blocks, (0, 0, 2, 0)) * 2
+
+
+def test_a_view_to_blocks_of_a_literal_size_keeps_it_literal(tmp_path, monkeypatch):
+    """A view with no -1 whose literal block size torch records as an expression (``P // (P // 4)``):
+    IREE's compiler cannot tell it is 4 and miscomputes the pad after it ("has invalid Read access
+    range"). The hand-off retraces such a view, which then records the literal."""
+    from exporter.backends import iree
+
+    model = _Blocks()
+    export_model(model, (torch.randn(2, 10, 8),), tmp_path / "m.pt2b", dynamic_shapes=({1: torch.export.Dim.AUTO},))
+    lowered = load_for_backend(tmp_path / "m.pt2b", backend="iree", cache=False)
+
+    def block(ep):
+        return [n.meta["val"].shape[2] for n in ep.graph.nodes if n.target is torch.ops.aten.view.default]
+
+    assert [isinstance(b, int) for b in block(lowered.exported_program())] == [False]
+    assert block(iree._rewritten_for_iree(lowered.exported_program())) == [4]
+    _routed(lowered, model, [(torch.randn(2, n, 8),) for n in (5, 13, 16)], monkeypatch,
+            ("_infers_a_dynamic_size", lambda node: False),
+            r"Compilation failed \(iree-compile\): error: .*invalid Read access range")
+
+
 def _rotary():
     from tests.backends.test_complex_pairs import Rotary
 
