@@ -99,8 +99,8 @@ class _Handed(torch.nn.Module):
         self.numbers = [number_type(o) for o in ([outs] if single else outs)]
 
     def forward(self, *args):
-        # a backend's runtime takes plain tensors (ExecuTorch's refuses a subclass): weights come bound as Parameters
-        out = self.compiled(*(a.detach() if isinstance(a, torch.nn.Parameter) else a for a in args))
+        # (the weights the program binds, Parameters, are the compiled part's own: _with_weights)
+        out = self.compiled(*handed_args(args))
         out = [out] if self.single else list(out)
         # (a bool comes back as a 0-dim tensor or a plain 0 or 1 from some runtimes: it is made a bool again,
         # which the next part's sym_ite requires)
@@ -318,7 +318,7 @@ def _split_once(ep, inputs: list, listed: _Listed, handed: dict, hand_off: Calla
                            f"cannot run: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[-1]}")
                     cut = (ops[len(ops) // 2].name, len(ops) == 1, why) if ops else None  # (none: it stays whole)
                     if isinstance(e, BackendResultError) and len(ops) > 1 and len(handed) < MAX_PARTS:
-                        first = first_wrong(part, recorded[name], lambda module: _hand_part(
+                        first = first_wrong(part, handed_args(recorded[name]), lambda module: _hand_part(
                             split, name, module, recorded[name], hand_off, options))
                         handed[("probe", *key)] = (None, "the part's values, each compared", None)
                         cut = (first, False, why) if first is not None else cut
@@ -332,14 +332,50 @@ def _split_once(ep, inputs: list, listed: _Listed, handed: dict, hand_off: Calla
     return split, None
 
 
+def _held(value) -> bool:
+    """Whether a part's input is one of the program's weights (a Parameter the split binds), which the
+    part's own program holds (_with_weights)."""
+    return isinstance(value, torch.nn.Parameter)
+
+
+def handed_args(args: tuple) -> tuple:
+    """The inputs a part handed over takes of its ``args``: all but the weights it holds."""
+    return tuple(a for a in args if not _held(a))
+
+
+def _with_weights(part: torch.fx.GraphModule, part_args: tuple) -> torch.fx.GraphModule:
+    """``part`` with each input bound to one of the program's weights (a Parameter) read as a weight of its
+    own: exported, it is a parameter of the part's program, which a backend takes as a constant, as it does
+    in a whole program's hand-off. As an input, OpenVINO typed a convolution's weight with no static size
+    and its CPU plugin refused the convolution ("Ngraph::Node::evaluate() is not implemented for op:
+    opset1::GroupConvolution": vibevoice_acoustic_tokenizer's parts). The part takes the other
+    inputs (handed_args)."""
+    held = torch.fx.GraphModule(part, part.graph.__deepcopy__())
+    placeholders = [n for n in held.graph.nodes if n.op == "placeholder"]
+    for k, (node, value) in enumerate(zip(placeholders, part_args)):
+        if _held(value):
+            held.register_parameter(f"_weight_{k}", value)
+            with held.graph.inserting_before(node):
+                weight = held.graph.get_attr(f"_weight_{k}")
+            weight.meta.update(node.meta)
+            node.replace_all_uses_with(weight)
+            held.graph.erase_node(node)
+    held.recompile()
+    return held
+
+
 def _hand_part(split, name: str, part, part_args: tuple, hand_off: Callable, options: dict) -> tuple:
-    """(the part's Compiled, its ExportedProgram), or (None, why the backend or the trace refused it)."""
+    """(the part's Compiled, its ExportedProgram), or (None, why the backend or the trace refused it). The
+    Compiled takes the part's inputs but its weights (handed_args), which it holds (_with_weights)."""
     # an input recorded as a view of another tensor (a select the reference ran) is traced as a tensor of its
     # own: torch.export guards a view's base (``select._base.size()``), which no retrace of the part's
     # program has ("'NoneType' object has no attribute 'size'": tapas's ids on OpenVINO)
     part_args = tuple(a.clone() if isinstance(a, torch.Tensor) and a._is_view() else a for a in part_args)
+    given = [not _held(a) for a in part_args]
+    dynamic = tuple(d for d, g in zip(_dynamic(split, name), given) if g)
     try:
-        part_ep = torch.export.export(part, part_args, dynamic_shapes=_dynamic(split, name), strict=False)
+        part_ep = torch.export.export(_with_weights(part, part_args) if not all(given) else part,
+                                      handed_args(part_args), dynamic_shapes=dynamic, strict=False)
         return hand_off(part_ep, **options), part_ep
     except Pt2bError as e:
         return None, str(e).splitlines()[0]

@@ -11,8 +11,9 @@ __all__ = ["first_wrong"]
 
 def first_wrong(part: torch.fx.GraphModule, args: tuple, hand) -> str | None:
     """The name of the first op node of ``part`` (in its order) whose value the backend computes beyond
-    its dtype's bound (lowering/verdicts.WRONG_REL) on ``args``; None where the probe cannot be traced,
-    handed over or run, or finds every value right. The node found may only amplify an error from
+    its dtype's bound (lowering/verdicts.WRONG_REL) on ``args`` (the inputs a part handed over takes: the
+    program's weights are its own); None where the probe cannot be traced, handed over or run, or finds
+    every value right. The node found may only amplify an error from
     before it (within the bound there): the split hands it back where the part is right without it.
     ``hand(module)``: the split's hand-off of a module taking the part's inputs, (its Compiled, its
     program) or (None, why it was refused)."""
@@ -26,14 +27,13 @@ def first_wrong(part: torch.fx.GraphModule, args: tuple, hand) -> str | None:
     probe.graph.output_node().args = (tuple(values),)
     probe.graph.eliminate_dead_code()
     probe.recompile()
-    plain = tuple(a.detach() if isinstance(a, torch.nn.Parameter) else a for a in args)
     # (what the trace or the backend refuses, or its run fails on: the split cuts the part in two instead)
     compiled, program = hand(probe)
     if compiled is None:
         return None
     try:
         with torch.no_grad():
-            got, want = compiled(*plain), program.module()(*plain)
+            got, want = compiled(*args), program.module()(*args)
     except Exception:  # noqa: BLE001
         return None
     for node, g, w in zip(values, got, want):

@@ -323,3 +323,41 @@ def test_ops_named_reads_each_backends_form_and_only_the_programs_ops():
     assert ops_named("cannot reach the backend's ops: aten::mul.Tensor, aten::histc.default", ep) == \
         {"aten::mul.Tensor"}
     assert ops_named("RuntimeError: Compilation failed: See diagnostics", ep) == frozenset()
+
+
+class _GroupedConvScatter(nn.Module):
+    """Grouped convolutions around a scatter OpenVINO lacks (scatter_reduce.two, as tapas's)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(16, 16, 3, groups=4, padding=1)
+
+    def forward(self, x, idx):
+        pooled = torch.zeros(2, 16, 4).scatter_reduce(2, idx, self.conv(x).relu(), "amax", include_self=False)
+        return self.conv(pooled) * 2
+
+
+def test_a_part_holds_the_weights_it_takes_and_openvino_runs_its_grouped_convolutions(tmp_path, monkeypatch):
+    """A part used to take the program's weights as inputs, which OpenVINO typed with no static size, and
+    its CPU plugin refused a grouped convolution ("Ngraph::Node::evaluate() is not implemented for op:
+    opset1::GroupConvolution": vibevoice_acoustic_tokenizer ran 12% of its nodes on OpenVINO). The part's
+    program holds them as weights of its own: OpenVINO runs both convolutions, the reference the scatter
+    alone, and the split computes what the model does at other lengths."""
+    pytest.importorskip("openvino")
+    from exporter.backends import partition
+
+    model, n = _GroupedConvScatter(), Dim("n", min=2, max=64)
+    args = (torch.randn(2, 16, 8), torch.randint(0, 4, (2, 16, 8)))
+    export_model(model, args, tmp_path / "c.pt2b", dynamic_shapes=({2: n}, {2: n}))
+    lowered = load_for_backend(tmp_path / "c.pt2b", backend="openvino", cache=False)
+    with monkeypatch.context() as m:
+        m.setattr(partition, "_held", lambda value: False)
+        inputs = backends.to_backend(lowered, fallback="reference").share
+    assert inputs.on_reference.get("aten::convolution.default") == 2
+    assert any("opset1::GroupConvolution" in why for _, _, why in inputs.wrong)
+    split = backends.to_backend(lowered, fallback="reference")
+    assert split.share.on_reference == {"aten::scatter_reduce.two": 1} and split.share.flop_share == 1.0
+    for length in (3, 21):
+        x, idx = torch.randn(2, 16, length), torch.randint(0, 4, (2, 16, length))
+        with torch.no_grad():
+            torch.testing.assert_close(split(x, idx), model(x, idx), rtol=1e-4, atol=1e-4)
