@@ -73,9 +73,10 @@ _COMPARED = {operator.lt: torch.ops.aten.lt.Tensor, operator.le: torch.ops.aten.
 
 
 def _fixed_number(node: torch.fx.Node) -> bool:
-    """A Python call on numbers whose value is a plain number (the program's shapes fix it)."""
+    """A Python call on numbers whose value is a plain number (the program's shapes fix it), which the
+    program does not return (its signature names the node it returns)."""
     return (node.op == "call_function" and node.target in NUMBER_CALLS
-            and type(node.meta.get("val")) in _NUMBERS)
+            and type(node.meta.get("val")) in _NUMBERS and all(u.op != "output" for u in node.users))
 
 
 def _given(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
