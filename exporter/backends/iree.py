@@ -23,6 +23,7 @@ import torch
 
 from . import Backend, calling
 from .._torch.compat import with_tensor_meta
+from ..functionalize import program_fake_mode
 from ..lowering.rewrites import avg_pool2d_without_ceil
 from .complex_pairs import complex_as_real_pairs
 from .program_copy import emitted
@@ -382,7 +383,7 @@ def _computed_by_ops(graph, node):
     number; the number keeps the expression torch.export gave it."""
     from .program_copy import node_replaced
 
-    fake_mode = next(n.meta["val"].fake_mode for n in graph.nodes if hasattr(n.meta.get("val"), "fake_mode"))
+    fake_mode = program_fake_mode(graph.owning_module)
     tensors = [emitted(graph, torch.ops.aten.scalar_tensor.default, a, dtype=torch.int64, fake_mode=fake_mode)
                for a in node.args]
     read = graph.call_function(torch.ops.aten._local_scalar_dense.default,

@@ -37,6 +37,7 @@ import torch
 import torch.fx
 
 from .._torch.compat import with_tensor_meta
+from ..functionalize import program_fake_mode
 from ..lowering.fold import NUMBER_CALLS
 from ..shared.regions import is_grad_marker
 from .program_copy import emitted, graph_copy, program_with
@@ -128,7 +129,7 @@ def _asserted_by_ops(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
     """The assertion ``node`` of a _LOGIC condition made ``_assert_scalar(item(int64(cond)) == 1)``, cond
     computed by _as_tensor; the Python calls only the old condition read are left out."""
     cond = node.args[0]
-    fake_mode = next(n.meta["val"].fake_mode for n in graph.nodes if hasattr(n.meta.get("val"), "fake_mode"))
+    fake_mode = program_fake_mode(graph.owning_module)
     made = _as_tensor(graph, cond, fake_mode)
     number = emitted(graph, torch.ops.aten._to_copy.default, made, dtype=torch.int64)
     read = graph.call_function(torch.ops.aten._local_scalar_dense.default, (number,))
