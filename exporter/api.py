@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 import torch
 
-from . import exporting
+from . import exporting, names
 from .errors import ExportError
 from .program import Pt2bProgram
 from .serialize import reader, writer
@@ -53,7 +53,8 @@ def export_model(m: torch.nn.Module | Callable[..., Any] | torch.export.Exported
     in the provenance (``unused_weights_dropped``). ``keep_unused_weights=True`` stores them.
     Tensor-subclass weights of a module (torchao's quantized weights) are unwrapped into their plain
     inner tensors before capture.
-    Returns the ExportedProgram that was written.
+    Returns the ExportedProgram that was written: the one given or captured, or, where weights were left
+    out, the program written as read back from the file (its weights mapped from it).
     """
     version = None
     if format_version is not None:
@@ -70,18 +71,23 @@ def export_model(m: torch.nn.Module | Callable[..., Any] | torch.export.Exported
         if path is None:
             raise ExportError("export_model needs a destination path, e.g. export_model(methods, 'model.pt2b').")
         methods, provenance = exporting.methods_given(m, dynamic_shapes, strict, keep_unused_weights)
+        read_back = {}
         writer.write_artifact(None, path, ir_level="", metadata=metadata, provenance=provenance, version=version,
-                              target_torch=target_torch, methods=methods)
-        return {x.name: x.ep for x in methods}
-    ep, ir_level, lowering, provenance = exporting.method_given(m, args, kwargs, dynamic_shapes, strict, path,
-                                                                keep_unused_weights=keep_unused_weights)
+                              target_torch=target_torch, methods=methods, read_back=read_back)
+        return {x.name: read_back[x.name] if x.unused.inputs else x.ep for x in methods}
+    ep, ir_level, lowering, provenance, unused = exporting.method_given(
+        m, args, kwargs, dynamic_shapes, strict, path, keep_unused_weights=keep_unused_weights)
     if path is None and isinstance(args, (str, os.PathLike)):
         path = args
     if path is None:
         raise ExportError("export_model needs a destination path, e.g. export_model(ep, path='model.pt2b').")
-    writer.write_artifact(ep, path, ir_level=ir_level, metadata=metadata, provenance=provenance, version=version,
-                          lowering=lowering, target_torch=target_torch)
-    return ep
+    read_back = {}
+    writer.write_artifact(None, path, ir_level="", metadata=metadata, provenance=provenance, version=version,
+                          target_torch=target_torch, read_back=read_back,
+                          methods=[writer.MethodSource(names.DEFAULT_METHOD, ep, ir_level, lowering, unused)])
+    # a program that leaves weights out is returned as the writer's check read it back from the file: that
+    # program, not the one given, is what was written
+    return read_back[names.DEFAULT_METHOD] if unused.inputs else ep
 
 
 @preserved()

@@ -6,10 +6,10 @@ from __future__ import annotations
 import collections
 import copy
 import itertools
+import typing
 
 import torch
 
-from ._torch.compat import with_guards_of
 from .errors import ExportError, UnsupportedValueError
 
 
@@ -122,19 +122,29 @@ def ir_level_of(ep) -> str:
     return dialects[0].lower()
 
 
-def without_unused_weights(ep: torch.export.ExportedProgram) -> tuple[torch.export.ExportedProgram, list[str]]:
-    """(``ep`` without the parameters, buffers and constant tensors its graph never reads, their names):
-    the fp32 originals a PT2E quantization leaves beside the int8 weights it folded, a pooler a task
-    model never calls. ``ep`` itself (and []) when it reads every one; the user's program is never
-    changed. A mutated buffer is read by its mutation and stays
-    (docs/architecture.md#capture-and-write-export_model)."""
-    from torch.export.graph_signature import ExportGraphSignature, InputKind
+class Unused(typing.NamedTuple):
+    """What the written program leaves out of a captured one: the placeholders of weights its graph never
+    reads, and the stored names (state_dict or constants) no other placeholder reads."""
+
+    inputs: frozenset[str] = frozenset()
+    targets: tuple[str, ...] = ()
+
+
+def unused_weights(ep: torch.export.ExportedProgram) -> Unused:
+    """The parameters, buffers and constant tensors ``ep``'s graph never reads (the fp32 originals a PT2E
+    quantization leaves beside the int8 weights it folded, a pooler a task model never calls), which the
+    writer leaves out of the program it writes (writer.MethodSource.unused); ``ep`` itself is never
+    changed, and an empty Unused where it reads every one. A mutated buffer is read by its mutation and
+    stays (docs/architecture.md#capture-and-write-export_model). The writer drops them from torch's
+    serialized program rather than from a copy of the fx graph: a graph copy costs as much as torch's
+    serializer, on every program with a BatchNorm (whose num_batches_tracked eval never reads)."""
+    from torch.export.graph_signature import InputKind
 
     unused = {n.name for n in ep.graph.nodes if n.op == "placeholder" and not n.users}
     kinds = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
     drop = [s for s in ep.graph_signature.input_specs if s.kind in kinds and s.arg.name in unused]
     if not drop:
-        return ep, []
+        return Unused()
     values = {**ep.state_dict, **ep.constants}
     kept = [values[s.target] for s in ep.graph_signature.input_specs if s not in drop and s.target in values]
     kept_storages = {t.untyped_storage().data_ptr() for t in kept if isinstance(t, torch.Tensor)}
@@ -143,25 +153,8 @@ def without_unused_weights(ep: torch.export.ExportedProgram) -> tuple[torch.expo
     drop = [s for s in drop if not (isinstance(values.get(s.target), torch.Tensor)
                                     and values[s.target].untyped_storage().data_ptr() in kept_storages)]
     if not drop:
-        return ep, []
+        return Unused()
     targets = {s.target for s in drop}
     # a target another input spec still reads (one weight under two placeholders) stays stored
     targets -= {s.target for s in ep.graph_signature.input_specs if s not in drop}
-    graph = copy.deepcopy(ep.graph)  # fx's Graph copy: new nodes, their meta dicts shallow-copied
-    for old, new in zip(ep.graph.nodes, graph.nodes):
-        new.name = old.name  # the copy renames a node called after a builtin ("input"): the signature names it
-    dropped = {s.arg.name for s in drop}
-    for node in [n for n in graph.nodes if n.op == "placeholder" and n.name in dropped]:
-        graph.erase_node(node)
-    signature = ExportGraphSignature([s for s in ep.graph_signature.input_specs if s not in drop],
-                                     list(ep.graph_signature.output_specs))
-    # ExportedProgram makes its graph module from the original's attributes and meta (one code
-    # generation, deferred inside deferred_codegen.deferred(), where a GraphModule made here would make
-    # another at once)
-    pruned = torch.export.ExportedProgram(
-        root=ep.graph_module, graph=graph, graph_signature=signature,
-        state_dict={k: v for k, v in ep.state_dict.items() if k not in targets},
-        range_constraints=ep.range_constraints, module_call_graph=ep.module_call_graph,
-        example_inputs=ep.example_inputs,
-        constants={k: v for k, v in ep.constants.items() if k not in targets}, verifiers=ep.verifiers)
-    return with_guards_of(pruned, ep), sorted(targets)
+    return Unused(frozenset(s.arg.name for s in drop), tuple(sorted(targets)))

@@ -19,18 +19,15 @@ __all__ = ["method_given", "methods_given"]
 
 def method_given(m, args, kwargs, dynamic_shapes, strict, path, method: str | None = None, *,
                 keep_unused_weights: bool = False):
-    """(ep, ir level, lowering record, provenance) of what export_model writes for one method: without
-    the weights it never reads unless ``keep_unused_weights``."""
+    """(ep, ir level, lowering record, provenance, what the written program leaves out) of what
+    export_model writes for one method: without the weights it never reads unless ``keep_unused_weights``
+    (capture.unused_weights; the writer leaves them out, ``ep`` stays as given)."""
     ep, ir_level, lowering, provenance = _given(m, args, kwargs, dynamic_shapes, strict, path, method)
-    if not keep_unused_weights:
-        from ._torch.deferred_codegen import deferred
-
-        with deferred():  # (the rebuilt program's code is generated where it is first run, if ever)
-            ep, dropped = _capture.without_unused_weights(ep)
-        if dropped:
-            key = f"unused_weights_dropped:{method}" if method else "unused_weights_dropped"
-            provenance[key] = ", ".join(dropped)
-    return ep, ir_level, lowering, provenance
+    unused = _capture.Unused() if keep_unused_weights else _capture.unused_weights(ep)
+    if unused.targets:
+        key = f"unused_weights_dropped:{method}" if method else "unused_weights_dropped"
+        provenance[key] = ", ".join(unused.targets)
+    return ep, ir_level, lowering, provenance, unused
 
 
 def _given(m, args, kwargs, dynamic_shapes, strict, path, method: str | None):
@@ -75,17 +72,18 @@ def methods_given(spec: Mapping[str, Any], dynamic_shapes, strict: bool,
         if isinstance(entry, (torch.export.ExportedProgram, LoweredProgram)):
             if dynamic_shapes and name in dynamic_shapes:
                 raise ExportError(f"method {name!r} is given as a program: do not pass dynamic_shapes for it.")
-            ep, ir_level, lowering, prov = method_given(entry, None, None, None, strict, "", name,
-                                                       keep_unused_weights=keep_unused_weights)
+            ep, ir_level, lowering, prov, unused = method_given(entry, None, None, None, strict, "", name,
+                                                               keep_unused_weights=keep_unused_weights)
         elif isinstance(entry, tuple) and len(entry) in (2, 3):
             fn, margs, mkwargs = (*entry, None)[:3]
             module = _capture.as_module(fn, f"method {name!r}")
-            ep, ir_level, lowering, prov = method_given(module, margs, mkwargs, (dynamic_shapes or {}).get(name),
-                                                       strict, "", name, keep_unused_weights=keep_unused_weights)
+            ep, ir_level, lowering, prov, unused = method_given(module, margs, mkwargs,
+                                                               (dynamic_shapes or {}).get(name), strict, "", name,
+                                                               keep_unused_weights=keep_unused_weights)
         else:
             raise ExportError(f"method {name!r} must be (module_or_bound_method, args[, kwargs]), an "
                               f"ExportedProgram or a LoweredProgram; got {type(entry).__name__}.")
-        methods.append(writer.MethodSource(name, ep, ir_level, lowering))
+        methods.append(writer.MethodSource(name, ep, ir_level, lowering, unused))
         for k, v in prov.items():
             provenance.setdefault(k, v)
     return methods, provenance

@@ -109,3 +109,26 @@ def test_a_pt2e_quantized_program_stores_int8_weights_only_and_loads_without_tor
             f"assert 'torchao' not in sys.modules and p.ops()\nprint('ok')")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
+def test_weights_are_left_out_of_the_serialized_program_without_a_copy_of_the_graph(tmp_path, monkeypatch):
+    """Issue 69: a save that leaves weights out copies no fx graph (a copy cost as much as torch's serializer
+    on every program with a BatchNorm, whose num_batches_tracked eval never reads); it returns the program
+    as the writer's check read it back."""
+    copies = []
+    real_copy = torch.fx.Graph.graph_copy
+    monkeypatch.setattr(torch.fx.Graph, "graph_copy", lambda self, *a, **k: copies.append(1) or real_copy(self, *a, **k))
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU()).eval()
+    x = torch.randn(1, 3, 8, 8)
+    ep = torch.export.export(m, (x,))
+    copies.clear()
+    written = export_model(ep, tmp_path / "m.pt2b")
+    assert copies == []
+    assert "1.num_batches_tracked" in ep.state_dict and "1.num_batches_tracked" not in written.state_dict
+    assert [n.name for n in written.graph.nodes if n.op == "placeholder"] == \
+        [n.name for n in ep.graph.nodes if n.op == "placeholder" and n.users]
+    assert torch.equal(written.module()(x), m(x))
+    prog = exporter.load(tmp_path / "m.pt2b")
+    assert prog.provenance["unused_weights_dropped"] == "1.num_batches_tracked"
+    assert set(prog.exported_program().state_dict) == set(written.state_dict)

@@ -18,6 +18,7 @@ from ..._torch.pytree import pytree
 from ..._torch.serde import schema as S
 from ..._torch.serializer import ExportedProgramSerializer
 from ...version import __version__
+from ...capture import Unused
 from ... import names
 from ...errors import ArtifactError, ExportError, UnsupportedValueError
 from ...versioning import majors, op_table
@@ -125,14 +126,14 @@ def _serialize_program(ep) -> S.ExportedProgram:
     )
 
 
-def collect_tensors(ep) -> tuple[list[tuple[str, int, torch.Tensor]], list]:
-    """(every tensor to store as (name, kind, tensor), the TensorSubclass records): a tensor-subclass
-    weight is stored as its inner tensors (subclasses.flatten)."""
+def collect_tensors(ep, leave_out=()) -> tuple[list[tuple[str, int, torch.Tensor]], list]:
+    """(every tensor to store as (name, kind, tensor), but those named in ``leave_out``; the TensorSubclass
+    records): a tensor-subclass weight is stored as its inner tensors (subclasses.flatten)."""
     params = set(ep.graph_signature.parameters)
     out, records = [], []
     entries = [(name, G.TensorKind.PARAMETER if name in params else G.TensorKind.BUFFER, t)
-               for name, t in ep.state_dict.items()]
-    entries += [(name, G.TensorKind.CONSTANT, t) for name, t in ep.constants.items()]
+               for name, t in ep.state_dict.items() if name not in leave_out]
+    entries += [(name, G.TensorKind.CONSTANT, t) for name, t in ep.constants.items() if name not in leave_out]
     for name, kind, t in entries:
         if subclasses.is_subclass(t):
             subclasses.flatten(names.original_path(name), kind, t, out, records)
@@ -197,11 +198,13 @@ class MethodSource:
     ep: torch.export.ExportedProgram
     ir_level: str
     lowering: dict | None = None
+    unused: Unused = Unused()  # the weights ``ep`` never reads, left out of the program written
 
 
 def write_artifact(ep, path, *, ir_level: str, metadata=None, provenance=None, version=None,
                    lowering: dict | None = None, target_torch: str | None = None,
-                   methods: list[MethodSource] | None = None, check_written=None) -> str:
+                   methods: list[MethodSource] | None = None, check_written=None,
+                   read_back: dict | None = None) -> str:
     """Write ``ep`` to ``path`` in format ``version`` (default: current); returns the path written.
 
     ``lowering`` (format 1.1+): {"request", "fingerprint", "torch_version", "outside_opset": {op: n}}
@@ -212,13 +215,14 @@ def write_artifact(ep, path, *, ir_level: str, metadata=None, provenance=None, v
     first the default; one weight segment per distinct storage across all of them.
     ``check_written(plan)``: called with the weights.WeightPlan (each segment's storage, checksum and
     digest) once the file is written and read back, before it is renamed into place; what it raises
-    leaves no file.
+    leaves no file. ``read_back``: a dict filled with the programs the check read back from the file (method
+    name -> ExportedProgram, weights mapped from the file written).
     """
     if methods is None:
         methods = [MethodSource(names.DEFAULT_METHOD, ep, ir_level, lowering)]
     with gc_paused():
         return _write_artifact(methods, path, metadata=metadata, provenance=provenance, version=version,
-                               target_torch=target_torch, check_written=check_written)
+                               target_torch=target_torch, check_written=check_written, read_back=read_back)
 
 
 def check_method_names(names_: list[str]) -> None:
@@ -257,13 +261,15 @@ def _method_tensors(m: MethodSource) -> _Stored:
     _refuse_tensor_subclasses(m.ep)
     _refuse_python_calls(m.ep)
     spec_str, leaves_bytes, example_tensors = example_inputs_payload(m.ep)
-    tensors, subclass_records = collect_tensors(m.ep)
+    tensors, subclass_records = collect_tensors(m.ep, leave_out=m.unused.targets)
     return _Stored(spec_str, leaves_bytes, tensors + example_tensors, subclass_records)
 
 
 def _method_parts(m: MethodSource, force_escape: bool, target_torch, provenance: dict, stored: _Stored) -> _Parts:
     with module_stacks.escaped(m.ep, force=force_escape):  # module names torch's metadata format cannot split
         serialized = serialize_graph(m.ep)
+    if m.unused.inputs:
+        _leave_out_inputs(serialized, m.unused.inputs)
     operators = op_table.collect(m.ep.graph_module)
     if target_torch is not None:  # another release's op schemas (versioning/retarget.py)
         from ...versioning import retarget
@@ -272,6 +278,21 @@ def _method_parts(m: MethodSource, force_escape: bool, target_torch, provenance:
         provenance["target_torch"] = retarget.registry_for(target_torch).torch_version
         provenance.update({f"retargeted_op:{op}": what for op, _, what in (n.partition(": ") for n in notes)})
     return _Parts(serialized, operators, *stored)
+
+
+def _leave_out_inputs(serialized, unused: frozenset[str]) -> None:
+    """Torch's serialized program without the placeholders named ``unused`` (weights the graph never reads,
+    capture.unused_weights): their graph inputs, input specs and tensor values."""
+    graph = serialized.graph_module.graph
+    graph.inputs = [a for a in graph.inputs if not (a.type == "as_tensor" and a.as_tensor.name in unused)]
+    for name in unused:
+        graph.tensor_values.pop(name, None)
+    signature = serialized.graph_module.signature
+    signature.input_specs = [s for s in signature.input_specs
+                             if not (s.type in _WEIGHT_SPECS and s.value.arg.name in unused)]
+
+
+_WEIGHT_SPECS = ("parameter", "buffer", "tensor_constant")  # the input specs capture.unused_weights drops
 
 
 def _lowering_table(lowering: dict):
@@ -298,7 +319,7 @@ def _fill(table, m: MethodSource, parts: _Parts, records: list) -> None:
 
 
 def _write_artifact(methods: list[MethodSource], path, *, metadata, provenance, version, target_torch=None,
-                    check_written=None) -> str:
+                    check_written=None, read_back=None) -> str:
     version = FORMAT_VERSION if version is None else tuple(version)
     if not majors.writable(version):
         raise ExportError(f"writing format {version_str(version)} is not supported by this pt2b "
@@ -389,7 +410,9 @@ def _write_artifact(methods: list[MethodSource], path, *, metadata, provenance, 
                 _write_program(f, prog, builder, wp, data_offset, version, digests, dest)
                 f.flush()
                 syncs.append(pool.submit(os.fsync, f.fileno()))
-                check_readable(tmp, dest)
+                programs = check_readable(tmp, dest)
+                if read_back is not None:
+                    read_back.update(programs)
                 if check_written is not None:
                     check_written(wp)
             except BaseException:
@@ -432,14 +455,14 @@ _DATASYNC = direct.DATASYNC
 SYNC_BEHIND = 256 << 20  # weights written since the last sync that start the next one
 
 
-def check_readable(tmp: str, dest: str) -> None:
+def check_readable(tmp: str, dest: str) -> dict[str, torch.export.ExportedProgram]:
     """Load the file written at ``tmp`` as `load` would (every check, then torch's deserializer)
     before it is renamed to ``dest``: a program pt2b would refuse or fail to load is an
-    ExportError now, never a file."""
+    ExportError now, never a file. Returns the programs read."""
     from ..read import reader
 
     try:
-        reader.read_programs(tmp)
+        return reader.read_programs(tmp)
     except ArtifactError as e:
         why = str(e).replace(tmp, dest)
         raise ExportError(f"pt2b would refuse to load what it was about to write, so {dest!r} was not written: "
