@@ -669,17 +669,21 @@ def _by_ops(source_ep, lowered_ep, applied: list, table: dict, bounds: dict, bud
         lowered = PROGRAM_RUNS * run_cost.program_work(lowered_ep, sizes).seconds(run_cost.rates())
         if 2 * lowered <= max(budget, RUNS_ALWAYS):
             return None
+        # (and what every lowering decomposes whatever the table says, which the programs' runs would check)
+        forced = {op: fn for op, fn in forced_decompositions().items() if op not in table}
+        ops = applied + sorted((op for op in _called_ops(source_ep) if op in forced), key=op_name)
+        calls = signatures(source_ep, ops, sizes)
+        # the checks' traces against the most the runs can cost (twice the lowered program's): where they
+        # cost more, the unlowered program is not priced (its composite ops run their decompositions on
+        # meta tensors to be priced, the estimate's larger half)
+        traces = sum(map(len, calls.values())) * TRACE_ESTIMATE if calls is not None else 0.0
+        if calls is None or traces >= 2 * lowered:
+            return None
         work = run_cost.program_work(source_ep, sizes)
         runs = lowered + PROGRAM_RUNS * work.seconds(run_cost.rates())
     except Exception:  # noqa: BLE001 -- not estimated: the programs run
         return None
-    if runs <= max(budget, RUNS_ALWAYS):
-        return None
-    # (and what every lowering decomposes whatever the table says, which the programs' runs would check)
-    forced = {op: fn for op, fn in forced_decompositions().items() if op not in table}
-    ops = applied + sorted((op for op in _called_ops(source_ep) if op in forced), key=op_name)
-    calls = signatures(source_ep, ops, sizes)
-    if calls is None or sum(map(len, calls.values())) * TRACE_ESTIMATE >= runs:
+    if runs <= max(budget, RUNS_ALWAYS) or traces >= runs:
         return None
     checks = check_calls(source_ep, ops, table, bounds, inputs, forced, work.heavy, calls)
     if checks is None:

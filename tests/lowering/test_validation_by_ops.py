@@ -165,6 +165,23 @@ def test_the_runs_are_kept_where_they_cost_less_than_the_lowering(tmp_path, runs
 
 
 
+
+def test_where_the_checks_cost_more_than_the_runs_can_the_unlowered_program_is_not_priced(tmp_path, large, runs,
+                                                                                         monkeypatch):
+    """Issue 69: the checks' traces are weighed against twice the lowered program's runs (the most both
+    programs' can cost) before the unlowered program is priced; where they cost more, it never is, and the
+    programs run."""
+    priced = []
+    real = run_cost.program_work
+    monkeypatch.setattr(run_cost, "program_work", lambda program, *a, **k: priced.append(program) or real(program, *a, **k))
+    monkeypatch.setattr(V, "TRACE_ESTIMATE", 1e6)  # each check's trace priced above any runs
+    _, _, path = _decoder(tmp_path)
+    v = load_for_backend(path, "core", cache=False).validation
+    assert (v.status, v.scope) == ("passed", "program") and runs["runs"] >= 2
+    assert len(priced) == 1  # the lowered program: linear decomposed, layer_norm too
+    assert {aten.linear.default, aten.layer_norm.default} & {n.target for n in priced[0].graph.nodes} == set()
+
+
 class _Attention(torch.nn.Module):
     def forward(self, q, k, v):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v)
