@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 
 import torch
 
@@ -404,14 +405,15 @@ def rounding(dtype, bounds: dict) -> float:
 
 
 class Decomposed:
-    """Calls of decompositions as the lowering computes them: ``fn`` traced with the table applied to
-    every op it calls in turn (the lowered form of one call), then run. A trace on fake tensors is kept
-    per call signature (shapes, dtypes, strides and non-tensor arguments), so the calls of a repeated
-    layer are traced once; a call that cannot be traced on fake tensors (its decomposition reads
-    values) is traced on its own values, and one that cannot be traced at all runs fn as it is."""
+    """Calls of decompositions as the lowering computes them: ``fn`` run with the table applied to every op
+    it calls in turn, on the call's own values (a dispatch mode that hands each op the table holds to its
+    entry, and a composite op reaching it to its own kernel, as the lowering's trace does; the Python
+    dispatcher on, as there: some composite ops have Python kernels, matmul's). The same kernels on the
+    same arguments as a trace of the call run on them, without the trace: tracing cost 10-25 ms a call
+    signature, most of a check (docs/lowering.md)."""
 
     def __init__(self, table: dict):
-        self.table, self.traced = table, {}
+        self.table = table
 
     @staticmethod
     def _split(args, kwargs):
@@ -419,7 +421,7 @@ class Decomposed:
         return flat, spec, [i for i, v in enumerate(flat) if isinstance(v, torch.Tensor)]
 
     def key(self, fn, args, kwargs):
-        """What makes two calls of ``fn`` trace alike (None: no stable key, traced on their values)."""
+        """What makes two calls of ``fn`` lower alike (None: no stable key, each checked on its own)."""
         return self._key(fn, *self._split(args, kwargs))
 
     @staticmethod
@@ -433,39 +435,41 @@ class Decomposed:
         return key
 
     def __call__(self, fn, args, kwargs):
-        flat, spec, at = self._split(args, kwargs)
+        """``fn(*args, **kwargs)`` lowered as the lowering lowers it; what it raises is raised (check_call
+        reports it, and the calls' check gives way to the programs' runs)."""
+        from .._torch.dispatch import enable_python_dispatcher
 
-        def call(*tensors):
-            values = list(flat)
-            for i, t in zip(at, tensors):
-                values[i] = t
-            a, k = pytree.tree_unflatten(values, spec)
-            return fn(*a, **k)
+        with enable_python_dispatcher(), _lowering_mode()(self.table):
+            return fn(*args, **kwargs)
 
-        tensors = [flat[i] for i in at]
-        key = self._key(fn, flat, spec, at)
-        gm = self.traced.get(key) if key is not None else None
-        if gm is None:
-            with LOCK:  # (a trace in another thread, another lowering's, sees this one's modes otherwise)
-                gm = self._trace(call, tensors, key)
-            if gm is None:
-                return call(*tensors)
-        return gm(*tensors)
 
-    def _trace(self, call, tensors, key):
-        """``call`` traced with the table, on fake tensors, else on ``tensors``; None where it cannot be."""
-        from torch.fx.experimental.proxy_tensor import make_fx
+@functools.cache
+def _lowering_mode():
+    """The class of Decomposed's dispatch mode (made on first use: the dispatch module is imported where a
+    check runs)."""
+    from .._torch.dispatch import TorchDispatchMode
 
-        try:
-            gm = make_fx(call, decomposition_table=self.table, tracing_mode="fake")(*tensors)
-            if key is not None:
-                self.traced[key] = gm
-            return gm
-        except Exception:  # noqa: BLE001 -- a decomposition that reads values: traced on these
-            try:
-                return make_fx(call, decomposition_table=self.table)(*[t.clone() for t in tensors])
-            except Exception:  # noqa: BLE001 -- a call make_fx cannot trace: its first-level decomposition runs
-                return None
+    class Lowering(TorchDispatchMode):
+        def __init__(self, table: dict):
+            super().__init__()
+            self.table = table
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            entry = self.table.get(func)
+            if entry is not None:
+                with self:
+                    out = entry(*args, **kwargs)
+                if out is not NotImplemented:
+                    return out
+            if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+                with self:
+                    out = func.decompose(*args, **kwargs)
+                if out is not NotImplemented:
+                    return out
+            return func(*args, **kwargs)
+
+    return Lowering
 
 
 def check_call(op, fn, decomposed: Decomposed, args, kwargs, bounds: dict) -> tuple[str, float, str] | None:

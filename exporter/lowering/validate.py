@@ -190,11 +190,11 @@ def _autocast_dtypes(source_ep) -> set:
 # are not recorded: a derived input is then checked on the whole programs)
 RECORD_LIMIT = 256 << 20
 
-# What checking a decomposition op by op costs per distinct call (its trace on fake tensors, the calls
-# run), in seconds, as found on real models (docs/journal/code-notes.md): _derived_at_ops checks a
-# derived input op by op where that costs less than BUDGET times
+# What checking a decomposition op by op costs per distinct call (the op and its lowered form run on the
+# call's values, then on them permuted), in seconds, as found on real models (docs/journal/code-notes.md):
+# _derived_at_ops checks a derived input op by op where that costs less than BUDGET times
 # the two programs' runs on the stored inputs (what running them on the derived input costs)
-TRACE_ESTIMATE = 0.025
+CHECK_ESTIMATE = 0.01
 BUDGET = 1.0
 
 # What validating on the programs costs, in runs of each program as run_cost estimates them: both
@@ -646,7 +646,7 @@ def _by_ops(source_ep, lowered_ep, applied: list, table: dict, bounds: dict, bud
             ) -> Validation | None:
     """The Validation of checking each decomposition applied call by call (op_checks.check_calls), where the
     programs' runs (PROGRAM_RUNS of each on ``inputs``, as run_cost estimates them) cost more
-    than ``budget`` and the checks' traces (TRACE_ESTIMATE per distinct call) less; None where the runs fit,
+    than ``budget`` and the checks (CHECK_ESTIMATE per distinct call) less; None where the runs fit,
     or the checks cannot speak for them: no decomposition applied, a program that draws random values
     or writes its state or inputs back (what functionalization does there is the programs' to show),
     an op in a subgraph, a value that cannot be drawn."""
@@ -673,17 +673,17 @@ def _by_ops(source_ep, lowered_ep, applied: list, table: dict, bounds: dict, bud
         forced = {op: fn for op, fn in forced_decompositions().items() if op not in table}
         ops = applied + sorted((op for op in _called_ops(source_ep) if op in forced), key=op_name)
         calls = signatures(source_ep, ops, sizes)
-        # the checks' traces against the most the runs can cost (twice the lowered program's): where they
-        # cost more, the unlowered program is not priced (its composite ops run their decompositions on
-        # meta tensors to be priced, the estimate's larger half)
-        traces = sum(map(len, calls.values())) * TRACE_ESTIMATE if calls is not None else 0.0
-        if calls is None or traces >= 2 * lowered:
+        # the checks against the most the runs can cost (twice the lowered program's): where they cost
+        # more, the unlowered program is not priced (its composite ops run their decompositions on meta
+        # tensors to be priced, the estimate's larger half)
+        checks = sum(map(len, calls.values())) * CHECK_ESTIMATE if calls is not None else 0.0
+        if calls is None or checks >= 2 * lowered:
             return None
         work = run_cost.program_work(source_ep, sizes)
         runs = lowered + PROGRAM_RUNS * work.seconds(run_cost.rates())
     except Exception:  # noqa: BLE001 -- not estimated: the programs run
         return None
-    if runs <= max(budget, RUNS_ALWAYS) or traces >= runs:
+    if runs <= max(budget, RUNS_ALWAYS) or checks >= runs:
         return None
     checks = check_calls(source_ep, ops, table, bounds, inputs, forced, work.heavy, calls)
     if checks is None:
@@ -777,7 +777,7 @@ def _derived_at_ops(runs: SourceRuns, applied: list, table: dict, bounds: dict, 
     decompositions run; not those whose lowered form is right whatever the values (value_free). None
     where this cannot stand for running both programs on a derived input (no op is decomposed, or an
     op applied was not recorded: it runs in a subgraph, or the recording was full), or costs more than
-    ``budget`` seconds (the traces, TRACE_ESTIMATE each by the count of distinct calls, or as measured
+    ``budget`` seconds (the checks, CHECK_ESTIMATE each by the count of distinct calls, or as measured
     on the way; past it, finished where the calls left cost less than ``budget`` at the rate measured)."""
     from .._torch.dispatch import FakeTensorMode
 
@@ -792,7 +792,7 @@ def _derived_at_ops(runs: SourceRuns, applied: list, table: dict, bounds: dict, 
     if not needed:
         return {}, needed
     keys = {decomposed.key(full[op], *call) for op in needed for call in recorded[op]}
-    if len(keys) * TRACE_ESTIMATE > budget - (time.perf_counter() - t0):
+    if len(keys) * CHECK_ESTIMATE > budget - (time.perf_counter() - t0):
         return None
     out, deadline, checked_keys = {}, budget, set()
     for op in needed:
@@ -804,7 +804,7 @@ def _derived_at_ops(runs: SourceRuns, applied: list, table: dict, bounds: dict, 
             checked_keys.add(key)
             spent = time.perf_counter() - t0
             if spent > deadline:  # past the estimate: finish where what is left costs less than the programs
-                done = len(decomposed.traced)
+                done = len(checked_keys) - 1  # (the signatures checked before this one)
                 left = spent / done * max(len(keys) - done, 0) if done else float("inf")
                 if deadline > budget or left > budget:  # (extended once already, or finishing costs more)
                     return None

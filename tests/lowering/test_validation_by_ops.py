@@ -174,7 +174,7 @@ def test_where_the_checks_cost_more_than_the_runs_can_the_unlowered_program_is_n
     priced = []
     real = run_cost.program_work
     monkeypatch.setattr(run_cost, "program_work", lambda program, *a, **k: priced.append(program) or real(program, *a, **k))
-    monkeypatch.setattr(V, "TRACE_ESTIMATE", 1e6)  # each check's trace priced above any runs
+    monkeypatch.setattr(V, "CHECK_ESTIMATE", 1e6)  # each check priced above any runs
     _, _, path = _decoder(tmp_path)
     v = load_for_backend(path, "core", cache=False).validation
     assert (v.status, v.scope) == ("passed", "program") and runs["runs"] >= 2
