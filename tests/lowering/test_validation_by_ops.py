@@ -222,3 +222,46 @@ def test_a_program_with_an_autocast_region_is_validated_on_the_programs(tmp_path
     export_model(_Autocast(), (torch.randn(4, 8),), path)
     v = load_for_backend(path, "core", cache=False).validation
     assert (v.status, v.scope) == ("passed", "program") and runs["runs"] >= 2
+
+
+_LOWERED_ALIKE = [
+    (aten.silu.default, lambda g: ((torch.randn(4, 8, generator=g),), {})),
+    (aten.mish.default, lambda g: ((torch.randn(4, 8, generator=g),), {})),
+    (aten.std.correction, lambda g: ((torch.randn(4, 8, generator=g), [1]), {"correction": 1, "keepdim": True})),
+    (aten.group_norm.default, lambda g: ((torch.randn(2, 4, 3, 3, generator=g), 2, torch.randn(4, generator=g),
+                                          torch.randn(4, generator=g)), {})),
+    (aten.layer_norm.default, lambda g: ((torch.randn(2, 3, 8, generator=g), [8], torch.randn(8, generator=g),
+                                          torch.randn(8, generator=g)), {})),
+    (aten.linear.default, lambda g: ((torch.randn(2, 3, 8, generator=g), torch.randn(5, 8, generator=g)), {})),
+    (aten.softmax.int, lambda g: ((torch.randn(4, 8, generator=g), -1), {})),
+    (aten.logsumexp.default, lambda g: ((torch.randn(4, 8, generator=g), [1]), {})),
+    (aten.scaled_dot_product_attention.default,
+     lambda g: (tuple(torch.randn(1, 2, 6, 4, generator=g) for _ in range(3)), {"is_causal": True})),
+    (aten.silu_.default, lambda g: ((torch.randn(4, 8, generator=g),), {})),
+]
+
+
+@pytest.mark.parametrize("op, make", _LOWERED_ALIKE, ids=lambda v: str(v) if isinstance(v, torch._ops.OpOverload) else "")
+def test_a_call_is_lowered_as_a_trace_of_it_computes_bit_for_bit(op, make):
+    """Issue 69: the op-by-op check runs a call's lowered form under a dispatch mode (op_checks.Decomposed)
+    instead of tracing it with the table (make_fx, 10-25 ms a signature): the same ops on the same
+    arguments, so the same bits as the trace's graph run on the call's values."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from exporter.lowering.decompose import shared_trace_table
+
+    full = shared_trace_table(plan_lowering("core").table)
+    fn = full[op]
+    args, kwargs = make(torch.Generator().manual_seed(0))
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+
+    def call(*ts):
+        it = iter(ts)
+        return fn(*[next(it) if isinstance(a, torch.Tensor) else a for a in args], **kwargs)
+
+    traced = make_fx(call, decomposition_table=full, tracing_mode="fake")(*tensors)
+    ran = {n.target for n in traced.graph.nodes if n.op == "call_function"}
+    assert op not in ran  # (lowered: the trace does not call the op itself)
+    want = traced(*[t.clone() for t in tensors])
+    got = op_checks.Decomposed(full)(fn, tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args), kwargs)
+    assert all(torch.equal(a, b) for a, b in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want)))
