@@ -23,7 +23,7 @@ from ..ops import op_name
 from ..util import nesting
 from .random_draws import drawing_ops
 from .op_checks import (RANK, Decomposed, check_call, compare, is_wrapped, permuted, same, user_input_values,
-                        value_free, where_defined)
+                        value_free, where_defined, seed as seed_runs)
 
 __all__ = ["SourceRuns", "Validation", "applied_decompositions", "bounds_for", "right_where_they_run",
            "rounding_explains", "validate", "where_defined", "widened_run"]
@@ -339,7 +339,7 @@ class _Runner:
         """The graph's outputs on (a copy of) ``inputs``, run node by node by ``interpreter`` (a
         torch.fx.Interpreter class), seeded, without grad."""
         args, kwargs = copy.deepcopy(inputs)
-        torch.manual_seed(seed)
+        seed_runs(seed)
         with torch.no_grad():
             return interpreter(self.ep.graph_module).run(*self._flat(args, kwargs))
 
@@ -349,7 +349,7 @@ class _Runner:
 
     def __call__(self, inputs, seed: int = 0):
         args, kwargs = copy.deepcopy(inputs)
-        torch.manual_seed(seed)
+        seed_runs(seed)
         with torch.no_grad():
             if self.module is not None:
                 for sub, name, buf in self.state:

@@ -265,3 +265,18 @@ def test_a_call_is_lowered_as_a_trace_of_it_computes_bit_for_bit(op, make):
     want = traced(*[t.clone() for t in tensors])
     got = op_checks.Decomposed(full)(fn, tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args), kwargs)
     assert all(torch.equal(a, b) for a, b in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want)))
+
+
+def test_an_op_check_seeds_without_queueing_calls_for_devices_it_does_not_use(tmp_path, large, runs, monkeypatch):
+    """Issue 69: each op check seeds both sides alike; torch.manual_seed also queues a call for each lazy
+    device module (CUDA, XPU, MTIA) not initialized, formatting its stack each time (0.3 ms, twice per
+    check). The checks seed the CPU's generator (and CUDA's where it is initialized): no stack is formatted."""
+    import traceback
+
+    _, _, path = _decoder(tmp_path)
+    formatted = []
+    real = traceback.format_stack
+    monkeypatch.setattr(traceback, "format_stack", lambda *a, **k: formatted.append(1) or real(*a, **k))
+    v = load_for_backend(path, "core", cache=False).validation
+    assert (v.status, v.scope, runs["runs"]) == ("passed", "ops", 0) and v.calls > 0
+    assert formatted == []
