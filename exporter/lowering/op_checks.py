@@ -24,6 +24,7 @@ __all__ = ["RANK", "Decomposed", "OpChecks", "check_call", "check_calls", "compa
 # and weights is cheap: no op torch counts FLOPs for (a matmul, a convolution), no random op, nothing
 # written in place on the way, and at most this many elements made; elsewhere it is drawn at random
 CONE_LIMIT = 1 << 22
+POOL_MIN = 1 << 16  # values in _Values's pool of random ones, at the least
 
 
 @dataclasses.dataclass
@@ -121,6 +122,17 @@ class _Values:
         self.written = _written_bases(source_ep.graph)
         self.gen = torch.Generator().manual_seed(0)
         self.own = self.drawn = 0
+        self.pool = None
+
+    def _normal(self, n: int) -> torch.Tensor:
+        """``n`` standard normal float32 values: a window, at an offset drawn per call, of a pool drawn once
+        (twice the largest draw, at least POOL_MIN values). Drawing each value anew cost 10 ns an element,
+        most of the op checks of a convolutional net whose activations are drawn; two windows of one pool
+        hold the same values shifted, which no op's decomposition can tell from independent ones."""
+        if self.pool is None or self.pool.numel() < 2 * n:
+            self.pool = torch.randn(max(2 * n, POOL_MIN), generator=self.gen, dtype=torch.float32)
+        at = int(torch.randint(0, self.pool.numel() - n + 1, (), generator=self.gen))
+        return self.pool[at:at + n]
 
     def of(self, node):
         """``node``'s value, or raise LookupError where it can be neither computed cheaply nor drawn."""
@@ -143,10 +155,8 @@ class _Values:
             raise LookupError(f"{node.name}: a layout this cannot draw")
         shape, stride = layout
         out = torch.empty_strided(shape, stride, dtype=val.dtype, device="cpu")
-        if val.dtype == torch.bool:
-            out.copy_(torch.rand(shape, generator=self.gen) < 0.5)
-        else:
-            out.copy_(torch.randn(shape, generator=self.gen, dtype=torch.float32))
+        normal = self._normal(torch.Size(shape).numel()).view(shape)
+        out.copy_(normal > 0 if val.dtype == torch.bool else normal)
         self.drawn += 1
         self.env[node] = out
         return out

@@ -104,6 +104,25 @@ def test_the_values_are_the_program_s_where_cheap_and_drawn_elsewhere(tmp_path):
     assert again == checks  # (the same values each time: a verdict is reproducible)
 
 
+def test_the_drawn_values_are_windows_of_one_draw(tmp_path, monkeypatch):
+    """Issue 69: drawing each value anew cost 10 ns an element, most of a convolutional net's op checks;
+    the values are windows of one pool drawn once (two windows of it differ), normal as before."""
+    _, _, path = _decoder(tmp_path)
+    ep = load(path).exported_program()
+    plan = plan_lowering("core")
+    applied = V.applied_decompositions(ep, plan.table)
+    draws, real = [], torch.randn
+    monkeypatch.setattr(torch, "randn", lambda *a, **k: draws.append(a) or real(*a, **k))
+    sizes = op_checks.input_sizes(ep, ep.example_inputs)
+    values = op_checks._Values(ep, list(ep.example_inputs[0]), sizes, run_cost.program_work(ep, sizes).heavy)
+    q = [n for n in ep.graph.nodes if n.op == "call_function" and n.target is aten.linear.default]
+    got = [values.of(n) for n in q]
+    assert len(got) == 8 and values.drawn == 8 and len(draws) == 1
+    assert all(not torch.equal(a, b) for a, b in zip(got, got[1:]))
+    pooled = torch.cat([g.reshape(-1) for g in got])
+    assert abs(pooled.mean().item()) < 0.1 and 0.9 < pooled.std().item() < 1.1
+
+
 def _wrong_silu(x):
     return x * torch.sigmoid(x) * 1.01
 
