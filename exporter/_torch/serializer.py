@@ -4,7 +4,9 @@ Importing it imports torch._dynamo: modules import it where they serialize or de
 ``import exporter`` (tests/repo/test_import_graph.py)."""
 
 import contextlib
+import dataclasses
 import logging
+import threading
 
 import torch
 import torch._export.serde.serialize as _serialize
@@ -19,6 +21,7 @@ from torch._export.serde.serialize import (
     deserialize_device,
     serialize_range_constraints,
 )
+from torch._export.serde.union import _Union, _UnionTag
 from torch._export.verifier import load_verifier
 
 SERIALIZE_TO_TORCH_DTYPE = _serialize._SERIALIZE_TO_TORCH_DTYPE
@@ -53,7 +56,57 @@ def _unprinted(*args, **kwargs) -> str:
     return ""
 
 
+_NONES: dict = {}  # union class -> {field: None}
+_TAGS: dict = {}  # (union class, field) -> its _UnionTag (a str: shared by the objects it tags)
+_FAST_LOCK = threading.Lock()
+_fast_depth = 0
+_found: list = []  # the create found in place when the first thread entered fast_unions
+
+
+def _fast_create(cls, **kwargs):
+    """What _Union.create makes, the same object (its fields None but the one set, the tag): without the
+    dataclass __init__, its __post_init__ walking the fields again and a field list per call, which were
+    about half of torch's serializer's time on a program's graph."""
+    if len(kwargs) != 1:
+        raise AssertionError(f"expected exactly 1 kwarg, got {len(kwargs)}")
+    ((name, value),) = kwargs.items()
+    nones = _NONES.get(cls)
+    if nones is None:
+        nones = _NONES[cls] = {f.name: None for f in dataclasses.fields(cls)}
+    if name not in nones:
+        raise TypeError(f"{cls.__name__}.__init__() got an unexpected keyword argument {name!r}")
+    tag = _TAGS.get((cls, name))
+    if tag is None:
+        tag = _TAGS[(cls, name)] = _UnionTag.create(name, cls)
+    obj = object.__new__(cls)
+    obj.__dict__.update(nones)
+    obj.__dict__[name] = value
+    obj._type = tag
+    return obj
+
+
+@contextlib.contextmanager
+def fast_unions():
+    """Inside, the union classes of torch's export schema are made by _fast_create (torch's serializer
+    makes one per argument, size and stride); the ``create`` found is put back when the last of the
+    threads inside leaves (tests/format/test_graph_packing.py: the serialized programs are equal)."""
+    global _fast_depth
+    with _FAST_LOCK:
+        if _fast_depth == 0:
+            _found[:] = [_Union.__dict__["create"]]
+            _Union.create = classmethod(_fast_create)
+        _fast_depth += 1
+    try:
+        yield
+    finally:
+        with _FAST_LOCK:
+            _fast_depth -= 1
+            if _fast_depth == 0:
+                _Union.create = _found.pop()
+
+
 __all__ = ["SCHEMA_VERSION", "ST_DELIMITER", "SERIALIZE_TO_TORCH_DTYPE", "SERIALIZE_TO_TORCH_LAYOUT",
            "SERIALIZE_TO_TORCH_MEMORY_FORMAT", "SYM_OPS", "bytes_to_dataclass", "ExportedProgramDeserializer",
            "ExportedProgramSerializer", "GraphModuleDeserializer", "GraphModuleSerializer", "SerializeError",
-           "deserialize_device", "int_to_sympy_int", "load_verifier", "serialize_range_constraints", "unprinted"]
+           "deserialize_device", "fast_unions", "int_to_sympy_int", "load_verifier", "serialize_range_constraints",
+           "unprinted"]

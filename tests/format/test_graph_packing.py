@@ -5,6 +5,8 @@ library's errors for misuse), and torch's serializer formats no graph code for a
 
 from __future__ import annotations
 
+import contextlib
+
 import flatbuffers
 import flatbuffers.number_types as N
 import numpy as np
@@ -204,3 +206,36 @@ def test_serializing_formats_no_graph_code_unless_torch_logs_it(tmp_path, monkey
     assert len(calls) == 3 and "[serialize_graph]" in caplog.text and "def forward" in caplog.text
     x = torch.randn(3)
     torch.testing.assert_close(load(tmp_path / "a.pt2b")(x), ep.module()(x))
+
+
+@pytest.mark.parametrize("name", ["cond", "transformer_decoder", "dtypes"])
+def test_torchs_serializer_makes_the_same_program_with_the_writers_unions(name, monkeypatch):
+    """Issue 69: the writer runs torch's serializer with its schema's unions made by
+    _torch/serializer._fast_create (about half of the serializer's time went to torch's own create): the
+    serialized program is equal to the one torch's create makes, torch's create is not called on the way,
+    it is back in place after, and misuse fails as torch's does."""
+    from torch._export.serde import schema as S
+    from torch._export.serde.union import _Union
+
+    from exporter._torch import serializer
+    from exporter.serialize.write import writer
+
+    case = make_case(name)
+    ep = torch.export.export(case.model, case.args, case.kwargs or {}, dynamic_shapes=case.dynamic_shapes)
+    own = _Union.__dict__["create"]
+    with monkeypatch.context() as m:
+        m.setattr(serializer, "fast_unions", contextlib.nullcontext)
+        want = writer._serialize_program(ep)
+    calls = []
+    monkeypatch.setattr(_Union, "create", classmethod(lambda cls, **k: calls.append(cls) or own.__func__(cls, **k)))
+    patched = _Union.__dict__["create"]
+    got = writer._serialize_program(ep)
+    assert got == want and calls == [] and _Union.__dict__["create"] is patched
+    monkeypatch.undo()
+    assert _Union.__dict__["create"] is own
+    with serializer.fast_unions():
+        with pytest.raises(AssertionError, match="expected exactly 1 kwarg, got 2"):
+            S.Argument.create(as_int=1, as_float=1.0)
+        with pytest.raises(TypeError, match="unexpected keyword argument 'as_nothing'"):
+            S.Argument.create(as_nothing=1)
+        assert S.Argument.create(as_int=3) == own.__func__(S.Argument, as_int=3)

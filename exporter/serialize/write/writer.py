@@ -105,11 +105,12 @@ def _serialize_program(ep) -> S.ExportedProgram:
     """What ExportedProgramSerializer().serialize(ep).exported_program holds, built from the same
     torch pieces, without its self-test: serialize() canonicalizes a deep copy of the result only to
     check that a canonical form exists and throws it away, a large share of a save."""
-    from ..._torch.serializer import SCHEMA_VERSION, GraphModuleSerializer, serialize_range_constraints, unprinted
+    from ..._torch.serializer import (SCHEMA_VERSION, GraphModuleSerializer, fast_unions, serialize_range_constraints,
+                                      unprinted)
 
     ep.validate()
     gm_serializer = GraphModuleSerializer(ep.graph_signature, ep.module_call_graph)
-    with unprinted(ep.graph_module):
+    with unprinted(ep.graph_module), fast_unions():
         graph_module = gm_serializer.serialize(ep.graph_module)
     if gm_serializer.custom_objs:
         name = next(iter(gm_serializer.custom_objs))
