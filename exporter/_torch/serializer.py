@@ -4,7 +4,6 @@ Importing it imports torch._dynamo: modules import it where they serialize or de
 ``import exporter`` (tests/repo/test_import_graph.py)."""
 
 import contextlib
-import dataclasses
 import logging
 import threading
 
@@ -21,8 +20,10 @@ from torch._export.serde.serialize import (
     deserialize_device,
     serialize_range_constraints,
 )
-from torch._export.serde.union import _Union, _UnionTag
 from torch._export.verifier import load_verifier
+
+from .serde import Union as _Union
+from .serde import make_union
 
 SERIALIZE_TO_TORCH_DTYPE = _serialize._SERIALIZE_TO_TORCH_DTYPE
 SERIALIZE_TO_TORCH_MEMORY_FORMAT = _serialize._SERIALIZE_TO_TORCH_MEMORY_FORMAT
@@ -56,33 +57,18 @@ def _unprinted(*args, **kwargs) -> str:
     return ""
 
 
-_NONES: dict = {}  # union class -> {field: None}
-_TAGS: dict = {}  # (union class, field) -> its _UnionTag (a str: shared by the objects it tags)
 _FAST_LOCK = threading.Lock()
 _fast_depth = 0
 _found: list = []  # the create found in place when the first thread entered fast_unions
 
 
 def _fast_create(cls, **kwargs):
-    """What _Union.create makes, the same object (its fields None but the one set, the tag): without the
-    dataclass __init__, its __post_init__ walking the fields again and a field list per call, which were
-    about half of torch's serializer's time on a program's graph."""
+    """What _Union.create makes, through serde.make_union (torch's own checks its one argument and builds
+    the dataclass, walking its fields twice)."""
     if len(kwargs) != 1:
         raise AssertionError(f"expected exactly 1 kwarg, got {len(kwargs)}")
     ((name, value),) = kwargs.items()
-    nones = _NONES.get(cls)
-    if nones is None:
-        nones = _NONES[cls] = {f.name: None for f in dataclasses.fields(cls)}
-    if name not in nones:
-        raise TypeError(f"{cls.__name__}.__init__() got an unexpected keyword argument {name!r}")
-    tag = _TAGS.get((cls, name))
-    if tag is None:
-        tag = _TAGS[(cls, name)] = _UnionTag.create(name, cls)
-    obj = object.__new__(cls)
-    obj.__dict__.update(nones)
-    obj.__dict__[name] = value
-    obj._type = tag
-    return obj
+    return make_union(cls, name, value)
 
 
 @contextlib.contextmanager

@@ -162,23 +162,4 @@ def unknown_tag(cls, value, where: str) -> ArtifactError:
                                 f"was written by a newer pt2b.")
 
 
-@functools.cache
-def _union_layout(cls, name: str):
-    """(field names in order, the tag object) of ``cls.create(name=...)``."""
-    from ..._torch.serde import UnionTag as _UnionTag
-
-    return tuple(f.name for f in dataclasses.fields(cls)), _UnionTag.create(name, cls)
-
-
-def make_union(cls, name: str, value):
-    """What ``cls.create(**{name: value})`` builds (every member None but ``name``, and the tag),
-    without its per-call dataclasses.fields() and __init__: a tenth of a load's decoding."""
-    names, tag = _union_layout(cls, name)
-    obj = object.__new__(cls)
-    state = obj.__dict__
-    for n in names:
-        state[n] = None
-    state[name] = value
-    state["_type"] = tag
-    return obj
 

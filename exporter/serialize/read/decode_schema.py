@@ -9,6 +9,7 @@ import struct
 
 
 from ..._torch.serde import Union as _Union
+from ..._torch.serde import make_union
 from ...layout import fbs
 from ...layout.fbs import SCALARS
 from ..mapping import schema_map
@@ -145,7 +146,7 @@ def read(buf, pos: int, cls, where: str = "program"):
         v = _field(buf, pos, vt, vt_len, field, where)
         if v is None:
             v = schema_map.required(cls, field[0], field[7], where)
-        return schema_map.make_union(cls, field[0], v)
+        return make_union(cls, field[0], v)
     kwargs = {}
     for field in fields:
         v = _field(buf, pos, vt, vt_len, field, where)
