@@ -126,9 +126,10 @@ class _Values:
 
     def _normal(self, n: int) -> torch.Tensor:
         """``n`` standard normal float32 values: a window, at an offset drawn per call, of a pool drawn once
-        (twice the largest draw, at least POOL_MIN values). Drawing each value anew cost 10 ns an element,
-        most of the op checks of a convolutional net whose activations are drawn; two windows of one pool
-        hold the same values shifted, which no op's decomposition can tell from independent ones."""
+        (twice the largest draw, at least POOL_MIN values): drawing each value anew was most of the op
+        checks of a convolutional net whose activations are drawn (docs/journal/code-notes.md); two
+        windows of one pool hold the same values shifted, which no op's decomposition can tell from
+        independent ones."""
         if self.pool is None or self.pool.numel() < 2 * n:
             self.pool = torch.randn(max(2 * n, POOL_MIN), generator=self.gen, dtype=torch.float32)
         at = int(torch.randint(0, self.pool.numel() - n + 1, (), generator=self.gen))
@@ -419,8 +420,8 @@ class Decomposed:
     it calls in turn, on the call's own values (a dispatch mode that hands each op the table holds to its
     entry, and a composite op reaching it to its own kernel, as the lowering's trace does; the Python
     dispatcher on, as there: some composite ops have Python kernels, matmul's). The same kernels on the
-    same arguments as a trace of the call run on them, without the trace: tracing cost 10-25 ms a call
-    signature, most of a check (docs/lowering.md)."""
+    same arguments as a trace of the call run on them, without the trace, which was most of a check
+    (docs/journal/code-notes.md)."""
 
     def __init__(self, table: dict):
         self.table = table
@@ -485,8 +486,8 @@ def _lowering_mode():
 def seed(value: int = 0) -> None:
     """What torch.manual_seed(value) sets for the runs here: the CPU's generator and, where CUDA is
     initialized, its devices' (no tensor is on CUDA otherwise). torch.manual_seed also queues a call for
-    each lazy device module not initialized (CUDA, XPU, MTIA), its stack formatted each time: 0.3 ms a call,
-    twice per op check."""
+    each lazy device module not initialized (CUDA, XPU, MTIA), its stack formatted each time, twice per op
+    check (docs/journal/code-notes.md)."""
     torch.random.default_generator.manual_seed(value)
     if torch.cuda.is_initialized():
         torch.cuda.manual_seed_all(value)
