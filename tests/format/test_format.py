@@ -207,7 +207,7 @@ def test_gc_is_paused_during_a_load_and_restored_after(tmp_path):
 def test_decoder_unions_are_what_create_builds():
     from torch._export.serde import schema as S
 
-    from exporter.serialize.mapping.schema_map import make_union
+    from exporter._torch.serde import make_union
 
     for cls, name, value in [(S.Argument, "as_int", 3), (S.Argument, "as_tensor", S.TensorArgument(name="x")),
                              (S.Argument, "as_none", True), (S.SymInt, "as_int", -1)]:
