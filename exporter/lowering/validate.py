@@ -676,14 +676,14 @@ def _by_ops(source_ep, lowered_ep, applied: list, table: dict, bounds: dict, bud
         # the checks against the most the runs can cost (twice the lowered program's): where they cost
         # more, the unlowered program is not priced (its composite ops run their decompositions on meta
         # tensors to be priced, the estimate's larger half)
-        checks = sum(map(len, calls.values())) * CHECK_ESTIMATE if calls is not None else 0.0
-        if calls is None or checks >= 2 * lowered:
+        checking = sum(map(len, calls.values())) * CHECK_ESTIMATE if calls is not None else 0.0
+        if calls is None or checking >= 2 * lowered:
             return None
         work = run_cost.program_work(source_ep, sizes)
         runs = lowered + PROGRAM_RUNS * work.seconds(run_cost.rates())
     except Exception:  # noqa: BLE001 -- not estimated: the programs run
         return None
-    if runs <= max(budget, RUNS_ALWAYS) or checks >= runs:
+    if runs <= max(budget, RUNS_ALWAYS) or checking >= runs:
         return None
     checks = check_calls(source_ep, ops, table, bounds, inputs, forced, work.heavy, calls)
     if checks is None:

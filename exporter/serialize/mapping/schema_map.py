@@ -160,6 +160,3 @@ def unknown_tag(cls, value, where: str) -> ArtifactError:
         return UnsupportedVersionError(f"{where}: {torch_compat.schema_lacks(f'{cls.__name__}.{member}')}.")
     return CorruptArtifactError(f"{where}: {cls.__name__} has unknown tag {value}; the artifact is damaged or "
                                 f"was written by a newer pt2b.")
-
-
-

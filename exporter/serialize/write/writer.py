@@ -288,12 +288,9 @@ def _leave_out_inputs(serialized, unused: frozenset[str]) -> None:
     graph.inputs = [a for a in graph.inputs if not (a.type == "as_tensor" and a.as_tensor.name in unused)]
     for name in unused:
         graph.tensor_values.pop(name, None)
-    signature = serialized.graph_module.signature
+    signature = serialized.graph_module.signature  # (a placeholder's name is its program's own: one spec each)
     signature.input_specs = [s for s in signature.input_specs
-                             if not (s.type in _WEIGHT_SPECS and s.value.arg.name in unused)]
-
-
-_WEIGHT_SPECS = ("parameter", "buffer", "tensor_constant")  # the input specs capture.unused_weights drops
+                             if not (isinstance(s.value.arg, S.TensorArgument) and s.value.arg.name in unused)]
 
 
 def _lowering_table(lowering: dict):
